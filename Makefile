@@ -1,0 +1,143 @@
+# Thin wrapper over meson + ninja (GNU make). The build system is meson; this
+# file only names the usual entry points and the build directories they use:
+#
+#   build/        make, make run, make bench   (debugoptimized)
+#   build-test/   make test    (-Dseccomp_deny_errno=200: hostile tests see a distinctive errno)
+#   build-asan/   make asan    (ASan + UBSan; hutch-init is musl-static and never sanitized)
+#   build-fuzz/   make fuzz    (clang, libFuzzer)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+# Debian's python3: the one python3-pytest is installed for (a pyenv python3
+# may come first on PATH, without pytest).
+PYTHON ?= /usr/bin/python3
+MESON ?= meson
+NINJA ?= ninja
+PYTEST_ARGS ?=
+PYTEST_SUITES := $(wildcard tests/integration tests/hostile)
+FUZZ_SECONDS ?= 60
+BENCH_N ?= 200
+
+TEST_OPTS := -Dseccomp_deny_errno=200
+ASAN_OPTS := -Db_sanitize=address,undefined -Db_lundef=false -Dseccomp_deny_errno=200
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
+# $(call configure,DIR,OPTIONS...): set DIR up once; later runs of ninja
+# re-run meson by themselves when a meson.build changes. A directory left
+# half-configured by a failed setup is set up again.
+define configure
+	@if [ ! -f $(1)/build.ninja ]; then \
+		if [ -f $(1)/meson-private/coredata.dat ]; then \
+			$(MESON) setup --wipe $(1) $(2); \
+		else \
+			$(MESON) setup $(1) $(2); \
+		fi; \
+	fi
+endef
+
+# $(call compile,DIR[,TARGETS]): build, then give the two programs stable
+# names at the top of DIR (meson puts them in cli/ and init/), unless meson
+# already writes them there.
+define compile
+	$(NINJA) -C $(1) $(2)
+	@for p in cli/hutch init/hutch-init; do \
+		n=$(1)/$${p#*/}; \
+		if [ -e $(1)/$$p ] && { [ -L $$n ] || [ ! -e $$n ]; }; then ln -sfn $$p $$n; fi; \
+	done
+endef
+
+# $(call pytest,DIR[,ENV]): the integration and hostile suites against DIR's
+# binaries. pytest's exit 5 ("no tests collected") is not a failure.
+define pytest
+	@if [ -z "$(PYTEST_SUITES)" ]; then echo "pytest: no tests/integration or tests/hostile yet"; else \
+		echo "+ HUTCH_BUILD_DIR=$(1) $(PYTHON) -m pytest -q $(PYTEST_ARGS) $(PYTEST_SUITES)"; \
+		rc=0; env $(2) HUTCH_BUILD_DIR=$(1) $(PYTHON) -m pytest -q $(PYTEST_ARGS) $(PYTEST_SUITES) || rc=$$?; \
+		if [ $$rc = 5 ]; then echo "pytest: no tests collected"; rc=0; fi; \
+		exit $$rc; fi
+endef
+
+.PHONY: all build deps deps-test test asan run bench fmt fmt-check fuzz clean help
+
+all: build
+
+help:
+	@echo "make [build] | test | asan | run | bench | fuzz | fmt | fmt-check | clean"
+
+deps:
+	@scripts/deps.sh build
+
+deps-test:
+	@scripts/deps.sh test
+
+build: deps
+	$(call configure,build,--buildtype=debugoptimized)
+	$(call compile,build)
+
+test: deps-test
+	$(call configure,build-test,--buildtype=debugoptimized $(TEST_OPTS))
+	$(call compile,build-test)
+	$(MESON) test -C build-test --print-errorlogs
+	$(call pytest,build-test)
+
+asan: deps-test
+	$(call configure,build-asan,--buildtype=debugoptimized $(ASAN_OPTS))
+	$(call compile,build-asan)
+	$(ASAN_ENV) $(MESON) test -C build-asan --print-errorlogs
+	$(call pytest,build-asan,$(ASAN_ENV))
+
+# Until the daemon lands this is a demo of the CLI; it will become
+# `build/hutch serve` on 127.0.0.1:49982 (DESIGN.md §1).
+run: build
+	scripts/run-demo.sh build
+
+bench: deps-test build
+	BENCH_N=$(BENCH_N) HUTCH_BUILD_DIR=build bench/run.sh
+
+# Sources we own: everything tracked or not, minus build output and vendored trees.
+FMT_FILES = $(shell find . \( -path './build*' -o -path './.git' -o -path './node_modules' \
+	-o -path './var' -o -path './subprojects' \) -prune -o \
+	-type f \( -name '*.c' -o -name '*.h' \) -print | sort)
+
+fmt:
+	@clang-format -i --style=file $(FMT_FILES)
+	@echo "fmt: formatted $(words $(FMT_FILES)) files"
+
+# Reports files clang-format would change; fails only with FMT_STRICT=1
+# (clang-format 14 and the hand-written layout may disagree on details).
+fmt-check:
+	@bad=0; for f in $(FMT_FILES); do \
+		if ! clang-format --style=file --dry-run --Werror "$$f" >/dev/null 2>&1; then \
+			echo "fmt-check: $$f needs clang-format"; bad=$$((bad + 1)); fi; \
+	done; \
+	echo "fmt-check: $$bad of $(words $(FMT_FILES)) files differ from clang-format"; \
+	if [ "$$bad" -gt 0 ] && [ "$(FMT_STRICT)" = 1 ]; then exit 1; fi
+
+# libFuzzer: every target defined in fuzz/meson.build runs FUZZ_SECONDS,
+# starting from its committed corpus (read only: new inputs go to
+# build-fuzz/corpus/NAME, crashes to build-fuzz/artifacts/).
+fuzz: deps-test
+	@if [ ! -f build-fuzz/build.ninja ]; then \
+		CC=clang $(MESON) setup build-fuzz --buildtype=debugoptimized -Dfuzzing=true \
+			-Db_sanitize=address,undefined -Db_lundef=false \
+			-Dc_args=-fsanitize=fuzzer-no-link; \
+	fi
+	@targets=$$($(MESON) introspect build-fuzz --targets | $(PYTHON) -c 'import json, os, sys; \
+		[print(os.path.relpath(t["filename"][0], "build-fuzz")) for t in json.load(sys.stdin) \
+		 if t["type"] == "executable" and t["defined_in"].endswith("fuzz/meson.build")]'); \
+	$(NINJA) -C build-fuzz $$targets; \
+	mkdir -p build-fuzz/artifacts; rc=0; \
+	for t in $$targets; do \
+		name=$$(basename $$t); short=$${name#fuzz-}; \
+		mkdir -p build-fuzz/corpus/$$short; \
+		echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+		build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			-artifact_prefix=build-fuzz/artifacts/$$name- \
+			build-fuzz/corpus/$$short $$(ls -d fuzz/corpus/$$short 2>/dev/null) || rc=1; \
+	done; \
+	exit $$rc
+
+clean:
+	rm -rf build build-test build-asan build-fuzz

@@ -1,0 +1,18 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+#include <sys/types.h>
+
+/* mkdir -p with the given mode for created components; existing ones are
+ * left alone. Symlinks are followed (host-controlled paths only). */
+int mkdir_p(const char *path, mode_t mode);
+
+/* Remove a directory tree that a sandbox wrote (its writable layer): never
+ * follows a symlink, never leaves the file system it starts on, and copes
+ * with trees deeper than any stack or fd limit by hoisting deep
+ * subdirectories to the top before descending into them. Removes `name`
+ * itself (relative to dirfd). -ENOENT is not an error. */
+int rm_rf_at(int dirfd, const char *name);
+
+/* Write a file atomically: temp in the same dir, fsync, rename. */
+int write_file_atomic(const char *path, const void *data, size_t len, mode_t mode);

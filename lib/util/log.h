@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Logging for programs (cli/, daemon/). lib/ only ever calls log_debug(). */
+#pragma once
+
+#include "util/macro.h"
+
+enum { LOG_LEVEL_ERROR = 3, LOG_LEVEL_WARNING = 4, LOG_LEVEL_INFO = 6, LOG_LEVEL_DEBUG = 7 };
+
+void log_set_level(int level);
+int log_get_level(void);
+void log_set_prefix(const char *prefix);
+/* Returns -abs(err) when err != 0 so that `return log_error_errno(r, ...)` works. */
+int log_internal(int level, int err, const char *fmt, ...) _printf_(3, 4);
+
+#define log_debug(...) (log_get_level() >= LOG_LEVEL_DEBUG ? log_internal(LOG_LEVEL_DEBUG, 0, __VA_ARGS__) : 0)
+#define log_info(...) log_internal(LOG_LEVEL_INFO, 0, __VA_ARGS__)
+#define log_warning(...) log_internal(LOG_LEVEL_WARNING, 0, __VA_ARGS__)
+#define log_error(...) log_internal(LOG_LEVEL_ERROR, 0, __VA_ARGS__)
+#define log_error_errno(e, ...) log_internal(LOG_LEVEL_ERROR, (e), __VA_ARGS__)

@@ -1,0 +1,15 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#pragma once
+
+#include <stdint.h>
+
+/* "512M", "1G", "1.5GiB", "4096", "64k": powers of 1024. -EINVAL or -ERANGE. */
+int parse_size(const char *s, uint64_t *ret);
+/* "500ms", "10s", "2m", "1h", "1.5s", "30" (seconds). Result in ms. */
+int parse_duration_ms(const char *s, uint64_t *ret);
+/* A decimal unsigned integer with no sign, no junk, <= max. */
+int parse_u64(const char *s, uint64_t max, uint64_t *ret);
+/* "2", "0.5", "1.25": thousandths of a CPU, > 0. */
+int parse_cpus_millis(const char *s, uint64_t *ret);
+/* Format bytes as e.g. "512M" / "1.5G" into buf. */
+const char *format_size(uint64_t v, char *buf, int bufsz);
