@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * hutch-init internals: the sandbox's PID 1. One thread, one epoll loop
+ * (main.c), processes (proc.c), file operations (files.c) and inotify
+ * watches (watch.c). Everything a client can make init hold (connections,
+ * processes, writes, watches, queued output) has a hard limit below.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <sys/types.h>
+
+#include "sandbox/initproto.h"
+#include "util/macro.h"
+
+#define INIT_MAX_CLIENTS 64       /* accepted on the listening socket */
+#define INIT_MAX_PROCS 1024       /* tracked live processes */
+#define INIT_MAX_EXIT_RECORDS 256 /* exits kept for a later ATTACH */
+#define INIT_MAX_TAG 256
+#define INIT_MAX_WRITES 64 /* FS_WRITE_BEGIN in progress */
+#define INIT_MAX_WATCHES 64
+#define INIT_MAX_WATCH_DIRS 8192 /* directories per recursive watch */
+#define INIT_MAX_LIST_ENTRIES 100000
+#define INIT_MAX_DEPTH 64 /* FS_LIST depth and recursive walks */
+#define INIT_MAX_REMOVE_DEPTH 256
+
+/* A connection stops being read once this much output waits for it, and
+ * is dropped if events push its queue past the hard limit: a client that
+ * does not read must not make init hold unbounded memory. */
+#define INIT_OUTQ_HIGH (256 * 1024)
+#define INIT_OUTQ_MAX (4 * 1024 * 1024)
+
+#define INIT_PATH_BUF (INITPROTO_MAX_STRING + 1)
+#define INIT_DEFAULT_UID 1000
+#define INIT_DEFAULT_GID 1000
+#define INIT_DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+/* ------------------------------------------------------------ event loop */
+
+/* Something registered with epoll. Freed objects may still have an event
+ * pending in the batch being processed, so release() runs only after the
+ * batch (the graveyard in main.c). */
+typedef struct source {
+        int fd;
+        bool dead;
+        uint32_t events; /* currently registered */
+        void (*dispatch)(struct source *s, uint32_t events);
+        void (*release)(struct source *s);
+        struct source *grave_next;
+} source;
+
+int source_add(source *s, uint32_t events);
+int source_set_events(source *s, uint32_t events);
+/* Unregister and close the fd now; the object stays valid (fd = -1). */
+void source_remove(source *s);
+/* source_remove(), then release() once the current batch is done. */
+void source_kill(source *s);
+
+/* ----------------------------------------------------------- connections */
+
+struct conn;
+
+/* A reply stream too long to build at once (FS_LIST, LIST_PROCS): step()
+ * sends a bounded number of frames and returns 1 while more remain, 0 when
+ * finished. It runs while the connection's queue is short, so the replies
+ * are paced by the client's reading. */
+typedef struct job {
+        int (*step)(struct conn *c, struct job *j);
+        void (*free)(struct job *j);
+} job;
+
+typedef struct outframe outframe;
+
+typedef struct conn {
+        source src;
+        bool creator; /* fd 4, the client that set the token */
+        bool authed;
+        uint32_t subscriptions; /* INITPROTO_SUB_* */
+        outframe *outq, **outq_tail;
+        size_t outq_bytes;
+        job *job;
+        struct conn *next;
+} conn;
+
+extern conn *all_conns;
+
+static inline bool conn_alive(const conn *c) {
+        return c && !c->src.dead;
+}
+
+/* One outgoing frame is built at a time, in this writer. */
+initproto_writer *msg_begin(uint16_t type, uint16_t flags, uint32_t id);
+/* Finish the frame and send it with fds (init keeps its own copies), or
+ * queue it. A frame that does not fit becomes an EMSGSIZE error reply. A
+ * dead or overflowing connection is closed; returns -errno then. */
+int msg_send(conn *c, const int *fds, size_t n_fds);
+int reply_ok(conn *c, uint32_t id);
+/* err: errno (either sign). The message is fmt, ": ", strerror(err). */
+int reply_error(conn *c, uint32_t id, int err, const char *fmt, ...) _printf_(4, 5);
+void conn_start_job(conn *c, job *j);
+
+/* -------------------------------------------------------------- requests */
+
+#define REQ_MAX_TAG 80
+
+/* A request decoded once, up front: every known field checked for size and
+ * content, strings NUL-terminated. First occurrence of a tag wins (as in
+ * initproto_find); T_ARG and T_ENV collect every occurrence. Valid until
+ * the next request is read. */
+typedef struct req {
+        uint16_t type;
+        uint32_t id;
+        bool has[REQ_MAX_TAG];
+        uint64_t u64[REQ_MAX_TAG];
+        const char *str[REQ_MAX_TAG];
+        const char *argv[INITPROTO_MAX_ARGS + 1];
+        size_t argc;
+        const char *envv[INITPROTO_MAX_ARGS + 1];
+        size_t envc;
+} req;
+
+static inline bool req_has(const req *r, uint16_t tag) {
+        return tag < REQ_MAX_TAG && r->has[tag];
+}
+static inline uint64_t req_u64(const req *r, uint16_t tag, uint64_t def) {
+        return req_has(r, tag) ? r->u64[tag] : def;
+}
+static inline const char *req_str(const req *r, uint16_t tag) {
+        return tag < REQ_MAX_TAG ? r->str[tag] : NULL;
+}
+
+/* ------------------------------------------------------------- handlers */
+
+void proc_handle(conn *c, const req *r);
+void proc_reap(void);
+void proc_conn_gone(conn *c);
+
+void files_handle(conn *c, const req *r);
+void files_conn_gone(conn *c);
+
+void watch_handle(conn *c, const req *r);
+void watch_conn_gone(conn *c);
+
+/* --------------------------------------------------- helpers (files.c) */
+
+/* Switch the fs credentials to the requesting user for one operation;
+ * permission checks are then the user's (root's for uid 0). Nests: cleanup
+ * of another user's write can run in the middle of a request. */
+typedef struct fsuser {
+        uid_t uid;
+        gid_t gid;
+} fsuser;
+int fsuser_enter(uid_t uid, gid_t gid, fsuser *ret_saved);
+void fsuser_restore(const fsuser *saved);
+/* Read T_UID/T_GID (default 1000/1000) and refuse (uid_t)-1, which the
+ * set*id calls read as "leave unchanged". */
+int req_user(const req *r, uid_t *ret_uid, gid_t *ret_gid);
+
+/* Absolute, lexically normalized: no "//", "." or ".." (the host resolved
+ * relative paths already). -EINVAL when not absolute. */
+int path_normalize(const char *in, char out[static INIT_PATH_BUF]);
+
+/* User database of the sandbox (its own /etc, never the host's). */
+int user_lookup(uid_t uid, char *ret_name, size_t name_sz, char *ret_home, size_t home_sz);
+const char *user_name(uid_t uid); /* cached; the number when unknown */
+const char *group_name(gid_t gid);
+void names_cache_reset(void);
+
+/* Put the file fields (T_NAME, T_PATH, T_TYPE, ...) of name, relative to
+ * dirfd, into w. ret_type (optional): HUTCH_FILE_* of the entry itself. */
+int file_info_put(initproto_writer *w, int dirfd, const char *name, const char *path, int *ret_type);
+
+/* Create every missing directory of path (mode 0755, owned by the fs user).
+ * ret_created: whether the last component was created here. */
+int mkdir_parents(const char *path, bool *ret_created);
+
+void log_debug(const char *fmt, ...) _printf_(1, 2);

@@ -1,0 +1,218 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The control protocol between the host side (libhutch) and hutch-init, the
+ * sandbox's PID 1. Compiled into both: libhutch (glibc) and hutch-init (musl,
+ * static), so this file and initproto.c use nothing but the C library.
+ *
+ * Transport: one AF_UNIX SOCK_SEQPACKET connection per client; one message
+ * per packet; file descriptors ride along as SCM_RIGHTS on the packet they
+ * belong to. The host treats every byte and every descriptor that comes from
+ * init as hostile (DESIGN.md §4): the decoder checks every length.
+ *
+ * Frame (all integers little-endian):
+ *
+ *   u32 magic    INITPROTO_MAGIC ("HTI" + version byte)
+ *   u16 type     INITPROTO_* message type
+ *   u16 flags    INITPROTO_F_*
+ *   u32 id       request id chosen by the client, echoed in the reply;
+ *                0 for unsolicited events (exit, watch)
+ *   u32 len      payload length, <= INITPROTO_MAX_PAYLOAD
+ *   payload:     a sequence of fields, each
+ *                  u16 tag, u32 len, len bytes of value
+ *                integers are u64 (8 bytes), strings are raw bytes with no
+ *                NUL inside (the decoder refuses an embedded NUL).
+ *
+ * A field tag may repeat (argv, env, list entries). Unknown tags are skipped
+ * so that either side can add fields without breaking the other; unknown
+ * message types get an INITPROTO_ERROR reply with EOPNOTSUPP.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define INITPROTO_MAGIC 0x31495448u /* "HTI1" read as little-endian bytes */
+#define INITPROTO_VERSION 1
+#define INITPROTO_HEADER_SIZE 16
+#define INITPROTO_FIELD_HEADER_SIZE 6
+#define INITPROTO_MAX_PAYLOAD (60 * 1024)
+#define INITPROTO_MAX_FRAME (INITPROTO_HEADER_SIZE + INITPROTO_MAX_PAYLOAD)
+#define INITPROTO_MAX_FDS 4
+#define INITPROTO_MAX_STRING 4096   /* paths, argv items, env items */
+#define INITPROTO_MAX_ARGS 1024     /* argv and env entries, each */
+
+/* Message types. Requests go host → init; replies and events init → host. */
+enum {
+        /* replies */
+        INITPROTO_OK = 1,         /* generic success; may carry fields */
+        INITPROTO_ERROR = 2,      /* T_ERRNO (positive errno) + T_MESSAGE */
+
+        /* session */
+        INITPROTO_HELLO = 10,     /* T_VERSION, T_TOKEN → OK{T_VERSION, T_PID (init's own, =1)} */
+        INITPROTO_SUBSCRIBE = 11, /* T_FLAGS: INITPROTO_SUB_ALL_EXITS → OK */
+
+        /* processes */
+        INITPROTO_SPAWN = 20,     /* T_ARG*, T_ENV*, T_CWD, T_UID, T_GID, T_STDIN, T_PTY_ROWS,
+                                     T_PTY_COLS, T_TAG → OK{T_PID} + fds: stdin(w)?, stdout(r),
+                                     stderr(r) — or, with a pty, the master only.
+                                     T_FD_LAYOUT says which (INITPROTO_FDS_*). */
+        INITPROTO_SIGNAL = 21,    /* T_PID, T_SIGNAL, T_GROUP → OK */
+        INITPROTO_RESIZE = 22,    /* T_PID, T_PTY_ROWS, T_PTY_COLS → OK */
+        INITPROTO_CLOSE_STDIN = 23, /* T_PID → OK */
+        INITPROTO_ATTACH = 24,    /* T_PID or T_TAG → OK{process fields} + fds as for SPAWN */
+        INITPROTO_LIST_PROCS = 25, /* → one OK per process with F_MORE, last one without;
+                                      fields: T_PID, T_TAG, T_ARG*, T_ENV*, T_CWD, T_PTY_ROWS... */
+
+        /* files (performed inside the sandbox root, with fsuid/fsgid T_UID/T_GID) */
+        INITPROTO_FS_STAT = 40,   /* T_PATH → OK{file fields} */
+        INITPROTO_FS_LIST = 41,   /* T_PATH, T_DEPTH → OK{file fields} per entry with F_MORE,
+                                     then a final OK without F_MORE and without fields */
+        INITPROTO_FS_MKDIR = 42,  /* T_PATH, T_PARENTS → OK{T_CREATED} */
+        INITPROTO_FS_MOVE = 43,   /* T_PATH, T_PATH2 → OK{file fields of the destination} */
+        INITPROTO_FS_REMOVE = 44, /* T_PATH → OK */
+        INITPROTO_FS_OPEN_READ = 45,   /* T_PATH → OK{file fields} + fd (O_RDONLY) */
+        INITPROTO_FS_WRITE_BEGIN = 46, /* T_PATH → OK{T_WRITE_ID} + fd (pipe write end) */
+        INITPROTO_FS_WRITE_COMMIT = 47, /* T_WRITE_ID, T_SIZE → OK{file fields} once the data
+                                           up to the pipe's EOF is written, fsynced, renamed */
+        INITPROTO_FS_WRITE_ABORT = 48, /* T_WRITE_ID → OK; temp file removed */
+        INITPROTO_FS_WATCH_ADD = 49,   /* T_PATH, T_RECURSIVE → OK{T_WATCH_ID} */
+        INITPROTO_FS_WATCH_REMOVE = 50, /* T_WATCH_ID → OK */
+
+        /* unsolicited events (id 0) */
+        INITPROTO_EV_EXIT = 80,   /* T_PID, T_EXIT_CODE, T_SIGNAL, T_CORE */
+        INITPROTO_EV_WATCH = 81,  /* T_WATCH_ID, T_PATH (full path), T_EVENT (INITPROTO_WEV_*) */
+};
+
+/* Field tags. */
+enum {
+        T_ERRNO = 1,
+        T_MESSAGE = 2,
+        T_VERSION = 3,
+        T_TOKEN = 4,
+        T_FLAGS = 5,
+
+        T_PID = 10,
+        T_ARG = 11,
+        T_ENV = 12,
+        T_CWD = 13,
+        T_UID = 14,
+        T_GID = 15,
+        T_STDIN = 16,     /* 0 /dev/null, 1 pipe */
+        T_PTY_ROWS = 17,
+        T_PTY_COLS = 18,
+        T_TAG = 19,
+        T_SIGNAL = 20,
+        T_GROUP = 21,
+        T_EXIT_CODE = 22,
+        T_CORE = 23,
+        T_FD_LAYOUT = 24,
+        T_PTY = 25,       /* 1 when the process has a pty */
+
+        T_PATH = 40,
+        T_PATH2 = 41,
+        T_DEPTH = 42,
+        T_PARENTS = 43,
+        T_CREATED = 44,
+        T_SIZE = 45,
+        T_WRITE_ID = 46,
+        T_RECURSIVE = 47,
+        T_WATCH_ID = 48,
+        T_EVENT = 49,
+
+        /* file fields (one entry) */
+        T_NAME = 60,
+        T_TYPE = 61,        /* HUTCH_FILE_* */
+        T_TARGET_TYPE = 62,
+        T_SYMLINK = 63,     /* symlink target */
+        T_MODE = 64,
+        T_FUID = 65,
+        T_FGID = 66,
+        T_MTIME_NS = 67,
+        T_OWNER = 68,
+        T_GROUPNAME = 69,
+};
+
+enum { INITPROTO_F_MORE = 1 };
+enum {
+        INITPROTO_SUB_ALL_EXITS = 1,
+        /* When this connection closes, init exits, and with PID 1 gone the
+         * kernel kills every process of the sandbox: `hutch run` ties the
+         * sandbox to its own life this way, so a SIGKILLed CLI leaves no
+         * process running. */
+        INITPROTO_SUB_EXIT_WITH_CONN = 2,
+};
+
+/* Which descriptors ride with a SPAWN/ATTACH reply, in this order. */
+enum {
+        INITPROTO_FDS_PIPES = 1,       /* stdout, stderr */
+        INITPROTO_FDS_PIPES_STDIN = 2, /* stdin, stdout, stderr */
+        INITPROTO_FDS_PTY = 3,         /* pty master */
+};
+
+/* Watch event kinds (match E2B's EventType numbering). */
+enum {
+        INITPROTO_WEV_CREATE = 1,
+        INITPROTO_WEV_WRITE = 2,
+        INITPROTO_WEV_REMOVE = 3,
+        INITPROTO_WEV_RENAME = 4,
+        INITPROTO_WEV_CHMOD = 5,
+};
+
+/* ------------------------------------------------------------- encoding */
+
+typedef struct initproto_writer {
+        uint8_t buf[INITPROTO_MAX_FRAME];
+        size_t len;     /* bytes used, header included */
+        bool overflow;  /* a field did not fit; finish() then fails with -EMSGSIZE */
+} initproto_writer;
+
+void initproto_begin(initproto_writer *w, uint16_t type, uint16_t flags, uint32_t id);
+void initproto_put_u64(initproto_writer *w, uint16_t tag, uint64_t v);
+void initproto_put_bytes(initproto_writer *w, uint16_t tag, const void *data, size_t len);
+void initproto_put_str(initproto_writer *w, uint16_t tag, const char *s); /* NULL: no field */
+/* Patch the payload length into the header. Returns the frame length or -EMSGSIZE. */
+int initproto_finish(initproto_writer *w);
+
+/* ------------------------------------------------------------- decoding */
+
+typedef struct initproto_msg {
+        uint16_t type;
+        uint16_t flags;
+        uint32_t id;
+        const uint8_t *payload;
+        uint32_t payload_len;
+} initproto_msg;
+
+/* Validate a whole received frame: magic, length == header + payload, and
+ * that the payload is a well-formed sequence of fields. Returns 0 or
+ * -EBADMSG / -EPROTO (wrong magic or version). */
+int initproto_parse(const void *frame, size_t len, initproto_msg *ret);
+
+typedef struct initproto_field {
+        uint16_t tag;
+        uint32_t len;
+        const uint8_t *value;
+} initproto_field;
+
+typedef struct initproto_iter {
+        const uint8_t *p, *end;
+} initproto_iter;
+
+void initproto_iter_init(initproto_iter *it, const initproto_msg *m);
+/* 1 and the next field, 0 at the end, -EBADMSG on a malformed field. */
+int initproto_next(initproto_iter *it, initproto_field *ret);
+
+/* Field value accessors: -EBADMSG when the field has the wrong size or a
+ * string contains a NUL or exceeds max. */
+int initproto_field_u64(const initproto_field *f, uint64_t *ret);
+/* Copy a string field into buf (NUL-terminated); bufsz must exceed f->len. */
+int initproto_field_str(const initproto_field *f, char *buf, size_t bufsz);
+
+/* First field with the given tag. 1 found, 0 absent, -EBADMSG malformed. */
+int initproto_find(const initproto_msg *m, uint16_t tag, initproto_field *ret);
+int initproto_find_u64(const initproto_msg *m, uint16_t tag, uint64_t *ret);
+/* Returns 0 (absent, buf untouched) or 1; -EBADMSG / -ENAMETOOLONG on bad input. */
+int initproto_find_str(const initproto_msg *m, uint16_t tag, char *buf, size_t bufsz);
+
+const char *initproto_type_name(uint16_t type);
