@@ -1,0 +1,233 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libhutch: the sandbox engine. This is the only header an embedder includes.
+ *
+ * Conventions (see STYLE.md): functions return >= 0 on success and a negative
+ * errno on failure, with a human-readable message in the optional hutch_error.
+ * Out-parameters are named ret_* and are written only on success. Handles are
+ * opaque; every destructor accepts NULL.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HUTCH_ID_LEN 20 /* [a-z0-9]{20} */
+
+typedef struct hutch_error {
+        int code;        /* negative errno, 0 when no error was recorded */
+        char msg[1024];  /* NUL-terminated, empty when no error */
+} hutch_error;
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct hutch_ctx hutch_ctx;
+
+typedef struct hutch_ctx_config {
+        const char *run_dir;     /* runtime state (sockets, per-sandbox dirs); default /run/hutch */
+        const char *data_dir;    /* persistent state (templates, storage); default /var/lib/hutch */
+        const char *cgroup_root; /* name of the parent cgroup; default "hutch" */
+        uint32_t uid_base;       /* first host uid handed to sandboxes; default 0x40000000 */
+        uint32_t uid_slots;      /* number of 65536-id ranges; default 4096 */
+        const char *storage;     /* "auto" (default), "ext4" or "tmpfs": how writable layers are limited */
+} hutch_ctx_config;
+
+int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error *err);
+hutch_ctx *hutch_ctx_free(hutch_ctx *ctx);
+
+/* Which cgroup backend this host uses: "v1" or "v2". */
+const char *hutch_ctx_cgroup_backend(const hutch_ctx *ctx);
+/* Which writable-layer backend this host uses: "ext4" or "tmpfs" ("auto"
+ * before the first sandbox is created or attached). */
+const char *hutch_ctx_storage_backend(const hutch_ctx *ctx);
+
+/* --------------------------------------------------------------- sandbox */
+
+typedef struct hutch_sandbox hutch_sandbox;
+
+typedef struct hutch_limits {
+        uint64_t memory_bytes;   /* memory cgroup limit; swap is off for the sandbox */
+        uint64_t pids;           /* pids cgroup limit */
+        uint64_t cpu_millis;     /* CPU quota in thousandths of a CPU (2000 = 2 CPUs) */
+        uint64_t disk_bytes;     /* writable layer size */
+        uint64_t disk_inodes;    /* writable layer inode count */
+        uint64_t nofile;         /* RLIMIT_NOFILE for every process */
+} hutch_limits;
+
+typedef struct hutch_sandbox_config {
+        const char *template_name; /* default "host" */
+        hutch_limits limits;       /* zero fields take the defaults below */
+        bool no_new_privs;         /* set PR_SET_NO_NEW_PRIVS instead of allowing sudo */
+        bool network;              /* reserved for the egress proxy; false = loopback only */
+        const char *hostname;      /* default "hutch" */
+        const char *id;            /* NULL: allocate a random id */
+} hutch_sandbox_config;
+
+#define HUTCH_DEFAULT_MEMORY (512ull << 20)
+#define HUTCH_DEFAULT_PIDS 512
+#define HUTCH_DEFAULT_CPU_MILLIS 2000
+#define HUTCH_DEFAULT_DISK (1ull << 30)
+#define HUTCH_DEFAULT_INODES 262144
+#define HUTCH_DEFAULT_NOFILE 4096
+
+int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret,
+                         hutch_error *err);
+/* Find a live sandbox by id (from its state in run_dir) and connect to its init. */
+int hutch_sandbox_attach(hutch_ctx *ctx, const char *id, hutch_sandbox **ret, hutch_error *err);
+/* Destroy a sandbox by id whether or not it is still alive (its init may
+ * be gone after a crash): kills what is left and removes every trace. */
+int hutch_sandbox_remove(hutch_ctx *ctx, const char *id, hutch_error *err);
+/* Kill every process, remove mounts, cgroup, writable layer, uid range. */
+int hutch_sandbox_destroy(hutch_sandbox *sb, hutch_error *err);
+hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb);
+hutch_sandbox *hutch_sandbox_ref(hutch_sandbox *sb);
+
+const char *hutch_sandbox_id(const hutch_sandbox *sb);
+const char *hutch_sandbox_template(const hutch_sandbox *sb);
+pid_t hutch_sandbox_init_pid(const hutch_sandbox *sb); /* host pid of hutch-init */
+uid_t hutch_sandbox_uid_base(const hutch_sandbox *sb);
+const hutch_limits *hutch_sandbox_limits(const hutch_sandbox *sb);
+/* The control socket to hutch-init; readable when an event or reply waits. */
+int hutch_sandbox_fd(const hutch_sandbox *sb);
+
+/* Tie the sandbox's life to this handle's connection: when it closes
+ * (hutch_sandbox_unref, or the process holding it dies, even by SIGKILL),
+ * hutch-init exits and the kernel kills every process of the sandbox. The
+ * host-side leftovers are then removed by hutch_sandbox_remove()/gc. */
+int hutch_sandbox_tie_lifetime(hutch_sandbox *sb, hutch_error *err);
+
+/* Remove every sandbox whose init is no longer alive. Returns how many. */
+int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err);
+
+/* Freeze / thaw every process of the sandbox (cgroup freezer). */
+int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err);
+int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err);
+
+typedef struct hutch_stats {
+        uint64_t memory_current; /* bytes */
+        uint64_t memory_peak;    /* bytes */
+        uint64_t memory_limit;   /* bytes */
+        uint64_t cpu_usage_ns;   /* total CPU time */
+        uint64_t pids_current;
+        uint64_t oom_kills;      /* processes killed by the memory limit */
+        uint64_t disk_used;      /* bytes used in the writable layer */
+        uint64_t disk_limit;
+} hutch_stats;
+int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err);
+
+/* List live sandboxes (ids) found in run_dir. *ret_ids is a NULL-terminated
+ * array; free with hutch_strv_free(). */
+int hutch_sandbox_list(hutch_ctx *ctx, char ***ret_ids, hutch_error *err);
+void hutch_strv_free(char **v);
+
+/* ------------------------------------------------------------- processes */
+
+enum {
+        HUTCH_STDIN_NULL = 0, /* /dev/null */
+        HUTCH_STDIN_PIPE = 1, /* a pipe whose write end is returned */
+};
+
+typedef struct hutch_spawn_config {
+        const char *const *argv;  /* argv[0] is looked up in PATH if it has no '/' */
+        const char *const *envp;  /* full environment; NULL = a minimal default */
+        const char *cwd;          /* default: the user's home */
+        uid_t uid;                /* inside the sandbox: 0 root, 1000 user */
+        gid_t gid;
+        int stdin_mode;           /* HUTCH_STDIN_* */
+        bool pty;                 /* allocate a pseudo-terminal for stdin/stdout/stderr */
+        uint16_t pty_rows, pty_cols;
+        const char *tag;          /* optional name to find the process again */
+} hutch_spawn_config;
+
+typedef struct hutch_process {
+        pid_t pid;        /* pid inside the sandbox */
+        int stdin_fd;     /* write end, or -1 */
+        int stdout_fd;    /* read end, or -1 (pty: the master, read+write) */
+        int stderr_fd;    /* read end, or -1 */
+} hutch_process;
+
+/* Start a process. On exec failure returns -errno (e.g. -ENOENT for a
+ * missing command) with a message. Descriptors in ret are owned by the caller. */
+int hutch_sandbox_spawn(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_process *ret,
+                        hutch_error *err);
+int hutch_sandbox_signal(hutch_sandbox *sb, pid_t pid, int sig, bool process_group,
+                         hutch_error *err);
+/* Close hutch-init's own copy of a process's stdin write end, so that the
+ * process sees EOF once the caller closes its copy too. */
+int hutch_sandbox_close_stdin(hutch_sandbox *sb, pid_t pid, hutch_error *err);
+int hutch_sandbox_resize(hutch_sandbox *sb, pid_t pid, uint16_t rows, uint16_t cols,
+                         hutch_error *err);
+
+typedef struct hutch_exit {
+        pid_t pid;
+        int exit_code;  /* valid when signal == 0 */
+        int signal;     /* terminating signal, 0 if it exited */
+        bool core_dumped;
+} hutch_exit;
+
+/* Wait for the next exit of a process spawned through this handle. With
+ * timeout_ms < 0 it blocks; returns -ETIMEDOUT when the time passed. */
+int hutch_sandbox_wait(hutch_sandbox *sb, int timeout_ms, hutch_exit *ret, hutch_error *err);
+
+/* --------------------------------------------------------- file operations */
+/* All paths are interpreted by hutch-init inside the sandbox's root. */
+
+enum { HUTCH_FILE_UNKNOWN = 0, HUTCH_FILE_REGULAR, HUTCH_FILE_DIRECTORY, HUTCH_FILE_SYMLINK, HUTCH_FILE_OTHER };
+
+typedef struct hutch_file_info {
+        char *name;            /* base name */
+        char *path;            /* absolute path inside the sandbox */
+        int type;              /* HUTCH_FILE_* of the entry itself (lstat) */
+        int target_type;       /* for symlinks: type of the target, else same as type */
+        char *symlink_target;  /* for symlinks, else NULL */
+        uint64_t size;
+        uint32_t mode;         /* st_mode */
+        uint32_t uid, gid;
+        int64_t mtime_ns;
+        char *owner, *group;   /* names from the sandbox's /etc, or the number */
+} hutch_file_info;
+
+void hutch_file_info_clear(hutch_file_info *fi);
+void hutch_file_info_array_free(hutch_file_info *v, size_t n);
+
+typedef struct hutch_fs_user {
+        uid_t uid;
+        gid_t gid;
+} hutch_fs_user;
+
+int hutch_fs_stat(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, hutch_file_info *ret,
+                  hutch_error *err);
+int hutch_fs_list(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, unsigned depth,
+                  hutch_file_info **ret, size_t *ret_n, hutch_error *err);
+int hutch_fs_mkdir(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, bool parents,
+                   hutch_error *err); /* returns 1 when created, 0 when it already existed */
+int hutch_fs_move(hutch_sandbox *sb, const hutch_fs_user *u, const char *from, const char *to,
+                  hutch_error *err);
+int hutch_fs_remove(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, hutch_error *err);
+/* Open a regular file for reading; *ret_fd is a read-only fd checked to be a
+ * regular file or pipe. */
+int hutch_fs_open_read(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, int *ret_fd,
+                       hutch_file_info *ret_info, hutch_error *err);
+
+/* Write a whole file: begin returns a pipe write end (*ret_fd) to stream the
+ * content into; commit closes it, makes hutch-init fsync and rename the
+ * temporary file into place (parents created, owned by u), and returns only
+ * when the file is complete. Abort (or losing the connection) leaves nothing. */
+typedef struct hutch_fs_write hutch_fs_write;
+int hutch_fs_write_begin(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
+                         hutch_fs_write **ret, int *ret_fd, hutch_error *err);
+int hutch_fs_write_commit(hutch_fs_write *w, uint64_t expected_bytes, hutch_file_info *ret_info,
+                          hutch_error *err);
+void hutch_fs_write_abort(hutch_fs_write *w);
+/* Convenience over begin/commit. */
+int hutch_fs_write_buffer(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
+                          const void *data, size_t len, hutch_error *err);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,373 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The child half of sandbox creation: everything between clone3() and the
+ * exec of hutch-init, as one checklist (child_setup()).
+ *
+ * The child is cloned with CLONE_VM (vfork-style, no page-table copy: on
+ * this kind of VM that copy costs more than all the namespaces together) and
+ * runs on its own stack while the parent waits, first for nothing (the
+ * parent writes the id maps and prepares id-mapped mounts while the child
+ * blocks in recvmsg), then on the sync pipe until exec or failure. Because
+ * memory is shared, the child never allocates and never touches stdio; it
+ * reports a failure as a child_error on the sync pipe and _exit()s.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "sandbox/caps.h"
+#include "sandbox/sandbox-internal.h"
+#include "sandbox/seccomp.h"
+#include "util/syscalls.h"
+
+/* ------------------------------------------------------------ clone3 trampoline */
+
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl hutch_clone3_raw\n"
+        ".type hutch_clone3_raw,@function\n"
+        "hutch_clone3_raw:\n"          /* rdi=args rsi=size rdx=fn rcx=arg */
+        "        mov %rcx, %r8\n"
+        "        mov %rdx, %r9\n"
+        "        mov $435, %eax\n"     /* __NR_clone3 */
+        "        syscall\n"
+        "        test %rax, %rax\n"
+        "        jnz 1f\n"
+        "        xor %ebp, %ebp\n"     /* child: on the new stack */
+        "        mov %r8, %rdi\n"
+        "        call *%r9\n"
+        "        mov %eax, %edi\n"
+        "        mov $60, %eax\n"      /* __NR_exit */
+        "        syscall\n"
+        "        hlt\n"
+        "1:      ret\n"
+        ".size hutch_clone3_raw, .-hutch_clone3_raw\n");
+#elif defined(__aarch64__)
+__asm__(".text\n"
+        ".globl hutch_clone3_raw\n"
+        ".type hutch_clone3_raw,%function\n"
+        "hutch_clone3_raw:\n"          /* x0=args x1=size x2=fn x3=arg */
+        "        mov x9, x2\n"
+        "        mov x10, x3\n"
+        "        mov x8, #435\n"
+        "        svc #0\n"
+        "        cbnz x0, 1f\n"
+        "        mov x29, #0\n"
+        "        mov x0, x10\n"
+        "        blr x9\n"
+        "        mov x8, #93\n"        /* __NR_exit */
+        "        svc #0\n"
+        "        brk #0\n"
+        "1:      ret\n"
+        ".size hutch_clone3_raw, .-hutch_clone3_raw\n");
+#else
+#error "clone3 trampoline missing for this architecture"
+#endif
+
+long hutch_clone3_raw(struct clone_args *args, size_t size, int (*fn)(void *), void *arg);
+
+pid_t clone3_with_fn(struct clone_args *args, int (*fn)(void *), void *arg) {
+        long r = hutch_clone3_raw(args, sizeof *args, fn, arg);
+        if (r < 0) {
+                errno = (int) -r;
+                return -1;
+        }
+        return (pid_t) r;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static _Noreturn void child_fail(const child_config *c, int err, const char *what) {
+        child_error e = { .code = -err };
+        /* no snprintf: shared memory with a parent that may hold stdio locks */
+        size_t n = strlen(what);
+        if (n > sizeof e.msg - 1)
+                n = sizeof e.msg - 1;
+        memcpy(e.msg, what, n);
+        (void) !write(c->sync_fd, &e, sizeof e);
+        _exit(127);
+}
+
+#define CHECK(c, expr, what)                                                                       \
+        do {                                                                                       \
+                if ((expr) < 0)                                                                    \
+                        child_fail((c), errno, (what));                                           \
+        } while (0)
+
+/* Append src to dst (bounded), no libc formatting. */
+static void cat(char *dst, size_t n, const char *src) {
+        size_t l = strlen(dst), k = strlen(src);
+        if (l + k >= n)
+                k = n - l - 1;
+        memcpy(dst + l, src, k);
+        dst[l + k] = 0;
+}
+
+static void u64_to_str(uint64_t v, char *buf) {
+        char tmp[24];
+        int i = 0;
+        do
+                tmp[i++] = (char) ('0' + v % 10);
+        while ((v /= 10) > 0);
+        for (int j = 0; j < i; j++)
+                buf[j] = tmp[i - 1 - j];
+        buf[i] = 0;
+}
+
+static int bind_dev(const char *name) {
+        char src[32] = "/dev/", dst[32] = "dev/";
+        cat(src, sizeof src, name);
+        cat(dst, sizeof dst, name);
+        int fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return -1;
+        close(fd);
+        return mount(src, dst, NULL, MS_BIND, NULL);
+}
+
+/* OCI's default masked and read-only /proc paths (runtime-spec config-linux). */
+static const char *const proc_masked_files[] = {
+        "proc/kcore", "proc/keys", "proc/latency_stats", "proc/timer_list", "proc/timer_stats",
+        "proc/sched_debug", "proc/interrupts", "proc/kallsyms", NULL,
+};
+static const char *const proc_masked_dirs[] = { "proc/acpi", "proc/scsi", "proc/asound", "proc/driver", NULL };
+static const char *const proc_readonly[] = {
+        "proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger", NULL,
+};
+
+static void setup_proc(const child_config *c) {
+        CHECK(c, mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mounting /proc");
+        for (const char *const *p = proc_masked_files; *p; p++)
+                if (mount("/dev/null", *p, NULL, MS_BIND, NULL) < 0 && errno != ENOENT)
+                        child_fail(c, errno, "masking a /proc file");
+        for (const char *const *p = proc_masked_dirs; *p; p++)
+                if (mount("tmpfs", *p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555") < 0 &&
+                    errno != ENOENT)
+                        child_fail(c, errno, "masking a /proc directory");
+        for (const char *const *p = proc_readonly; *p; p++) {
+                if (mount(*p, *p, NULL, MS_BIND | MS_REC, NULL) < 0) {
+                        if (errno == ENOENT)
+                                continue;
+                        child_fail(c, errno, "binding a read-only /proc path");
+                }
+                CHECK(c,
+                      mount(NULL, *p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+                      "making a /proc path read-only");
+        }
+}
+
+static void setup_dev(const child_config *c) {
+        static const char *const devs[] = { "null", "zero", "full", "random", "urandom", "tty", NULL };
+        static const char *const links[][2] = {
+                { "pts/ptmx", "dev/ptmx" },         { "/proc/self/fd", "dev/fd" },
+                { "/proc/self/fd/0", "dev/stdin" }, { "/proc/self/fd/1", "dev/stdout" },
+                { "/proc/self/fd/2", "dev/stderr" }, { "/proc/kcore", "dev/core" },
+        };
+        CHECK(c, mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"),
+              "mounting /dev");
+        for (const char *const *d = devs; *d; d++)
+                CHECK(c, bind_dev(*d), "binding a device into /dev");
+        CHECK(c, mkdir("dev/pts", 0755), "creating /dev/pts");
+        CHECK(c, mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"),
+              "mounting /dev/pts");
+        CHECK(c, mkdir("dev/shm", 01777), "creating /dev/shm");
+        CHECK(c, mount("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777"), "mounting /dev/shm");
+        for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
+                if (i < 5) /* /dev/core is left out: kcore is masked anyway */
+                        CHECK(c, symlink(links[i][0], links[i][1]), "creating a /dev link");
+}
+
+static void setup_sys(const child_config *c) {
+        /* sysfs is owned by the sandbox's netns, read-only; if the kernel
+         * refuses (a host /sys with locked overmounts), /sys stays empty. */
+        if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                return;
+        if (mount("tmpfs", "sys/firmware", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555") < 0 &&
+            errno != ENOENT)
+                child_fail(c, errno, "masking /sys/firmware");
+}
+
+/* ------------------------------------------------------------- the checklist */
+
+static void child_setup(const child_config *c) {
+        int fds[2 + 8];
+        size_t nfds = 0;
+        char bind_paths[8][16];
+        uint32_t n_binds = 0;
+        int layer_fd = -1, *bind_fds;
+
+        /* 1. Wait for the parent: id maps written, id-mapped mounts made. */
+        {
+                char buf[2 + 8 * 16];
+                struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
+                union {
+                        struct cmsghdr align;
+                        char b[CMSG_SPACE(sizeof(int) * 10)];
+                } ctl;
+                struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                                      .msg_controllen = sizeof ctl.b };
+                ssize_t n;
+                do
+                        n = recvmsg(c->init_conn, &msg, MSG_CMSG_CLOEXEC);
+                while (n < 0 && errno == EINTR);
+                if (n <= 0)
+                        child_fail(c, n < 0 ? errno : EPIPE, "waiting for the parent");
+                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+                if (!cm || cm->cmsg_type != SCM_RIGHTS)
+                        child_fail(c, EPROTO, "bootstrap message without descriptors");
+                nfds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                if (nfds < 1 || nfds > 10)
+                        child_fail(c, EPROTO, "bootstrap message with a bad descriptor count");
+                memcpy(fds, CMSG_DATA(cm), nfds * sizeof(int));
+                n_binds = (uint32_t) (unsigned char) buf[0];
+                bool has_layer = buf[1] != 0;
+                if (n < 2 || n_binds > 8 || n_binds + 1 + has_layer != nfds || (size_t) n < 2 + n_binds * 16)
+                        child_fail(c, EPROTO, "bootstrap message malformed");
+                for (uint32_t i = 0; i < n_binds; i++) {
+                        memcpy(bind_paths[i], buf + 2 + i * 16, 16);
+                        bind_paths[i][15] = 0;
+                }
+                layer_fd = has_layer ? fds[1] : -1;
+                bind_fds = fds + 1 + has_layer;
+        }
+
+        /* 2. Become sandbox root (the maps exist now). */
+        CHECK(c, setresgid(0, 0, 0), "setresgid(0)");
+        CHECK(c, setresuid(0, 0, 0), "setresuid(0)");
+        CHECK(c, setgroups(0, NULL), "setgroups");
+
+        /* 3. Nothing we mount travels back to the host. */
+        CHECK(c, mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "making / private");
+        CHECK(c, chdir(c->sandbox_dir), "entering the sandbox directory");
+
+        /* 4. The control socket, bound on a host path the sandbox never sees. */
+        int lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        CHECK(c, lsock, "socket");
+        {
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                memcpy(sa.sun_path, "sock/init.sock", sizeof "sock/init.sock");
+                CHECK(c, bind(lsock, (struct sockaddr *) &sa, sizeof sa), "binding the control socket");
+                CHECK(c, listen(lsock, 16), "listen");
+        }
+
+        /* 5. The writable layer and the overlay root. */
+        char opts[256] = "lowerdir=";
+        if (layer_fd >= 0) {
+                CHECK(c, sys_move_mount(layer_fd, "", AT_FDCWD, "layer", MOVE_MOUNT_F_EMPTY_PATH),
+                      "attaching the writable layer");
+                close(layer_fd);
+        } else {
+                char t[128] = "size=";
+                char num[24];
+                u64_to_str(c->disk_bytes, num);
+                cat(t, sizeof t, num);
+                cat(t, sizeof t, ",nr_inodes=");
+                u64_to_str(c->disk_inodes, num);
+                cat(t, sizeof t, num);
+                cat(t, sizeof t, ",mode=0755");
+                CHECK(c, mount("tmpfs", "layer", "tmpfs", MS_NOSUID | MS_NODEV, t), "mounting the tmpfs layer");
+                CHECK(c, mkdir("layer/upper", 0755), "creating upper");
+                CHECK(c, mkdir("layer/work", 0700), "creating work");
+        }
+        CHECK(c, sys_move_mount(fds[0], "", AT_FDCWD, "lower", MOVE_MOUNT_F_EMPTY_PATH), "attaching the template");
+        close(fds[0]);
+        /* overlayfs resolves relative layer paths against our cwd */
+        cat(opts, sizeof opts, "lower,upperdir=layer/upper,workdir=layer/work,userxattr");
+        CHECK(c, mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, opts), "mounting the overlay root");
+        CHECK(c, chdir("root"), "entering the root");
+
+        /* 6. Template binds (/usr ...), id-mapped and read-only. */
+        for (uint32_t i = 0; i < n_binds; i++) {
+                const char *rel = bind_paths[i] + 1; /* "/usr" -> "usr" */
+                CHECK(c, sys_move_mount(bind_fds[i], "", AT_FDCWD, rel, MOVE_MOUNT_F_EMPTY_PATH),
+                      "attaching a template bind");
+                close(bind_fds[i]);
+        }
+
+        /* 7. /proc, /dev, /sys. */
+        setup_proc(c);
+        setup_dev(c);
+        setup_sys(c);
+
+        /* 8. Identity, and loopback up: the new netns starts with lo down. */
+        CHECK(c, sethostname(c->hostname, strlen(c->hostname)), "sethostname");
+        {
+                int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+                struct ifreq ifr = { .ifr_name = "lo" };
+                CHECK(c, s, "socket for lo");
+                CHECK(c, ioctl(s, SIOCGIFFLAGS, &ifr), "reading lo's flags");
+                ifr.ifr_flags |= IFF_UP;
+                CHECK(c, ioctl(s, SIOCSIFFLAGS, &ifr), "bringing lo up");
+                close(s);
+        }
+
+        /* 9. Leave the host's tree behind for good. */
+        CHECK(c, sys_pivot_root(".", "."), "pivot_root");
+        CHECK(c, umount2(".", MNT_DETACH), "detaching the old root");
+        CHECK(c, chdir("/"), "chdir /");
+
+        /* 10. Limits every process inherits. */
+        struct rlimit nofile = { c->nofile, c->nofile }, core = { 0, 0 };
+        CHECK(c, setrlimit(RLIMIT_NOFILE, &nofile), "RLIMIT_NOFILE");
+        CHECK(c, setrlimit(RLIMIT_CORE, &core), "RLIMIT_CORE");
+
+        /* 11. Descriptors: 0-2 /dev/null, 3 listener, 4 creator, 5 the init
+         *     memfd (close-on-exec), nothing else. */
+        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        CHECK(c, devnull, "opening /dev/null");
+        int hl = fcntl(lsock, F_DUPFD_CLOEXEC, 64), hc = fcntl(c->init_conn, F_DUPFD_CLOEXEC, 64),
+            hm = fcntl(c->init_memfd, F_DUPFD_CLOEXEC, 64), hs = fcntl(c->sync_fd, F_DUPFD_CLOEXEC, 64);
+        if (hl < 0 || hc < 0 || hm < 0 || hs < 0)
+                child_fail(c, errno, "moving descriptors");
+        child_config moved = *c;
+        moved.sync_fd = hs;
+        c = &moved;
+        CHECK(c, dup2(devnull, 0), "dup2");
+        CHECK(c, dup2(devnull, 1), "dup2");
+        CHECK(c, dup2(devnull, 2), "dup2");
+        CHECK(c, dup2(hl, 3), "dup2");
+        CHECK(c, dup2(hc, 4), "dup2");
+        CHECK(c, dup3(hm, 5, O_CLOEXEC), "dup3");
+        CHECK(c, dup3(hs, 6, O_CLOEXEC), "dup3");
+        moved.sync_fd = 6;
+        CHECK(c, sys_close_range(7, ~0U, 0), "close_range");
+
+        /* 12. Signals: default dispositions, nothing blocked. */
+        for (int s = 1; s < _NSIG; s++)
+                if (s != SIGKILL && s != SIGSTOP)
+                        (void) signal(s, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        (void) sigprocmask(SIG_SETMASK, &none, NULL);
+
+        /* 13. seccomp (needs CAP_SYS_ADMIN in our userns unless NNP), then
+         *     drop to the bounded capability set. */
+        int r = seccomp_filter_load(c->seccomp);
+        if (r < 0)
+                child_fail(c, -r, "loading the seccomp filter");
+        r = caps_apply_child(c->no_new_privs);
+        if (r < 0)
+                child_fail(c, -r, "dropping capabilities");
+
+        /* 14. Become hutch-init, from the sealed memfd. */
+        static char *const argv[] = { (char *) "hutch-init", NULL };
+        static char *const envp[] = { (char *) "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+        syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
+        child_fail(c, errno, "executing hutch-init");
+}
+
+int child_main(void *arg) {
+        child_setup(arg);
+        return 127;
+}

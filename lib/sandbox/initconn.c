@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host side of the init protocol: requests with ids, replies matched by
+ * id, events queued for hutch_sandbox_wait(). hutch-init lives inside the
+ * sandbox, so everything it sends is hostile input (DESIGN.md §4): frames
+ * are parsed by the bounded codec, and descriptors are fstat-checked.
+ */
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+
+#include "sandbox/sandbox-internal.h"
+#include "util/error.h"
+#include "util/fdutil.h"
+
+static int64_t now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int initconn_check_fd(int fd, bool allow_pty, bool want_nonblock) {
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        bool ok = S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode);
+        /* a pty master from the sandbox's devpts instance: /dev/ptmx is 5:2 */
+        if (allow_pty && S_ISCHR(st.st_mode) && major(st.st_rdev) == 5 && minor(st.st_rdev) == 2)
+                ok = true;
+        if (!ok)
+                return -EBADMSG;
+        if (want_nonblock)
+                return fd_set_nonblock(fd, true);
+        return 0;
+}
+
+initproto_writer *initconn_begin(hutch_sandbox *sb, uint16_t type) {
+        uint32_t id = sb->next_id++;
+        if (sb->next_id == 0)
+                sb->next_id = 1;
+        initproto_begin(sb->tx, type, 0, id);
+        return sb->tx;
+}
+
+static int queue_event(hutch_sandbox *sb, const initproto_msg *m) {
+        if (m->type != INITPROTO_EV_EXIT)
+                return 0; /* watch events are for the daemon's own loop */
+        uint64_t pid = 0, code = 0, sig = 0, core = 0;
+        if (initproto_find_u64(m, T_PID, &pid) <= 0 || pid == 0 || pid > INT32_MAX)
+                return -EBADMSG;
+        (void) initproto_find_u64(m, T_EXIT_CODE, &code);
+        (void) initproto_find_u64(m, T_SIGNAL, &sig);
+        (void) initproto_find_u64(m, T_CORE, &core);
+        initconn_event *ev = calloc(1, sizeof *ev);
+        if (!ev)
+                return -ENOMEM;
+        ev->type = m->type;
+        ev->exit = (hutch_exit){
+                .pid = (pid_t) pid,
+                .exit_code = (int) (code & 0xff),
+                .signal = (int) (sig & 0x7f),
+                .core_dumped = core != 0,
+        };
+        if (sb->events_tail)
+                sb->events_tail->next = ev;
+        else
+                sb->events_head = ev;
+        sb->events_tail = ev;
+        return 1;
+}
+
+/* Receive one frame into sb->rxbuf. 1 = got one, 0 = timeout. */
+static int recv_frame(hutch_sandbox *sb, int timeout_ms, initproto_msg *ret, int *fds, size_t *ret_nfds,
+                      hutch_error *err) {
+        if (sb->conn < 0)
+                return hutch_error_set(err, -ENOTCONN, "sandbox %s: not connected to its init", sb->id);
+        struct pollfd p = { .fd = sb->conn, .events = POLLIN };
+        int k;
+        do
+                k = poll(&p, 1, timeout_ms);
+        while (k < 0 && errno == EINTR);
+        if (k < 0)
+                return hutch_error_set(err, -errno, "poll: %m");
+        if (k == 0)
+                return 0;
+        ssize_t n = fd_recv_with_fds(sb->conn, sb->rxbuf, INITPROTO_MAX_FRAME, fds, INITPROTO_MAX_FDS, ret_nfds,
+                                     MSG_DONTWAIT);
+        if (n == -EAGAIN)
+                return 0;
+        if (n < 0)
+                return hutch_error_set(err, (int) n, "sandbox %s: reading from init: %s", sb->id, strerror((int) -n));
+        if (n == 0)
+                return hutch_error_set(err, -ECONNRESET, "sandbox %s: init closed the connection", sb->id);
+        int r = initproto_parse(sb->rxbuf, (size_t) n, ret);
+        if (r < 0) {
+                for (size_t i = 0; i < *ret_nfds; i++)
+                        close(fds[i]);
+                return hutch_error_set(err, r, "sandbox %s: malformed message from init", sb->id);
+        }
+        return 1;
+}
+
+static int reply_error(hutch_sandbox *sb, const initproto_msg *m, hutch_error *err) {
+        uint64_t e = EIO;
+        char msg[512] = "";
+        (void) initproto_find_u64(m, T_ERRNO, &e);
+        if (initproto_find_str(m, T_MESSAGE, msg, sizeof msg) <= 0)
+                msg[0] = 0;
+        if (e == 0 || e > 4095)
+                e = EIO;
+        return hutch_error_set(err, -(int) e, "%s", msg[0] ? msg : strerror((int) e));
+}
+
+int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply_fn on_reply, void *userdata,
+                  int timeout_ms, hutch_error *err) {
+        int len = initproto_finish(sb->tx);
+        if (len < 0)
+                return hutch_error_set(err, len, "request too large for the init protocol");
+        initproto_msg req;
+        (void) initproto_parse(sb->tx->buf, (size_t) len, &req);
+        uint32_t id = req.id;
+        if (sb->conn < 0)
+                return hutch_error_set(err, -ENOTCONN, "sandbox %s: not connected", sb->id);
+        int r = fd_send_with_fds(sb->conn, sb->tx->buf, (size_t) len, fds, nfds);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: sending to init: %s", sb->id, strerror(-r));
+
+        int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+        for (;;) {
+                int wait = -1;
+                if (deadline >= 0) {
+                        int64_t left = deadline - now_ms();
+                        if (left <= 0)
+                                return hutch_error_set(err, -ETIMEDOUT, "sandbox %s: init did not answer in time", sb->id);
+                        wait = (int) left;
+                }
+                initproto_msg m;
+                int rfds[INITPROTO_MAX_FDS];
+                size_t rn = 0;
+                r = recv_frame(sb, wait, &m, rfds, &rn, err);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        continue;
+                if (m.id == 0) {
+                        for (size_t i = 0; i < rn; i++)
+                                close(rfds[i]);
+                        r = queue_event(sb, &m);
+                        if (r < 0)
+                                return hutch_error_set(err, r, "sandbox %s: bad event from init", sb->id);
+                        continue;
+                }
+                if (m.id != id) {
+                        /* a late reply to a request we gave up on */
+                        for (size_t i = 0; i < rn; i++)
+                                close(rfds[i]);
+                        continue;
+                }
+                if (m.type == INITPROTO_ERROR) {
+                        for (size_t i = 0; i < rn; i++)
+                                close(rfds[i]);
+                        return reply_error(sb, &m, err);
+                }
+                if (m.type != INITPROTO_OK) {
+                        for (size_t i = 0; i < rn; i++)
+                                close(rfds[i]);
+                        return hutch_error_set(err, -EBADMSG, "sandbox %s: unexpected reply type %u", sb->id, m.type);
+                }
+                r = on_reply ? on_reply(&m, rfds, rn, userdata) : 0;
+                for (size_t i = 0; i < rn; i++)
+                        if (rfds[i] >= 0)
+                                close(rfds[i]);
+                if (r < 0)
+                        return hutch_error_set(err, r, "sandbox %s: bad reply from init", sb->id);
+                if (!(m.flags & INITPROTO_F_MORE))
+                        return 0;
+        }
+}
+
+int initconn_hello(hutch_sandbox *sb, int timeout_ms, hutch_error *err) {
+        initproto_writer *w = initconn_begin(sb, INITPROTO_HELLO);
+        initproto_put_u64(w, T_VERSION, INITPROTO_VERSION);
+        initproto_put_str(w, T_TOKEN, sb->token);
+        return initconn_call(sb, NULL, 0, NULL, NULL, timeout_ms, err);
+}
+
+int initconn_pump(hutch_sandbox *sb, int timeout_ms, hutch_error *err) {
+        initproto_msg m;
+        int fds[INITPROTO_MAX_FDS];
+        size_t n = 0;
+        int r = recv_frame(sb, timeout_ms, &m, fds, &n, err);
+        if (r <= 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                close(fds[i]);
+        if (m.id != 0)
+                return 0; /* stale reply */
+        r = queue_event(sb, &m);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: bad event from init", sb->id);
+        return r;
+}

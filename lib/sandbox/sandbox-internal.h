@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What the engine's files share; not part of the public API. */
+#pragma once
+
+#include <linux/filter.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "hutch/hutch.h"
+#include "sandbox/cgroup.h"
+#include "sandbox/initproto.h"
+#include "util/syscalls.h"
+
+#define HUTCH_IDMAP_SIZE 65536u
+#define HUTCH_TOKEN_LEN 32 /* hex chars */
+
+struct hutch_ctx {
+        char *run_dir;
+        char *data_dir;
+        char *cgroup_root;
+        uint32_t uid_base;
+        uint32_t uid_slots;
+        cgroup_version cg_version;
+        char *cg_mount;
+        char *storage_kind; /* "auto" until storage_init(), then "ext4" or "tmpfs" */
+        char *storage_mnt;  /* data_dir/storage, set by storage_init() */
+        int init_memfd;     /* sealed memfd holding hutch-init, created lazily */
+};
+
+/* A queued unsolicited event from init. */
+typedef struct initconn_event {
+        struct initconn_event *next;
+        uint16_t type;
+        hutch_exit exit;
+} initconn_event;
+
+struct hutch_sandbox {
+        unsigned n_ref;
+        hutch_ctx *ctx;
+        char id[HUTCH_ID_LEN + 1];
+        char template_name[64];
+        char token[HUTCH_TOKEN_LEN + 1];
+        char *dir;         /* run_dir/sandboxes/<id> */
+        pid_t init_pid;    /* host pid */
+        uint64_t init_starttime; /* /proc/<pid>/stat field 22, to detect pid reuse */
+        int init_pidfd;
+        bool is_parent;    /* we cloned init and must reap it */
+        uint32_t uid_slot;
+        uid_t uid_base;
+        hutch_limits limits;
+        bool no_new_privs;
+        int64_t created_ns;   /* CLOCK_REALTIME */
+        hutch_cgroup *cg;
+        int conn;          /* SOCK_SEQPACKET to hutch-init */
+        uint32_t next_id;
+        uint8_t *rxbuf;    /* INITPROTO_MAX_FRAME */
+        initconn_event *events_head, *events_tail;
+        initproto_writer *tx;
+        bool destroyed;
+};
+
+/* uidrange.c: one 65536-id host range per live sandbox, never host uid 0. */
+int uidrange_alloc(hutch_ctx *ctx, const char *id, uint32_t *ret_slot, hutch_error *err);
+int uidrange_release(hutch_ctx *ctx, uint32_t slot, const char *id);
+uid_t uidrange_base(const hutch_ctx *ctx, uint32_t slot);
+/* Pure helper for tests: first free slot in a bitmap of n slots, or -ENOSPC. */
+int uidrange_pick(const uint8_t *used, uint32_t n, uint32_t start);
+
+/* storage.c: the writable layer with a hard size and inode limit. */
+int storage_init(hutch_ctx *ctx, hutch_error *err);
+/* ext4: a detached mount (fd in *ret_layer_fd) holding upper/ and work/
+ * owned by `owner`; tmpfs: *ret_layer_fd = -1 and the child mounts one. */
+int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, int *ret_layer_fd,
+                    hutch_error *err);
+int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err);
+/* Bytes the writable layer occupies on the host (ext4 image blocks). */
+int storage_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_bytes);
+/* Remove layer images that no live sandbox owns. */
+int storage_prune(hutch_ctx *ctx, char *const *keep, hutch_error *err);
+
+/* child.c: everything between clone3 and exec of hutch-init. */
+typedef struct child_config {
+        const char *sandbox_dir;    /* run_dir/sandboxes/<id> */
+        uint64_t disk_bytes, disk_inodes, nofile;
+        const char *hostname;
+        bool no_new_privs;
+        int init_conn;              /* child end of the bootstrap socketpair */
+        int sync_fd;                /* write end of the error pipe */
+        int init_memfd;
+        const struct sock_fprog *seccomp;
+        uid_t uid_base;
+} child_config;
+
+int child_main(void *arg);
+
+/* The error a failing child sends up the sync pipe. */
+typedef struct child_error {
+        int code; /* negative errno */
+        char msg[256];
+} child_error;
+
+/* clone3 with a fresh stack, running fn(arg) in the child (x86_64/aarch64). */
+pid_t clone3_with_fn(struct clone_args *args, int (*fn)(void *), void *arg);
+
+/* initconn.c: requests to hutch-init over the control socket. */
+typedef int (*initconn_reply_fn)(const initproto_msg *m, int *fds, size_t nfds, void *userdata);
+initproto_writer *initconn_begin(hutch_sandbox *sb, uint16_t type);
+/* Send the request in sb->tx (with fds), then feed each reply with this
+ * request's id to on_reply (F_MORE sequences included) while queueing
+ * events. ERROR replies become -errno with the message in err. Descriptors
+ * that on_reply leaves in fds[] (not set to -1) are closed. */
+int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply_fn on_reply,
+                  void *userdata, int timeout_ms, hutch_error *err);
+int initconn_hello(hutch_sandbox *sb, int timeout_ms, hutch_error *err);
+/* Read one frame (waiting up to timeout_ms) and queue it if it is an event.
+ * Returns 1 if something was queued, 0 on timeout, -errno. */
+int initconn_pump(hutch_sandbox *sb, int timeout_ms, hutch_error *err);
+/* Check a descriptor received from init: fstat type in the allowed set
+ * (S_IFREG, S_IFIFO, or the pty master char device), set O_NONBLOCK. */
+int initconn_check_fd(int fd, bool allow_pty, bool want_nonblock);
+
+/* sandbox.c helpers used by others */
+int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);
+int sandbox_validate_id(const char *id);

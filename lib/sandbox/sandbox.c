@@ -1,0 +1,891 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The parent half of a sandbox's life: create (allocate, clone, prepare the
+ * id-mapped mounts the child needs, wait for hutch-init), attach by id,
+ * destroy (kill the cgroup, remove every trace), and the context that holds
+ * what is shared between sandboxes (cgroup layout, storage, the sealed
+ * hutch-init memfd, the compiled seccomp filter).
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "sandbox/sandbox-internal.h"
+#include "sandbox/seccomp.h"
+#include "template/template.h"
+#include "util/error.h"
+#include "util/fdutil.h"
+#include "util/fsutil.h"
+#include "util/syscalls.h"
+
+extern const unsigned char hutch_init_start[];
+extern const unsigned char hutch_init_end[];
+
+#define CHILD_STACK_SIZE (256 * 1024)
+#define INIT_READY_TIMEOUT_MS 10000
+
+/* ------------------------------------------------------------------- context */
+
+static char *dup_or(const char *v, const char *env, const char *def) {
+        const char *e = env ? getenv(env) : NULL;
+        return strdup(v && *v ? v : e && *e ? e : def);
+}
+
+int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error *err) {
+        hutch_ctx_config none = { 0 };
+        if (!cfg)
+                cfg = &none;
+        hutch_ctx *ctx = calloc(1, sizeof *ctx);
+        if (!ctx)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        ctx->init_memfd = -1;
+        ctx->run_dir = dup_or(cfg->run_dir, "HUTCH_RUN_DIR", "/run/hutch");
+        ctx->data_dir = dup_or(cfg->data_dir, "HUTCH_DATA_DIR", "/var/lib/hutch");
+        ctx->cgroup_root = dup_or(cfg->cgroup_root, "HUTCH_CGROUP_ROOT", "hutch");
+        ctx->storage_kind = dup_or(cfg->storage, "HUTCH_STORAGE", "auto");
+        ctx->uid_base = cfg->uid_base ? cfg->uid_base : 0x40000000u;
+        ctx->uid_slots = cfg->uid_slots ? cfg->uid_slots : 4096;
+        int r;
+        if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind) {
+                r = hutch_error_set(err, -ENOMEM, "out of memory");
+                goto fail;
+        }
+        if (ctx->run_dir[0] != '/' || ctx->data_dir[0] != '/' || strlen(ctx->run_dir) > 1024 ||
+            strlen(ctx->data_dir) > 1024) {
+                r = hutch_error_set(err, -EINVAL, "run and data directories must be absolute paths of at most 1024 bytes");
+                goto fail;
+        }
+        if (!streq(ctx->storage_kind, "auto") && !streq(ctx->storage_kind, "ext4") && !streq(ctx->storage_kind, "tmpfs")) {
+                r = hutch_error_set(err, -EINVAL, "storage must be auto, ext4 or tmpfs, not '%s'", ctx->storage_kind);
+                goto fail;
+        }
+        /* The uid ranges must stay clear of host uid 0 and of (uid_t)-1. */
+        if (ctx->uid_base < HUTCH_IDMAP_SIZE ||
+            (uint64_t) ctx->uid_base + (uint64_t) ctx->uid_slots * HUTCH_IDMAP_SIZE > 0xFFFFFFFEull) {
+                r = hutch_error_set(err, -EINVAL, "uid range %u + %u x 65536 is not valid", ctx->uid_base, ctx->uid_slots);
+                goto fail;
+        }
+        r = cgroup_detect(getenv("HUTCH_CGROUP"), &ctx->cg_version, &ctx->cg_mount, err);
+        if (r < 0)
+                goto fail;
+        *ret_ctx = ctx;
+        return 0;
+fail:
+        hutch_ctx_free(ctx);
+        return r;
+}
+
+hutch_ctx *hutch_ctx_free(hutch_ctx *ctx) {
+        if (!ctx)
+                return NULL;
+        free(ctx->run_dir);
+        free(ctx->data_dir);
+        free(ctx->cgroup_root);
+        free(ctx->cg_mount);
+        free(ctx->storage_kind);
+        free(ctx->storage_mnt);
+        safe_close(ctx->init_memfd);
+        free(ctx);
+        return NULL;
+}
+
+const char *hutch_ctx_cgroup_backend(const hutch_ctx *ctx) {
+        return ctx->cg_version == CGROUP_V2 ? "v2" : "v1";
+}
+
+const char *hutch_ctx_storage_backend(const hutch_ctx *ctx) {
+        return ctx->storage_kind;
+}
+
+static int ctx_ensure_storage(hutch_ctx *ctx, hutch_error *err) {
+        if (ctx->storage_mnt)
+                return 0;
+        return storage_init(ctx, err);
+}
+
+/* hutch-init's bytes in a sealed memfd: executing it never touches a host
+ * file a sandbox could reach or replace (CVE-2019-5736). */
+static int ctx_init_memfd(hutch_ctx *ctx, hutch_error *err) {
+        if (ctx->init_memfd >= 0)
+                return ctx->init_memfd;
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U
+#endif
+        int fd = sys_memfd_create("hutch-init", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC);
+        if (fd < 0 && errno == EINVAL)
+                fd = sys_memfd_create("hutch-init", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return hutch_error_set(err, -errno, "memfd_create: %m");
+        size_t len = (size_t) (hutch_init_end - hutch_init_start);
+        int r = fd_write_all(fd, hutch_init_start, len);
+        if (r < 0) {
+                close(fd);
+                return hutch_error_set(err, r, "writing hutch-init to its memfd: %s", strerror(-r));
+        }
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
+                r = -errno;
+                close(fd);
+                return hutch_error_set(err, r, "sealing the hutch-init memfd: %s", strerror(-r));
+        }
+        ctx->init_memfd = fd;
+        return fd;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+int sandbox_validate_id(const char *id) {
+        if (!id || strlen(id) != HUTCH_ID_LEN)
+                return -EINVAL;
+        for (const char *p = id; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9')))
+                        return -EINVAL;
+        return 0;
+}
+
+int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret) {
+        return asprintf(ret, "%s/sandboxes/%s", ctx->run_dir, id) < 0 ? -ENOMEM : 0;
+}
+
+static int random_id(char out[HUTCH_ID_LEN + 1]) {
+        static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+        size_t i = 0;
+        while (i < HUTCH_ID_LEN) {
+                unsigned char buf[32];
+                if (getrandom(buf, sizeof buf, 0) != sizeof buf)
+                        return -errno;
+                for (size_t k = 0; k < sizeof buf && i < HUTCH_ID_LEN; k++)
+                        if (buf[k] < 252) /* 252 = 7 * 36: no modulo bias */
+                                out[i++] = alphabet[buf[k] % 36];
+        }
+        out[HUTCH_ID_LEN] = 0;
+        return 0;
+}
+
+static int random_token(char out[HUTCH_TOKEN_LEN + 1]) {
+        unsigned char buf[HUTCH_TOKEN_LEN / 2];
+        if (getrandom(buf, sizeof buf, 0) != sizeof buf)
+                return -errno;
+        for (size_t i = 0; i < sizeof buf; i++)
+                snprintf(out + 2 * i, 3, "%02x", buf[i]);
+        return 0;
+}
+
+static int64_t now_realtime_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Field 22 of /proc/<pid>/stat: start time, to tell a pid from its reuse. */
+static int proc_starttime(pid_t pid, uint64_t *ret) {
+        char path[64];
+        _cleanup_free_ char *buf = NULL;
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        int r = read_file_at(AT_FDCWD, path, 4096, &buf);
+        if (r < 0)
+                return r;
+        char *p = strrchr(buf, ')');
+        if (!p)
+                return -EIO;
+        p++;
+        for (int field = 3; field < 22; field++) {
+                p = strchr(p + 1, ' ');
+                if (!p)
+                        return -EIO;
+        }
+        *ret = strtoull(p + 1, NULL, 10);
+        return 0;
+}
+
+static void limits_fill_defaults(hutch_limits *l) {
+        if (!l->memory_bytes)
+                l->memory_bytes = HUTCH_DEFAULT_MEMORY;
+        if (!l->pids)
+                l->pids = HUTCH_DEFAULT_PIDS;
+        if (!l->cpu_millis)
+                l->cpu_millis = HUTCH_DEFAULT_CPU_MILLIS;
+        if (!l->disk_bytes)
+                l->disk_bytes = HUTCH_DEFAULT_DISK;
+        if (!l->disk_inodes)
+                l->disk_inodes = HUTCH_DEFAULT_INODES;
+        if (!l->nofile)
+                l->nofile = HUTCH_DEFAULT_NOFILE;
+}
+
+static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
+        hutch_sandbox *sb = calloc(1, sizeof *sb);
+        if (!sb)
+                return NULL;
+        sb->n_ref = 1;
+        sb->ctx = ctx;
+        sb->conn = -1;
+        sb->init_pidfd = -1;
+        sb->uid_slot = UINT32_MAX;
+        sb->next_id = 1;
+        sb->rxbuf = malloc(INITPROTO_MAX_FRAME);
+        sb->tx = malloc(sizeof *sb->tx);
+        if (!sb->rxbuf || !sb->tx) {
+                free(sb->rxbuf);
+                free(sb->tx);
+                free(sb);
+                return NULL;
+        }
+        return sb;
+}
+
+/* ------------------------------------------------------------- state file */
+
+static int state_write(hutch_sandbox *sb, hutch_error *err) {
+        char path[PATH_MAX], buf[2048];
+        snprintf(path, sizeof path, "%s/state", sb->dir);
+        int n = snprintf(buf, sizeof buf,
+                         "id=%s\ntemplate=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
+                         "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
+                         "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\n",
+                         sb->id, sb->template_name, sb->init_pid, sb->init_starttime, sb->uid_slot,
+                         (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
+                         sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
+                         sb->no_new_privs);
+        int r = write_file_atomic(path, buf, (size_t) n, 0600);
+        if (r < 0)
+                return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
+        return 0;
+}
+
+static int state_read(hutch_sandbox *sb, hutch_error *err) {
+        char path[PATH_MAX];
+        _cleanup_free_ char *buf = NULL;
+        snprintf(path, sizeof path, "%s/state", sb->dir);
+        int r = read_file_at(AT_FDCWD, path, 4096, &buf);
+        if (r < 0)
+                return hutch_error_set(err, r == -ENOENT ? -ENOENT : r, "sandbox %s: no state (%s)", sb->id, strerror(-r));
+        bool have_pid = false;
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                char *eq = strchr(line, '=');
+                if (!eq)
+                        continue;
+                *eq = 0;
+                const char *k = line, *v = eq + 1;
+                if (streq(k, "template"))
+                        snprintf(sb->template_name, sizeof sb->template_name, "%s", v);
+                else if (streq(k, "init_pid")) {
+                        sb->init_pid = (pid_t) strtol(v, NULL, 10);
+                        have_pid = sb->init_pid > 1;
+                } else if (streq(k, "init_starttime"))
+                        sb->init_starttime = strtoull(v, NULL, 10);
+                else if (streq(k, "uid_slot"))
+                        sb->uid_slot = (uint32_t) strtoul(v, NULL, 10);
+                else if (streq(k, "uid_base"))
+                        sb->uid_base = (uid_t) strtoul(v, NULL, 10);
+                else if (streq(k, "token"))
+                        snprintf(sb->token, sizeof sb->token, "%s", v);
+                else if (streq(k, "created_ns"))
+                        sb->created_ns = strtoll(v, NULL, 10);
+                else if (streq(k, "memory"))
+                        sb->limits.memory_bytes = strtoull(v, NULL, 10);
+                else if (streq(k, "pids"))
+                        sb->limits.pids = strtoull(v, NULL, 10);
+                else if (streq(k, "cpu_millis"))
+                        sb->limits.cpu_millis = strtoull(v, NULL, 10);
+                else if (streq(k, "disk"))
+                        sb->limits.disk_bytes = strtoull(v, NULL, 10);
+                else if (streq(k, "inodes"))
+                        sb->limits.disk_inodes = strtoull(v, NULL, 10);
+                else if (streq(k, "nofile"))
+                        sb->limits.nofile = strtoull(v, NULL, 10);
+                else if (streq(k, "no_new_privs"))
+                        sb->no_new_privs = streq(v, "1");
+        }
+        if (!have_pid || sb->uid_slot >= sb->ctx->uid_slots)
+                return hutch_error_set(err, -EBADMSG, "sandbox %s: state file is damaged", sb->id);
+        return 0;
+}
+
+/* ------------------------------------------------------------- teardown */
+
+/* Remove everything a sandbox owns. Safe on a half-created sandbox. */
+static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
+        hutch_ctx *ctx = sb->ctx;
+        int r = 0, k;
+        hutch_error e = { 0 };
+
+        sb->conn = safe_close(sb->conn);
+        /* PID 1 dying takes the whole pid namespace with it; the cgroup
+         * kill then catches anything that was on its way in. */
+        if (sb->init_pidfd >= 0)
+                (void) sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0);
+        if (sb->cg) {
+                k = cgroup_kill_all(sb->cg, &e);
+                if (k < 0 && r == 0)
+                        r = hutch_error_set(err, k, "%s", e.msg);
+        }
+        if (sb->init_pid > 0) {
+                if (sb->is_parent) {
+                        while (waitpid(sb->init_pid, NULL, 0) < 0 && errno == EINTR)
+                                ;
+                } else if (sb->init_pidfd >= 0) {
+                        struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
+                        (void) poll(&p, 1, 5000);
+                }
+        }
+        sb->init_pidfd = safe_close(sb->init_pidfd);
+        if (ctx->storage_mnt) {
+                k = storage_remove(ctx, sb->id, &e);
+                if (k < 0 && r == 0)
+                        r = hutch_error_set(err, k, "%s", e.msg);
+        }
+        if (sb->cg) {
+                k = cgroup_destroy(sb->cg, &e);
+                if (k < 0 && r == 0)
+                        r = hutch_error_set(err, k, "%s", e.msg);
+                cgroup_free(sb->cg);
+                sb->cg = NULL;
+        }
+        if (sb->dir) {
+                char parent[PATH_MAX];
+                snprintf(parent, sizeof parent, "%s/sandboxes", ctx->run_dir);
+                _cleanup_close_ int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                k = pfd < 0 ? -errno : rm_rf_at(pfd, sb->id);
+                if (k < 0 && r == 0)
+                        r = hutch_error_set(err, k, "removing %s: %s", sb->dir, strerror(-k));
+        }
+        /* Last: the uid range may only be reused once nothing of ours is left. */
+        if (sb->uid_slot != UINT32_MAX) {
+                (void) uidrange_release(ctx, sb->uid_slot, sb->id);
+                sb->uid_slot = UINT32_MAX;
+        }
+        sb->destroyed = true;
+        return r;
+}
+
+/* --------------------------------------------------------------- create */
+
+static int write_idmap(pid_t pid, const char *file, uid_t base) {
+        char path[64], line[64];
+        snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
+        int n = snprintf(line, sizeof line, "0 %u %u\n", (unsigned) base, HUTCH_IDMAP_SIZE);
+        _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        if (write(fd, line, (size_t) n) != n)
+                return -errno;
+        return 0;
+}
+
+/* A detached, id-mapped (and optionally read-only) copy of a host tree,
+ * ready for the child to attach with move_mount(). Only the parent can do
+ * this: MOUNT_ATTR_IDMAP needs CAP_SYS_ADMIN over the file system's owner. */
+static int idmapped_tree(const char *path, int userns_fd, bool readonly, bool recursive, int *ret_fd) {
+        _cleanup_close_ int fd = sys_open_tree(AT_FDCWD, path,
+                                               OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
+        if (fd < 0)
+                return -errno;
+        struct mount_attr attr = {
+                .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NODEV | (readonly ? MOUNT_ATTR_RDONLY : 0),
+                .userns_fd = (uint64_t) userns_fd,
+        };
+        if (sys_mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr) < 0)
+                return -errno;
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+/* The one message the child waits for: [n_binds, has_layer, 16-byte bind
+ * paths...] with the descriptors [lower, layer?, binds...]. */
+static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int layer_fd, const int *bind_fds) {
+        char buf[2 + TEMPLATE_MAX_BINDS * 16] = { 0 };
+        int fds[2 + TEMPLATE_MAX_BINDS];
+        size_t n = 0;
+        buf[0] = (char) t->n_binds;
+        buf[1] = layer_fd >= 0;
+        fds[n++] = lower_fd;
+        if (layer_fd >= 0)
+                fds[n++] = layer_fd;
+        for (size_t i = 0; i < t->n_binds; i++) {
+                snprintf(buf + 2 + i * 16, 16, "%s", t->binds[i]);
+                fds[n++] = bind_fds[i];
+        }
+        return fd_send_with_fds(sock, buf, 2 + t->n_binds * 16, fds, n);
+}
+
+int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret, hutch_error *err) {
+        hutch_sandbox_config none = { 0 };
+        if (!cfg)
+                cfg = &none;
+        hutch_template *tpl = NULL;
+        /* Every cleanup variable is declared before the first `goto fail`. */
+        _cleanup_close_ int dfd = -1, userns = -1, layer_fd = -1;
+        _cleanup_close_pair_ int conn[2] = { -1, -1 }, sync[2] = { -1, -1 };
+        hutch_error e = { 0 };
+        int r;
+
+        hutch_sandbox *sb = sandbox_new(ctx);
+        if (!sb)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        sb->limits = cfg->limits;
+        limits_fill_defaults(&sb->limits);
+        sb->no_new_privs = cfg->no_new_privs;
+        sb->is_parent = true;
+        sb->created_ns = now_realtime_ns();
+        const char *hostname = cfg->hostname && *cfg->hostname ? cfg->hostname : "hutch";
+        if (strlen(hostname) > 63) {
+                r = hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes", hostname);
+                goto fail;
+        }
+        if (sb->limits.nofile > 1048576 || sb->limits.pids > 4194304 || sb->limits.memory_bytes < (4u << 20) ||
+            sb->limits.disk_bytes < (1u << 20) || sb->limits.disk_inodes < 64) {
+                r = hutch_error_set(err, -EINVAL, "limits out of range (memory >= 4M, disk >= 1M, inodes >= 64, pids <= 4194304, nofile <= 1048576)");
+                goto fail;
+        }
+
+        r = template_resolve(ctx->data_dir, cfg->template_name, &tpl, err);
+        if (r < 0)
+                goto fail;
+        snprintf(sb->template_name, sizeof sb->template_name, "%s", tpl->name);
+
+        if (cfg->id) {
+                if (sandbox_validate_id(cfg->id) < 0) {
+                        r = hutch_error_set(err, -EINVAL, "invalid sandbox id '%s'", cfg->id);
+                        goto fail;
+                }
+                memcpy(sb->id, cfg->id, HUTCH_ID_LEN + 1);
+        } else if ((r = random_id(sb->id)) < 0) {
+                hutch_error_set(err, r, "getrandom: %s", strerror(-r));
+                goto fail;
+        }
+        if ((r = random_token(sb->token)) < 0) {
+                hutch_error_set(err, r, "getrandom: %s", strerror(-r));
+                goto fail;
+        }
+
+        /* The state dir first: it is what makes every later reservation ours. */
+        char sbroot[PATH_MAX];
+        snprintf(sbroot, sizeof sbroot, "%s/sandboxes", ctx->run_dir);
+        if ((r = mkdir_p(sbroot, 0711)) < 0) {
+                hutch_error_set(err, r, "creating %s: %s", sbroot, strerror(-r));
+                goto fail;
+        }
+        if ((r = sandbox_dir_path(ctx, sb->id, &sb->dir)) < 0)
+                goto fail;
+        if (mkdir(sb->dir, 0711) < 0) {
+                r = hutch_error_set(err, -errno, errno == EEXIST ? "sandbox %s already exists" : "creating %s: %m",
+                                    errno == EEXIST ? sb->id : sb->dir);
+                free(sb->dir);
+                sb->dir = NULL; /* not ours: never remove it */
+                goto fail;
+        }
+
+        if ((r = uidrange_alloc(ctx, sb->id, &sb->uid_slot, err)) < 0)
+                goto fail;
+        sb->uid_base = uidrange_base(ctx, sb->uid_slot);
+
+        dfd = open(sb->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || mkdirat(dfd, "root", 0755) < 0 || mkdirat(dfd, "lower", 0755) < 0 ||
+            mkdirat(dfd, "layer", 0755) < 0 || mkdirat(dfd, "sock", 0700) < 0 ||
+            fchownat(dfd, "sock", sb->uid_base, sb->uid_base, AT_SYMLINK_NOFOLLOW) < 0) {
+                r = hutch_error_set(err, -errno, "preparing %s: %m", sb->dir);
+                goto fail;
+        }
+
+        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &sb->limits, &sb->cg, &e)) < 0) {
+                hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
+                goto fail;
+        }
+        if ((r = ctx_ensure_storage(ctx, err)) < 0)
+                goto fail;
+        if ((r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, &layer_fd, err)) < 0)
+                goto fail;
+        const struct sock_fprog *prog;
+        if ((r = seccomp_filter_get(&prog, err)) < 0)
+                goto fail;
+        int memfd = ctx_init_memfd(ctx, err);
+        if (memfd < 0) {
+                r = memfd;
+                goto fail;
+        }
+
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, conn) < 0 || pipe2(sync, O_CLOEXEC) < 0) {
+                r = hutch_error_set(err, -errno, "socketpair/pipe: %m");
+                goto fail;
+        }
+
+        child_config cc = {
+                .sandbox_dir = sb->dir,
+                .disk_bytes = sb->limits.disk_bytes,
+                .disk_inodes = sb->limits.disk_inodes,
+                .nofile = sb->limits.nofile,
+                .hostname = hostname,
+                .no_new_privs = sb->no_new_privs,
+                .init_conn = conn[1],
+                .sync_fd = sync[1],
+                .init_memfd = memfd,
+                .seccomp = prog,
+                .uid_base = sb->uid_base,
+        };
+        void *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (stack == MAP_FAILED) {
+                r = hutch_error_set(err, -errno, "allocating the child stack: %m");
+                goto fail;
+        }
+        int pidfd = -1;
+        int cgfd = cgroup_clone_fd(sb->cg);
+        struct clone_args ca = {
+                .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
+                         CLONE_NEWCGROUP | CLONE_VM | CLONE_PIDFD,
+                .pidfd = (uint64_t) (uintptr_t) &pidfd,
+                .exit_signal = SIGCHLD,
+                .stack = (uint64_t) (uintptr_t) stack,
+                .stack_size = CHILD_STACK_SIZE,
+        };
+        if (cgfd >= 0) {
+                ca.flags |= CLONE_INTO_CGROUP;
+                ca.cgroup = (uint64_t) cgfd;
+        }
+        /* No handler of ours may run on the child's stack before it resets them. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pid_t pid = clone3_with_fn(&ca, child_main, &cc);
+        int clone_errno = errno;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (pid < 0) {
+                munmap(stack, CHILD_STACK_SIZE);
+                r = hutch_error_set(err, -clone_errno, "clone3: %s", strerror(clone_errno));
+                goto fail;
+        }
+        sb->init_pid = pid;
+        sb->init_pidfd = pidfd;
+        conn[1] = safe_close(conn[1]);
+        sync[1] = safe_close(sync[1]);
+
+        /* Parent half, while the child waits in recvmsg(). */
+        int lower_fd = -1, bind_fds[TEMPLATE_MAX_BINDS];
+        size_t n_bind_fds = 0;
+        const char *step = NULL;
+        r = 0;
+        if (cgfd < 0 && (r = cgroup_attach_pid(sb->cg, pid, &e)) < 0)
+                step = e.msg;
+        if (r >= 0 && (r = write_idmap(pid, "uid_map", sb->uid_base)) < 0)
+                step = "writing uid_map";
+        if (r >= 0 && (r = write_idmap(pid, "gid_map", sb->uid_base)) < 0)
+                step = "writing gid_map";
+        if (r >= 0) {
+                char p[64];
+                snprintf(p, sizeof p, "/proc/%d/ns/user", pid);
+                userns = open(p, O_RDONLY | O_CLOEXEC);
+                if (userns < 0) {
+                        r = -errno;
+                        step = "opening the user namespace";
+                }
+        }
+        if (r >= 0 && (r = idmapped_tree(tpl->rootfs, userns, true, false, &lower_fd)) < 0)
+                step = "id-mapping the template";
+        for (size_t i = 0; r >= 0 && i < tpl->n_binds; i++) {
+                if ((r = idmapped_tree(tpl->binds[i], userns, true, true, &bind_fds[i])) < 0)
+                        step = "id-mapping a template bind";
+                else
+                        n_bind_fds++;
+        }
+        if (r >= 0 && (r = send_bootstrap(conn[0], tpl, lower_fd, layer_fd, bind_fds)) < 0)
+                step = "sending the bootstrap message";
+        safe_close(lower_fd);
+        layer_fd = safe_close(layer_fd);
+        for (size_t i = 0; i < n_bind_fds; i++)
+                safe_close(bind_fds[i]);
+
+        child_error ce = { 0 };
+        ssize_t got = 0;
+        if (r >= 0) {
+                /* EOF: the child exec'd hutch-init (the pipe is close-on-exec). */
+                got = fd_read_full(sync[0], &ce, sizeof ce);
+        }
+        munmap(stack, CHILD_STACK_SIZE);
+        if (r < 0) {
+                hutch_error_set(err, r, "creating sandbox: %s: %s", step, strerror(-r));
+                goto fail;
+        }
+        if (got != 0) {
+                r = got == (ssize_t) sizeof ce && ce.code < 0 ? ce.code : -EPROTO;
+                ce.msg[sizeof ce.msg - 1] = 0;
+                hutch_error_set(err, r, "creating sandbox: %s: %s", got == (ssize_t) sizeof ce ? ce.msg : "child failed",
+                                strerror(-r));
+                goto fail;
+        }
+
+        sb->conn = TAKE_FD(conn[0]);
+        if ((r = proc_starttime(pid, &sb->init_starttime)) < 0) {
+                hutch_error_set(err, r, "reading hutch-init's start time: %s", strerror(-r));
+                goto fail;
+        }
+        if ((r = initconn_hello(sb, INIT_READY_TIMEOUT_MS, err)) < 0)
+                goto fail;
+        if ((r = state_write(sb, err)) < 0)
+                goto fail;
+        template_free(tpl);
+        *ret = sb;
+        return 0;
+
+fail:
+        template_free(tpl);
+        (void) sandbox_teardown(sb, NULL);
+        hutch_sandbox_unref(sb);
+        return r;
+}
+
+/* --------------------------------------------------------------- attach */
+
+/* Load a sandbox from its state. With connect_init, it must be alive and
+ * we talk to its init; without, whatever is left is opened for removal. */
+static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch_sandbox **ret, hutch_error *err) {
+        _cleanup_close_ int sockdir = -1;
+        if (sandbox_validate_id(id) < 0)
+                return hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id ? id : "");
+        hutch_sandbox *sb = sandbox_new(ctx);
+        if (!sb)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        memcpy(sb->id, id, HUTCH_ID_LEN + 1);
+        int r = sandbox_dir_path(ctx, id, &sb->dir);
+        if (r < 0)
+                goto fail;
+        struct stat st;
+        if (stat(sb->dir, &st) < 0) {
+                r = hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id);
+                goto fail;
+        }
+        r = state_read(sb, err);
+        if (r < 0 && connect_init)
+                goto fail;
+        if (r < 0) {
+                /* half-created or damaged: remove what can be found by id */
+                sb->uid_slot = UINT32_MAX;
+                sb->init_pid = 0;
+        }
+        uint64_t start;
+        bool alive = sb->init_pid > 1 && proc_starttime(sb->init_pid, &start) == 0 && start == sb->init_starttime;
+        if (alive) {
+                sb->init_pidfd = sys_pidfd_open(sb->init_pid, 0);
+                /* the pid could have been reused between the check and pidfd_open */
+                if (sb->init_pidfd < 0 || proc_starttime(sb->init_pid, &start) < 0 || start != sb->init_starttime) {
+                        sb->init_pidfd = safe_close(sb->init_pidfd);
+                        alive = false;
+                }
+        }
+        if (!alive) {
+                sb->init_pid = 0;
+                if (connect_init) {
+                        r = hutch_error_set(err, -ESRCH, "sandbox %s is not running (its init is gone)", id);
+                        goto fail;
+                }
+        }
+        hutch_error e = { 0 };
+        r = cgroup_open(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, id, &sb->cg, &e);
+        if (r < 0 && (connect_init || r != -ENOENT)) {
+                hutch_error_set(err, r, "sandbox %s: %s", id, e.msg);
+                goto fail;
+        }
+        if ((r = ctx_ensure_storage(ctx, err)) < 0)
+                goto fail;
+        if (connect_init) {
+                sb->conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+                if (sb->conn < 0) {
+                        r = hutch_error_set(err, -errno, "socket: %m");
+                        goto fail;
+                }
+                char sp[PATH_MAX];
+                snprintf(sp, sizeof sp, "%s/sock", sb->dir);
+                sockdir = open(sp, O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+                if (sockdir < 0) {
+                        r = hutch_error_set(err, -errno, "opening %s: %m", sp);
+                        goto fail;
+                }
+                /* through /proc/self/fd, so that a long run_dir still fits sun_path */
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/init.sock", sockdir);
+                if (connect(sb->conn, (struct sockaddr *) &sa, sizeof sa) < 0) {
+                        r = hutch_error_set(err, -errno, "connecting to sandbox %s: %m", id);
+                        goto fail;
+                }
+                if ((r = initconn_hello(sb, INIT_READY_TIMEOUT_MS, err)) < 0)
+                        goto fail;
+        }
+        *ret = sb;
+        return 0;
+fail:
+        hutch_sandbox_unref(sb);
+        return r;
+}
+
+int hutch_sandbox_attach(hutch_ctx *ctx, const char *id, hutch_sandbox **ret, hutch_error *err) {
+        return sandbox_open(ctx, id, true, ret, err);
+}
+
+int hutch_sandbox_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
+        hutch_sandbox *sb;
+        int r = sandbox_open(ctx, id, false, &sb, err);
+        if (r < 0)
+                return r;
+        r = sandbox_teardown(sb, err);
+        hutch_sandbox_unref(sb);
+        return r;
+}
+
+/* ------------------------------------------------------------- destroy etc */
+
+int hutch_sandbox_destroy(hutch_sandbox *sb, hutch_error *err) {
+        if (!sb || sb->destroyed)
+                return 0;
+        return sandbox_teardown(sb, err);
+}
+
+hutch_sandbox *hutch_sandbox_ref(hutch_sandbox *sb) {
+        if (sb)
+                sb->n_ref++;
+        return sb;
+}
+
+hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
+        if (!sb || --sb->n_ref > 0)
+                return NULL;
+        safe_close(sb->conn);
+        safe_close(sb->init_pidfd);
+        cgroup_free(sb->cg);
+        while (sb->events_head) {
+                initconn_event *ev = sb->events_head;
+                sb->events_head = ev->next;
+                free(ev);
+        }
+        free(sb->rxbuf);
+        free(sb->tx);
+        free(sb->dir);
+        free(sb);
+        return NULL;
+}
+
+const char *hutch_sandbox_id(const hutch_sandbox *sb) {
+        return sb->id;
+}
+const char *hutch_sandbox_template(const hutch_sandbox *sb) {
+        return sb->template_name;
+}
+pid_t hutch_sandbox_init_pid(const hutch_sandbox *sb) {
+        return sb->init_pid;
+}
+uid_t hutch_sandbox_uid_base(const hutch_sandbox *sb) {
+        return sb->uid_base;
+}
+const hutch_limits *hutch_sandbox_limits(const hutch_sandbox *sb) {
+        return &sb->limits;
+}
+int hutch_sandbox_fd(const hutch_sandbox *sb) {
+        return sb->conn;
+}
+
+int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err) {
+        return cgroup_freeze(sb->cg, err);
+}
+
+int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err) {
+        return cgroup_thaw(sb->cg, err);
+}
+
+int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {
+        hutch_stats s = { 0 };
+        int r = cgroup_stats(sb->cg, &s, err);
+        if (r < 0)
+                return r;
+        s.disk_limit = sb->limits.disk_bytes;
+        uint64_t used = 0;
+        if (storage_usage(sb->ctx, sb->id, &used) >= 0)
+                s.disk_used = used;
+        *ret = s;
+        return 0;
+}
+
+int hutch_sandbox_list(hutch_ctx *ctx, char ***ret_ids, hutch_error *err) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/sandboxes", ctx->run_dir);
+        size_t n = 0, cap = 16;
+        char **v = calloc(cap + 1, sizeof *v);
+        if (!v)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        DIR *d = opendir(path);
+        if (!d) {
+                if (errno == ENOENT) {
+                        *ret_ids = v;
+                        return 0;
+                }
+                free(v);
+                return hutch_error_set(err, -errno, "listing %s: %m", path);
+        }
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (sandbox_validate_id(de->d_name) < 0)
+                        continue;
+                if (n == cap) {
+                        char **nv = realloc(v, (cap * 2 + 1) * sizeof *v);
+                        if (!nv)
+                                break;
+                        v = nv;
+                        cap *= 2;
+                }
+                v[n] = strdup(de->d_name);
+                if (v[n])
+                        n++;
+                v[n] = NULL;
+        }
+        closedir(d);
+        *ret_ids = v;
+        return (int) n;
+}
+
+void hutch_strv_free(char **v) {
+        if (!v)
+                return;
+        for (char **p = v; *p; p++)
+                free(*p);
+        free(v);
+}
+
+int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err) {
+        char **ids = NULL;
+        int r = hutch_sandbox_list(ctx, &ids, err);
+        if (r < 0)
+                return r;
+        int removed = 0;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        for (char **id = ids; *id; id++) {
+                hutch_sandbox *sb;
+                if (sandbox_open(ctx, *id, false, &sb, NULL) < 0)
+                        continue;
+                /* A directory without state is a sandbox being created right
+                 * now, unless it has been like that for a minute. */
+                char sp[PATH_MAX];
+                struct stat st;
+                snprintf(sp, sizeof sp, "%s/state", sb->dir);
+                bool has_state = stat(sp, &st) == 0;
+                bool old = stat(sb->dir, &st) == 0 && now.tv_sec - st.st_mtim.tv_sec > 60;
+                if (sb->init_pid == 0 && (has_state || old)) {
+                        hutch_error e = { 0 };
+                        if (sandbox_teardown(sb, &e) >= 0)
+                                removed++;
+                        else if (err && !err->code)
+                                hutch_error_set(err, e.code, "%s", e.msg);
+                }
+                hutch_sandbox_unref(sb);
+        }
+        hutch_strv_free(ids);
+        return removed;
+}

@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The writable layer of each sandbox, with a hard size and inode limit that
+ * the sandbox sees as ENOSPC and that can never exhaust the host's disk.
+ *
+ * Backend "ext4" (preferred): every sandbox gets its own sparse image file,
+ * a copy of a pre-formatted "golden" image of the requested size and inode
+ * count (formatted once per distinct size with mkfs.ext4; copying its few
+ * hundred KiB of metadata with SEEK_DATA/SEEK_HOLE takes well under a ms).
+ * The image is attached to a loop device and mounted *detached* with the new
+ * mount API (fsopen/fsmount), so the host's mount table never holds it; the
+ * child attaches the mount fd inside its own mount namespace. When the last
+ * process of the sandbox is gone the file system is unmounted with its
+ * namespace, the loop device clears itself (LO_FLAGS_AUTOCLEAR) and the
+ * image is unlinked. Disk pages are not charged to the sandbox's memory.
+ *
+ * Why not one shared file system with project quotas: the kernels hutch
+ * must run on (this project's CI included) are built without quota support
+ * (CONFIG_QUOTA / CONFIG_XFS_QUOTA), and a per-sandbox image needs neither.
+ *
+ * Backend "tmpfs" (fallback when no loop device or mkfs.ext4 exists): the
+ * child mounts a tmpfs with size= and nr_inodes= in its own mount namespace.
+ * Its pages count against the sandbox's memory limit.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "sandbox/sandbox-internal.h"
+#include "util/error.h"
+#include "util/fdutil.h"
+#include "util/fsutil.h"
+#include "util/syscalls.h"
+
+extern char **environ;
+
+static int run_tool(const char *const argv[]) {
+        pid_t pid;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+        posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+        int r = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *) argv, environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (r != 0)
+                return -r;
+        int status;
+        while (waitpid(pid, &status, 0) < 0)
+                if (errno != EINTR)
+                        return -errno;
+        return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
+}
+
+static bool have_tool(const char *name) {
+        static const char *const dirs[] = { "/usr/sbin", "/sbin", "/usr/bin", "/bin", NULL };
+        for (const char *const *d = dirs; *d; d++) {
+                char p[256];
+                snprintf(p, sizeof p, "%s/%s", *d, name);
+                if (access(p, X_OK) == 0)
+                        return true;
+        }
+        return false;
+}
+
+int storage_init(hutch_ctx *ctx, hutch_error *err) {
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/storage", ctx->data_dir);
+        free(ctx->storage_mnt);
+        ctx->storage_mnt = strdup(dir);
+        if (!ctx->storage_mnt)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        if (streq(ctx->storage_kind, "tmpfs"))
+                return 0;
+
+        bool usable = access("/dev/loop-control", R_OK | W_OK) == 0 && have_tool("mkfs.ext4");
+        if (!usable) {
+                if (streq(ctx->storage_kind, "ext4"))
+                        return hutch_error_set(err, -ENODEV, "ext4 layers need /dev/loop-control and mkfs.ext4 (e2fsprogs)");
+                free(ctx->storage_kind);
+                ctx->storage_kind = strdup("tmpfs"); /* auto: fall back */
+                return ctx->storage_kind ? 0 : -ENOMEM;
+        }
+        char sub[2100];
+        int r;
+        snprintf(sub, sizeof sub, "%s/golden", dir);
+        if ((r = mkdir_p(sub, 0700)) < 0)
+                return hutch_error_set(err, r, "creating %s: %s", sub, strerror(-r));
+        snprintf(sub, sizeof sub, "%s/layers", dir);
+        if ((r = mkdir_p(sub, 0700)) < 0)
+                return hutch_error_set(err, r, "creating %s: %s", sub, strerror(-r));
+        free(ctx->storage_kind);
+        ctx->storage_kind = strdup("ext4");
+        return ctx->storage_kind ? 0 : -ENOMEM;
+}
+
+/* The golden image for (bytes, inodes), formatted on first use. */
+static int golden_path(hutch_ctx *ctx, uint64_t bytes, uint64_t inodes, char *buf, size_t n, hutch_error *err) {
+        snprintf(buf, n, "%s/golden/%llu-%llu.img", ctx->storage_mnt, (unsigned long long) bytes,
+                 (unsigned long long) inodes);
+        struct stat st;
+        if (stat(buf, &st) == 0)
+                return 0;
+
+        char lockp[2200];
+        snprintf(lockp, sizeof lockp, "%s/golden/.lock", ctx->storage_mnt);
+        _cleanup_close_ int lfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (lfd < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", lockp);
+        while (flock(lfd, LOCK_EX) < 0)
+                if (errno != EINTR)
+                        return hutch_error_set(err, -errno, "locking %s: %m", lockp);
+        if (stat(buf, &st) == 0)
+                return 0;
+
+        char tmp[2300], nstr[32];
+        snprintf(tmp, sizeof tmp, "%s.new", buf);
+        _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", tmp);
+        if (ftruncate(fd, (off_t) bytes) < 0) {
+                unlink(tmp);
+                return hutch_error_set(err, -errno, "sizing %s: %m", tmp);
+        }
+        snprintf(nstr, sizeof nstr, "%llu", (unsigned long long) inodes);
+        /* No journal (the layer dies with the sandbox), no reserved blocks
+         * (the whole limit is the sandbox's), inode tables left for the
+         * kernel to treat as zero (the file is sparse). */
+        const char *argv[] = { "mkfs.ext4", "-q", "-F", "-m", "0", "-N", nstr, "-O", "^has_journal,^resize_inode",
+                               "-E", "lazy_itable_init=1,nodiscard", "-L", "hutch-layer", tmp, NULL };
+        int r = run_tool(argv);
+        if (r < 0) {
+                unlink(tmp);
+                return hutch_error_set(err, r, "mkfs.ext4 of a %llu-byte layer failed", (unsigned long long) bytes);
+        }
+        if (rename(tmp, buf) < 0) {
+                unlink(tmp);
+                return hutch_error_set(err, -errno, "renaming %s: %m", tmp);
+        }
+        return 0;
+}
+
+/* Copy only the allocated extents: the golden image is almost all hole. */
+static int copy_sparse(int src, int dst) {
+        struct stat st;
+        if (fstat(src, &st) < 0)
+                return -errno;
+        if (ftruncate(dst, st.st_size) < 0)
+                return -errno;
+        off_t off = 0;
+        for (;;) {
+                off_t data = lseek(src, off, SEEK_DATA);
+                if (data < 0)
+                        return errno == ENXIO ? 0 : -errno;
+                off_t hole = lseek(src, data, SEEK_HOLE);
+                if (hole < 0)
+                        return -errno;
+                loff_t in = data, out = data;
+                size_t left = (size_t) (hole - data);
+                while (left > 0) {
+                        ssize_t n = copy_file_range(src, &in, dst, &out, left, 0);
+                        if (n < 0)
+                                return -errno;
+                        if (n == 0)
+                                return -EIO;
+                        left -= (size_t) n;
+                }
+                off = hole;
+        }
+}
+
+static int loop_attach(int img_fd, int *ret_loop_fd) {
+        _cleanup_close_ int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+        if (ctl < 0)
+                return -errno;
+        for (int attempt = 0; attempt < 64; attempt++) {
+                int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+                if (n < 0)
+                        return -errno;
+                char dev[64];
+                snprintf(dev, sizeof dev, "/dev/loop%d", n);
+                _cleanup_close_ int lfd = open(dev, O_RDWR | O_CLOEXEC);
+                if (lfd < 0)
+                        return -errno;
+                struct loop_config cfg = {
+                        .fd = (uint32_t) img_fd,
+                        .info = { .lo_flags = LO_FLAGS_AUTOCLEAR },
+                };
+                if (ioctl(lfd, LOOP_CONFIGURE, &cfg) == 0) {
+                        *ret_loop_fd = TAKE_FD(lfd);
+                        return n;
+                }
+                if (errno != EBUSY)
+                        return -errno;
+                /* raced with another attacher: take the next free one */
+        }
+        return -EBUSY;
+}
+
+static int layer_image_path(hutch_ctx *ctx, const char *id, char *buf, size_t n) {
+        return snprintf(buf, n, "%s/layers/%s.img", ctx->storage_mnt, id) < (int) n ? 0 : -ENAMETOOLONG;
+}
+
+int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, int *ret_layer_fd,
+                    hutch_error *err) {
+        *ret_layer_fd = -1;
+        if (!streq(ctx->storage_kind, "ext4"))
+                return 0;
+        char golden[2300], img[2300];
+        /* ext4 cannot hold more inodes than blocks; asking for more would
+         * make mkfs fail, so a small disk gets one inode per 4 KiB block. */
+        uint64_t inodes = MIN(limits->disk_inodes, MAX(limits->disk_bytes / 4096, 64));
+        int r = golden_path(ctx, limits->disk_bytes, inodes, golden, sizeof golden, err);
+        if (r < 0)
+                return r;
+        if ((r = layer_image_path(ctx, id, img, sizeof img)) < 0)
+                return hutch_error_set(err, r, "layer path too long");
+
+        _cleanup_close_ int src = open(golden, O_RDONLY | O_CLOEXEC);
+        if (src < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", golden);
+        _cleanup_close_ int dst = open(img, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (dst < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", img);
+        _cleanup_close_ int loopfd = -1, fsfd = -1, mnt = -1;
+        r = copy_sparse(src, dst);
+        if (r < 0) {
+                hutch_error_set(err, r, "copying the layer image: %s", strerror(-r));
+                goto fail;
+        }
+        r = loop_attach(dst, &loopfd);
+        if (r < 0) {
+                hutch_error_set(err, r, "attaching %s to a loop device: %s", img, strerror(-r));
+                goto fail;
+        }
+        char dev[64];
+        snprintf(dev, sizeof dev, "/dev/loop%d", r);
+        fsfd = sys_fsopen("ext4", FSOPEN_CLOEXEC);
+        if (fsfd < 0 || sys_fsconfig(fsfd, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
+            sys_fsconfig(fsfd, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0 ||
+            sys_fsconfig(fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) {
+                r = hutch_error_set(err, -errno, "mounting the ext4 layer %s: %m", dev);
+                goto fail;
+        }
+        mnt = sys_fsmount(fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME);
+        if (mnt < 0) {
+                r = hutch_error_set(err, -errno, "fsmount of the ext4 layer: %m");
+                goto fail;
+        }
+        /* The loop device and file system hold the image now; the mount fd
+         * is all that is left to hand over. */
+        if (mkdirat(mnt, "upper", 0755) < 0 || mkdirat(mnt, "work", 0700) < 0 ||
+            fchownat(mnt, "upper", owner, owner, AT_SYMLINK_NOFOLLOW) < 0 ||
+            fchownat(mnt, "work", owner, owner, AT_SYMLINK_NOFOLLOW) < 0) {
+                r = hutch_error_set(err, -errno, "preparing the layer: %m");
+                goto fail;
+        }
+        (void) unlinkat(mnt, "lost+found", AT_REMOVEDIR);
+        *ret_layer_fd = TAKE_FD(mnt);
+        return 0;
+fail:
+        unlink(img);
+        return r;
+}
+
+int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
+        if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
+                return 0;
+        char img[2300];
+        if (layer_image_path(ctx, id, img, sizeof img) < 0)
+                return 0;
+        if (unlink(img) < 0 && errno != ENOENT)
+                return hutch_error_set(err, -errno, "removing %s: %m", img);
+        return 0;
+}
+
+int storage_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_bytes) {
+        if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
+                return -EOPNOTSUPP;
+        char img[2300];
+        struct stat st;
+        if (layer_image_path(ctx, id, img, sizeof img) < 0 || stat(img, &st) < 0)
+                return -errno;
+        *ret_bytes = (uint64_t) st.st_blocks * 512;
+        return 0;
+}
+
+int storage_prune(hutch_ctx *ctx, char *const *keep, hutch_error *err) {
+        if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
+                return 0;
+        char dir[2300];
+        snprintf(dir, sizeof dir, "%s/layers", ctx->storage_mnt);
+        DIR *d = opendir(dir);
+        if (!d)
+                return errno == ENOENT ? 0 : hutch_error_set(err, -errno, "listing %s: %m", dir);
+        struct dirent *de;
+        int r = 0;
+        while ((de = readdir(d))) {
+                char id[HUTCH_ID_LEN + 1];
+                size_t n = strlen(de->d_name);
+                if (n != HUTCH_ID_LEN + 4 || !streq(de->d_name + HUTCH_ID_LEN, ".img"))
+                        continue;
+                memcpy(id, de->d_name, HUTCH_ID_LEN);
+                id[HUTCH_ID_LEN] = 0;
+                if (sandbox_validate_id(id) < 0)
+                        continue;
+                bool kept = false;
+                for (char *const *k = keep; k && *k; k++)
+                        if (streq(*k, id))
+                                kept = true;
+                if (!kept && unlinkat(dirfd(d), de->d_name, 0) < 0 && errno != ENOENT && r == 0)
+                        r = hutch_error_set(err, -errno, "removing stale layer %s: %m", de->d_name);
+        }
+        closedir(d);
+        return r;
+}
