@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "config.h"
+#include "util/log.h"
+
+static void usage(FILE *f) {
+        fputs("usage: hutch VERB [OPTIONS]\n"
+              "\n"
+              "  run [OPTIONS] -- CMD [ARG...]   run a command in a fresh sandbox\n"
+              "  ps [--json]                     list live sandboxes\n"
+              "  kill ID...                      destroy sandboxes\n"
+              "  gc                              remove sandboxes whose init died\n"
+              "  doctor                          check what the kernel offers\n"
+              "  version                         print the version\n"
+              "\n"
+              "Environment: HUTCH_RUN_DIR (default /run/hutch), HUTCH_DATA_DIR (default\n"
+              "/var/lib/hutch), HUTCH_STORAGE (auto|xfs|tmpfs), HUTCH_CGROUP (v1|v2),\n"
+              "HUTCH_DEBUG=1 for debug logs. `hutch run --help` lists run's options.\n",
+              f);
+}
+
+int cli_ctx(hutch_ctx **ret) {
+        hutch_error err = { 0 };
+        int r = hutch_ctx_new(NULL, ret, &err);
+        if (r < 0) {
+                log_error("%s", err.msg);
+                return r;
+        }
+        return 0;
+}
+
+int main(int argc, char **argv) {
+        if (argc < 2) {
+                usage(stderr);
+                return EXIT_USAGE;
+        }
+        const char *verb = argv[1];
+        if (streq(verb, "run"))
+                return verb_run(argc - 1, argv + 1);
+        if (streq(verb, "doctor"))
+                return verb_doctor(argc - 1, argv + 1);
+        if (streq(verb, "ps"))
+                return verb_ps(argc - 1, argv + 1);
+        if (streq(verb, "kill"))
+                return verb_kill(argc - 1, argv + 1);
+        if (streq(verb, "gc"))
+                return verb_gc(argc - 1, argv + 1);
+        if (streq(verb, "version") || streq(verb, "--version")) {
+                printf("hutch %s\n", HUTCH_VERSION);
+                return 0;
+        }
+        if (streq(verb, "help") || streq(verb, "--help") || streq(verb, "-h")) {
+                usage(stdout);
+                return 0;
+        }
+        log_error("unknown verb '%s' (try `hutch help`)", verb);
+        return EXIT_USAGE;
+}

@@ -1,0 +1,529 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * hutch run: one command in a fresh sandbox, streamed, then nothing left.
+ */
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "util/fdutil.h"
+#include "util/log.h"
+#include "util/parse.h"
+
+#define MAX_ENV 1024
+
+static void run_usage(FILE *f) {
+        fputs("usage: hutch run [OPTIONS] -- CMD [ARG...]\n"
+              "\n"
+              "  --template NAME      template for the root filesystem (default: host)\n"
+              "  --memory SIZE        memory limit, swap off (default: 512M)\n"
+              "  --pids N             process/thread limit (default: 512)\n"
+              "  --cpus N             CPU quota, fractions allowed (default: 2)\n"
+              "  --disk SIZE          size of the writable layer (default: 1G)\n"
+              "  --inodes N           inodes of the writable layer (default: 262144)\n"
+              "  --net deny           network policy: deny (loopback only; the default)\n"
+              "  --env K=V            set an environment variable (repeatable)\n"
+              "  --user user|root|UID run as this user (default: user, uid 1000)\n"
+              "  --workdir DIR        working directory (default: the user's home)\n"
+              "  --timeout DURATION   kill the sandbox after this long: 500ms, 10s, 2m, 1h\n"
+              "  --no-new-privs       set no_new_privs (sudo and setuid binaries stop working)\n"
+              "  --json               print a JSON summary as the last line of stderr\n"
+              "\n"
+              "Exit status: the command's; 128+N when killed by signal N; 124 on timeout;\n"
+              "126 not executable; 127 not found; 2 usage error; 125 hutch failed.\n",
+              f);
+}
+
+enum {
+        OPT_TEMPLATE = 256,
+        OPT_MEMORY,
+        OPT_PIDS,
+        OPT_CPUS,
+        OPT_DISK,
+        OPT_INODES,
+        OPT_NET,
+        OPT_ENV,
+        OPT_USER,
+        OPT_WORKDIR,
+        OPT_TIMEOUT,
+        OPT_NNP,
+        OPT_JSON,
+        OPT_HELP,
+};
+
+static int64_t now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static bool env_name_valid(const char *kv) {
+        const char *eq = strchr(kv, '=');
+        if (!eq || eq == kv)
+                return false;
+        for (const char *p = kv; p < eq; p++)
+                if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
+                        return false;
+        return !(kv[0] >= '0' && kv[0] <= '9');
+}
+
+/* Set or replace NAME=... in env (n entries, owned strings). */
+static int env_set(char **env, size_t *n, const char *kv) {
+        size_t klen = (size_t) (strchr(kv, '=') - kv);
+        char *dup = strdup(kv);
+        if (!dup)
+                return -ENOMEM;
+        for (size_t i = 0; i < *n; i++)
+                if (strncmp(env[i], kv, klen + 1) == 0) {
+                        free(env[i]);
+                        env[i] = dup;
+                        return 0;
+                }
+        if (*n >= MAX_ENV) {
+                free(dup);
+                return -E2BIG;
+        }
+        env[(*n)++] = dup;
+        env[*n] = NULL;
+        return 0;
+}
+
+typedef struct run_opts {
+        hutch_sandbox_config sb;
+        char *env[MAX_ENV + 1];
+        size_t n_env;
+        uid_t uid;
+        gid_t gid;
+        const char *workdir;
+        uint64_t timeout_ms;
+        bool json;
+        char **cmd;
+} run_opts;
+
+static int parse_args(int argc, char **argv, run_opts *o) {
+        static const struct option longopts[] = {
+                { "template", required_argument, NULL, OPT_TEMPLATE },
+                { "memory", required_argument, NULL, OPT_MEMORY },
+                { "pids", required_argument, NULL, OPT_PIDS },
+                { "cpus", required_argument, NULL, OPT_CPUS },
+                { "disk", required_argument, NULL, OPT_DISK },
+                { "inodes", required_argument, NULL, OPT_INODES },
+                { "net", required_argument, NULL, OPT_NET },
+                { "env", required_argument, NULL, OPT_ENV },
+                { "user", required_argument, NULL, OPT_USER },
+                { "workdir", required_argument, NULL, OPT_WORKDIR },
+                { "timeout", required_argument, NULL, OPT_TIMEOUT },
+                { "no-new-privs", no_argument, NULL, OPT_NNP },
+                { "json", no_argument, NULL, OPT_JSON },
+                { "help", no_argument, NULL, OPT_HELP },
+                {},
+        };
+        const char *user = "user";
+        int c, r;
+        opterr = 0;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "+e:u:w:h", longopts, NULL)) != -1) {
+                switch (c) {
+                case OPT_TEMPLATE:
+                        o->sb.template_name = optarg;
+                        break;
+                case OPT_MEMORY:
+                        if (parse_size(optarg, &o->sb.limits.memory_bytes) < 0 || o->sb.limits.memory_bytes == 0)
+                                return log_error("invalid --memory '%s' (expected a size like 512M or 2G)", optarg), -EINVAL;
+                        break;
+                case OPT_DISK:
+                        if (parse_size(optarg, &o->sb.limits.disk_bytes) < 0 || o->sb.limits.disk_bytes == 0)
+                                return log_error("invalid --disk '%s' (expected a size like 1G)", optarg), -EINVAL;
+                        break;
+                case OPT_PIDS:
+                        if (parse_u64(optarg, 4194304, &o->sb.limits.pids) < 0 || o->sb.limits.pids == 0)
+                                return log_error("invalid --pids '%s' (expected a number from 1 to 4194304)", optarg), -EINVAL;
+                        break;
+                case OPT_INODES:
+                        if (parse_u64(optarg, UINT32_MAX, &o->sb.limits.disk_inodes) < 0 || o->sb.limits.disk_inodes == 0)
+                                return log_error("invalid --inodes '%s'", optarg), -EINVAL;
+                        break;
+                case OPT_CPUS:
+                        if (parse_cpus_millis(optarg, &o->sb.limits.cpu_millis) < 0)
+                                return log_error("invalid --cpus '%s' (expected a number like 2 or 0.5)", optarg), -EINVAL;
+                        break;
+                case OPT_NET:
+                        if (!streq(optarg, "deny"))
+                                return log_error("invalid --net '%s': only 'deny' is available (egress policies are not built yet)",
+                                                 optarg),
+                                       -EINVAL;
+                        break;
+                case 'e':
+                case OPT_ENV:
+                        if (!env_name_valid(optarg))
+                                return log_error("invalid --env '%s' (expected NAME=VALUE)", optarg), -EINVAL;
+                        if ((r = env_set(o->env, &o->n_env, optarg)) < 0)
+                                return log_error("too many --env options"), r;
+                        break;
+                case 'u':
+                case OPT_USER:
+                        user = optarg;
+                        break;
+                case 'w':
+                case OPT_WORKDIR:
+                        if (optarg[0] != '/')
+                                return log_error("invalid --workdir '%s' (must be an absolute path)", optarg), -EINVAL;
+                        o->workdir = optarg;
+                        break;
+                case OPT_TIMEOUT:
+                        if (parse_duration_ms(optarg, &o->timeout_ms) < 0 || o->timeout_ms == 0)
+                                return log_error("invalid --timeout '%s' (expected a duration like 500ms, 10s, 2m)", optarg), -EINVAL;
+                        break;
+                case OPT_NNP:
+                        o->sb.no_new_privs = true;
+                        break;
+                case OPT_JSON:
+                        o->json = true;
+                        break;
+                case 'h':
+                case OPT_HELP:
+                        run_usage(stdout);
+                        return 1;
+                case '?':
+                default:
+                        if (optopt && optopt < 256)
+                                log_error("unknown option '-%c' (see `hutch run --help`)", optopt);
+                        else if (optopt)
+                                log_error("option '%s' needs a value (see `hutch run --help`)", argv[optind - 1]);
+                        else
+                                log_error("unknown option '%s' (see `hutch run --help`)", argv[optind - 1]);
+                        return -EINVAL;
+                }
+        }
+        if (optind < argc && streq(argv[optind], "--"))
+                optind++;
+        if (optind >= argc)
+                return log_error("no command given (usage: hutch run [OPTIONS] -- CMD [ARG...])"), -EINVAL;
+        o->cmd = argv + optind;
+
+        uint64_t uid;
+        if (streq(user, "user"))
+                o->uid = o->gid = 1000;
+        else if (streq(user, "root"))
+                o->uid = o->gid = 0;
+        else if (parse_u64(user, 65535, &uid) == 0)
+                o->uid = o->gid = (uid_t) uid;
+        else
+                return log_error("invalid --user '%s' (expected user, root or a uid from 0 to 65535)", user), -EINVAL;
+        return 0;
+}
+
+static void default_env(run_opts *o) {
+        const char *home = o->uid == 0 ? "/root" : o->uid == 1000 ? "/home/user" : "/";
+        const char *name = o->uid == 0 ? "root" : o->uid == 1000 ? "user" : NULL;
+        char buf[256];
+        char *user_env[MAX_ENV + 1];
+        size_t n_user = o->n_env;
+        memcpy(user_env, o->env, sizeof(char *) * n_user);
+        o->n_env = 0;
+        (void) env_set(o->env, &o->n_env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        snprintf(buf, sizeof buf, "HOME=%s", home);
+        (void) env_set(o->env, &o->n_env, buf);
+        if (name) {
+                snprintf(buf, sizeof buf, "USER=%s", name);
+                (void) env_set(o->env, &o->n_env, buf);
+                snprintf(buf, sizeof buf, "LOGNAME=%s", name);
+                (void) env_set(o->env, &o->n_env, buf);
+        }
+        (void) env_set(o->env, &o->n_env, "SHELL=/bin/bash");
+        (void) env_set(o->env, &o->n_env, "LANG=C.UTF-8");
+        (void) env_set(o->env, &o->n_env, "HOSTNAME=hutch");
+        const char *term = getenv("TERM");
+        if (term && strlen(term) < 64) {
+                snprintf(buf, sizeof buf, "TERM=%s", term);
+                (void) env_set(o->env, &o->n_env, buf);
+        }
+        for (size_t i = 0; i < n_user; i++) {
+                (void) env_set(o->env, &o->n_env, user_env[i]);
+                free(user_env[i]);
+        }
+}
+
+typedef struct stream {
+        int in, out; /* read from in, write to out */
+        bool open;
+        bool broken; /* out went away (EPIPE): keep draining, discard */
+} stream;
+
+/* Copy what is available from in to out. Returns 0 on EOF, 1 otherwise, 2
+ * when out just broke, -errno on a read error. */
+static int pump(stream *s, char *buf, size_t bufsz) {
+        ssize_t n = read(s->in, buf, bufsz);
+        if (n < 0)
+                return errno == EAGAIN || errno == EINTR ? 1 : -errno;
+        if (n == 0) {
+                s->open = false;
+                return 0;
+        }
+        if (s->broken)
+                return 1;
+        int r = fd_write_all(s->out, buf, (size_t) n);
+        if (r == -EPIPE) {
+                s->broken = true;
+                return 2;
+        }
+        return r < 0 ? r : 1;
+}
+
+static void json_summary(const char *id, const hutch_exit *ex, bool exited, bool timed_out, bool oom, int64_t wall_ns,
+                         const hutch_stats *st) {
+        char code[16] = "null", sig[16] = "null";
+        if (exited && ex->signal == 0)
+                snprintf(code, sizeof code, "%d", ex->exit_code);
+        if (exited && ex->signal != 0)
+                snprintf(sig, sizeof sig, "%d", ex->signal);
+        fprintf(stderr,
+                "{\"sandbox_id\":\"%s\",\"exit_code\":%s,\"signal\":%s,\"timed_out\":%s,\"oom_killed\":%s,"
+                "\"wall_ms\":%.3f,\"cpu_ms\":%.3f,\"memory_peak_bytes\":%llu}\n",
+                id, code, sig, timed_out ? "true" : "false", oom ? "true" : "false", (double) wall_ns / 1e6,
+                (double) st->cpu_usage_ns / 1e6, (unsigned long long) st->memory_peak);
+}
+
+int verb_run(int argc, char **argv) {
+        run_opts o = { 0 };
+        int r = parse_args(argc, argv, &o);
+        if (r != 0) {
+                for (size_t i = 0; i < o.n_env; i++)
+                        free(o.env[i]);
+                return r > 0 ? 0 : EXIT_USAGE;
+        }
+        default_env(&o);
+        int64_t t0 = now_ns();
+        int exit_status = EXIT_HUTCH;
+        hutch_ctx *ctx = NULL;
+        hutch_sandbox *sb = NULL;
+        hutch_error err = { 0 };
+        hutch_process proc = { .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1 };
+        int sfd = -1;
+
+        /* Signals become events: forwarded to the command, or, the second
+         * time, the end of the sandbox. SIGPIPE: a closed stdout must not
+         * kill us before the sandbox is gone. */
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGHUP);
+        sigaddset(&mask, SIGQUIT);
+        sigprocmask(SIG_BLOCK, &mask, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+
+        if (cli_ctx(&ctx) < 0)
+                goto out;
+        if (hutch_sandbox_create(ctx, &o.sb, &sb, &err) < 0) {
+                log_error("%s", err.msg);
+                goto out;
+        }
+
+        const char *cwd = o.workdir ? o.workdir : o.uid == 0 ? "/root" : o.uid == 1000 ? "/home/user" : "/";
+        hutch_spawn_config sc = {
+                .argv = (const char *const *) o.cmd,
+                .envp = (const char *const *) o.env,
+                .cwd = cwd,
+                .uid = o.uid,
+                .gid = o.gid,
+                .stdin_mode = HUTCH_STDIN_PIPE,
+        };
+        /* If we die, even by SIGKILL, the sandbox's processes die with us. */
+        if (hutch_sandbox_tie_lifetime(sb, &err) < 0) {
+                log_error("%s", err.msg);
+                goto out;
+        }
+        r = hutch_sandbox_spawn(sb, &sc, &proc, &err);
+        if (r < 0) {
+                if (r == -ENOENT && !o.workdir) {
+                        log_error("%s: command not found", o.cmd[0]);
+                        exit_status = EXIT_NOTFOUND;
+                } else if (r == -ENOENT) {
+                        log_error("%s", err.msg);
+                        exit_status = strstr(err.msg, "chdir") ? EXIT_HUTCH : EXIT_NOTFOUND;
+                } else if (r == -EACCES || r == -ENOEXEC || r == -EISDIR) {
+                        log_error("%s: %s", o.cmd[0], err.msg);
+                        exit_status = EXIT_NOEXEC;
+                } else
+                        log_error("%s", err.msg);
+                goto out;
+        }
+
+        stream sout = { .in = proc.stdout_fd, .out = STDOUT_FILENO, .open = true };
+        stream serr = { .in = proc.stderr_fd, .out = STDERR_FILENO, .open = true };
+        /* stdin goes through a buffer: the command's stdin pipe is
+         * non-blocking, and we read more from ours only once the command
+         * took what we had, so a command that does not read its input
+         * never blocks the output streams (no deadlock with `cat`). */
+        static char inbuf[65536];
+        size_t in_len = 0, in_off = 0;
+        bool stdin_done = false;
+        hutch_exit ex = { 0 };
+        bool exited = false, timed_out = false, killed_outside = false;
+        int signals_seen = 0;
+        int64_t deadline = o.timeout_ms ? t0 + (int64_t) o.timeout_ms * 1000000 : 0;
+        static char buf[65536];
+
+        while (!exited || sout.open || serr.open) {
+                /* An exit that arrived while we waited for another reply is queued. */
+                if (!exited) {
+                        hutch_exit e2;
+                        r = hutch_sandbox_wait(sb, 0, &e2, &err);
+                        if (r == 0 && e2.pid == proc.pid) {
+                                ex = e2;
+                                exited = true;
+                        } else if (r < 0 && r != -ETIMEDOUT) {
+                                killed_outside = true; /* init went away: someone destroyed the sandbox */
+                                break;
+                        }
+                }
+                struct pollfd p[6];
+                int np = 0, i_in = -1, i_pipe = -1, i_out = -1, i_err = -1, i_sb = -1, i_sig = -1;
+                if (!stdin_done && in_len == 0) {
+                        i_in = np;
+                        p[np++] = (struct pollfd){ .fd = STDIN_FILENO, .events = POLLIN };
+                }
+                if (!stdin_done && in_len > 0) {
+                        i_pipe = np;
+                        p[np++] = (struct pollfd){ .fd = proc.stdin_fd, .events = POLLOUT };
+                }
+                if (sout.open) {
+                        i_out = np;
+                        p[np++] = (struct pollfd){ .fd = sout.in, .events = POLLIN };
+                }
+                if (serr.open) {
+                        i_err = np;
+                        p[np++] = (struct pollfd){ .fd = serr.in, .events = POLLIN };
+                }
+                if (!exited) {
+                        i_sb = np;
+                        p[np++] = (struct pollfd){ .fd = hutch_sandbox_fd(sb), .events = POLLIN };
+                }
+                if (sfd >= 0) {
+                        i_sig = np;
+                        p[np++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
+                }
+                int wait = -1;
+                if (exited)
+                        wait = 0; /* the command is gone: take what is buffered, no more */
+                else if (deadline) {
+                        int64_t left = (deadline - now_ns()) / 1000000;
+                        wait = left > 0 ? (int) MIN(left, 1000000) : 0;
+                }
+                int k = poll(p, (nfds_t) np, wait);
+                if (k < 0 && errno != EINTR) {
+                        log_error("poll: %m");
+                        goto out;
+                }
+                if (k == 0 && exited)
+                        break;
+                if (!exited && deadline && now_ns() >= deadline) {
+                        timed_out = true;
+                        break;
+                }
+                if (k <= 0)
+                        continue;
+                if (i_in >= 0 && p[i_in].revents) {
+                        ssize_t n = read(STDIN_FILENO, inbuf, sizeof inbuf);
+                        if (n > 0) {
+                                in_len = (size_t) n;
+                                in_off = 0;
+                        } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+                                stdin_done = true; /* EOF: the command sees it too */
+                                proc.stdin_fd = safe_close(proc.stdin_fd);
+                                (void) hutch_sandbox_close_stdin(sb, proc.pid, NULL);
+                        }
+                }
+                if (i_pipe >= 0 && p[i_pipe].revents) {
+                        ssize_t n = write(proc.stdin_fd, inbuf + in_off, in_len - in_off);
+                        if (n > 0) {
+                                in_off += (size_t) n;
+                                if (in_off == in_len)
+                                        in_len = in_off = 0;
+                        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+                                /* the command closed its stdin: stop feeding it */
+                                stdin_done = true;
+                                in_len = in_off = 0;
+                                proc.stdin_fd = safe_close(proc.stdin_fd);
+                                (void) hutch_sandbox_close_stdin(sb, proc.pid, NULL);
+                        }
+                }
+                stream *streams[2] = { i_out >= 0 && p[i_out].revents ? &sout : NULL,
+                                       i_err >= 0 && p[i_err].revents ? &serr : NULL };
+                for (int s = 0; s < 2; s++) {
+                        if (!streams[s])
+                                continue;
+                        r = pump(streams[s], buf, sizeof buf);
+                        if (r < 0)
+                                streams[s]->open = false;
+                        else if (r == 2 && !exited)
+                                /* like a shell pipeline: the writer learns its reader left */
+                                (void) hutch_sandbox_signal(sb, proc.pid, SIGPIPE, true, NULL);
+                }
+                if (i_sb >= 0 && p[i_sb].revents && !exited) {
+                        hutch_exit e2;
+                        r = hutch_sandbox_wait(sb, 0, &e2, &err);
+                        if (r == 0 && e2.pid == proc.pid) {
+                                ex = e2;
+                                exited = true;
+                        } else if (r < 0 && r != -ETIMEDOUT) {
+                                killed_outside = true;
+                                break;
+                        }
+                }
+                if (i_sig >= 0 && p[i_sig].revents) {
+                        struct signalfd_siginfo si;
+                        while (read(sfd, &si, sizeof si) == sizeof si) {
+                                if (++signals_seen > 1 || exited) {
+                                        killed_outside = true;
+                                        ex.signal = (int) si.ssi_signo;
+                                        goto done;
+                                }
+                                (void) hutch_sandbox_signal(sb, proc.pid, (int) si.ssi_signo, true, NULL);
+                        }
+                }
+        }
+done:;
+        hutch_stats st = { 0 };
+        (void) hutch_sandbox_stats(sb, &st, NULL);
+        bool oom = st.oom_kills > 0;
+        if (timed_out) {
+                log_error("timed out after %.3fs; the sandbox was killed", (double) o.timeout_ms / 1000);
+                exit_status = EXIT_TIMEOUT;
+        } else if (killed_outside) {
+                if (ex.signal == 0)
+                        log_error("the sandbox was destroyed while the command ran");
+                exit_status = 128 + (ex.signal ? ex.signal : SIGKILL);
+        } else if (ex.signal)
+                exit_status = 128 + ex.signal;
+        else
+                exit_status = ex.exit_code;
+        if (o.json)
+                json_summary(hutch_sandbox_id(sb), &ex, exited, timed_out, oom, now_ns() - t0, &st);
+
+out:
+        safe_close(proc.stdin_fd);
+        safe_close(proc.stdout_fd);
+        safe_close(proc.stderr_fd);
+        if (sb) {
+                if (hutch_sandbox_destroy(sb, &err) < 0) {
+                        log_error("cleaning up sandbox %s: %s", hutch_sandbox_id(sb), err.msg);
+                        if (exit_status == 0)
+                                exit_status = EXIT_HUTCH;
+                }
+                hutch_sandbox_unref(sb);
+        }
+        hutch_ctx_free(ctx);
+        safe_close(sfd);
+        for (size_t i = 0; i < o.n_env; i++)
+                free(o.env[i]);
+        return exit_status;
+}
