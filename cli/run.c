@@ -326,6 +326,7 @@ int verb_run(int argc, char **argv) {
                 log_error("%s", err.msg);
                 goto out;
         }
+        log_debug("sandbox %s created in %.3f ms", hutch_sandbox_id(sb), (double) (now_ns() - t0) / 1e6);
 
         const char *cwd = o.workdir ? o.workdir : o.uid == 0 ? "/root" : o.uid == 1000 ? "/home/user" : "/";
         hutch_spawn_config sc = {
@@ -492,6 +493,7 @@ int verb_run(int argc, char **argv) {
                 }
         }
 done:;
+        log_debug("command ended at %.3f ms", (double) (now_ns() - t0) / 1e6);
         hutch_stats st = { 0 };
         (void) hutch_sandbox_stats(sb, &st, NULL);
         bool oom = st.oom_kills > 0;
@@ -519,6 +521,7 @@ out:
                         if (exit_status == 0)
                                 exit_status = EXIT_HUTCH;
                 }
+                log_debug("sandbox destroyed at %.3f ms", (double) (now_ns() - t0) / 1e6);
                 hutch_sandbox_unref(sb);
         }
         hutch_ctx_free(ctx);

@@ -5,6 +5,8 @@
  * use. See docs/cgroups.md.
  */
 #include <dirent.h>
+#include <limits.h>
+#include <unistd.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <linux/magic.h>
@@ -750,6 +752,36 @@ int cgroup_clone_fd(const hutch_cgroup *cg) {
         if (!cg || cg->version != CGROUP_V2)
                 return -1;
         return cg->dir_fd;
+}
+
+int cgroup_procs_fds(hutch_cgroup *cg, int *fds, size_t max, hutch_error *err) {
+        size_t n = 0;
+        const char *dirs[_CGROUP_V1_MAX + 1];
+        size_t nd = 0;
+        if (cg->version == CGROUP_V2)
+                dirs[nd++] = cg->dir;
+        else
+                for (int c = 0; c < _CGROUP_V1_MAX; c++)
+                        if (cg->v1_dir[c] && !cgroup_v1_dir_is_dup(cg, c))
+                                dirs[nd++] = cg->v1_dir[c];
+        for (size_t i = 0; i < nd; i++) {
+                char path[PATH_MAX];
+                if (n == max) {
+                        for (size_t k = 0; k < n; k++)
+                                close(fds[k]);
+                        return hutch_error_set(err, -E2BIG, "too many cgroup hierarchies");
+                }
+                snprintf(path, sizeof path, "%s/cgroup.procs", dirs[i]);
+                int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+                if (fd < 0) {
+                        int r = -errno;
+                        for (size_t k = 0; k < n; k++)
+                                close(fds[k]);
+                        return hutch_error_set(err, r, "opening %s: %s", path, strerror(-r));
+                }
+                fds[n++] = fd;
+        }
+        return (int) n;
 }
 
 int cgroup_attach_pid(hutch_cgroup *cg, pid_t pid, hutch_error *err) {

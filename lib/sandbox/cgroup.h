@@ -39,6 +39,13 @@ void cgroup_free(hutch_cgroup *cg);
 
 /* v2: an O_DIRECTORY fd of the cgroup for clone3(CLONE_INTO_CGROUP); v1: -1. */
 int cgroup_clone_fd(const hutch_cgroup *cg);
+/* Open (O_WRONLY|O_CLOEXEC) every cgroup.procs file a process must be
+ * written into to join the sandbox's cgroup (v1: one per hierarchy; v2:
+ * one). Writing "0" to each moves the writer: the clone3 child does that
+ * itself on v1, in parallel with the parent's preparations, since a v1
+ * migration waits for an RCU grace period. The open-time credentials and
+ * cgroup namespace are what the kernel checks. Returns the count. */
+int cgroup_procs_fds(hutch_cgroup *cg, int *fds, size_t max, hutch_error *err);
 /* Move a process into the cgroup (v1: every controller; v2: cgroup.procs).
  * Used on v1, and on v2 when CLONE_INTO_CGROUP is unavailable. */
 int cgroup_attach_pid(hutch_cgroup *cg, pid_t pid, hutch_error *err);

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <net/if.h>
 #include <sys/ioctl.h>
 #include <signal.h>
@@ -206,6 +207,19 @@ static void child_setup(const child_config *c) {
         char bind_paths[8][16];
         uint32_t n_binds = 0;
         int layer_fd = -1, *bind_fds;
+
+        /* 0. Join the sandbox's cgroup (unless clone3 put us there): a v1
+         *    migration waits for an RCU grace period, so it runs here while
+         *    the parent prepares the mounts. Then a cgroup namespace rooted
+         *    at it, so /proc/self/cgroup shows "/" inside. */
+        if (c->n_cgroup_procs > 0) {
+                for (size_t i = 0; i < c->n_cgroup_procs; i++) {
+                        if (write(c->cgroup_procs[i], "0", 1) != 1)
+                                child_fail(c, errno, "joining the sandbox cgroup");
+                        close(c->cgroup_procs[i]);
+                }
+                CHECK(c, unshare(CLONE_NEWCGROUP), "creating the cgroup namespace");
+        }
 
         /* 1. Wait for the parent: id maps written, id-mapped mounts made. */
         {

@@ -90,6 +90,10 @@ typedef struct child_config {
         int init_memfd;
         const struct sock_fprog *seccomp;
         uid_t uid_base;
+        /* cgroup.procs files to write "0" into first (v1: the child joins
+         * its cgroup itself), then a fresh cgroup namespace rooted there. */
+        int cgroup_procs[8];
+        size_t n_cgroup_procs;
 } child_config;
 
 int child_main(void *arg);

@@ -322,24 +322,28 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         hutch_error e = { 0 };
 
         sb->conn = safe_close(sb->conn);
-        /* PID 1 dying takes the whole pid namespace with it; the cgroup
-         * kill then catches anything that was on its way in. */
-        if (sb->init_pidfd >= 0)
-                (void) sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0);
-        if (sb->cg) {
+        /* PID 1 dying takes the whole pid namespace with it (the kernel
+         * kills and reaps every member before init's exit completes), so
+         * waiting for init is waiting for all of them. The cgroup kill then
+         * only has work when something is left, e.g. init was already gone. */
+        bool init_reaped = false;
+        if (sb->init_pidfd >= 0 && sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) == 0) {
+                if (sb->is_parent) {
+                        while (waitpid(sb->init_pid, NULL, 0) < 0 && errno == EINTR)
+                                ;
+                        init_reaped = true;
+                } else {
+                        struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
+                        init_reaped = poll(&p, 1, 5000) == 1;
+                }
+        }
+        if (sb->cg && (!init_reaped || cgroup_count_procs(sb->cg) != 0)) {
                 k = cgroup_kill_all(sb->cg, &e);
                 if (k < 0 && r == 0)
                         r = hutch_error_set(err, k, "%s", e.msg);
         }
-        if (sb->init_pid > 0) {
-                if (sb->is_parent) {
-                        while (waitpid(sb->init_pid, NULL, 0) < 0 && errno == EINTR)
-                                ;
-                } else if (sb->init_pidfd >= 0) {
-                        struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
-                        (void) poll(&p, 1, 5000);
-                }
-        }
+        if (sb->is_parent && !init_reaped && sb->init_pid > 0)
+                (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
         if (ctx->storage_mnt) {
                 k = storage_remove(ctx, sb->id, &e);
@@ -505,8 +509,6 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         if ((r = ctx_ensure_storage(ctx, err)) < 0)
                 goto fail;
-        if ((r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, &layer_fd, err)) < 0)
-                goto fail;
         const struct sock_fprog *prog;
         if ((r = seccomp_filter_get(&prog, err)) < 0)
                 goto fail;
@@ -541,16 +543,25 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         int pidfd = -1;
         int cgfd = cgroup_clone_fd(sb->cg);
+        if (cgfd < 0) {
+                r = cgroup_procs_fds(sb->cg, cc.cgroup_procs, ELEMENTSOF(cc.cgroup_procs), err);
+                if (r < 0) {
+                        munmap(stack, CHILD_STACK_SIZE);
+                        goto fail;
+                }
+                cc.n_cgroup_procs = (size_t) r;
+        }
         struct clone_args ca = {
                 .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
-                         CLONE_NEWCGROUP | CLONE_VM | CLONE_PIDFD,
+                         CLONE_VM | CLONE_PIDFD,
                 .pidfd = (uint64_t) (uintptr_t) &pidfd,
                 .exit_signal = SIGCHLD,
                 .stack = (uint64_t) (uintptr_t) stack,
                 .stack_size = CHILD_STACK_SIZE,
         };
         if (cgfd >= 0) {
-                ca.flags |= CLONE_INTO_CGROUP;
+                /* born in its cgroup, and the new cgroup namespace is rooted there */
+                ca.flags |= CLONE_INTO_CGROUP | CLONE_NEWCGROUP;
                 ca.cgroup = (uint64_t) cgfd;
         }
         /* No handler of ours may run on the child's stack before it resets them. */
@@ -560,6 +571,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         pid_t pid = clone3_with_fn(&ca, child_main, &cc);
         int clone_errno = errno;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
+        for (size_t i = 0; i < cc.n_cgroup_procs; i++)
+                safe_close(cc.cgroup_procs[i]);
         if (pid < 0) {
                 munmap(stack, CHILD_STACK_SIZE);
                 r = hutch_error_set(err, -clone_errno, "clone3: %s", strerror(clone_errno));
@@ -575,9 +588,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         size_t n_bind_fds = 0;
         const char *step = NULL;
         r = 0;
-        if (cgfd < 0 && (r = cgroup_attach_pid(sb->cg, pid, &e)) < 0)
-                step = e.msg;
-        if (r >= 0 && (r = write_idmap(pid, "uid_map", sb->uid_base)) < 0)
+        if ((r = write_idmap(pid, "uid_map", sb->uid_base)) < 0)
                 step = "writing uid_map";
         if (r >= 0 && (r = write_idmap(pid, "gid_map", sb->uid_base)) < 0)
                 step = "writing gid_map";
@@ -590,6 +601,9 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                         step = "opening the user namespace";
                 }
         }
+        /* The writable layer, while the child joins its cgroup. */
+        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, &layer_fd, &e)) < 0)
+                step = e.msg;
         if (r >= 0 && (r = idmapped_tree(tpl->rootfs, userns, true, false, &lower_fd)) < 0)
                 step = "id-mapping the template";
         for (size_t i = 0; r >= 0 && i < tpl->n_binds; i++) {

@@ -36,7 +36,6 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
-#include <pthread.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <stddef.h>
@@ -735,7 +734,7 @@ static int seccomp_export(scmp_filter_ctx ctx, struct sock_filter **ret_insns, s
         return 0;
 }
 
-static int seccomp_filter_build(struct sock_fprog *ret, hutch_error *err) {
+int seccomp_filter_compile(struct sock_fprog *ret, hutch_error *err) {
         _cleanup_(seccomp_releasep) scmp_filter_ctx ctx = NULL;
         struct sock_filter *insns = NULL;
         SeccompAllowedSet allowed = {};
@@ -785,32 +784,5 @@ static int seccomp_filter_build(struct sock_fprog *ret, hutch_error *err) {
                 .len = (unsigned short) len,
                 .filter = insns,
         };
-        return 0;
-}
-
-static pthread_mutex_t seccomp_cache_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct sock_fprog seccomp_cache;
-
-int seccomp_filter_get(const struct sock_fprog **ret, hutch_error *err) {
-        int r = 0;
-
-        pthread_mutex_lock(&seccomp_cache_lock);
-        if (!seccomp_cache.filter)
-                r = seccomp_filter_build(&seccomp_cache, err);
-        pthread_mutex_unlock(&seccomp_cache_lock);
-        if (r < 0)
-                return r;
-
-        *ret = &seccomp_cache;
-        return 0;
-}
-
-int seccomp_filter_load(const struct sock_fprog *prog) {
-        if (!prog || !prog->filter)
-                return -EINVAL;
-
-        /* No SECCOMP_FILTER_FLAG_TSYNC: the child is single-threaded. */
-        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, prog) < 0)
-                return -errno;
         return 0;
 }
