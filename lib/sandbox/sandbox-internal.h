@@ -52,6 +52,8 @@ struct hutch_sandbox {
         bool no_new_privs;
         int64_t created_ns;   /* CLOCK_REALTIME */
         hutch_cgroup *cg;
+        cgroup_version cg_version; /* the backend the sandbox was made with */
+        char cg_mount[256];
         int conn;          /* SOCK_SEQPACKET to hutch-init */
         uint32_t next_id;
         uint8_t *rxbuf;    /* INITPROTO_MAX_FRAME */

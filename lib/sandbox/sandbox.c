@@ -248,16 +248,17 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
 /* ------------------------------------------------------------- state file */
 
 static int state_write(hutch_sandbox *sb, hutch_error *err) {
-        char path[PATH_MAX], buf[2048];
+        char path[PATH_MAX], buf[2600];
         snprintf(path, sizeof path, "%s/state", sb->dir);
         int n = snprintf(buf, sizeof buf,
                          "id=%s\ntemplate=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
                          "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
-                         "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\n",
+                         "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
+                         "cgroup_mount=%s\n",
                          sb->id, sb->template_name, sb->init_pid, sb->init_starttime, sb->uid_slot,
                          (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
                          sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
-                         sb->no_new_privs);
+                         sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount);
         int r = write_file_atomic(path, buf, (size_t) n, 0600);
         if (r < 0)
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
@@ -307,6 +308,10 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         sb->limits.nofile = strtoull(v, NULL, 10);
                 else if (streq(k, "no_new_privs"))
                         sb->no_new_privs = streq(v, "1");
+                else if (streq(k, "cgroup"))
+                        sb->cg_version = streq(v, "v2") ? CGROUP_V2 : CGROUP_V1;
+                else if (streq(k, "cgroup_mount"))
+                        snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", v);
         }
         if (!have_pid || sb->uid_slot >= sb->ctx->uid_slots)
                 return hutch_error_set(err, -EBADMSG, "sandbox %s: state file is damaged", sb->id);
@@ -503,6 +508,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         }
 
+        sb->cg_version = ctx->cg_version;
+        snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", ctx->cg_mount ? ctx->cg_mount : "");
         if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &sb->limits, &sb->cg, &e)) < 0) {
                 hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
                 goto fail;
@@ -704,7 +711,12 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 }
         }
         hutch_error e = { 0 };
-        r = cgroup_open(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, id, &sb->cg, &e);
+        /* the backend the sandbox was created with, whatever this process uses */
+        if (!sb->cg_version) {
+                sb->cg_version = ctx->cg_version;
+                snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", ctx->cg_mount ? ctx->cg_mount : "");
+        }
+        r = cgroup_open(sb->cg_version, sb->cg_mount, ctx->cgroup_root, id, &sb->cg, &e);
         if (r < 0 && (connect_init || r != -ENOENT)) {
                 hutch_error_set(err, r, "sandbox %s: %s", id, e.msg);
                 goto fail;

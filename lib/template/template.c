@@ -13,7 +13,7 @@
 #include "util/fdutil.h"
 #include "util/fsutil.h"
 
-#define HOST_TEMPLATE_VERSION "host-3"
+#define HOST_TEMPLATE_VERSION "host-4"
 #define USER_UID 1000
 
 /* Host /etc entries a sandbox needs to behave like the host's userland:
@@ -26,11 +26,14 @@ static const char *const host_etc_copy[] = {
         "profile.d", "bash.bashrc", "inputrc", "shells", "debian_version", "os-release",
         "lsb-release", "issue", "pam.d", "pam.conf", "security", "login.defs", "ssl",
         "ca-certificates", "ca-certificates.conf", "gai.conf", "host.conf", "magic",
-        "magic.mime", "python3", "perl", "xattr.conf", "environment", "locale.alias",
-        "sudo.conf", "bindresvport.blacklist", "manpath.config", "skel", "vim", "nanorc",
-        "gitconfig", "npmrc", "pip.conf", "ld-musl-x86_64.path", "ld-musl-x86_64.d", NULL,
+        "magic.mime", "python3", "perl", "xattr.conf", "locale.alias", "sudo.conf",
+        "bindresvport.blacklist", "manpath.config", "skel", "vim", "nanorc",
+        "ld-musl-x86_64.path", "ld-musl-x86_64.d", NULL,
 };
-static const char *const never_copy[] = { "ssl/private", NULL };
+/* Inside the copied trees: keys and password history. (Files that may hold
+ * an operator's credentials — environment, npmrc, pip.conf, gitconfig —
+ * are not in the list above at all.) */
+static const char *const never_copy[] = { "ssl/private", "security/opasswd", NULL };
 
 static const char *const top_links[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32", NULL };
 
