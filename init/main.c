@@ -693,6 +693,8 @@ static int setup(void) {
 
         /* First: sandbox root must not be able to ptrace us or read our
          * memory (the token, other clients' data) via /proc. */
+        /* Executed from a memfd, the kernel names us "memfd:hutch-ini". */
+        (void) prctl(PR_SET_NAME, "hutch-init", 0, 0, 0);
         if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
                 return negative_errno();
         debug = getenv("HUTCH_INIT_DEBUG") != NULL;

@@ -657,7 +657,7 @@ def take_leak_snapshot() -> LeakSnapshot:
             pass
     hutch_procs = set()
     for p in host_processes():
-        if p["comm"] in HUTCH_PROCESS_NAMES:
+        if p["comm"] in HUTCH_PROCESS_NAMES and not p["state"].startswith("Z"):
             hutch_procs.add((p["pid"], p["comm"]))
     storage = set()
     for d in STORAGE_LAYER_DIRS:
