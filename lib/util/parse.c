@@ -124,16 +124,14 @@ int parse_cpus_millis(const char *s, uint64_t *ret) {
 const char *format_size(uint64_t v, char *buf, int bufsz) {
         static const char units[] = "BKMGT";
         int u = 0;
-        double d = (double) v;
-        while (d >= 1024 && u < 4) {
-                d /= 1024;
+        while (u < 4 && v >> (10 * (u + 1)) > 0)
                 u++;
-        }
+        uint64_t unit = 1ull << (10 * u);
         if (u == 0)
                 snprintf(buf, (size_t) bufsz, "%llu", (unsigned long long) v);
-        else if (d == (double) (uint64_t) d)
-                snprintf(buf, (size_t) bufsz, "%llu%c", (unsigned long long) d, units[u]);
+        else if (v % unit == 0) /* exact: decided in integers, not doubles */
+                snprintf(buf, (size_t) bufsz, "%llu%c", (unsigned long long) (v / unit), units[u]);
         else
-                snprintf(buf, (size_t) bufsz, "%.1f%c", d, units[u]);
+                snprintf(buf, (size_t) bufsz, "%.1f%c", (double) v / (double) unit, units[u]);
         return buf;
 }
