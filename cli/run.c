@@ -373,7 +373,10 @@ int verb_run(int argc, char **argv) {
         int64_t deadline = o.timeout_ms ? t0 + (int64_t) o.timeout_ms * 1000000 : 0;
         static char buf[65536];
 
-        while (!exited || sout.open || serr.open) {
+        /* Until the command exits (or the deadline, or a second signal).
+         * What it wrote before exiting is still in the pipes and is drained
+         * below, once nothing in the sandbox can write any more. */
+        while (!exited) {
                 /* An exit that arrived while we waited for another reply is queued. */
                 if (!exited) {
                         hutch_exit e2;
@@ -385,6 +388,8 @@ int verb_run(int argc, char **argv) {
                                 killed_outside = true; /* init went away: someone destroyed the sandbox */
                                 break;
                         }
+                        if (exited)
+                                break;
                 }
                 struct pollfd p[6];
                 int np = 0, i_in = -1, i_pipe = -1, i_out = -1, i_err = -1, i_sb = -1, i_sig = -1;
@@ -413,9 +418,7 @@ int verb_run(int argc, char **argv) {
                         p[np++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
                 }
                 int wait = -1;
-                if (exited)
-                        wait = 0; /* the command is gone: take what is buffered, no more */
-                else if (deadline) {
+                if (deadline) {
                         int64_t left = (deadline - now_ns()) / 1000000;
                         wait = left > 0 ? (int) MIN(left, 1000000) : 0;
                 }
@@ -424,9 +427,7 @@ int verb_run(int argc, char **argv) {
                         log_error("poll: %m");
                         goto out;
                 }
-                if (k == 0 && exited)
-                        break;
-                if (!exited && deadline && now_ns() >= deadline) {
+                if (deadline && now_ns() >= deadline) {
                         timed_out = true;
                         break;
                 }
@@ -497,6 +498,15 @@ done:;
         hutch_stats st = { 0 };
         (void) hutch_sandbox_stats(sb, &st, NULL);
         bool oom = st.oom_kills > 0;
+        /* End the sandbox before draining: background processes that kept
+         * writing would otherwise keep us here (past --timeout, forever). */
+        if (hutch_sandbox_destroy(sb, &err) < 0)
+                log_error("cleaning up sandbox %s: %s", hutch_sandbox_id(sb), err.msg);
+        for (stream *s2 = &sout; s2; s2 = s2 == &sout ? &serr : NULL) {
+                (void) fd_set_nonblock(s2->in, false);
+                while (s2->open && pump(s2, buf, sizeof buf) > 0)
+                        ;
+        }
         if (timed_out) {
                 log_error("timed out after %.3fs; the sandbox was killed", (double) o.timeout_ms / 1000);
                 exit_status = EXIT_TIMEOUT;

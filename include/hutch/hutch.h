@@ -214,10 +214,11 @@ int hutch_fs_remove(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
 int hutch_fs_open_read(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, int *ret_fd,
                        hutch_file_info *ret_info, hutch_error *err);
 
-/* Write a whole file: begin returns a pipe write end (*ret_fd) to stream the
- * content into; commit closes it, makes hutch-init fsync and rename the
- * temporary file into place (parents created, owned by u), and returns only
- * when the file is complete. Abort (or losing the connection) leaves nothing. */
+/* Write a whole file: begin returns a pipe write end (*ret_fd, non-blocking,
+ * owned by the caller) to stream the content into. Close it, then commit:
+ * hutch-init fsyncs and renames the temporary file into place (parents
+ * created, owned by u) and commit returns only when the file is complete.
+ * Abort (or losing the connection) leaves nothing. */
 typedef struct hutch_fs_write hutch_fs_write;
 int hutch_fs_write_begin(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
                          hutch_fs_write **ret, int *ret_fd, hutch_error *err);

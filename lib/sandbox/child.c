@@ -183,7 +183,8 @@ static void setup_dev(const child_config *c) {
         CHECK(c, mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"),
               "mounting /dev/pts");
         CHECK(c, mkdir("dev/shm", 01777), "creating /dev/shm");
-        CHECK(c, mount("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777"), "mounting /dev/shm");
+        CHECK(c, mount("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,nr_inodes=4096,mode=1777"),
+              "mounting /dev/shm");
         for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
                 if (i < 5) /* /dev/core is left out: kcore is masked anyway */
                         CHECK(c, symlink(links[i][0], links[i][1]), "creating a /dev link");
@@ -260,6 +261,11 @@ static void child_setup(const child_config *c) {
         CHECK(c, setresgid(0, 0, 0), "setresgid(0)");
         CHECK(c, setresuid(0, 0, 0), "setresuid(0)");
         CHECK(c, setgroups(0, NULL), "setgroups");
+        /* A session of our own: without it, every sandbox process would
+         * share the caller's controlling terminal, and /dev/tty would hand
+         * them the operator's tty (TIOCSPGRP, keystrokes, KDSKBENT on a
+         * console: bubblewrap's CVE-2017-5226). */
+        CHECK(c, setsid(), "setsid");
 
         /* 3. Nothing we mount travels back to the host. */
         CHECK(c, mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "making / private");

@@ -7,6 +7,7 @@
  * a pipe to write into), checked here to be a regular file or a pipe.
  */
 #include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 
 #include "sandbox/sandbox-internal.h"
@@ -218,7 +219,7 @@ static int on_open_reply(const initproto_msg *m, int *fds, size_t nfds, void *us
         open_state *os = userdata;
         if (nfds != 1)
                 return -EBADMSG;
-        int r = initconn_check_fd(fds[0], false, false);
+        int r = initconn_check_fd(fds[0], INITCONN_FD_FILE);
         if (r < 0)
                 return r;
         /* read-only use only: refuse a descriptor that is not open for reading */
@@ -253,11 +254,12 @@ int hutch_fs_open_read(hutch_sandbox *sb, const hutch_fs_user *u, const char *pa
         return 0;
 }
 
+/* The pipe's write end belongs to the caller alone (it must close it
+ * before commit): keeping a copy here would mean closing a number the
+ * caller may have closed and reused already. */
 struct hutch_fs_write {
         hutch_sandbox *sb;
         uint64_t write_id;
-        int fd;
-        bool done;
 };
 
 typedef struct begin_state {
@@ -269,7 +271,7 @@ static int on_begin_reply(const initproto_msg *m, int *fds, size_t nfds, void *u
         begin_state *bs = userdata;
         if (nfds != 1 || initproto_find_u64(m, T_WRITE_ID, &bs->write_id) <= 0)
                 return -EBADMSG;
-        int r = initconn_check_fd(fds[0], false, false);
+        int r = initconn_check_fd(fds[0], INITCONN_FD_FIFO);
         if (r < 0)
                 return r;
         int fl = fcntl(fds[0], F_GETFL);
@@ -300,7 +302,6 @@ int hutch_fs_write_begin(hutch_sandbox *sb, const hutch_fs_user *u, const char *
         }
         fw->sb = hutch_sandbox_ref(sb);
         fw->write_id = bs.write_id;
-        fw->fd = bs.fd;
         *ret = fw;
         *ret_fd = bs.fd;
         return 0;
@@ -312,9 +313,8 @@ static void fs_write_free(hutch_fs_write *fw) {
 }
 
 int hutch_fs_write_commit(hutch_fs_write *fw, uint64_t expected_bytes, hutch_file_info *ret_info, hutch_error *err) {
-        /* The caller owns the fd it got from begin but may have closed it;
-         * init waits for EOF on its read end, so make sure ours is closed. */
-        fw->fd = safe_close(fw->fd);
+        /* init answers once its read end reaches EOF: the caller has
+         * closed the write end it got from begin. */
         initproto_writer *w = initconn_begin(fw->sb, INITPROTO_FS_WRITE_COMMIT);
         initproto_put_u64(w, T_WRITE_ID, fw->write_id);
         initproto_put_u64(w, T_SIZE, expected_bytes);
@@ -334,7 +334,6 @@ int hutch_fs_write_commit(hutch_fs_write *fw, uint64_t expected_bytes, hutch_fil
 void hutch_fs_write_abort(hutch_fs_write *fw) {
         if (!fw)
                 return;
-        fw->fd = safe_close(fw->fd);
         initproto_writer *w = initconn_begin(fw->sb, INITPROTO_FS_WRITE_ABORT);
         initproto_put_u64(w, T_WRITE_ID, fw->write_id);
         (void) initconn_call(fw->sb, NULL, 0, NULL, NULL, FS_TIMEOUT_MS, NULL);
@@ -348,9 +347,27 @@ int hutch_fs_write_buffer(hutch_sandbox *sb, const hutch_fs_user *u, const char 
         int r = hutch_fs_write_begin(sb, u, path, &fw, &fd, err);
         if (r < 0)
                 return r;
-        /* init drains the pipe concurrently; a blocking write is fine here */
-        (void) fd_set_nonblock(fd, false);
-        r = fd_write_all(fd, data, len);
+        /* init drains the pipe concurrently; a paused or wedged init must not
+         * block us forever, so every wait has the call's deadline */
+        const char *p = data;
+        size_t left = len;
+        r = 0;
+        while (left > 0 && r >= 0) {
+                ssize_t n = write(fd, p, left);
+                if (n > 0) {
+                        p += n;
+                        left -= (size_t) n;
+                } else if (n < 0 && errno == EAGAIN) {
+                        struct pollfd pf = { .fd = fd, .events = POLLOUT };
+                        int k = poll(&pf, 1, FS_TIMEOUT_MS);
+                        if (k == 0)
+                                r = -ETIMEDOUT;
+                        else if (k < 0 && errno != EINTR)
+                                r = -errno;
+                } else if (n < 0 && errno != EINTR)
+                        r = -errno;
+        }
+        close(fd);
         if (r < 0) {
                 hutch_fs_write_abort(fw);
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));

@@ -9,7 +9,9 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 
@@ -23,19 +25,28 @@ static int64_t now_ms(void) {
         return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int initconn_check_fd(int fd, bool allow_pty, bool want_nonblock) {
+int initconn_check_fd(int fd, int want) {
         struct stat st;
         if (fstat(fd, &st) < 0)
                 return -errno;
-        bool ok = S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode);
+        bool ok = false;
+        if (want & INITCONN_FD_FIFO)
+                ok = ok || S_ISFIFO(st.st_mode);
         /* a pty master from the sandbox's devpts instance: /dev/ptmx is 5:2 */
-        if (allow_pty && S_ISCHR(st.st_mode) && major(st.st_rdev) == 5 && minor(st.st_rdev) == 2)
-                ok = true;
+        if (want & INITCONN_FD_PTY)
+                ok = ok || (S_ISCHR(st.st_mode) && major(st.st_rdev) == 5 && minor(st.st_rdev) == 2);
+        if ((want & INITCONN_FD_FILE) && S_ISREG(st.st_mode)) {
+                /* a file of the sandbox's own tree, never procfs/sysfs: their
+                 * handlers check the credentials of whoever reads or writes
+                 * (us), not of whoever opened (CVE-class: oom_score_adj) */
+                struct statfs sfs;
+                ok = fstatfs(fd, &sfs) == 0 && sfs.f_type != PROC_SUPER_MAGIC && sfs.f_type != SYSFS_MAGIC &&
+                     sfs.f_type != CGROUP_SUPER_MAGIC && sfs.f_type != CGROUP2_SUPER_MAGIC;
+        }
         if (!ok)
                 return -EBADMSG;
-        if (want_nonblock)
-                return fd_set_nonblock(fd, true);
-        return 0;
+        /* never block on something the sandbox controls */
+        return fd_set_nonblock(fd, true);
 }
 
 initproto_writer *initconn_begin(hutch_sandbox *sb, uint16_t type) {
@@ -46,9 +57,13 @@ initproto_writer *initconn_begin(hutch_sandbox *sb, uint16_t type) {
         return sb->tx;
 }
 
+#define MAX_QUEUED_EVENTS 4096
+
 static int queue_event(hutch_sandbox *sb, const initproto_msg *m) {
         if (m->type != INITPROTO_EV_EXIT)
                 return 0; /* watch events are for the daemon's own loop */
+        if (sb->n_events >= MAX_QUEUED_EVENTS)
+                return -ENOBUFS; /* more exits than processes could exist: a broken init */
         uint64_t pid = 0, code = 0, sig = 0, core = 0;
         if (initproto_find_u64(m, T_PID, &pid) <= 0 || pid == 0 || pid > INT32_MAX)
                 return -EBADMSG;
@@ -70,6 +85,7 @@ static int queue_event(hutch_sandbox *sb, const initproto_msg *m) {
         else
                 sb->events_head = ev;
         sb->events_tail = ev;
+        sb->n_events++;
         return 1;
 }
 
@@ -98,7 +114,7 @@ static int recv_frame(hutch_sandbox *sb, int timeout_ms, initproto_msg *ret, int
         int r = initproto_parse(sb->rxbuf, (size_t) n, ret);
         if (r < 0) {
                 for (size_t i = 0; i < *ret_nfds; i++)
-                        close(fds[i]);
+                        close_untrusted(fds[i]);
                 return hutch_error_set(err, r, "sandbox %s: malformed message from init", sb->id);
         }
         return 1;
@@ -123,6 +139,8 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
         initproto_msg req;
         (void) initproto_parse(sb->tx->buf, (size_t) len, &req);
         uint32_t id = req.id;
+        /* only these requests are answered by a stream of replies */
+        bool streaming = req.type == INITPROTO_FS_LIST || req.type == INITPROTO_LIST_PROCS;
         if (sb->conn < 0)
                 return hutch_error_set(err, -ENOTCONN, "sandbox %s: not connected", sb->id);
         int r = fd_send_with_fds(sb->conn, sb->tx->buf, (size_t) len, fds, nfds);
@@ -148,7 +166,7 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
                         continue;
                 if (m.id == 0) {
                         for (size_t i = 0; i < rn; i++)
-                                close(rfds[i]);
+                                close_untrusted(rfds[i]);
                         r = queue_event(sb, &m);
                         if (r < 0)
                                 return hutch_error_set(err, r, "sandbox %s: bad event from init", sb->id);
@@ -157,23 +175,28 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
                 if (m.id != id) {
                         /* a late reply to a request we gave up on */
                         for (size_t i = 0; i < rn; i++)
-                                close(rfds[i]);
+                                close_untrusted(rfds[i]);
                         continue;
                 }
                 if (m.type == INITPROTO_ERROR) {
                         for (size_t i = 0; i < rn; i++)
-                                close(rfds[i]);
+                                close_untrusted(rfds[i]);
                         return reply_error(sb, &m, err);
                 }
                 if (m.type != INITPROTO_OK) {
                         for (size_t i = 0; i < rn; i++)
-                                close(rfds[i]);
+                                close_untrusted(rfds[i]);
                         return hutch_error_set(err, -EBADMSG, "sandbox %s: unexpected reply type %u", sb->id, m.type);
+                }
+                if ((m.flags & INITPROTO_F_MORE) && !streaming) {
+                        for (size_t i = 0; i < rn; i++)
+                                close_untrusted(rfds[i]);
+                        return hutch_error_set(err, -EBADMSG, "sandbox %s: init streamed replies to a single request", sb->id);
                 }
                 r = on_reply ? on_reply(&m, rfds, rn, userdata) : 0;
                 for (size_t i = 0; i < rn; i++)
                         if (rfds[i] >= 0)
-                                close(rfds[i]);
+                                close_untrusted(rfds[i]);
                 if (r < 0)
                         return hutch_error_set(err, r, "sandbox %s: bad reply from init", sb->id);
                 if (!(m.flags & INITPROTO_F_MORE))
@@ -196,7 +219,7 @@ int initconn_pump(hutch_sandbox *sb, int timeout_ms, hutch_error *err) {
         if (r <= 0)
                 return r;
         for (size_t i = 0; i < n; i++)
-                close(fds[i]);
+                close_untrusted(fds[i]);
         if (m.id != 0)
                 return 0; /* stale reply */
         r = queue_event(sb, &m);

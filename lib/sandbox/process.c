@@ -2,6 +2,7 @@
 /* Processes inside a sandbox, through hutch-init. */
 #include <fcntl.h>
 #include <string.h>
+#include <time.h>
 
 #include "sandbox/sandbox-internal.h"
 #include "util/error.h"
@@ -24,7 +25,7 @@ static int on_spawn_reply(const initproto_msg *m, int *fds, size_t nfds, void *u
         if (want == 0 || nfds != want || (layout == INITPROTO_FDS_PTY) != sr->pty)
                 return -EBADMSG;
         for (size_t i = 0; i < nfds; i++) {
-                int r = initconn_check_fd(fds[i], layout == INITPROTO_FDS_PTY, true);
+                int r = initconn_check_fd(fds[i], layout == INITPROTO_FDS_PTY ? INITCONN_FD_PTY : INITCONN_FD_FIFO);
                 if (r < 0)
                         return r;
         }
@@ -106,21 +107,33 @@ int hutch_sandbox_tie_lifetime(hutch_sandbox *sb, hutch_error *err) {
         return initconn_call(sb, NULL, 0, NULL, NULL, CALL_TIMEOUT_MS, err);
 }
 
+static int64_t now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int hutch_sandbox_wait(hutch_sandbox *sb, int timeout_ms, hutch_exit *ret, hutch_error *err) {
+        int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
         for (;;) {
                 initconn_event *ev = sb->events_head;
                 if (ev) {
                         sb->events_head = ev->next;
                         if (!sb->events_head)
                                 sb->events_tail = NULL;
+                        sb->n_events--;
                         *ret = ev->exit;
                         free(ev);
                         return 0;
                 }
-                int r = initconn_pump(sb, timeout_ms, err);
+                int64_t now = now_ms();
+                int wait = deadline < 0 ? -1 : deadline > now ? (int) (deadline - now) : 0;
+                int r = initconn_pump(sb, wait, err);
                 if (r < 0)
                         return r;
-                if (r == 0 && timeout_ms >= 0 && !sb->events_head)
+                /* r == 0: a timeout or a frame that was not an exit (a watch
+                 * event, a late reply): only the deadline ends the wait. */
+                if (r == 0 && !sb->events_head && deadline >= 0 && now_ms() >= deadline)
                         return hutch_error_set(err, -ETIMEDOUT, "no process exited in time");
         }
 }

@@ -58,6 +58,7 @@ struct hutch_sandbox {
         uint32_t next_id;
         uint8_t *rxbuf;    /* INITPROTO_MAX_FRAME */
         initconn_event *events_head, *events_tail;
+        size_t n_events;
         initproto_writer *tx;
         bool destroyed;
 };
@@ -122,9 +123,11 @@ int initconn_hello(hutch_sandbox *sb, int timeout_ms, hutch_error *err);
 /* Read one frame (waiting up to timeout_ms) and queue it if it is an event.
  * Returns 1 if something was queued, 0 on timeout, -errno. */
 int initconn_pump(hutch_sandbox *sb, int timeout_ms, hutch_error *err);
-/* Check a descriptor received from init: fstat type in the allowed set
- * (S_IFREG, S_IFIFO, or the pty master char device), set O_NONBLOCK. */
-int initconn_check_fd(int fd, bool allow_pty, bool want_nonblock);
+/* Check a descriptor received from init against the kinds allowed (a pipe,
+ * the pty master, a regular file not on procfs/sysfs/cgroupfs) and make it
+ * non-blocking. -EBADMSG for anything else. */
+enum { INITCONN_FD_FIFO = 1, INITCONN_FD_PTY = 2, INITCONN_FD_FILE = 4 };
+int initconn_check_fd(int fd, int want);
 
 /* sandbox.c helpers used by others */
 int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);

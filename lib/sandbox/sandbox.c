@@ -209,6 +209,13 @@ static int proc_starttime(pid_t pid, uint64_t *ret) {
         return 0;
 }
 
+/* Sends to init never block for long: a paused or wedged init that stops
+ * reading fails the call instead of hanging the caller. */
+static void conn_set_timeouts(int fd) {
+        struct timeval tv = { .tv_sec = 30 };
+        (void) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 static void limits_fill_defaults(hutch_limits *l) {
         if (!l->memory_bytes)
                 l->memory_bytes = HUTCH_DEFAULT_MEMORY;
@@ -333,21 +340,30 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
          * only has work when something is left, e.g. init was already gone. */
         bool init_reaped = false;
         if (sb->init_pidfd >= 0 && sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) == 0) {
-                if (sb->is_parent) {
-                        while (waitpid(sb->init_pid, NULL, 0) < 0 && errno == EINTR)
-                                ;
-                        init_reaped = true;
-                } else {
-                        struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
-                        init_reaped = poll(&p, 1, 5000) == 1;
-                }
+                /* A frozen (paused) task does not die of SIGKILL until thawed. */
+                if (sb->cg && cgroup_is_frozen(sb->cg) == 1)
+                        (void) cgroup_thaw(sb->cg, NULL);
+                struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
+                int k2;
+                do
+                        k2 = poll(&p, 1, 10000);
+                while (k2 < 0 && errno == EINTR);
+                init_reaped = k2 == 1;
+                if (init_reaped && sb->is_parent)
+                        (void) waitpid(sb->init_pid, NULL, 0);
         }
         if (sb->cg && (!init_reaped || cgroup_count_procs(sb->cg) != 0)) {
                 k = cgroup_kill_all(sb->cg, &e);
-                if (k < 0 && r == 0)
-                        r = hutch_error_set(err, k, "%s", e.msg);
+                if (k < 0 || cgroup_count_procs(sb->cg) != 0) {
+                        /* Something of this sandbox may still run: keep its
+                         * state and uid range reserved for a later gc/kill, so
+                         * the range is never handed to another sandbox. */
+                        sb->conn = safe_close(sb->conn);
+                        return hutch_error_set(err, k < 0 ? k : -EBUSY, "sandbox %s: processes survived the kill: %s",
+                                               sb->id, k < 0 ? e.msg : "still in the cgroup");
+                }
         }
-        if (sb->is_parent && !init_reaped && sb->init_pid > 0)
+        if (sb->is_parent && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
         if (ctx->storage_mnt) {
@@ -438,6 +454,9 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         _cleanup_close_ int dfd = -1, userns = -1, layer_fd = -1;
         _cleanup_close_pair_ int conn[2] = { -1, -1 }, sync[2] = { -1, -1 };
         hutch_error e = { 0 };
+        /* The clone child runs on this stack until it execs or exits: it is
+         * unmapped only after that (a reused mapping would be scribbled on). */
+        void *stack = MAP_FAILED;
         int r;
 
         hutch_sandbox *sb = sandbox_new(ctx);
@@ -543,7 +562,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 .seccomp = prog,
                 .uid_base = sb->uid_base,
         };
-        void *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
         if (stack == MAP_FAILED) {
                 r = hutch_error_set(err, -errno, "allocating the child stack: %m");
                 goto fail;
@@ -554,6 +573,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = cgroup_procs_fds(sb->cg, cc.cgroup_procs, ELEMENTSOF(cc.cgroup_procs), err);
                 if (r < 0) {
                         munmap(stack, CHILD_STACK_SIZE);
+                        stack = MAP_FAILED;
                         goto fail;
                 }
                 cc.n_cgroup_procs = (size_t) r;
@@ -582,6 +602,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 safe_close(cc.cgroup_procs[i]);
         if (pid < 0) {
                 munmap(stack, CHILD_STACK_SIZE);
+                stack = MAP_FAILED;
                 r = hutch_error_set(err, -clone_errno, "clone3: %s", strerror(clone_errno));
                 goto fail;
         }
@@ -629,10 +650,24 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         child_error ce = { 0 };
         ssize_t got = 0;
         if (r >= 0) {
-                /* EOF: the child exec'd hutch-init (the pipe is close-on-exec). */
-                got = fd_read_full(sync[0], &ce, sizeof ce);
+                /* EOF: the child exec'd hutch-init (the pipe is close-on-exec).
+                 * Bounded: a child stuck in the kernel must not hang us. */
+                struct pollfd p = { .fd = sync[0], .events = POLLIN };
+                int k;
+                do
+                        k = poll(&p, 1, INIT_READY_TIMEOUT_MS);
+                while (k < 0 && errno == EINTR);
+                if (k == 1)
+                        got = fd_read_full(sync[0], &ce, sizeof ce);
+                else {
+                        r = -ETIMEDOUT;
+                        step = "the sandbox's setup did not finish in time";
+                }
         }
-        munmap(stack, CHILD_STACK_SIZE);
+        if (r >= 0 && got == 0) {
+                munmap(stack, CHILD_STACK_SIZE);
+                stack = MAP_FAILED;
+        }
         if (r < 0) {
                 hutch_error_set(err, r, "creating sandbox: %s: %s", step, strerror(-r));
                 goto fail;
@@ -646,6 +681,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
 
         sb->conn = TAKE_FD(conn[0]);
+        conn_set_timeouts(sb->conn);
         if ((r = proc_starttime(pid, &sb->init_starttime)) < 0) {
                 hutch_error_set(err, r, "reading hutch-init's start time: %s", strerror(-r));
                 goto fail;
@@ -661,6 +697,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
 fail:
         template_free(tpl);
         (void) sandbox_teardown(sb, NULL);
+        if (stack != MAP_FAILED && (sb->init_pid <= 0 || sb->destroyed))
+                munmap(stack, CHILD_STACK_SIZE); /* else the child may live on: leak it, never reuse it */
         hutch_sandbox_unref(sb);
         return r;
 }
@@ -739,6 +777,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 /* through /proc/self/fd, so that a long run_dir still fits sun_path */
                 struct sockaddr_un sa = { .sun_family = AF_UNIX };
                 snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/init.sock", sockdir);
+                conn_set_timeouts(sb->conn);
                 if (connect(sb->conn, (struct sockaddr *) &sa, sizeof sa) < 0) {
                         r = hutch_error_set(err, -errno, "connecting to sandbox %s: %m", id);
                         goto fail;

@@ -202,13 +202,9 @@ static const char *const seccomp_allowed[] = {
         "timerfd_create",
         "timerfd_gettime",
         "timerfd_settime",
-        /* POSIX AIO (not io_uring) */
-        "io_cancel",
-        "io_destroy",
-        "io_getevents",
-        "io_pgetevents",
-        "io_setup",
-        "io_submit",
+        /* Kernel AIO (io_setup & co.) is not here: fs.aio-max-nr is one
+         * host-wide budget a single sandbox could exhaust. It answers ENOSYS
+         * (below), and libaio users fall back to threads. */
         /* memory */
         "brk",
         "madvise",
@@ -407,6 +403,12 @@ static const SeccompRawSyscall seccomp_allowed_raw[] = {
  * as "old kernel" and fall back (clone3 -> clone, whose flags the filter can
  * read; statmount/listmount/listns -> /proc/self/mountinfo and /proc). */
 static const SeccompRawSyscall seccomp_enosys_raw[] = {
+        { __NR_io_setup, "io_setup" },
+        { __NR_io_destroy, "io_destroy" },
+        { __NR_io_getevents, "io_getevents" },
+        { __NR_io_submit, "io_submit" },
+        { __NR_io_cancel, "io_cancel" },
+        { __NR_io_pgetevents, "io_pgetevents" },
         { 435, "clone3" },
         { 457, "statmount" },
         { 458, "listmount" },

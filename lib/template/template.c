@@ -13,7 +13,7 @@
 #include "util/fdutil.h"
 #include "util/fsutil.h"
 
-#define HOST_TEMPLATE_VERSION "host-4"
+#define HOST_TEMPLATE_VERSION "host-5"
 #define USER_UID 1000
 
 /* Host /etc entries a sandbox needs to behave like the host's userland:
@@ -93,6 +93,13 @@ static int copy_tree(int sfd, const char *sname, int dfd, const char *dname, con
                 (void) fchownat(dfd, dname, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW);
                 return 0;
         }
+        /* Only what every host user may read: a root-only file (a proxy
+         * password in profile.d, a key next to the certificates) would
+         * become readable by sandbox root, which `user` reaches with sudo. */
+        if (S_ISREG(st.st_mode) && !(st.st_mode & S_IROTH))
+                return 0;
+        if (S_ISDIR(st.st_mode) && (st.st_mode & (S_IROTH | S_IXOTH)) != (S_IROTH | S_IXOTH))
+                return 0;
         if (S_ISREG(st.st_mode)) {
                 _cleanup_close_ int in = openat(sfd, sname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
                 if (in < 0)
@@ -267,8 +274,9 @@ static int build_host_rootfs(int rfd) {
 /* What the host template depends on: when any of these changes (a package
  * install updates the loader cache or alternatives), the template is rebuilt. */
 static void host_inputs_stamp(char *buf, size_t n) {
-        static const char *const inputs[] = { "/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl/certs",
-                                               "/etc/pam.d", NULL };
+        static const char *const inputs[] = { "/etc", "/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl",
+                                               "/etc/ssl/certs", "/etc/pam.d", "/etc/profile.d", "/etc/security",
+                                               "/etc/skel", NULL };
         size_t off = (size_t) snprintf(buf, n, "%s", HOST_TEMPLATE_VERSION);
         for (const char *const *p = inputs; *p && off < n; p++) {
                 struct stat st;

@@ -95,7 +95,9 @@ ssize_t fd_recv_with_fds(int sock, void *buf, size_t len, int *fds, size_t max_f
                          int flags) {
         union {
                 struct cmsghdr align;
-                char buf[CMSG_SPACE(sizeof(int) * 16)];
+                /* room for SCM_MAX_FD: never let the kernel drop (and close,
+                 * possibly slowly) descriptors it could not deliver */
+                char buf[CMSG_SPACE(sizeof(int) * 253)];
         } control;
         struct iovec iov = { .iov_base = buf, .iov_len = len };
         struct msghdr msg = {
@@ -123,20 +125,31 @@ ssize_t fd_recv_with_fds(int sock, void *buf, size_t len, int *fds, size_t max_f
                         if (got < max_fds)
                                 fds[got++] = fd;
                         else
-                                close(fd);
+                                close_untrusted(fd);
                 }
         }
         if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
                 for (size_t i = 0; i < got; i++)
-                        close(fds[i]);
+                        close_untrusted(fds[i]);
                 return -EMSGSIZE;
         }
         if (ret_nfds)
                 *ret_nfds = got;
         else
                 for (size_t i = 0; i < got; i++)
-                        close(fds[i]);
+                        close_untrusted(fds[i]);
         return n;
+}
+
+void close_untrusted(int fd) {
+        struct stat st;
+        if (fd < 0)
+                return;
+        if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+                struct linger l = { .l_onoff = 1, .l_linger = 0 };
+                (void) setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        }
+        close(fd);
 }
 
 int read_file_at(int dirfd, const char *path, size_t max, char **ret) {

@@ -21,6 +21,11 @@ int fd_send_with_fds(int sock, const void *buf, size_t len, const int *fds, size
 ssize_t fd_recv_with_fds(int sock, void *buf, size_t len, int *fds, size_t max_fds, size_t *ret_nfds,
                          int flags);
 
+/* Close a descriptor that came from an untrusted peer. A socket is reset
+ * first (SO_LINGER 0): a peer could have set a long linger on a socket with
+ * unsent data, making a plain close() block for that long. */
+void close_untrusted(int fd);
+
 /* Read a small file (<= max bytes) into a NUL-terminated malloc'd string. */
 int read_file_at(int dirfd, const char *path, size_t max, char **ret);
 /* Write a string to an existing file (cgroupfs, /proc). */

@@ -203,6 +203,7 @@ int main(void) {
         ok(hutch_fs_write_begin(sb, &user, "/home/user/partial", &w, &fd, &err) == 0, "begin a write");
         fcntl(fd, F_SETFL, 0);
         ok(write(fd, "half", 4) == 4, "write part of it");
+        close(fd);
         hutch_fs_write_abort(w);
         ok(hutch_fs_stat(sb, &user, "/home/user/partial", &fi, &err) == -ENOENT, "an aborted write leaves no file");
         ok(run(sb, (const char *[]){ "sh", "-c", "ls -A /home/user | grep -c hutch-", NULL }, buf, sizeof buf) == 1 &&
@@ -281,6 +282,22 @@ int main(void) {
         ok(stat(dir, &sst) < 0 && errno == ENOENT, "the state directory is gone");
         ok(kill(init_pid, 0) < 0 && errno == ESRCH, "init is gone");
         hutch_sandbox_unref(sb);
+
+        /* --- a paused (frozen) sandbox can still be destroyed: frozen tasks
+         *     ignore SIGKILL until thawed */
+        hutch_sandbox *sb3 = NULL;
+        ok(hutch_sandbox_create(ctx, NULL, &sb3, &err) == 0, "create another sandbox");
+        if (sb3) {
+                const char *spin[] = { "sh", "-c", "while :; do :; done", NULL };
+                sc = (hutch_spawn_config){ .argv = spin, .uid = 1000, .gid = 1000 };
+                ok(hutch_sandbox_spawn(sb3, &sc, &p, &err) == 0, "start a busy loop");
+                close_proc(&p);
+                ok(hutch_sandbox_freeze(sb3, &err) == 0, "freeze it (%s)", err.msg);
+                init_pid = hutch_sandbox_init_pid(sb3);
+                ok(hutch_sandbox_destroy(sb3, &err) == 0, "destroy while frozen (%s)", err.msg);
+                ok(kill(init_pid, 0) < 0 && errno == ESRCH, "its init is gone");
+                hutch_sandbox_unref(sb3);
+        }
         hutch_ctx_free(ctx);
         return tap_done();
 }
