@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -651,16 +652,28 @@ static void proc_spawn(conn *c, const req *r) {
 
         spawn_failure f;
         ssize_t n;
+        /* The child runs as the target user between fork and exec, so the
+         * sandbox could SIGSTOP it there: never wait for it unbounded. */
+        struct pollfd pe = { .fd = errpipe[0], .events = POLLIN };
+        int pk;
         do
-                n = read(errpipe[0], &f, sizeof f);
-        while (n < 0 && errno == EINTR);
+                pk = poll(&pe, 1, 10000);
+        while (pk < 0 && errno == EINTR);
+        if (pk == 0) {
+                (void) kill(pid, SIGKILL);
+                n = -1;
+                f = (spawn_failure) { .stage = STAGE_EXEC, .err = ETIMEDOUT };
+        } else
+                do
+                        n = read(errpipe[0], &f, sizeof f);
+                while (n < 0 && errno == EINTR);
         if (n != 0) {
                 /* Reaped here so that no EV_EXIT reports a process that,
                  * for the client, never started. */
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
                 spawn_io_done(&io);
-                if (n != sizeof f)
+                if (n != sizeof f && pk != 0)
                         f = (spawn_failure) { .stage = STAGE_EXEC, .err = EIO };
                 if (f.stage == STAGE_CHDIR)
                         reply_error(c, r->id, f.err, "chdir %s", p->cwd);

@@ -123,9 +123,14 @@ int hutch_fs_stat(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, h
         return 0;
 }
 
+/* A listing is bounded in entries and in bytes: 100000 entries of 4 KiB
+ * paths and 4 KiB link targets would otherwise cost the host ~850 MB. */
+#define FS_LIST_MAX_BYTES (64u << 20)
+
 typedef struct list_state {
         hutch_file_info *v;
         size_t n, cap;
+        size_t bytes;
 } list_state;
 
 static int on_list_reply(const initproto_msg *m, int *fds, size_t nfds, void *userdata) {
@@ -142,6 +147,9 @@ static int on_list_reply(const initproto_msg *m, int *fds, size_t nfds, void *us
                 ls->v = nv;
                 ls->cap = nc;
         }
+        ls->bytes += m->payload_len + sizeof(hutch_file_info);
+        if (ls->bytes > FS_LIST_MAX_BYTES)
+                return -E2BIG;
         int r = file_info_from_msg(m, &ls->v[ls->n]);
         if (r < 0)
                 return r;

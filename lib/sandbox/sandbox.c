@@ -473,8 +473,11 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         }
         if (sb->limits.nofile > 1048576 || sb->limits.pids > 4194304 || sb->limits.memory_bytes < (4u << 20) ||
-            sb->limits.disk_bytes < (1u << 20) || sb->limits.disk_inodes < 64) {
-                r = hutch_error_set(err, -EINVAL, "limits out of range (memory >= 4M, disk >= 1M, inodes >= 64, pids <= 4194304, nofile <= 1048576)");
+            sb->limits.disk_bytes < (1u << 20) || sb->limits.disk_bytes > (1ull << 40) ||
+            sb->limits.disk_inodes < 64 || sb->limits.disk_inodes > (1ull << 32)) {
+                r = hutch_error_set(err, -EINVAL,
+                                    "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
+                                    "pids <= 4194304, nofile <= 1048576)");
                 goto fail;
         }
 

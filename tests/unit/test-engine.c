@@ -54,6 +54,16 @@ static void close_proc(hutch_process *p) {
                 close(p->stderr_fd);
 }
 
+/* Wait for the exit of pid (other exits queued meanwhile are skipped). */
+static int wait_pid(hutch_sandbox *sb, pid_t pid, hutch_exit *ex, hutch_error *err) {
+        for (int i = 0; i < 64; i++) {
+                int r = hutch_sandbox_wait(sb, 10000, ex, err);
+                if (r < 0 || ex->pid == pid)
+                        return r;
+        }
+        return -ETIMEDOUT;
+}
+
 /* Run argv as uid 1000, return its exit; stdout into out. */
 static int run(hutch_sandbox *sb, const char *const *argv, char *out, size_t cap) {
         hutch_spawn_config sc = { .argv = argv, .uid = 1000, .gid = 1000, .cwd = "/home/user" };
@@ -66,7 +76,7 @@ static int run(hutch_sandbox *sb, const char *const *argv, char *out, size_t cap
         char tmp[16];
         slurp(p.stdout_fd, out ? out : tmp, out ? cap : sizeof tmp, 10000);
         hutch_exit ex;
-        int r = hutch_sandbox_wait(sb, 10000, &ex, &err);
+        int r = wait_pid(sb, p.pid, &ex, &err);
         close_proc(&p);
         if (r < 0) {
                 printf("# wait: %s\n", err.msg);
@@ -272,6 +282,17 @@ int main(void) {
            (unsigned long long) st.pids_current);
         ok(hutch_sandbox_attach(ctx, "zzzzzzzzzzzzzzzzzzzz", &sb2, &err) == -ENOENT, "attaching an unknown id is ENOENT");
         ok(hutch_sandbox_attach(ctx, "../../../etc", &sb2, &err) == -ENOENT, "a malformed id is ENOENT");
+
+        /* --- the sandbox cannot wedge its PID 1 through the files init reads */
+        const char *fifo[] = { "sh", "-c", "rm -f /etc/passwd && mkfifo /etc/passwd", NULL };
+        sc = (hutch_spawn_config){ .argv = fifo, .uid = 0, .gid = 0, .cwd = "/" };
+        ok(hutch_sandbox_spawn(sb, &sc, &p, &err) == 0 && wait_pid(sb, p.pid, &ex, &err) == 0 && ex.exit_code == 0 &&
+                   ex.signal == 0,
+           "sandbox root replaces /etc/passwd with a FIFO");
+        close_proc(&p);
+        ok(hutch_fs_stat(sb, &user, "/home/user", &fi, &err) == 0 && fi.owner && strcmp(fi.owner, "1000") == 0,
+           "init still answers (owner shown as a number: %s)", fi.owner ? fi.owner : "(none)");
+        hutch_file_info_clear(&fi);
 
         /* --- destroy leaves nothing */
         char dir[256];
