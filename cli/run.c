@@ -377,8 +377,9 @@ int verb_run(int argc, char **argv) {
          * What it wrote before exiting is still in the pipes and is drained
          * below, once nothing in the sandbox can write any more. */
         while (!exited) {
-                /* An exit that arrived while we waited for another reply is queued. */
-                if (!exited) {
+                /* The command's exit: read from the control socket when poll
+                 * said it is readable, or queued while we awaited a reply. */
+                {
                         hutch_exit e2;
                         r = hutch_sandbox_wait(sb, 0, &e2, &err);
                         if (r == 0 && e2.pid == proc.pid) {
@@ -392,7 +393,7 @@ int verb_run(int argc, char **argv) {
                                 break;
                 }
                 struct pollfd p[6];
-                int np = 0, i_in = -1, i_pipe = -1, i_out = -1, i_err = -1, i_sb = -1, i_sig = -1;
+                int np = 0, i_in = -1, i_pipe = -1, i_out = -1, i_err = -1, i_sig = -1;
                 if (!stdin_done && in_len == 0) {
                         i_in = np;
                         p[np++] = (struct pollfd){ .fd = STDIN_FILENO, .events = POLLIN };
@@ -409,10 +410,7 @@ int verb_run(int argc, char **argv) {
                         i_err = np;
                         p[np++] = (struct pollfd){ .fd = serr.in, .events = POLLIN };
                 }
-                if (!exited) {
-                        i_sb = np;
-                        p[np++] = (struct pollfd){ .fd = hutch_sandbox_fd(sb), .events = POLLIN };
-                }
+                p[np++] = (struct pollfd){ .fd = hutch_sandbox_fd(sb), .events = POLLIN };
                 if (sfd >= 0) {
                         i_sig = np;
                         p[np++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
@@ -470,17 +468,7 @@ int verb_run(int argc, char **argv) {
                                 /* like a shell pipeline: the writer learns its reader left */
                                 (void) hutch_sandbox_signal(sb, proc.pid, SIGPIPE, true, NULL);
                 }
-                if (i_sb >= 0 && p[i_sb].revents && !exited) {
-                        hutch_exit e2;
-                        r = hutch_sandbox_wait(sb, 0, &e2, &err);
-                        if (r == 0 && e2.pid == proc.pid) {
-                                ex = e2;
-                                exited = true;
-                        } else if (r < 0 && r != -ETIMEDOUT) {
-                                killed_outside = true;
-                                break;
-                        }
-                }
+                /* a readable control socket is read at the top of the loop */
                 if (i_sig >= 0 && p[i_sig].revents) {
                         struct signalfd_siginfo si;
                         while (read(sfd, &si, sizeof si) == sizeof si) {

@@ -54,6 +54,22 @@ static void close_proc(hutch_process *p) {
                 close(p->stderr_fd);
 }
 
+/* Read from fd into buf until needle shows up (or ~10 s). */
+static bool read_until(int fd, char *buf, size_t cap, const char *needle) {
+        size_t n = 0;
+        buf[0] = 0;
+        for (int i = 0; i < 50 && !strstr(buf, needle); i++) {
+                struct pollfd pf = { .fd = fd, .events = POLLIN };
+                if (poll(&pf, 1, 200) > 0) {
+                        ssize_t k = read(fd, buf + n, cap - 1 - n);
+                        if (k > 0)
+                                n += (size_t) k;
+                }
+                buf[n] = 0;
+        }
+        return strstr(buf, needle) != NULL;
+}
+
 /* Wait for the exit of pid (other exits queued meanwhile are skipped). */
 static int wait_pid(hutch_sandbox *sb, pid_t pid, hutch_exit *ex, hutch_error *err) {
         for (int i = 0; i < 64; i++) {
@@ -140,32 +156,11 @@ int main(void) {
         const char *stty[] = { "sh", "-c", "stty size; read x; stty size", NULL };
         sc = (hutch_spawn_config){ .argv = stty, .uid = 1000, .gid = 1000, .pty = true, .pty_rows = 33, .pty_cols = 101 };
         ok(hutch_sandbox_spawn(sb, &sc, &p, &err) == 0 && p.stdout_fd >= 0 && p.stderr_fd < 0, "spawn with a pty");
-        size_t n = 0;
-        for (int i = 0; i < 50 && !strstr(buf, "33 101"); i++) {
-                struct pollfd pf = { .fd = p.stdout_fd, .events = POLLIN };
-                if (poll(&pf, 1, 200) > 0) {
-                        ssize_t k = read(p.stdout_fd, buf + n, sizeof buf - 1 - n);
-                        if (k > 0)
-                                n += (size_t) k;
-                }
-                buf[n] = 0;
-        }
-        ok(strstr(buf, "33 101") != NULL, "stty sees the requested 33x101 window");
+        ok(read_until(p.stdout_fd, buf, sizeof buf, "33 101"), "stty sees the requested 33x101 window");
         ok(hutch_sandbox_resize(sb, p.pid, 40, 120, &err) == 0, "resize to 40x120");
         fcntl(p.stdout_fd, F_SETFL, 0);
         ok(write(p.stdout_fd, "\n", 1) == 1, "type a line into the pty");
-        n = 0;
-        buf[0] = 0;
-        for (int i = 0; i < 50 && !strstr(buf, "40 120"); i++) {
-                struct pollfd pf = { .fd = p.stdout_fd, .events = POLLIN };
-                if (poll(&pf, 1, 200) > 0) {
-                        ssize_t k = read(p.stdout_fd, buf + n, sizeof buf - 1 - n);
-                        if (k > 0)
-                                n += (size_t) k;
-                }
-                buf[n] = 0;
-        }
-        ok(strstr(buf, "40 120") != NULL, "stty sees the new size");
+        ok(read_until(p.stdout_fd, buf, sizeof buf, "40 120"), "stty sees the new size");
         ok(hutch_sandbox_wait(sb, 10000, &ex, &err) == 0 && ex.exit_code == 0, "the pty process exited 0");
         close_proc(&p);
 
