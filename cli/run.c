@@ -490,11 +490,14 @@ done:;
          * writing would otherwise keep us here (past --timeout, forever). */
         if (hutch_sandbox_destroy(sb, &err) < 0)
                 log_error("cleaning up sandbox %s: %s", hutch_sandbox_id(sb), err.msg);
-        for (stream *s2 = &sout; s2; s2 = s2 == &sout ? &serr : NULL) {
-                (void) fd_set_nonblock(s2->in, false);
-                while (s2->open && pump(s2, buf, sizeof buf) > 0)
-                        ;
-        }
+        for (stream *s2 = &sout; s2; s2 = s2 == &sout ? &serr : NULL)
+                while (s2->open) {
+                        /* everything that could write is gone: what is left is
+                         * buffered, but never wait for it unbounded */
+                        struct pollfd pf = { .fd = s2->in, .events = POLLIN };
+                        if (poll(&pf, 1, 2000) <= 0 || pump(s2, buf, sizeof buf) <= 0)
+                                break;
+                }
         if (timed_out) {
                 log_error("timed out after %.3fs; the sandbox was killed", (double) o.timeout_ms / 1000);
                 exit_status = EXIT_TIMEOUT;

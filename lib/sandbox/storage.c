@@ -110,12 +110,9 @@ static int golden_path(hutch_ctx *ctx, uint64_t bytes, uint64_t inodes, char *bu
 
         char lockp[2200];
         snprintf(lockp, sizeof lockp, "%s/golden/.lock", ctx->storage_mnt);
-        _cleanup_close_ int lfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        _cleanup_close_ int lfd = lock_file_take(AT_FDCWD, lockp);
         if (lfd < 0)
-                return hutch_error_set(err, -errno, "opening %s: %m", lockp);
-        while (flock(lfd, LOCK_EX) < 0)
-                if (errno != EINTR)
-                        return hutch_error_set(err, -errno, "locking %s: %m", lockp);
+                return hutch_error_set(err, lfd, "locking %s: %s", lockp, strerror(-lfd));
         if (stat(buf, &st) == 0)
                 return 0;
 

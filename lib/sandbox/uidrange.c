@@ -42,12 +42,9 @@ static int uids_dir_open(hutch_ctx *ctx, int *ret_dirfd, int *ret_lockfd) {
         _cleanup_close_ int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd < 0)
                 return -errno;
-        _cleanup_close_ int lfd = openat(dfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        _cleanup_close_ int lfd = lock_file_take(dfd, ".lock");
         if (lfd < 0)
-                return -errno;
-        while (flock(lfd, LOCK_EX) < 0)
-                if (errno != EINTR)
-                        return -errno;
+                return lfd;
         *ret_dirfd = TAKE_FD(dfd);
         *ret_lockfd = TAKE_FD(lfd);
         return 0;

@@ -333,12 +333,9 @@ static int host_template_ensure(const char *tpl_root, hutch_error *err) {
                 return hutch_error_set(err, r, "creating %s: %s", tpl_root, strerror(-r));
         char lockp[PATH_MAX];
         snprintf(lockp, sizeof lockp, "%s/.lock", tpl_root);
-        _cleanup_close_ int lfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        _cleanup_close_ int lfd = lock_file_take(AT_FDCWD, lockp);
         if (lfd < 0)
-                return hutch_error_set(err, -errno, "opening %s: %m", lockp);
-        while (flock(lfd, LOCK_EX) < 0)
-                if (errno != EINTR)
-                        return hutch_error_set(err, -errno, "locking %s: %m", lockp);
+                return hutch_error_set(err, lfd, "locking %s: %s", lockp, strerror(-lfd));
         free(have);
         have = NULL;
         if (read_file_at(AT_FDCWD, marker, sizeof cur - 1, &have) >= 0 && streq(have, stamp))

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include "util/fdutil.h"
@@ -122,6 +123,19 @@ int rm_rf_at(int dirfd, const char *name) {
         if (unlinkat(dirfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
                 return -errno;
         return 0;
+}
+
+int lock_file_take(int dirfd, const char *name) {
+        int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return -errno;
+        while (flock(fd, LOCK_EX) < 0)
+                if (errno != EINTR) {
+                        int r = -errno;
+                        close(fd);
+                        return r;
+                }
+        return fd;
 }
 
 int write_file_atomic(const char *path, const void *data, size_t len, mode_t mode) {

@@ -14,5 +14,9 @@ int mkdir_p(const char *path, mode_t mode);
  * itself (relative to dirfd). -ENOENT is not an error. */
 int rm_rf_at(int dirfd, const char *name);
 
+/* Open (creating, 0600) the lock file `name` under dirfd and take an
+ * exclusive flock on it; returns the fd (the lock lives as long as it). */
+int lock_file_take(int dirfd, const char *name);
+
 /* Write a file atomically: temp in the same dir, fsync, rename. */
 int write_file_atomic(const char *path, const void *data, size_t len, mode_t mode);
