@@ -244,7 +244,6 @@ static int build_host_rootfs(int rfd) {
         if (symlinkat("../proc/self/mounts", efd, "mtab") < 0)
                 return -errno;
         /* Make sure a CA bundle exists at the conventional path even on a host without one. */
-        _cleanup_close_ int ssl = -1;
         if (mkdir_at(efd, "ssl", 0755, 0, 0) < 0 || mkdir_at(efd, "ssl/certs", 0755, 0, 0) < 0)
                 return -errno;
         struct stat st;
