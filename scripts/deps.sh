@@ -12,7 +12,7 @@ set_name=${1:-build}
 
 build_pkgs=(
         gcc clang meson ninja-build pkg-config
-        libseccomp-dev musl-tools xfsprogs
+        libseccomp-dev musl-tools e2fsprogs
         libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev
         libzstd-dev libarchive-dev libcap-dev
         iproute2 ca-certificates python3
