@@ -571,8 +571,12 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         }
         int pidfd = -1;
-        int cgfd = cgroup_clone_fd(sb->cg);
-        if (cgfd < 0) {
+        /* The child always joins its cgroup itself (cgroup.procs opened here,
+         * as root), on v2 too: CLONE_INTO_CGROUP checks the cloning task's
+         * credentials, and the clone below runs with the sandbox's uid as
+         * its euid (see there). */
+        int cgfd = -1;
+        {
                 r = cgroup_procs_fds(sb->cg, cc.cgroup_procs, ELEMENTSOF(cc.cgroup_procs), err);
                 if (r < 0) {
                         munmap(stack, CHILD_STACK_SIZE);
@@ -598,8 +602,22 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        pid_t pid = clone3_with_fn(&ca, child_main, &cc);
-        int clone_errno = errno;
+        /* The new user namespace is owned by the euid that creates it. With
+         * host root as the owner, every sandbox's per-user kernel counters
+         * (inotify instances and watches, ...) would also be charged to host
+         * uid 0, one budget all sandboxes and the host's root daemons share.
+         * So the clone runs with the sandbox's own uid as euid: raw syscalls,
+         * this thread only; real and saved ids stay 0 to switch back. */
+        pid_t pid = -1;
+        int clone_errno = 0;
+        if (syscall(SYS_setresgid, -1, sb->uid_base, -1) < 0 || syscall(SYS_setresuid, -1, sb->uid_base, -1) < 0)
+                clone_errno = errno;
+        else {
+                pid = clone3_with_fn(&ca, child_main, &cc);
+                clone_errno = errno;
+        }
+        if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
+                abort(); /* cannot happen with real and saved ids 0; never go on as another uid */
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         for (size_t i = 0; i < cc.n_cgroup_procs; i++)
                 safe_close(cc.cgroup_procs[i]);

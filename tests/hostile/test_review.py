@@ -81,3 +81,40 @@ def test_background_writer_does_not_outlive_timeout(warm, leak_snapshot):
     cp = run_sandbox(["--timeout", "5s"], ["sh", "-c", "yes & exit 0"], timeout=60)
     assert cp.returncode == 0, cp.returncode
     hutchtest.assert_no_leak(baseline, what="after a background writer")
+
+
+def test_inotify_budget_is_per_sandbox(warm):
+    """A sandbox's user namespace is owned by the sandbox's own host uid, so
+    per-user kernel counters (inotify instances) charge that uid, not host
+    root: one sandbox exhausting its budget leaves root's daemons and other
+    sandboxes theirs."""
+    import ctypes
+    hog = hutchtest.BackgroundRun([], ["python3", "-c",
+                                       "import ctypes, sys, time\n"
+                                       "l = ctypes.CDLL(None, use_errno=True)\n"
+                                       "fds = []\n"
+                                       "while len(fds) < 100000:\n"
+                                       "    fd = l.inotify_init1(0)\n"
+                                       "    if fd < 0: break\n"
+                                       "    fds.append(fd)\n"
+                                       "print('HELD', len(fds), flush=True)\n"
+                                       "time.sleep(60)\n"])
+    with hog:
+        out = hog.wait_for(b"\n", timeout=60)
+        held = int(out.split()[-1])
+        assert held > 0, out
+        libc = ctypes.CDLL(None, use_errno=True)
+        fds = [libc.inotify_init1(0) for _ in range(8)]
+        try:
+            assert all(fd >= 0 for fd in fds), "host root lost its inotify budget to a sandbox"
+        finally:
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+        cp = run_sandbox([], ["python3", "-c",
+                              "import ctypes\n"
+                              "l = ctypes.CDLL(None, use_errno=True)\n"
+                              "print(min(l.inotify_init1(0) for _ in range(8)))\n"])
+        assert cp.returncode == 0, cp.stderr
+        assert int(cp.stdout) >= 0, "another sandbox lost its inotify budget"
+        hog.stop()
