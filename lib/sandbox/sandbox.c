@@ -575,16 +575,13 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
          * as root), on v2 too: CLONE_INTO_CGROUP checks the cloning task's
          * credentials, and the clone below runs with the sandbox's uid as
          * its euid (see there). */
-        int cgfd = -1;
-        {
-                r = cgroup_procs_fds(sb->cg, cc.cgroup_procs, ELEMENTSOF(cc.cgroup_procs), err);
-                if (r < 0) {
-                        munmap(stack, CHILD_STACK_SIZE);
-                        stack = MAP_FAILED;
-                        goto fail;
-                }
-                cc.n_cgroup_procs = (size_t) r;
+        r = cgroup_procs_fds(sb->cg, cc.cgroup_procs, ELEMENTSOF(cc.cgroup_procs), err);
+        if (r < 0) {
+                munmap(stack, CHILD_STACK_SIZE);
+                stack = MAP_FAILED;
+                goto fail;
         }
+        cc.n_cgroup_procs = (size_t) r;
         struct clone_args ca = {
                 .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
                          CLONE_VM | CLONE_PIDFD,
@@ -593,11 +590,6 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 .stack = (uint64_t) (uintptr_t) stack,
                 .stack_size = CHILD_STACK_SIZE,
         };
-        if (cgfd >= 0) {
-                /* born in its cgroup, and the new cgroup namespace is rooted there */
-                ca.flags |= CLONE_INTO_CGROUP | CLONE_NEWCGROUP;
-                ca.cgroup = (uint64_t) cgfd;
-        }
         /* No handler of ours may run on the child's stack before it resets them. */
         sigset_t all, old;
         sigfillset(&all);
