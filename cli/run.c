@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "util/clock.h"
 #include "util/fdutil.h"
 #include "util/log.h"
 #include "util/parse.h"
@@ -57,11 +58,6 @@ enum {
         OPT_HELP,
 };
 
-static int64_t now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static bool env_name_valid(const char *kv) {
         const char *eq = strchr(kv, '=');
@@ -299,7 +295,7 @@ int verb_run(int argc, char **argv) {
                 return r > 0 ? 0 : EXIT_USAGE;
         }
         default_env(&o);
-        int64_t t0 = now_ns();
+        int64_t t0 = clock_ns(CLOCK_MONOTONIC);
         int exit_status = EXIT_HUTCH;
         hutch_ctx *ctx = NULL;
         hutch_sandbox *sb = NULL;
@@ -326,7 +322,7 @@ int verb_run(int argc, char **argv) {
                 log_error("%s", err.msg);
                 goto out;
         }
-        log_debug("sandbox %s created in %.3f ms", hutch_sandbox_id(sb), (double) (now_ns() - t0) / 1e6);
+        log_debug("sandbox %s created in %.3f ms", hutch_sandbox_id(sb), (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
 
         const char *cwd = o.workdir ? o.workdir : o.uid == 0 ? "/root" : o.uid == 1000 ? "/home/user" : "/";
         hutch_spawn_config sc = {
@@ -417,7 +413,7 @@ int verb_run(int argc, char **argv) {
                 }
                 int wait = -1;
                 if (deadline) {
-                        int64_t left = (deadline - now_ns()) / 1000000;
+                        int64_t left = (deadline - clock_ns(CLOCK_MONOTONIC)) / 1000000;
                         wait = left > 0 ? (int) MIN(left, 1000000) : 0;
                 }
                 int k = poll(p, (nfds_t) np, wait);
@@ -425,7 +421,7 @@ int verb_run(int argc, char **argv) {
                         log_error("poll: %m");
                         goto out;
                 }
-                if (deadline && now_ns() >= deadline) {
+                if (deadline && clock_ns(CLOCK_MONOTONIC) >= deadline) {
                         timed_out = true;
                         break;
                 }
@@ -482,7 +478,7 @@ int verb_run(int argc, char **argv) {
                 }
         }
 done:;
-        log_debug("command ended at %.3f ms", (double) (now_ns() - t0) / 1e6);
+        log_debug("command ended at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
         hutch_stats st = { 0 };
         (void) hutch_sandbox_stats(sb, &st, NULL);
         bool oom = st.oom_kills > 0;
@@ -510,7 +506,7 @@ done:;
         else
                 exit_status = ex.exit_code;
         if (o.json)
-                json_summary(hutch_sandbox_id(sb), &ex, exited, timed_out, oom, now_ns() - t0, &st);
+                json_summary(hutch_sandbox_id(sb), &ex, exited, timed_out, oom, clock_ns(CLOCK_MONOTONIC) - t0, &st);
 
 out:
         safe_close(proc.stdin_fd);
@@ -522,7 +518,7 @@ out:
                         if (exit_status == 0)
                                 exit_status = EXIT_HUTCH;
                 }
-                log_debug("sandbox destroyed at %.3f ms", (double) (now_ns() - t0) / 1e6);
+                log_debug("sandbox destroyed at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
                 hutch_sandbox_unref(sb);
         }
         hutch_ctx_free(ctx);

@@ -17,13 +17,9 @@
 
 #include "sandbox/sandbox-internal.h"
 #include "util/error.h"
+#include "util/clock.h"
 #include "util/fdutil.h"
 
-static int64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int initconn_check_fd(int fd, int want) {
         struct stat st;

@@ -6,6 +6,7 @@
 
 #include "sandbox/sandbox-internal.h"
 #include "util/error.h"
+#include "util/clock.h"
 
 #define CALL_TIMEOUT_MS 30000
 
@@ -107,11 +108,6 @@ int hutch_sandbox_tie_lifetime(hutch_sandbox *sb, hutch_error *err) {
         return initconn_call(sb, NULL, 0, NULL, NULL, CALL_TIMEOUT_MS, err);
 }
 
-static int64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int hutch_sandbox_wait(hutch_sandbox *sb, int timeout_ms, hutch_exit *ret, hutch_error *err) {
         int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;

@@ -25,6 +25,7 @@
 #include "sandbox/sandbox-internal.h"
 #include "sandbox/seccomp.h"
 #include "template/template.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/fsutil.h"
@@ -182,11 +183,6 @@ static int random_token(char out[HUTCH_TOKEN_LEN + 1]) {
         return 0;
 }
 
-static int64_t now_realtime_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 /* Field 22 of /proc/<pid>/stat: start time, to tell a pid from its reuse. */
 static int proc_starttime(pid_t pid, uint64_t *ret) {
@@ -363,7 +359,7 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
                                                sb->id, k < 0 ? e.msg : "still in the cgroup");
                 }
         }
-        if (sb->is_parent && sb->init_pid > 0)
+        if (sb->is_parent && !init_reaped && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
         if (ctx->storage_mnt) {
@@ -466,7 +462,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         limits_fill_defaults(&sb->limits);
         sb->no_new_privs = cfg->no_new_privs;
         sb->is_parent = true;
-        sb->created_ns = now_realtime_ns();
+        sb->created_ns = clock_ns(CLOCK_REALTIME);
         const char *hostname = cfg->hostname && *cfg->hostname ? cfg->hostname : "hutch";
         if (strlen(hostname) > 63) {
                 r = hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes", hostname);
