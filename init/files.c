@@ -18,6 +18,8 @@
 #include <sys/fsuid.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -272,9 +274,81 @@ int file_info_put(initproto_writer *w, int dirfd, const char *name, const char *
                           (uint64_t) ((int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec));
         initproto_put_str(w, T_OWNER, user_name(st.st_uid));
         initproto_put_str(w, T_GROUPNAME, group_name(st.st_gid));
+        /* The kernel allows user.* xattrs on nothing else. */
+        if (type == HUTCH_FILE_REGULAR || type == HUTCH_FILE_DIRECTORY)
+                file_meta_put(w, path);
         if (ret_type)
                 *ret_type = type;
         return 0;
+}
+
+/* ------------------------------------------------------------- metadata */
+
+/* <linux/limits.h>'s XATTR_LIST_MAX and XATTR_NAME_MAX (musl has neither) */
+#define INIT_XATTR_LIST_MAX 65536
+#define INIT_XATTR_NAME_MAX 255
+
+static char xattr_names[INIT_XATTR_LIST_MAX];
+
+static bool meta_name(const char *name, const char **ret_key) {
+        size_t n = strlen(INITPROTO_META_PREFIX);
+
+        if (strncmp(name, INITPROTO_META_PREFIX, n) != 0)
+                return false;
+        *ret_key = name + n;
+        return true;
+}
+
+/* The l* calls act on a final symlink itself (which holds no user.*
+ * xattrs), never on its target. The sandbox can set anything there: what
+ * breaks the bounds, or holds a NUL the protocol cannot carry, is left out. */
+void file_meta_put(initproto_writer *w, const char *path) {
+        static char value[INITPROTO_META_VALUE_MAX];
+        size_t count = 0, total = 0;
+
+        ssize_t n = llistxattr(path, xattr_names, sizeof xattr_names);
+        if (n <= 0)
+                return;
+        for (size_t off = 0; off < (size_t) n;) {
+                const char *name = xattr_names + off;
+                size_t len = strnlen(name, (size_t) n - off);
+                off += len + 1;
+                const char *key;
+                if (off > (size_t) n || !meta_name(name, &key) || !initproto_meta_key_valid(key))
+                        continue;
+                /* ERANGE when the value is longer than the bound */
+                ssize_t vn = lgetxattr(path, name, value, sizeof value);
+                if (vn < 0 || memchr(value, 0, (size_t) vn))
+                        continue;
+                size_t klen = strlen(key);
+                if (count >= INITPROTO_META_MAX)
+                        break;
+                if (total + klen + (size_t) vn > INITPROTO_META_TOTAL_MAX)
+                        continue;
+                initproto_put_str(w, T_META_KEY, key);
+                initproto_put_bytes(w, T_META_VALUE, value, (size_t) vn);
+                count++;
+                total += klen + (size_t) vn;
+        }
+}
+
+/* Check the pairs of a request: the host checked them too, but init trusts
+ * no client. */
+static int meta_validate(const req *r) {
+        size_t total = 0;
+
+        for (size_t i = 0; i < r->n_meta; i++) {
+                if (!initproto_meta_key_valid(r->meta_keys[i]))
+                        return -EINVAL;
+                size_t vlen = strlen(r->meta_values[i]);
+                if (vlen > INITPROTO_META_VALUE_MAX)
+                        return -E2BIG;
+                total += strlen(r->meta_keys[i]) + vlen;
+                for (size_t j = 0; j < i; j++)
+                        if (streq(r->meta_keys[i], r->meta_keys[j]))
+                                return -EINVAL;
+        }
+        return total > INITPROTO_META_TOTAL_MAX ? -E2BIG : 0;
 }
 
 /* ------------------------------------------------------ directory helpers */
@@ -601,6 +675,9 @@ typedef struct file_write {
         bool commit_pending;
         uint32_t commit_id;
         uint64_t commit_size;
+        bool meta_set; /* replace the user.e2b.* xattrs with meta[] */
+        size_t n_meta;
+        char *meta[2 * INITPROTO_META_MAX]; /* key, value, key, value... */
 } file_write;
 
 static file_write *writes;
@@ -610,6 +687,8 @@ static bool splice_unusable;
 
 static void write_release(source *s) {
         file_write *w = (file_write *) s;
+        for (size_t i = 0; i < 2 * w->n_meta; i++)
+                free(w->meta[i]);
         safe_close(w->tmp_fd);
         safe_close(w->dir_fd);
         free(w);
@@ -644,12 +723,57 @@ static file_write *write_find(conn *c, const req *r) {
         return NULL;
 }
 
+bool write_temp_name(const char *name) {
+        size_t len = strlen(name);
+        const char suffix[] = ".hutch-";
+        size_t slen = sizeof suffix - 1;
+
+        if (len < 2 + slen + 6 || name[0] != '.')
+                return false;
+        if (memcmp(name + len - 6 - slen, suffix, slen) != 0)
+                return false;
+        for (size_t i = len - 6; i < len; i++)
+                if (!strchr("0123456789abcdef", name[i]))
+                        return false;
+        return true;
+}
+
+/* Make the temp file's user.e2b.* xattrs exactly w->meta (the sandbox may
+ * have set some on it meanwhile). Returns a positive errno. */
+static int write_apply_meta(file_write *w) {
+        char name[INIT_XATTR_NAME_MAX + 1];
+
+        ssize_t n = flistxattr(w->tmp_fd, xattr_names, sizeof xattr_names);
+        for (size_t off = 0; n > 0 && off < (size_t) n;) {
+                const char *old = xattr_names + off, *key;
+                off += strnlen(old, (size_t) n - off) + 1;
+                if (off <= (size_t) n && meta_name(old, &key) && fremovexattr(w->tmp_fd, old) < 0 &&
+                    errno != ENODATA)
+                        return errno;
+        }
+        for (size_t i = 0; i < w->n_meta; i++) {
+                const char *value = w->meta[2 * i + 1];
+                snprintf(name, sizeof name, "%s%s", INITPROTO_META_PREFIX, w->meta[2 * i]);
+                if (fsetxattr(w->tmp_fd, name, value, strlen(value), 0) == 0)
+                        continue;
+                int e = errno;
+                struct statvfs sv;
+                /* ext4 keeps all xattrs of an inode in the inode and one
+                 * block: ENOSPC there with free blocks means "too big" */
+                if (e == ENOSPC && fstatvfs(w->tmp_fd, &sv) == 0 && sv.f_bavail > 0)
+                        e = E2BIG;
+                return e;
+        }
+        return 0;
+}
+
 /* The pipe reached EOF (or writing failed): complete a waiting commit. */
 static void write_finish(file_write *w) {
         conn *c = w->owner;
         uint32_t id = w->commit_id;
         fsuser saved;
         struct stat st;
+        bool existed = false;
         int err = w->error;
 
         /* Off the list before replying: a failed reply closes c, which
@@ -673,9 +797,28 @@ static void write_finish(file_write *w) {
                             (unsigned long long) w->written, (unsigned long long) w->commit_size);
                 goto out;
         }
+        if (!err && w->meta_set) {
+                err = write_apply_meta(w);
+                if (err) {
+                        (void) unlinkat(w->dir_fd, w->tmp_name, 0);
+                        if (err == EOPNOTSUPP)
+                                reply_error(c, id, err,
+                                            "write %s: metadata needs user extended attributes",
+                                            w->path);
+                        else if (err == E2BIG)
+                                reply_error(c, id, err,
+                                            "write %s: the metadata does not fit the file's "
+                                            "extended attributes",
+                                            w->path);
+                        else
+                                reply_error(c, id, err, "write %s: setting metadata", w->path);
+                        goto out;
+                }
+        }
         if (!err && fsync(w->tmp_fd) < 0)
                 err = errno;
         if (!err && fstatat(w->dir_fd, w->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+                existed = true;
                 if (S_ISDIR(st.st_mode))
                         err = EISDIR;
                 else if (S_ISREG(st.st_mode))
@@ -692,10 +835,12 @@ static void write_finish(file_write *w) {
         }
 
         initproto_writer *m = msg_begin(INITPROTO_OK, 0, id);
-        if (file_info_put(m, w->dir_fd, w->name, w->path, NULL) < 0)
-                reply_error(c, id, errno, "stat %s", w->path);
+        int k = file_info_put(m, w->dir_fd, w->name, w->path, NULL);
+        if (k < 0)
+                reply_error(c, id, k, "stat %s", w->path);
         else
                 msg_send(c, NULL, 0);
+        watch_note_write(w->path, !existed, existed || w->written > 0);
 out:
         fsuser_restore(&saved);
         source_kill(&w->src);
@@ -886,6 +1031,25 @@ static void fs_write_commit(conn *c, const req *r) {
         if (!req_has(r, T_SIZE)) {
                 reply_error(c, r->id, EINVAL, "commit %s: no size", w->path);
                 return;
+        }
+        if (req_u64(r, T_META_SET, 0)) {
+                int k = meta_validate(r);
+                if (k < 0) {
+                        write_drop(w, true);
+                        reply_error(c, r->id, k, "commit %s: metadata", w->path);
+                        return;
+                }
+                for (size_t i = 0; i < r->n_meta; i++) {
+                        w->meta[2 * i] = strdup(r->meta_keys[i]);
+                        w->meta[2 * i + 1] = strdup(r->meta_values[i]);
+                        w->n_meta = i + 1;
+                        if (!w->meta[2 * i] || !w->meta[2 * i + 1]) {
+                                write_drop(w, true);
+                                reply_error(c, r->id, ENOMEM, "commit %s", w->path);
+                                return;
+                        }
+                }
+                w->meta_set = true;
         }
         w->commit_pending = true;
         w->commit_id = r->id;

@@ -119,6 +119,10 @@ typedef struct req {
         size_t argc;
         const char *envv[INITPROTO_MAX_ARGS + 1];
         size_t envc;
+        /* T_META_KEY, T_META_VALUE pairs, in order */
+        const char *meta_keys[INITPROTO_META_MAX];
+        const char *meta_values[INITPROTO_META_MAX];
+        size_t n_meta;
 } req;
 
 static inline bool req_has(const req *r, uint16_t tag) {
@@ -142,6 +146,13 @@ void files_conn_gone(conn *c);
 
 void watch_handle(conn *c, const req *r);
 void watch_conn_gone(conn *c);
+/* A write committed path by renaming its temporary file into place (whose
+ * own inotify events watchers never see): report it the way an in-place
+ * write shows up, CREATE (when created) and WRITE (when it has data or
+ * replaced a file). */
+void watch_note_write(const char *path, bool created, bool wrote);
+/* ".<name>.hutch-XXXXXX": the temporary file of a write in progress. */
+bool write_temp_name(const char *name);
 
 /* --------------------------------------------------- helpers (files.c) */
 
@@ -171,6 +182,9 @@ void names_cache_reset(void);
 /* Put the file fields (T_NAME, T_PATH, T_TYPE, ...) of name, relative to
  * dirfd, into w. ret_type (optional): HUTCH_FILE_* of the entry itself. */
 int file_info_put(initproto_writer *w, int dirfd, const char *name, const char *path, int *ret_type);
+/* Put the user.e2b.* xattrs of path (never following a final symlink) as
+ * T_META_KEY/T_META_VALUE pairs; entries outside the bounds are left out. */
+void file_meta_put(initproto_writer *w, const char *path);
 
 /* Create every missing directory of path (mode 0755, owned by the fs user).
  * ret_created: whether the last component was created here. */

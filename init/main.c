@@ -399,6 +399,8 @@ static bool tag_is_string(uint16_t tag) {
         case T_SYMLINK:
         case T_OWNER:
         case T_GROUPNAME:
+        case T_META_KEY:
+        case T_META_VALUE:
                 return true;
         default:
                 return false;
@@ -415,6 +417,7 @@ static bool tag_is_u64(uint16_t tag) {
         case T_DEPTH ... T_EVENT:
         case T_TYPE ... T_TARGET_TYPE:
         case T_MODE ... T_MTIME_NS:
+        case T_META_SET:
                 return true;
         default:
                 return false;
@@ -433,7 +436,7 @@ static int req_decode(const initproto_msg *m, req *r) {
 
         memset(r->has, 0, sizeof r->has);
         memset(r->str, 0, sizeof r->str);
-        r->argc = r->envc = 0;
+        r->argc = r->envc = r->n_meta = 0;
         r->type = m->type;
         r->id = m->id;
 
@@ -452,6 +455,18 @@ static int req_decode(const initproto_msg *m, req *r) {
                                         return -E2BIG;
                                 v[(*n)++] = s;
                                 v[*n] = NULL;
+                        } else if (f.tag == T_META_KEY) {
+                                /* a key must follow a complete pair */
+                                if (r->n_meta > 0 && !r->meta_values[r->n_meta - 1])
+                                        return -EBADMSG;
+                                if (r->n_meta >= INITPROTO_META_MAX)
+                                        return -E2BIG;
+                                r->meta_keys[r->n_meta] = s;
+                                r->meta_values[r->n_meta++] = NULL;
+                        } else if (f.tag == T_META_VALUE) {
+                                if (r->n_meta == 0 || r->meta_values[r->n_meta - 1])
+                                        return -EBADMSG;
+                                r->meta_values[r->n_meta - 1] = s;
                         } else if (!r->str[f.tag])
                                 r->str[f.tag] = s;
                 } else if (tag_is_u64(f.tag)) {
@@ -468,6 +483,8 @@ static int req_decode(const initproto_msg *m, req *r) {
         }
         r->argv[r->argc] = NULL;
         r->envv[r->envc] = NULL;
+        if (k >= 0 && r->n_meta > 0 && !r->meta_values[r->n_meta - 1])
+                return -EBADMSG; /* a key without its value */
         return k;
 }
 

@@ -40,6 +40,7 @@ typedef struct watch {
         gid_t gid;
         watch_dir *dirs; /* sorted by wd */
         size_t n_dirs, n_alloc;
+        uint32_t temp_cookie; /* of the last temp file moved away (into place) */
 } watch;
 
 static watch *watches;
@@ -196,6 +197,14 @@ static int event_kind(uint32_t mask) {
         return 0;
 }
 
+static void watch_send(watch *w, const char *path, int kind) {
+        initproto_writer *m = msg_begin(INITPROTO_EV_WATCH, 0, 0);
+        initproto_put_u64(m, T_WATCH_ID, w->id);
+        initproto_put_str(m, T_PATH, path);
+        initproto_put_u64(m, T_EVENT, (uint64_t) kind);
+        msg_send(w->owner, NULL, 0);
+}
+
 static void watch_event(watch *w, const struct inotify_event *ev, const char *name) {
         bool found;
         size_t i = dir_index(w, ev->wd, &found);
@@ -211,6 +220,19 @@ static void watch_event(watch *w, const struct inotify_event *ev, const char *na
          * parent's watch already, with a name. */
         if (ev->len == 0 || name[0] == '\0')
                 return;
+        /* The temporary file of a write, and its rename into place, are
+         * not what happened for the client: write_finish() reports the
+         * write itself (watch_note_write). A rename's two halves come
+         * one after the other from the same directory's wd. */
+        if (write_temp_name(name)) {
+                if (ev->mask & IN_MOVED_FROM)
+                        w->temp_cookie = ev->cookie;
+                return;
+        }
+        if ((ev->mask & IN_MOVED_TO) && ev->cookie != 0 && ev->cookie == w->temp_cookie) {
+                w->temp_cookie = 0;
+                return;
+        }
 
         char path[INIT_PATH_BUF];
         const char *dir = w->dirs[i].path;
@@ -231,13 +253,31 @@ static void watch_event(watch *w, const struct inotify_event *ev, const char *na
         }
 
         int kind = event_kind(ev->mask);
-        if (!kind)
+        if (kind)
+                watch_send(w, path, kind);
+}
+
+void watch_note_write(const char *path, bool created, bool wrote) {
+        const char *slash = strrchr(path, '/');
+        size_t dlen = slash && slash != path ? (size_t) (slash - path) : 1;
+
+        if (!slash)
                 return;
-        initproto_writer *m = msg_begin(INITPROTO_EV_WATCH, 0, 0);
-        initproto_put_u64(m, T_WATCH_ID, w->id);
-        initproto_put_str(m, T_PATH, path);
-        initproto_put_u64(m, T_EVENT, (uint64_t) kind);
-        msg_send(w->owner, NULL, 0);
+        for (watch *w = watches, *next; w; w = next) {
+                next = w->next;
+                bool covered = false;
+                for (size_t i = 0; i < w->n_dirs && !covered; i++)
+                        covered = strlen(w->dirs[i].path) == dlen &&
+                                  memcmp(w->dirs[i].path, path, dlen) == 0;
+                if (!covered || w->src.dead || !conn_alive(w->owner))
+                        continue;
+                /* Sending may drop the client, and its watches (w, maybe
+                 * next too: both are only killed, freed after the batch). */
+                if (created)
+                        watch_send(w, path, INITPROTO_WEV_CREATE);
+                if (wrote && !w->src.dead)
+                        watch_send(w, path, INITPROTO_WEV_WRITE);
+        }
 }
 
 static void watch_dispatch(source *s, uint32_t events) {

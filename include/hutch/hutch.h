@@ -170,9 +170,66 @@ typedef struct hutch_exit {
         bool core_dumped;
 } hutch_exit;
 
-/* Wait for the next exit of a process spawned through this handle. With
- * timeout_ms < 0 it blocks; returns -ETIMEDOUT when the time passed. */
+/* Wait for the next exit of a process spawned (or attached) through this
+ * handle. With timeout_ms < 0 it blocks; returns -ETIMEDOUT when the time
+ * passed. Exits only: watch events queued ahead of the exit it returns are
+ * discarded (an embedder with watches uses hutch_sandbox_next_event()). */
 int hutch_sandbox_wait(hutch_sandbox *sb, int timeout_ms, hutch_exit *ret, hutch_error *err);
+
+typedef struct hutch_proc_info {
+        pid_t pid;
+        char *tag;        /* or NULL */
+        char **argv;      /* NULL-terminated */
+        char **envp;      /* NULL-terminated (empty when init could not fit it in one frame) */
+        char *cwd;        /* or NULL */
+        bool pty;
+        uid_t uid;        /* inside the sandbox */
+        gid_t gid;
+} hutch_proc_info;
+/* Every process started through SPAWN that has not exited yet, in spawn order. */
+int hutch_sandbox_list_procs(hutch_sandbox *sb, hutch_proc_info **ret, size_t *ret_n, hutch_error *err);
+void hutch_proc_info_array_free(hutch_proc_info *v, size_t n);
+/* Get descriptors of a running process again (after a daemon restart): by
+ * pid (tag NULL) or by tag. -ESRCH when no such live process. ret as for
+ * spawn; its exit is then also reported to this handle. */
+int hutch_sandbox_attach_process(hutch_sandbox *sb, pid_t pid, const char *tag, hutch_process *ret,
+                                 hutch_error *err);
+
+/* ------------------------------------------------------------- events */
+
+enum { HUTCH_EVENT_EXIT = 1, HUTCH_EVENT_WATCH = 2 };
+enum {
+        HUTCH_WATCH_CREATE = 1,
+        HUTCH_WATCH_WRITE = 2,
+        HUTCH_WATCH_REMOVE = 3,
+        HUTCH_WATCH_RENAME = 4,
+        HUTCH_WATCH_CHMOD = 5,
+};
+
+typedef struct hutch_event {
+        int type;           /* HUTCH_EVENT_* */
+        hutch_exit exit;    /* HUTCH_EVENT_EXIT */
+        uint32_t watch_id;  /* HUTCH_EVENT_WATCH */
+        int watch_kind;     /* HUTCH_WATCH_* */
+        char *path;         /* HUTCH_EVENT_WATCH: full path inside the sandbox (heap, freed by hutch_event_clear) */
+} hutch_event;
+
+/* Never blocks: reads whatever init has already sent on hutch_sandbox_fd(),
+ * and returns the next queued event. 1 = *ret filled (caller calls
+ * hutch_event_clear), 0 = nothing now, <0 = the connection to init is lost
+ * or init sent garbage (-ECONNRESET etc.): the sandbox is dead or broken.
+ * Events that arrive while a synchronous call (spawn, fs_*) waits for its
+ * reply are queued and returned here too, so after such a call the queue
+ * may hold events although the fd is not readable: call this until it
+ * returns 0 whenever the fd is readable and after every synchronous call.
+ * A hostile init could send endlessly; one call reads a bounded number of
+ * frames and may return 0 while the fd is still readable (use the fd
+ * level-triggered). Exits are never dropped; watch events beyond 4096
+ * queued are (hutch_sandbox_watch_events_dropped() counts them). */
+int hutch_sandbox_next_event(hutch_sandbox *sb, hutch_event *ret, hutch_error *err);
+void hutch_event_clear(hutch_event *ev);
+/* Watch events dropped so far because the queue was full. */
+uint64_t hutch_sandbox_watch_events_dropped(const hutch_sandbox *sb);
 
 /* --------------------------------------------------------- file operations */
 /* All paths are interpreted by hutch-init inside the sandbox's root. */
@@ -190,7 +247,19 @@ typedef struct hutch_file_info {
         uint32_t uid, gid;
         int64_t mtime_ns;
         char *owner, *group;   /* names from the sandbox's /etc, or the number */
+        /* The file's user.e2b.<key> extended attributes (regular files and
+         * directories only), keys without the prefix. At most
+         * HUTCH_METADATA_MAX entries; entries that break the bounds below
+         * (set from inside the sandbox) are left out. */
+        size_t n_metadata;
+        char **metadata_keys;
+        char **metadata_values;
 } hutch_file_info;
+
+#define HUTCH_METADATA_MAX 64
+#define HUTCH_METADATA_KEY_MAX 246     /* XATTR_NAME_MAX 255 less "user.e2b." */
+#define HUTCH_METADATA_VALUE_MAX 4096
+#define HUTCH_METADATA_TOTAL_MAX 16384 /* keys + values of one file: one protocol frame */
 
 void hutch_file_info_clear(hutch_file_info *fi);
 void hutch_file_info_array_free(hutch_file_info *v, size_t n);
@@ -218,14 +287,37 @@ int hutch_fs_open_read(hutch_sandbox *sb, const hutch_fs_user *u, const char *pa
  * owned by the caller) to stream the content into. Close it, then commit:
  * hutch-init fsyncs and renames the temporary file into place (parents
  * created, owned by u) and commit returns only when the file is complete.
- * Abort (or losing the connection) leaves nothing. */
+ * When the writable layer is full, init closes the pipe (the writer gets
+ * EPIPE) and commit fails with -ENOSPC (or -EDQUOT). Abort (or losing the
+ * connection) leaves nothing. */
 typedef struct hutch_fs_write hutch_fs_write;
 int hutch_fs_write_begin(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
                          hutch_fs_write **ret, int *ret_fd, hutch_error *err);
 int hutch_fs_write_commit(hutch_fs_write *w, uint64_t expected_bytes, hutch_file_info *ret_info,
                           hutch_error *err);
 void hutch_fs_write_abort(hutch_fs_write *w);
-/* Convenience over begin/commit. */
+/* Between begin and commit: at commit the file's user.e2b.* extended
+ * attributes become exactly these (keys without the prefix: printable
+ * ASCII without '/', 1..HUTCH_METADATA_KEY_MAX bytes; values up to
+ * HUTCH_METADATA_VALUE_MAX bytes; at most HUTCH_METADATA_MAX keys and
+ * HUTCH_METADATA_TOTAL_MAX bytes in all). A later call replaces an earlier
+ * one. Without it the new file has no metadata (a write makes a new inode).
+ * Commit then fails with -EOPNOTSUPP where the filesystem has no user
+ * xattrs, and with -E2BIG where they do not fit its xattr space. */
+int hutch_fs_write_set_metadata(hutch_fs_write *w, const char *const *keys, const char *const *values, size_t n,
+                                hutch_error *err);
+/* Watch a directory (and with recursive, its whole subtree, including
+ * directories created later) for changes; events come as HUTCH_EVENT_WATCH
+ * from hutch_sandbox_next_event(). -ENOENT missing, -ENOTDIR not a
+ * directory. A watch lives as long as this handle's connection. */
+int hutch_fs_watch_add(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, bool recursive,
+                       uint32_t *ret_id, hutch_error *err);
+/* -ENOENT for an id this handle does not hold. Events of the watch already
+ * queued may still be returned. */
+int hutch_fs_watch_remove(hutch_sandbox *sb, uint32_t id, hutch_error *err);
+/* Convenience over begin/commit. Writing into the pipe that init closed
+ * after a failure (a full layer) raises SIGPIPE: callers ignore it, and
+ * get the failure (-ENOSPC, -EDQUOT) from the commit. */
 int hutch_fs_write_buffer(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
                           const void *data, size_t len, hutch_error *err);
 

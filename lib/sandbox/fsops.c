@@ -25,6 +25,12 @@ void hutch_file_info_clear(hutch_file_info *fi) {
         free(fi->symlink_target);
         free(fi->owner);
         free(fi->group);
+        for (size_t i = 0; i < fi->n_metadata; i++) {
+                free(fi->metadata_keys[i]);
+                free(fi->metadata_values[i]);
+        }
+        free(fi->metadata_keys);
+        free(fi->metadata_values);
         memset(fi, 0, sizeof *fi);
 }
 
@@ -47,6 +53,58 @@ static int dup_str_field(const initproto_msg *m, uint16_t tag, char **ret) {
         }
         *ret = strdup(buf);
         return *ret ? 1 : -ENOMEM;
+}
+
+_Static_assert(HUTCH_METADATA_MAX == INITPROTO_META_MAX && HUTCH_METADATA_KEY_MAX == INITPROTO_META_KEY_MAX &&
+                       HUTCH_METADATA_VALUE_MAX == INITPROTO_META_VALUE_MAX &&
+                       HUTCH_METADATA_TOTAL_MAX == INITPROTO_META_TOTAL_MAX,
+               "metadata bounds of the API and of the protocol differ");
+
+/* The T_META_KEY, T_META_VALUE pairs of a file entry. init filters what the
+ * sandbox set, so anything outside the bounds means a broken init. */
+static int metadata_from_msg(const initproto_msg *m, hutch_file_info *fi) {
+        char buf[INITPROTO_MAX_STRING + 1];
+        initproto_iter it;
+        initproto_field f;
+        size_t total = 0;
+        bool want_value = false;
+        int r;
+
+        initproto_iter_init(&it, m);
+        while ((r = initproto_next(&it, &f)) > 0) {
+                if (f.tag != T_META_KEY && f.tag != T_META_VALUE)
+                        continue;
+                if ((f.tag == T_META_VALUE) != want_value)
+                        return -EBADMSG;
+                if ((r = initproto_field_str(&f, buf, sizeof buf)) < 0)
+                        return -EBADMSG;
+                if (f.tag == T_META_KEY) {
+                        if (fi->n_metadata >= HUTCH_METADATA_MAX || !initproto_meta_key_valid(buf))
+                                return -EBADMSG;
+                        if (!fi->metadata_keys) {
+                                fi->metadata_keys = calloc(HUTCH_METADATA_MAX, sizeof(char *));
+                                fi->metadata_values = calloc(HUTCH_METADATA_MAX, sizeof(char *));
+                                if (!fi->metadata_keys || !fi->metadata_values)
+                                        return -ENOMEM;
+                        }
+                        fi->metadata_keys[fi->n_metadata] = strdup(buf);
+                        /* counted now, so that clear() frees a key without its value */
+                        fi->n_metadata++;
+                        if (!fi->metadata_keys[fi->n_metadata - 1])
+                                return -ENOMEM;
+                } else {
+                        if (f.len > HUTCH_METADATA_VALUE_MAX)
+                                return -EBADMSG;
+                        fi->metadata_values[fi->n_metadata - 1] = strdup(buf);
+                        if (!fi->metadata_values[fi->n_metadata - 1])
+                                return -ENOMEM;
+                }
+                total += f.len;
+                if (total > HUTCH_METADATA_TOTAL_MAX)
+                        return -EBADMSG;
+                want_value = !want_value;
+        }
+        return r < 0 || want_value ? -EBADMSG : 0;
 }
 
 static int file_info_from_msg(const initproto_msg *m, hutch_file_info *fi) {
@@ -84,6 +142,8 @@ static int file_info_from_msg(const initproto_msg *m, hutch_file_info *fi) {
                 fi->gid = (uint32_t) v;
         if (initproto_find_u64(m, T_MTIME_NS, &v) > 0)
                 fi->mtime_ns = (int64_t) v;
+        if ((r = metadata_from_msg(m, fi)) < 0)
+                goto fail;
         return 0;
 fail:
         hutch_file_info_clear(fi);
@@ -268,6 +328,9 @@ int hutch_fs_open_read(hutch_sandbox *sb, const hutch_fs_user *u, const char *pa
 struct hutch_fs_write {
         hutch_sandbox *sb;
         uint64_t write_id;
+        bool meta_set;
+        size_t n_meta;
+        char **meta_keys, **meta_values;
 };
 
 typedef struct begin_state {
@@ -315,9 +378,75 @@ int hutch_fs_write_begin(hutch_sandbox *sb, const hutch_fs_user *u, const char *
         return 0;
 }
 
+static void fs_write_meta_free(hutch_fs_write *fw) {
+        for (size_t i = 0; i < fw->n_meta; i++) {
+                free(fw->meta_keys[i]);
+                free(fw->meta_values[i]);
+        }
+        free(fw->meta_keys);
+        free(fw->meta_values);
+        fw->meta_keys = fw->meta_values = NULL;
+        fw->n_meta = 0;
+        fw->meta_set = false;
+}
+
 static void fs_write_free(hutch_fs_write *fw) {
+        fs_write_meta_free(fw);
         hutch_sandbox_unref(fw->sb);
         free(fw);
+}
+
+int hutch_fs_write_set_metadata(hutch_fs_write *fw, const char *const *keys, const char *const *values, size_t n,
+                                hutch_error *err) {
+        size_t total = 0;
+
+        if (!fw || (n > 0 && (!keys || !values)))
+                return hutch_error_set(err, -EINVAL, "no write or no metadata given");
+        if (n > HUTCH_METADATA_MAX)
+                return hutch_error_set(err, -E2BIG, "%zu metadata keys, at most %d", n, HUTCH_METADATA_MAX);
+        for (size_t i = 0; i < n; i++) {
+                if (!initproto_meta_key_valid(keys[i]))
+                        return hutch_error_set(err, -EINVAL,
+                                               "metadata key '%.64s': 1 to %d bytes of printable ASCII without '/'",
+                                               keys[i] ? keys[i] : "", HUTCH_METADATA_KEY_MAX);
+                if (!values[i])
+                        return hutch_error_set(err, -EINVAL, "metadata key '%s' has no value", keys[i]);
+                size_t vlen = strlen(values[i]);
+                if (vlen > HUTCH_METADATA_VALUE_MAX)
+                        return hutch_error_set(err, -E2BIG, "metadata value of '%s': %zu bytes, at most %d",
+                                               keys[i], vlen, HUTCH_METADATA_VALUE_MAX);
+                for (size_t j = 0; j < i; j++)
+                        if (strcmp(keys[i], keys[j]) == 0)
+                                return hutch_error_set(err, -EINVAL, "metadata key '%s' given twice", keys[i]);
+                total += strlen(keys[i]) + vlen;
+        }
+        if (total > HUTCH_METADATA_TOTAL_MAX)
+                return hutch_error_set(err, -E2BIG, "metadata of %zu bytes, at most %d", total,
+                                       HUTCH_METADATA_TOTAL_MAX);
+
+        /* calloc: a half-filled copy frees as a whole */
+        char **k = calloc(n ? n : 1, sizeof(char *)), **v = calloc(n ? n : 1, sizeof(char *));
+        bool oom = !k || !v;
+        for (size_t i = 0; !oom && i < n; i++) {
+                k[i] = strdup(keys[i]);
+                v[i] = strdup(values[i]);
+                oom = !k[i] || !v[i];
+        }
+        if (oom) {
+                for (size_t i = 0; k && v && i < n; i++) {
+                        free(k[i]);
+                        free(v[i]);
+                }
+                free(k);
+                free(v);
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        }
+        fs_write_meta_free(fw);
+        fw->meta_keys = k;
+        fw->meta_values = v;
+        fw->n_meta = n;
+        fw->meta_set = true;
+        return 0;
 }
 
 int hutch_fs_write_commit(hutch_fs_write *fw, uint64_t expected_bytes, hutch_file_info *ret_info, hutch_error *err) {
@@ -326,6 +455,13 @@ int hutch_fs_write_commit(hutch_fs_write *fw, uint64_t expected_bytes, hutch_fil
         initproto_writer *w = initconn_begin(fw->sb, INITPROTO_FS_WRITE_COMMIT);
         initproto_put_u64(w, T_WRITE_ID, fw->write_id);
         initproto_put_u64(w, T_SIZE, expected_bytes);
+        if (fw->meta_set) {
+                initproto_put_u64(w, T_META_SET, 1);
+                for (size_t i = 0; i < fw->n_meta; i++) {
+                        initproto_put_str(w, T_META_KEY, fw->meta_keys[i]);
+                        initproto_put_str(w, T_META_VALUE, fw->meta_values[i]);
+                }
+        }
         hutch_file_info fi;
         memset(&fi, 0, sizeof fi);
         int r = initconn_call(fw->sb, NULL, 0, on_file_reply, &fi, FS_TIMEOUT_MS, err);
@@ -376,9 +512,42 @@ int hutch_fs_write_buffer(hutch_sandbox *sb, const hutch_fs_user *u, const char 
                         r = -errno;
         }
         close(fd);
-        if (r < 0) {
+        /* EPIPE: init stopped reading because writing the file failed
+         * (ENOSPC, EDQUOT...); the commit reports what happened. */
+        if (r < 0 && r != -EPIPE) {
                 hutch_fs_write_abort(fw);
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
         }
         return hutch_fs_write_commit(fw, len, NULL, err);
+}
+
+static int on_watch_reply(const initproto_msg *m, int *fds, size_t nfds, void *userdata) {
+        uint64_t id = 0;
+        if (initproto_find_u64(m, T_WATCH_ID, &id) <= 0 || id == 0 || id > UINT32_MAX)
+                return -EBADMSG;
+        *(uint32_t *) userdata = (uint32_t) id;
+        return 0;
+}
+
+int hutch_fs_watch_add(hutch_sandbox *sb, const hutch_fs_user *u, const char *path, bool recursive, uint32_t *ret_id,
+                       hutch_error *err) {
+        int r = check_path(path, err);
+        if (r < 0)
+                return r;
+        initproto_writer *w = initconn_begin(sb, INITPROTO_FS_WATCH_ADD);
+        initproto_put_str(w, T_PATH, path);
+        initproto_put_u64(w, T_RECURSIVE, recursive ? 1 : 0);
+        put_user(w, u);
+        uint32_t id = 0;
+        r = initconn_call(sb, NULL, 0, on_watch_reply, &id, FS_TIMEOUT_MS, err);
+        if (r < 0)
+                return r;
+        *ret_id = id;
+        return 0;
+}
+
+int hutch_fs_watch_remove(hutch_sandbox *sb, uint32_t id, hutch_error *err) {
+        initproto_writer *w = initconn_begin(sb, INITPROTO_FS_WATCH_REMOVE);
+        initproto_put_u64(w, T_WATCH_ID, id);
+        return initconn_call(sb, NULL, 0, NULL, NULL, FS_TIMEOUT_MS, err);
 }

@@ -53,12 +53,60 @@ initproto_writer *initconn_begin(hutch_sandbox *sb, uint16_t type) {
         return sb->tx;
 }
 
-#define MAX_QUEUED_EVENTS 4096
+/* Every exit is kept: there cannot be more than processes, so this many
+ * queued means a broken init. Watch events are a flood the sandbox
+ * controls: beyond their bound they are dropped, and counted. */
+#define MAX_QUEUED_EXITS 4096
+#define MAX_QUEUED_WATCH_EVENTS 4096
 
-static int queue_event(hutch_sandbox *sb, const initproto_msg *m) {
-        if (m->type != INITPROTO_EV_EXIT)
-                return 0; /* watch events are for the daemon's own loop */
-        if (sb->n_events >= MAX_QUEUED_EVENTS)
+_Static_assert((int) INITPROTO_WEV_CREATE == HUTCH_WATCH_CREATE && (int) INITPROTO_WEV_WRITE == HUTCH_WATCH_WRITE &&
+                       (int) INITPROTO_WEV_REMOVE == HUTCH_WATCH_REMOVE &&
+                       (int) INITPROTO_WEV_RENAME == HUTCH_WATCH_RENAME &&
+                       (int) INITPROTO_WEV_CHMOD == HUTCH_WATCH_CHMOD,
+               "watch event kinds of the API and of the protocol differ");
+
+void initconn_event_free(initconn_event *ev) {
+        if (!ev)
+                return;
+        free(ev->path);
+        free(ev);
+}
+
+initconn_event *initconn_event_pop(hutch_sandbox *sb) {
+        initconn_event *ev = sb->events_head;
+        if (!ev)
+                return NULL;
+        sb->events_head = ev->next;
+        if (!sb->events_head)
+                sb->events_tail = NULL;
+        if (ev->type == INITPROTO_EV_EXIT)
+                sb->n_exit_events--;
+        else
+                sb->n_watch_events--;
+        ev->next = NULL;
+        return ev;
+}
+
+void initconn_events_free(hutch_sandbox *sb) {
+        initconn_event *ev;
+        while ((ev = initconn_event_pop(sb)))
+                initconn_event_free(ev);
+}
+
+static void event_append(hutch_sandbox *sb, initconn_event *ev) {
+        if (sb->events_tail)
+                sb->events_tail->next = ev;
+        else
+                sb->events_head = ev;
+        sb->events_tail = ev;
+        if (ev->type == INITPROTO_EV_EXIT)
+                sb->n_exit_events++;
+        else
+                sb->n_watch_events++;
+}
+
+static int queue_exit(hutch_sandbox *sb, const initproto_msg *m) {
+        if (sb->n_exit_events >= MAX_QUEUED_EXITS)
                 return -ENOBUFS; /* more exits than processes could exist: a broken init */
         uint64_t pid = 0, code = 0, sig = 0, core = 0;
         if (initproto_find_u64(m, T_PID, &pid) <= 0 || pid == 0 || pid > INT32_MAX)
@@ -69,20 +117,57 @@ static int queue_event(hutch_sandbox *sb, const initproto_msg *m) {
         initconn_event *ev = calloc(1, sizeof *ev);
         if (!ev)
                 return -ENOMEM;
-        ev->type = m->type;
+        ev->type = INITPROTO_EV_EXIT;
         ev->exit = (hutch_exit){
                 .pid = (pid_t) pid,
                 .exit_code = (int) (code & 0xff),
                 .signal = (int) (sig & 0x7f),
                 .core_dumped = core != 0,
         };
-        if (sb->events_tail)
-                sb->events_tail->next = ev;
-        else
-                sb->events_head = ev;
-        sb->events_tail = ev;
-        sb->n_events++;
+        event_append(sb, ev);
         return 1;
+}
+
+static int queue_watch(hutch_sandbox *sb, const initproto_msg *m) {
+        char path[INITPROTO_MAX_STRING + 1];
+        uint64_t id = 0, kind = 0;
+
+        /* checked before the bound: garbage is garbage even when dropped */
+        if (initproto_find_u64(m, T_WATCH_ID, &id) <= 0 || id == 0 || id > UINT32_MAX)
+                return -EBADMSG;
+        if (initproto_find_u64(m, T_EVENT, &kind) <= 0 || kind < HUTCH_WATCH_CREATE || kind > HUTCH_WATCH_CHMOD)
+                return -EBADMSG;
+        if (initproto_find_str(m, T_PATH, path, sizeof path) <= 0 || path[0] != '/')
+                return -EBADMSG;
+        if (sb->n_watch_events >= MAX_QUEUED_WATCH_EVENTS) {
+                sb->watch_events_dropped++;
+                return 0;
+        }
+        initconn_event *ev = calloc(1, sizeof *ev);
+        if (!ev)
+                return -ENOMEM;
+        ev->type = INITPROTO_EV_WATCH;
+        ev->watch_id = (uint32_t) id;
+        ev->watch_kind = (int) kind;
+        ev->path = strdup(path);
+        if (!ev->path) {
+                free(ev);
+                return -ENOMEM;
+        }
+        event_append(sb, ev);
+        return 1;
+}
+
+/* 1 queued, 0 not (an event type of a newer init, a dropped watch event). */
+static int queue_event(hutch_sandbox *sb, const initproto_msg *m) {
+        switch (m->type) {
+        case INITPROTO_EV_EXIT:
+                return queue_exit(sb, m);
+        case INITPROTO_EV_WATCH:
+                return queue_watch(sb, m);
+        default:
+                return 0;
+        }
 }
 
 /* Receive one frame into sb->rxbuf. 1 = got one, 0 = timeout. */
@@ -217,9 +302,47 @@ int initconn_pump(hutch_sandbox *sb, int timeout_ms, hutch_error *err) {
         for (size_t i = 0; i < n; i++)
                 close_untrusted(fds[i]);
         if (m.id != 0)
-                return 0; /* stale reply */
+                return 1; /* stale reply */
         r = queue_event(sb, &m);
         if (r < 0)
                 return hutch_error_set(err, r, "sandbox %s: bad event from init", sb->id);
-        return r;
+        return 1;
+}
+
+/* Frames read per call when nothing is queued: init alone decides how
+ * many it sends, and the caller's loop must get control back. */
+#define NEXT_EVENT_MAX_READS 64
+
+int hutch_sandbox_next_event(hutch_sandbox *sb, hutch_event *ret, hutch_error *err) {
+        for (unsigned i = 0; !sb->events_head && i < NEXT_EVENT_MAX_READS; i++) {
+                int r = initconn_pump(sb, 0, err);
+                if (r < 0)
+                        return r;
+                if (r == 0)
+                        break;
+        }
+        initconn_event *ev = initconn_event_pop(sb);
+        if (!ev)
+                return 0;
+        *ret = (hutch_event){ .type = ev->type == INITPROTO_EV_EXIT ? HUTCH_EVENT_EXIT : HUTCH_EVENT_WATCH };
+        if (ev->type == INITPROTO_EV_EXIT)
+                ret->exit = ev->exit;
+        else {
+                ret->watch_id = ev->watch_id;
+                ret->watch_kind = ev->watch_kind;
+                ret->path = TAKE_PTR(ev->path);
+        }
+        initconn_event_free(ev);
+        return 1;
+}
+
+void hutch_event_clear(hutch_event *ev) {
+        if (!ev)
+                return;
+        free(ev->path);
+        *ev = (hutch_event){ 0 };
+}
+
+uint64_t hutch_sandbox_watch_events_dropped(const hutch_sandbox *sb) {
+        return sb ? sb->watch_events_dropped : 0;
 }

@@ -288,3 +288,18 @@ const char *initproto_type_name(uint16_t type) {
                 return "unknown";
         }
 }
+
+bool initproto_meta_key_valid(const char *key) {
+        size_t n = 0;
+
+        if (!key)
+                return false;
+        for (; key[n]; n++) {
+                if (n >= INITPROTO_META_KEY_MAX)
+                        return false;
+                unsigned char ch = (unsigned char) key[n];
+                if (ch < 0x20 || ch > 0x7e || ch == '/')
+                        return false;
+        }
+        return n > 0;
+}

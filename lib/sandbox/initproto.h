@@ -41,6 +41,12 @@
 #define INITPROTO_MAX_FDS 4
 #define INITPROTO_MAX_STRING 4096   /* paths, argv items, env items */
 #define INITPROTO_MAX_ARGS 1024     /* argv and env entries, each */
+/* Metadata (user.e2b.<key> xattrs), as HUTCH_METADATA_* in hutch.h. */
+#define INITPROTO_META_PREFIX "user.e2b."
+#define INITPROTO_META_MAX 64
+#define INITPROTO_META_KEY_MAX 246     /* XATTR_NAME_MAX 255 less the prefix */
+#define INITPROTO_META_VALUE_MAX 4096
+#define INITPROTO_META_TOTAL_MAX 16384 /* keys + values of one file */
 
 /* Message types. Requests go host → init; replies and events init → host. */
 enum {
@@ -60,9 +66,15 @@ enum {
         INITPROTO_SIGNAL = 21,    /* T_PID, T_SIGNAL, T_GROUP → OK */
         INITPROTO_RESIZE = 22,    /* T_PID, T_PTY_ROWS, T_PTY_COLS → OK */
         INITPROTO_CLOSE_STDIN = 23, /* T_PID → OK */
-        INITPROTO_ATTACH = 24,    /* T_PID or T_TAG → OK{process fields} + fds as for SPAWN */
-        INITPROTO_LIST_PROCS = 25, /* → one OK per process with F_MORE, last one without;
-                                      fields: T_PID, T_TAG, T_ARG*, T_ENV*, T_CWD, T_PTY_ROWS... */
+        INITPROTO_ATTACH = 24,    /* T_PID or T_TAG → OK{T_FD_LAYOUT, process fields} + fds as
+                                     for SPAWN; for a process that has exited (and is still
+                                     remembered) OK{T_PID, T_TAG, T_EXIT_CODE, T_SIGNAL, T_CORE}
+                                     without T_FD_LAYOUT and without fds */
+        INITPROTO_LIST_PROCS = 25, /* → one OK per live spawned process with F_MORE, in spawn
+                                      order, then a final OK without F_MORE and without fields;
+                                      process fields: T_PID, T_TAG, T_ARG*, T_ENV* (left out
+                                      when the frame would overflow), T_CWD, T_UID, T_GID,
+                                      T_PTY, T_PTY_ROWS, T_PTY_COLS */
 
         /* files (performed inside the sandbox root, with fsuid/fsgid T_UID/T_GID) */
         INITPROTO_FS_STAT = 40,   /* T_PATH → OK{file fields} */
@@ -73,15 +85,21 @@ enum {
         INITPROTO_FS_REMOVE = 44, /* T_PATH → OK */
         INITPROTO_FS_OPEN_READ = 45,   /* T_PATH → OK{file fields} + fd (O_RDONLY) */
         INITPROTO_FS_WRITE_BEGIN = 46, /* T_PATH → OK{T_WRITE_ID} + fd (pipe write end) */
-        INITPROTO_FS_WRITE_COMMIT = 47, /* T_WRITE_ID, T_SIZE → OK{file fields} once the data
-                                           up to the pipe's EOF is written, fsynced, renamed */
+        INITPROTO_FS_WRITE_COMMIT = 47, /* T_WRITE_ID, T_SIZE[, T_META_SET, (T_META_KEY,
+                                           T_META_VALUE)*] → OK{file fields} once the data up
+                                           to the pipe's EOF is written, fsynced, renamed.
+                                           With T_META_SET=1 the file's user.e2b.* xattrs
+                                           become exactly the pairs given (none: removed). */
         INITPROTO_FS_WRITE_ABORT = 48, /* T_WRITE_ID → OK; temp file removed */
-        INITPROTO_FS_WATCH_ADD = 49,   /* T_PATH, T_RECURSIVE → OK{T_WATCH_ID} */
+        INITPROTO_FS_WATCH_ADD = 49,   /* T_PATH, T_RECURSIVE, T_UID, T_GID → OK{T_WATCH_ID};
+                                          the watch lives with the connection */
         INITPROTO_FS_WATCH_REMOVE = 50, /* T_WATCH_ID → OK */
 
         /* unsolicited events (id 0) */
         INITPROTO_EV_EXIT = 80,   /* T_PID, T_EXIT_CODE, T_SIGNAL, T_CORE */
-        INITPROTO_EV_WATCH = 81,  /* T_WATCH_ID, T_PATH (full path), T_EVENT (INITPROTO_WEV_*) */
+        INITPROTO_EV_WATCH = 81,  /* T_WATCH_ID, T_PATH (full path), T_EVENT (INITPROTO_WEV_*);
+                                     a write's temporary file never shows, its commit is
+                                     CREATE (new file) and WRITE (data or replaced) */
 };
 
 /* Field tags. */
@@ -131,6 +149,13 @@ enum {
         T_MTIME_NS = 67,
         T_OWNER = 68,
         T_GROUPNAME = 69,
+        /* Metadata: user.e2b.<key> xattrs, as consecutive T_META_KEY,
+         * T_META_VALUE pairs (key without the prefix); in file fields of
+         * regular files and directories, and in FS_WRITE_COMMIT. Bounded
+         * by HUTCH_METADATA_* (hutch.h) on both sides. */
+        T_META_KEY = 70,
+        T_META_VALUE = 71,
+        T_META_SET = 72,    /* u64 1: FS_WRITE_COMMIT replaces the metadata */
 };
 
 enum { INITPROTO_F_MORE = 1 };
@@ -216,3 +241,8 @@ int initproto_find_u64(const initproto_msg *m, uint16_t tag, uint64_t *ret);
 int initproto_find_str(const initproto_msg *m, uint16_t tag, char *buf, size_t bufsz);
 
 const char *initproto_type_name(uint16_t type);
+
+/* A metadata key (without the prefix): 1..INITPROTO_META_KEY_MAX bytes of
+ * printable ASCII, no '/'. Both sides check it: the host before sending,
+ * init before setting, and when reading what the sandbox may have set. */
+bool initproto_meta_key_valid(const char *key);

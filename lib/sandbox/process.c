@@ -10,9 +10,16 @@
 
 #define CALL_TIMEOUT_MS 30000
 
+#define LIST_PROCS_MAX 4096
+#define LIST_PROCS_MAX_BYTES (64u << 20)
+
 typedef struct spawn_reply {
         hutch_process *proc;
         bool pty;
+        bool any_layout; /* ATTACH: pipes or pty, whichever the process has */
+        pid_t want_pid;  /* ATTACH by pid: the reply must be about it */
+        const char *want_tag;
+        bool exited;     /* ATTACH: init only knows the process's exit */
 } spawn_reply;
 
 static int on_spawn_reply(const initproto_msg *m, int *fds, size_t nfds, void *userdata) {
@@ -20,13 +27,26 @@ static int on_spawn_reply(const initproto_msg *m, int *fds, size_t nfds, void *u
         uint64_t pid = 0, layout = 0;
         if (initproto_find_u64(m, T_PID, &pid) <= 0 || pid < 2 || pid > INT32_MAX)
                 return -EBADMSG;
-        if (initproto_find_u64(m, T_FD_LAYOUT, &layout) <= 0)
+        if (sr->want_pid > 0 && (pid_t) pid != sr->want_pid)
+                return -EBADMSG;
+        if (sr->want_tag) {
+                char tag[INITPROTO_MAX_STRING + 1];
+                if (initproto_find_str(m, T_TAG, tag, sizeof tag) <= 0 || strcmp(tag, sr->want_tag) != 0)
+                        return -EBADMSG;
+        }
+        int r = initproto_find_u64(m, T_FD_LAYOUT, &layout);
+        if (r == 0 && sr->any_layout && nfds == 0) {
+                /* an exit record: the process is gone */
+                sr->exited = true;
+                return 0;
+        }
+        if (r <= 0)
                 return -EBADMSG;
         size_t want = layout == INITPROTO_FDS_PIPES_STDIN ? 3 : layout == INITPROTO_FDS_PIPES ? 2 : layout == INITPROTO_FDS_PTY ? 1 : 0;
-        if (want == 0 || nfds != want || (layout == INITPROTO_FDS_PTY) != sr->pty)
+        if (want == 0 || nfds != want || (!sr->any_layout && (layout == INITPROTO_FDS_PTY) != sr->pty))
                 return -EBADMSG;
         for (size_t i = 0; i < nfds; i++) {
-                int r = initconn_check_fd(fds[i], layout == INITPROTO_FDS_PTY ? INITCONN_FD_PTY : INITCONN_FD_FIFO);
+                r = initconn_check_fd(fds[i], layout == INITPROTO_FDS_PTY ? INITCONN_FD_PTY : INITCONN_FD_FIFO);
                 if (r < 0)
                         return r;
         }
@@ -109,27 +129,196 @@ int hutch_sandbox_tie_lifetime(hutch_sandbox *sb, hutch_error *err) {
 }
 
 
+int hutch_sandbox_attach_process(hutch_sandbox *sb, pid_t pid, const char *tag, hutch_process *ret,
+                                 hutch_error *err) {
+        if (tag && (!tag[0] || strlen(tag) > INITPROTO_MAX_STRING))
+                return hutch_error_set(err, -EINVAL, "bad process tag");
+        if (!tag && pid <= 0)
+                return hutch_error_set(err, -ESRCH, "no process %d", (int) pid);
+        initproto_writer *w = initconn_begin(sb, INITPROTO_ATTACH);
+        if (tag)
+                initproto_put_str(w, T_TAG, tag);
+        else
+                initproto_put_u64(w, T_PID, (uint64_t) pid);
+
+        hutch_process p = { .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1 };
+        spawn_reply sr = { .proc = &p, .any_layout = true, .want_pid = tag ? 0 : pid, .want_tag = tag };
+        int r = initconn_call(sb, NULL, 0, on_spawn_reply, &sr, CALL_TIMEOUT_MS, err);
+        if (r < 0)
+                return r;
+        if (sr.exited) {
+                if (tag)
+                        return hutch_error_set(err, -ESRCH, "process '%s' has exited", tag);
+                return hutch_error_set(err, -ESRCH, "process %d has exited", (int) pid);
+        }
+        *ret = p;
+        return 0;
+}
+
+void hutch_proc_info_array_free(hutch_proc_info *v, size_t n) {
+        if (!v)
+                return;
+        for (size_t i = 0; i < n; i++) {
+                free(v[i].tag);
+                free(v[i].cwd);
+                hutch_strv_free(v[i].argv);
+                hutch_strv_free(v[i].envp);
+        }
+        free(v);
+}
+
+static int dup_str(const initproto_field *f, char **ret) {
+        char buf[INITPROTO_MAX_STRING + 1];
+        if (initproto_field_str(f, buf, sizeof buf) < 0)
+                return -EBADMSG;
+        char *c = strdup(buf);
+        if (!c)
+                return -ENOMEM;
+        free(*ret);
+        *ret = c;
+        return 0;
+}
+
+/* Append a string field to a NULL-terminated vector of *n entries. */
+static int strv_push(char ***v, size_t *n, const initproto_field *f) {
+        if (*n >= INITPROTO_MAX_ARGS)
+                return -EBADMSG;
+        char **nv = realloc(*v, (*n + 2) * sizeof(char *));
+        if (!nv)
+                return -ENOMEM;
+        *v = nv;
+        nv[*n] = nv[*n + 1] = NULL;
+        int r = dup_str(f, &nv[*n]);
+        if (r < 0)
+                return r;
+        (*n)++;
+        return 0;
+}
+
+static int proc_info_from_msg(const initproto_msg *m, hutch_proc_info *pi) {
+        initproto_iter it;
+        initproto_field f;
+        size_t argc = 0, envc = 0;
+        bool seen_pid = false, seen_tag = false, seen_cwd = false;
+        uint64_t v;
+        int r;
+
+        initproto_iter_init(&it, m);
+        while ((r = initproto_next(&it, &f)) > 0) {
+                switch (f.tag) {
+                case T_PID:
+                        if (seen_pid || initproto_field_u64(&f, &v) < 0 || v < 2 || v > INT32_MAX)
+                                return -EBADMSG;
+                        pi->pid = (pid_t) v;
+                        seen_pid = true;
+                        break;
+                case T_TAG:
+                case T_CWD: {
+                        bool *seen = f.tag == T_TAG ? &seen_tag : &seen_cwd;
+                        if (*seen)
+                                break; /* first occurrence wins, as in initproto_find */
+                        *seen = true;
+                        r = dup_str(&f, f.tag == T_TAG ? &pi->tag : &pi->cwd);
+                        if (r < 0)
+                                return r;
+                        break;
+                }
+                case T_ARG:
+                case T_ENV:
+                        r = f.tag == T_ARG ? strv_push(&pi->argv, &argc, &f) : strv_push(&pi->envp, &envc, &f);
+                        if (r < 0)
+                                return r;
+                        break;
+                case T_PTY:
+                        if (initproto_field_u64(&f, &v) < 0)
+                                return -EBADMSG;
+                        pi->pty = v != 0;
+                        break;
+                case T_UID:
+                case T_GID:
+                        if (initproto_field_u64(&f, &v) < 0 || v > UINT32_MAX)
+                                return -EBADMSG;
+                        if (f.tag == T_UID)
+                                pi->uid = (uid_t) v;
+                        else
+                                pi->gid = (gid_t) v;
+                        break;
+                }
+        }
+        if (r < 0 || !seen_pid || argc == 0)
+                return -EBADMSG;
+        if (!pi->envp) {
+                pi->envp = calloc(1, sizeof(char *));
+                if (!pi->envp)
+                        return -ENOMEM;
+        }
+        return 0;
+}
+
+typedef struct list_procs_state {
+        hutch_proc_info *v;
+        size_t n, cap;
+        size_t bytes;
+} list_procs_state;
+
+static int on_list_procs_reply(const initproto_msg *m, int *fds, size_t nfds, void *userdata) {
+        list_procs_state *ls = userdata;
+        if (m->payload_len == 0)
+                return 0; /* the final, empty OK */
+        if (ls->n >= LIST_PROCS_MAX)
+                return -E2BIG;
+        ls->bytes += m->payload_len + sizeof(hutch_proc_info);
+        if (ls->bytes > LIST_PROCS_MAX_BYTES)
+                return -E2BIG;
+        if (ls->n == ls->cap) {
+                size_t nc = ls->cap ? ls->cap * 2 : 16;
+                hutch_proc_info *nv = realloc(ls->v, nc * sizeof *nv);
+                if (!nv)
+                        return -ENOMEM;
+                ls->v = nv;
+                ls->cap = nc;
+        }
+        hutch_proc_info *pi = &ls->v[ls->n];
+        *pi = (hutch_proc_info){ 0 };
+        /* counted before parsing, so that a half-parsed entry is freed too */
+        ls->n++;
+        return proc_info_from_msg(m, pi);
+}
+
+int hutch_sandbox_list_procs(hutch_sandbox *sb, hutch_proc_info **ret, size_t *ret_n, hutch_error *err) {
+        (void) initconn_begin(sb, INITPROTO_LIST_PROCS);
+        list_procs_state ls = { 0 };
+        int r = initconn_call(sb, NULL, 0, on_list_procs_reply, &ls, CALL_TIMEOUT_MS, err);
+        if (r < 0) {
+                hutch_proc_info_array_free(ls.v, ls.n);
+                return r;
+        }
+        *ret = ls.v;
+        *ret_n = ls.n;
+        return 0;
+}
+
 int hutch_sandbox_wait(hutch_sandbox *sb, int timeout_ms, hutch_exit *ret, hutch_error *err) {
         int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
         for (;;) {
-                initconn_event *ev = sb->events_head;
-                if (ev) {
-                        sb->events_head = ev->next;
-                        if (!sb->events_head)
-                                sb->events_tail = NULL;
-                        sb->n_events--;
-                        *ret = ev->exit;
-                        free(ev);
-                        return 0;
+                initconn_event *ev;
+                /* exits only: watch events on the way are discarded */
+                while ((ev = initconn_event_pop(sb))) {
+                        bool is_exit = ev->type == INITPROTO_EV_EXIT;
+                        if (is_exit)
+                                *ret = ev->exit;
+                        initconn_event_free(ev);
+                        if (is_exit)
+                                return 0;
                 }
                 int64_t now = now_ms();
                 int wait = deadline < 0 ? -1 : deadline > now ? (int) (deadline - now) : 0;
                 int r = initconn_pump(sb, wait, err);
                 if (r < 0)
                         return r;
-                /* r == 0: a timeout or a frame that was not an exit (a watch
-                 * event, a late reply): only the deadline ends the wait. */
-                if (r == 0 && !sb->events_head && deadline >= 0 && now_ms() >= deadline)
+                /* r == 1 but nothing queued: a frame that was not an exit
+                 * (a watch event, a late reply); only the deadline ends the wait. */
+                if (!sb->events_head && deadline >= 0 && now_ms() >= deadline)
                         return hutch_error_set(err, -ETIMEDOUT, "no process exited in time");
         }
 }

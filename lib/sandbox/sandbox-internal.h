@@ -31,8 +31,11 @@ struct hutch_ctx {
 /* A queued unsolicited event from init. */
 typedef struct initconn_event {
         struct initconn_event *next;
-        uint16_t type;
-        hutch_exit exit;
+        uint16_t type;     /* INITPROTO_EV_* */
+        hutch_exit exit;   /* EV_EXIT */
+        uint32_t watch_id; /* EV_WATCH */
+        int watch_kind;
+        char *path;
 } initconn_event;
 
 struct hutch_sandbox {
@@ -58,7 +61,8 @@ struct hutch_sandbox {
         uint32_t next_id;
         uint8_t *rxbuf;    /* INITPROTO_MAX_FRAME */
         initconn_event *events_head, *events_tail;
-        size_t n_events;
+        size_t n_exit_events, n_watch_events; /* queued */
+        uint64_t watch_events_dropped;
         initproto_writer *tx;
         bool destroyed;
 };
@@ -123,6 +127,11 @@ int initconn_hello(hutch_sandbox *sb, int timeout_ms, hutch_error *err);
 /* Read one frame (waiting up to timeout_ms) and queue it if it is an event.
  * Returns 1 if something was queued, 0 on timeout, -errno. */
 int initconn_pump(hutch_sandbox *sb, int timeout_ms, hutch_error *err);
+/* Take the oldest queued event off the queue (NULL when empty); free it
+ * with initconn_event_free(). */
+initconn_event *initconn_event_pop(hutch_sandbox *sb);
+void initconn_event_free(initconn_event *ev);
+void initconn_events_free(hutch_sandbox *sb);
 /* Check a descriptor received from init against the kinds allowed (a pipe,
  * the pty master, a regular file not on procfs/sysfs/cgroupfs) and make it
  * non-blocking. -EBADMSG for anything else. */

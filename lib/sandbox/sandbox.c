@@ -835,11 +835,7 @@ hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
         safe_close(sb->conn);
         safe_close(sb->init_pidfd);
         cgroup_free(sb->cg);
-        while (sb->events_head) {
-                initconn_event *ev = sb->events_head;
-                sb->events_head = ev->next;
-                free(ev);
-        }
+        initconn_events_free(sb);
         free(sb->rxbuf);
         free(sb->tx);
         free(sb->dir);

@@ -392,6 +392,27 @@ static void test_type_names(void) {
         CHECK(strcmp(initproto_type_name(65535), "unknown") == 0);
 }
 
+static void test_meta_keys(void) {
+        char key[INITPROTO_META_KEY_MAX + 2];
+
+        CHECK(initproto_meta_key_valid("owner"));
+        CHECK(initproto_meta_key_valid("a b.c-d_e:f~"));
+        CHECK(!initproto_meta_key_valid(""));
+        CHECK(!initproto_meta_key_valid(NULL));
+        CHECK(!initproto_meta_key_valid("a/b"));
+        CHECK(!initproto_meta_key_valid("tab\there"));
+        CHECK(!initproto_meta_key_valid("del\x7f"));
+        CHECK(!initproto_meta_key_valid("\xc3\xa9t\xc3\xa9"));
+        memset(key, 'k', INITPROTO_META_KEY_MAX);
+        key[INITPROTO_META_KEY_MAX] = '\0';
+        CHECK(initproto_meta_key_valid(key));
+        key[INITPROTO_META_KEY_MAX] = 'k';
+        key[INITPROTO_META_KEY_MAX + 1] = '\0';
+        CHECK(!initproto_meta_key_valid(key));
+        /* the prefix and the longest key make a name the kernel accepts */
+        CHECK(strlen(INITPROTO_META_PREFIX) + INITPROTO_META_KEY_MAX == 255);
+}
+
 int main(void) {
         test_round_trip();
         test_empty_and_binary();
@@ -405,6 +426,7 @@ int main(void) {
         test_unknown_and_repeated();
         test_iterator_sticky_error();
         test_type_names();
+        test_meta_keys();
         printf("1..%u\n", n_tests);
         return n_failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
