@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The store: hutch's one SQLite database (DATA_DIR/hutch.db, WAL). This is the
+ * only code that talks to SQLite (STYLE.md: one owner per resource).
+ *
+ * Conventions as in hutch.h: >= 0 on success, a negative errno on failure with
+ * SQLite's message in err; ret_* are written only on success. Errors map as
+ * -ENOENT (no such row, or a foreign key to a missing team), -EEXIST (a unique
+ * or primary key clash), -EINVAL (a value the schema refuses: bad state, JSON
+ * that is not an object, over-long text), -EBUSY (locked past the busy
+ * timeout), -ENOMEM, -ENOSPC, -EROFS, and -EIO for the rest.
+ *
+ * One thread: a hutch_store is used by the thread that opened it.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/error.h"
+
+typedef struct hutch_store hutch_store;
+
+/* ----------------------------------------------------------------- open */
+
+/* Open (create) the database at path: mode 0600 (enforced on the file and its
+ * -wal/-shm), WAL, foreign keys on, busy timeout, schema migrations (table
+ * schema_version; each migration in its own transaction). A database written
+ * by a newer hutch (schema version above this code's) is refused with -EPROTO. */
+int store_open(const char *path, hutch_store **ret, hutch_error *err);
+void store_close(hutch_store *st); /* accepts NULL */
+
+/* Schema version this code migrates to (addition, for tests and `hutch info`). */
+int store_schema_version(void);
+
+/* ------------------------------------------------------- teams and keys */
+
+/* An API key: "e2b_" + 40 lowercase hex digits from RAND_bytes. Only
+ * SHA-256(key) is stored, plus the first STORE_KEY_PREFIX_LEN characters so
+ * that a listing can tell keys apart. */
+#define STORE_KEY_LEN 44
+#define STORE_KEY_PREFIX_LEN 12
+#define STORE_NAME_MAX 127 /* team names and key labels, in bytes */
+
+/* -EEXIST if a team has that name; -EINVAL for an empty or over-long name. */
+int store_team_create(hutch_store *st, const char *name, int64_t *ret_team_id, hutch_error *err);
+int store_team_find(hutch_store *st, const char *name, int64_t *ret_team_id,
+                    hutch_error *err); /* -ENOENT */
+int store_team_count(hutch_store *st, int64_t *ret, hutch_error *err);
+
+/* label may be NULL. -ENOENT for an unknown team. ret_key is NUL-terminated. */
+int store_key_create(hutch_store *st, int64_t team_id, const char *label, char ret_key[45],
+                     int64_t *ret_key_id, hutch_error *err);
+/* -ENOENT for unknown or revoked keys, and for any string that is not a
+ * well-formed key (NULL included). Also updates last_used (at most once a
+ * minute; best effort: a failure to record it does not fail the lookup). */
+int store_key_lookup(hutch_store *st, const char *key, int64_t *ret_team_id, hutch_error *err);
+
+typedef struct store_key_info {
+        int64_t id, team_id;
+        char team[128];
+        char prefix[16];
+        char label[128];
+        int64_t created_ms, last_used_ms, revoked_ms; /* unix ms; 0 = never */
+} store_key_info;
+/* Every key, revoked ones included, by id. Free *ret with free(); with no
+ * keys *ret is NULL and *ret_n 0. */
+int store_key_list(hutch_store *st, store_key_info **ret, size_t *ret_n, hutch_error *err);
+/* -ENOENT for an unknown key id. Revoking a revoked key succeeds and keeps
+ * the first revocation time. */
+int store_key_revoke(hutch_store *st, int64_t key_id, hutch_error *err);
+
+/* ------------------------------------------------------------ sandboxes */
+
+enum { STORE_SBX_RUNNING = 1, STORE_SBX_PAUSED = 2, STORE_SBX_KILLED = 3 };
+
+typedef struct store_sandbox {
+        char id[21];
+        int64_t team_id;
+        char template_id[64];
+        char alias[64];
+        int state;                            /* STORE_SBX_* */
+        int64_t started_ms, end_ms, ended_ms; /* unix ms; ended_ms 0 while live */
+        char *metadata_json;                  /* JSON object text (heap), never NULL after get */
+        char *env_json;                       /* JSON object text (heap) */
+        char *extra_json; /* JSON object text (heap): lifecycle, network, anything else the daemon keeps */
+        int64_t cpu_count, memory_mb, disk_mb;
+        char token_nonce[33]; /* hex nonce the envd access token is derived from */
+        char token_hash[65];  /* hex SHA-256 of the token */
+        char end_reason[32];  /* "killed", "timeout", "lost", ... */
+} store_sandbox;
+
+void store_sandbox_clear(store_sandbox *s); /* frees the heap strings; accepts NULL */
+
+/* The JSON fields may be NULL ("{}" is stored); each must otherwise be a JSON
+ * object (-EINVAL). -EEXIST for an id in use (ended sandboxes included),
+ * -ENOENT for an unknown team, -EINVAL for an empty id or a bad state. */
+int store_sandbox_insert(hutch_store *st, const store_sandbox *s, hutch_error *err);
+/* Any sandbox, ended ones included. *ret is overwritten (not freed first);
+ * release it with store_sandbox_clear(). */
+int store_sandbox_get(hutch_store *st, const char *id, store_sandbox *ret,
+                      hutch_error *err); /* -ENOENT */
+/* Only for live sandboxes: -ENOENT for an unknown or ended one. Setting
+ * STORE_SBX_KILLED is store_sandbox_end(id, now, "killed"). */
+int store_sandbox_set_state(hutch_store *st, const char *id, int state, hutch_error *err);
+int store_sandbox_set_end(hutch_store *st, const char *id, int64_t end_ms, hutch_error *err);
+/* State KILLED, ended_ms and end_reason (NULL: "killed"). Returns 1 when this
+ * call ended the sandbox, 0 when it had ended already (the first end time and
+ * reason are kept); -ENOENT for an unknown id. */
+int store_sandbox_end(hutch_store *st, const char *id, int64_t ended_ms, const char *reason,
+                      hutch_error *err);
+/* Any sandbox, ended ones included; extra_json NULL stores "{}". */
+int store_sandbox_set_extra(hutch_store *st, const char *id, const char *extra_json,
+                            hutch_error *err);
+/* Live (running or paused) sandboxes, in started order; for restart
+ * re-adoption. Free with store_sandbox_array_free(). */
+int store_sandbox_list_live(hutch_store *st, store_sandbox **ret, size_t *ret_n, hutch_error *err);
+void store_sandbox_array_free(store_sandbox *v, size_t n);
+/* Live sandboxes of one team; team_id 0 counts every team's. */
+int store_sandbox_count_live(hutch_store *st, int64_t team_id, int64_t *ret, hutch_error *err);
+
+/* --------------------------------------------------------------- secrets */
+
+/* A random 32-byte master secret kept in the database's meta table, created on
+ * first open; the daemon derives envd tokens from it
+ * (HMAC-SHA256(master, "envd-token:" id ":" nonce)). */
+int store_master_secret(hutch_store *st, uint8_t ret[32], hutch_error *err);
+
+/* ------------------------------------------------------------- templates */
+
+typedef struct store_template {
+        char id[64];
+        char alias[64]; /* "" = none; unique among templates */
+        int64_t created_ms;
+        int64_t team_id; /* 0 = public */
+} store_template;
+
+/* Insert, or replace every field of the template with that id. -EEXIST when
+ * the alias belongs to another template; -EINVAL for an empty id. */
+int store_template_upsert(hutch_store *st, const store_template *t, hutch_error *err);
+/* By id first, then by alias. */
+int store_template_find(hutch_store *st, const char *id_or_alias, store_template *ret,
+                        hutch_error *err); /* -ENOENT */
+
+/* ---------------------------------------------------------------- events */
+
+/* Append a lifecycle event (ts_ms = now, unix ms). team_id 0 and sandbox_id
+ * NULL mean none; kind is 1..63 bytes ("sandbox.created"); detail_json NULL
+ * stores "{}", otherwise it must be a JSON object (-EINVAL). Event ids only
+ * grow (an audit chain will build on them). */
+int store_event_add(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *kind,
+                    const char *detail_json, hutch_error *err);
