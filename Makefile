@@ -81,17 +81,20 @@ test: deps-test
 	$(call compile,build-test)
 	$(MESON) test -C build-test --print-errorlogs
 	$(call pytest,build-test)
+	HUTCH_BIN=build-test/hutch tests/e2b/run.sh
 
 asan: deps-test
 	$(call configure,build-asan,--buildtype=debugoptimized $(ASAN_OPTS))
 	$(call compile,build-asan)
 	$(ASAN_ENV) $(MESON) test -C build-asan --print-errorlogs
 	$(call pytest,build-asan,$(ASAN_ENV))
+	$(ASAN_ENV) HUTCH_BIN=build-asan/hutch tests/e2b/run.sh
 
-# Until the daemon lands this is a demo of the CLI; it will become
-# `build/hutch serve` on 127.0.0.1:49982 (DESIGN.md §1).
+# The daemon with its embedded defaults on 127.0.0.1:49982, state in ./var/hutch
+# (DESIGN.md §1). It prints the three E2B_* variables to export. Needs root.
+RUN_DATA_DIR ?= $(CURDIR)/var/hutch
 run: build
-	scripts/run-demo.sh build
+	exec build/hutch serve --data-dir $(RUN_DATA_DIR) $(RUN_ARGS)
 
 bench: deps-test build
 	BENCH_N=$(BENCH_N) HUTCH_BUILD_DIR=build bench/run.sh

@@ -15,6 +15,8 @@ int verb_doctor(int argc, char **argv);
 int verb_ps(int argc, char **argv);
 int verb_kill(int argc, char **argv);
 int verb_gc(int argc, char **argv);
+int verb_serve(int argc, char **argv);
+int verb_key(int argc, char **argv);
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

@@ -10,6 +10,8 @@ static void usage(FILE *f) {
         fputs("usage: hutch VERB [OPTIONS]\n"
               "\n"
               "  run [OPTIONS] -- CMD [ARG...]   run a command in a fresh sandbox\n"
+              "  serve [OPTIONS]                 the E2B-compatible API daemon (--help)\n"
+              "  key create|list|revoke          manage the daemon's API keys\n"
               "  ps [--json]                     list live sandboxes\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died\n"
@@ -46,6 +48,10 @@ int main(int argc, char **argv) {
                 return verb_ps(argc - 1, argv + 1);
         if (streq(verb, "kill"))
                 return verb_kill(argc - 1, argv + 1);
+        if (streq(verb, "serve"))
+                return verb_serve(argc - 1, argv + 1);
+        if (streq(verb, "key"))
+                return verb_key(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

@@ -1,0 +1,406 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libmicrohttpd plumbing: the daemon runs MHD in external-epoll mode (its
+ * epoll fd sits in ours), one request context per request, bodies bounded
+ * while they arrive, and chunked streaming responses whose connection is
+ * suspended while no frame is queued.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#include "daemon/connect.h"
+#include "daemon/server.h"
+#include "util/error.h"
+#include "util/log.h"
+
+const char *http_header(struct MHD_Connection *c, const char *name) {
+        return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+}
+
+const char *http_query(struct MHD_Connection *c, const char *name) {
+        return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+}
+
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp) {
+        if (!resp)
+                return MHD_NO;
+        enum MHD_Result r = MHD_queue_response(c, status, resp);
+        MHD_destroy_response(resp);
+        return r;
+}
+
+enum MHD_Result http_reply_text(struct MHD_Connection *c, unsigned status, const char *ctype, const char *text) {
+        struct MHD_Response *resp =
+                MHD_create_response_from_buffer(strlen(text), (void *) text, MHD_RESPMEM_MUST_COPY);
+        if (!resp)
+                return MHD_NO;
+        if (ctype)
+                MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+        return queue(c, status, resp);
+}
+
+enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body) {
+        char *s = json_dumps(body, JSON_COMPACT);
+        json_decref(body);
+        if (!s)
+                return MHD_NO;
+        struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+                free(s);
+                return MHD_NO;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        return queue(c, status, resp);
+}
+
+enum MHD_Result http_reply_empty(struct MHD_Connection *c, unsigned status) {
+        struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+        return queue(c, status, resp);
+}
+
+enum MHD_Result http_reply_error(struct MHD_Connection *c, unsigned status, const char *fmt, ...) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        return http_reply_json(c, status, json_pack("{s:i, s:s}", "code", (int) status, "message", msg));
+}
+
+enum MHD_Result http_reply_connect_error(struct MHD_Connection *c, const char *code, const char *fmt, ...) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        return http_reply_json(c, connect_code_http_status(code),
+                               json_pack("{s:s, s:s}", "code", code, "message", msg));
+}
+
+enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id) {
+        return http_reply_json(c, 502,
+                               json_pack("{s:s, s:s, s:i}", "sandboxId", sandbox_id ? sandbox_id : "",
+                                         "message", "The sandbox was not found", "code", 502));
+}
+
+/* ----------------------------------------------------------------- streams */
+
+static void stream_reserve(stream *st, size_t more) {
+        if (st->off > 0 && st->off == st->len)
+                st->off = st->len = 0;
+        if (st->len + more <= st->cap)
+                return;
+        if (st->off > 0) {
+                memmove(st->buf, st->buf + st->off, st->len - st->off);
+                st->len -= st->off;
+                st->off = 0;
+                if (st->len + more <= st->cap)
+                        return;
+        }
+        size_t cap = st->cap ? st->cap : 4096;
+        while (cap < st->len + more)
+                cap *= 2;
+        char *b = realloc(st->buf, cap);
+        if (!b)
+                abort(); /* out of memory in the loop: nothing sane to do */
+        st->buf = b;
+        st->cap = cap;
+}
+
+void stream_resume(stream *st) {
+        if (st->suspended) {
+                st->suspended = false;
+                MHD_resume_connection(st->conn);
+        }
+}
+
+void stream_queue_frame(stream *st, uint8_t flags, const char *json, size_t len) {
+        if (st->finished || st->cut)
+                return;
+        stream_reserve(st, CONNECT_ENVELOPE_HEADER + len);
+        connect_envelope_header((uint8_t *) st->buf + st->len, flags, (uint32_t) len);
+        memcpy(st->buf + st->len + CONNECT_ENVELOPE_HEADER, json, len);
+        st->len += CONNECT_ENVELOPE_HEADER + len;
+        st->last_send_ms = wall_ms();
+        stream_resume(st);
+}
+
+void stream_queue_json(stream *st, json_t *msg) {
+        char *s = json_dumps(msg, JSON_COMPACT);
+        json_decref(msg);
+        if (!s)
+                return;
+        stream_queue_frame(st, 0, s, strlen(s));
+        free(s);
+}
+
+void stream_finish(stream *st, const char *code, const char *message) {
+        if (st->finished || st->cut)
+                return;
+        if (code) {
+                json_t *e = json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message ? message : code);
+                char *s = json_dumps(e, JSON_COMPACT);
+                json_decref(e);
+                if (s) {
+                        stream_queue_frame(st, CONNECT_FLAG_END, s, strlen(s));
+                        free(s);
+                }
+        } else
+                stream_queue_frame(st, CONNECT_FLAG_END, "{}", 2);
+        st->finished = true;
+        stream_resume(st);
+}
+
+void stream_cut(stream *st) {
+        st->cut = true;
+        stream_resume(st);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+        stream *st = cls;
+        if (st->cut)
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (st->len > st->off) {
+                size_t n = MIN(max, st->len - st->off);
+                memcpy(buf, st->buf + st->off, n);
+                st->off += n;
+                if (st->off == st->len)
+                        st->off = st->len = 0;
+                /* a throttled process may go on producing output */
+                if (st->proc && st->proc->throttled)
+                        proc_maybe_unthrottle(st->srv, st->proc);
+                return (ssize_t) n;
+        }
+        if (st->finished)
+                return MHD_CONTENT_READER_END_OF_STREAM;
+        /* nothing to send: park the connection until stream_resume() */
+        st->suspended = true;
+        MHD_suspend_connection(st->conn);
+        return 0;
+}
+
+static void stream_unlink_proc(stream *st) {
+        if (!st->proc)
+                return;
+        for (stream **pp = &st->proc->subs; *pp; pp = &(*pp)->next_in_proc)
+                if (*pp == st) {
+                        *pp = st->next_in_proc;
+                        break;
+                }
+        if (st->proc->timeout_stream == st)
+                st->proc->timeout_stream = NULL;
+        st->proc = NULL;
+}
+
+static void stream_free_cb(void *cls) {
+        stream *st = cls;
+        server *srv = st->srv;
+        stream_unlink_proc(st);
+        if (st->kind == STREAM_WATCH && st->sb && !st->sb->dead && st->watch_id) {
+                hutch_error err = { 0 };
+                if (hutch_fs_watch_remove(st->sb->h, st->watch_id, &err) < 0)
+                        log_debug("sandbox %s: removing watch %u: %s", st->sb->id, st->watch_id, err.msg);
+                sbx_mark_dirty(st->sb);
+        }
+        if (st->prev)
+                st->prev->next = st->next;
+        else
+                srv->streams = st->next;
+        if (st->next)
+                st->next->prev = st->prev;
+        free(st->watch_root);
+        free(st->buf);
+        free(st);
+}
+
+stream *stream_new(server *srv, struct MHD_Connection *conn, int kind, enum MHD_Result *ret_mhd) {
+        stream *st = calloc(1, sizeof *st);
+        if (!st) {
+                *ret_mhd = MHD_NO;
+                return NULL;
+        }
+        st->srv = srv;
+        st->conn = conn;
+        st->kind = kind;
+        st->last_send_ms = wall_ms();
+        struct MHD_Response *resp =
+                MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, stream_reader, st, stream_free_cb);
+        if (!resp) {
+                free(st);
+                *ret_mhd = MHD_NO;
+                return NULL;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/connect+json");
+        st->next = srv->streams;
+        if (srv->streams)
+                srv->streams->prev = st;
+        srv->streams = st;
+        *ret_mhd = MHD_queue_response(conn, 200, resp);
+        MHD_destroy_response(resp);
+        return st;
+}
+
+/* ------------------------------------------------------------------ requests */
+
+static void request_free(request *req) {
+        if (!req)
+                return;
+        if (req->upload)
+                files_upload_free(req->upload);
+        free(req->body);
+        free(req->url);
+        free(req);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+        request_free(*con_cls);
+        *con_cls = NULL;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size,
+                                  void **con_cls) {
+        server *srv = cls;
+        request *req = *con_cls;
+        if (!req) {
+                req = calloc(1, sizeof *req);
+                if (!req)
+                        return MHD_NO;
+                req->srv = srv;
+                req->conn = conn;
+                req->method = method;
+                req->url = strdup(url);
+                req->body_mode = BODY_BUFFER;
+                if (!req->url) {
+                        free(req);
+                        return MHD_NO;
+                }
+                *con_cls = req;
+                bool responded = false;
+                enum MHD_Result r = api_begin(srv, req, &responded);
+                if (responded)
+                        req->responded = true;
+                return r;
+        }
+        if (*upload_size > 0) {
+                if (req->responded || req->body_mode == BODY_DISCARD) {
+                        *upload_size = 0;
+                        return MHD_YES;
+                }
+                if (req->body_mode == BODY_FILES) {
+                        enum MHD_Result r = files_body(srv, req, upload_data, upload_size);
+                        return r;
+                }
+                size_t n = *upload_size;
+                if (req->body_len + n > srv->cfg.max_body_bytes) {
+                        req->responded = true;
+                        *upload_size = 0;
+                        return http_reply_error(conn, 413, "request body exceeds %llu bytes",
+                                                (unsigned long long) srv->cfg.max_body_bytes);
+                }
+                if (req->body_len + n + 1 > req->body_cap) {
+                        size_t cap = req->body_cap ? req->body_cap : 1024;
+                        while (cap < req->body_len + n + 1)
+                                cap *= 2;
+                        char *b = realloc(req->body, cap);
+                        if (!b)
+                                return MHD_NO;
+                        req->body = b;
+                        req->body_cap = cap;
+                }
+                memcpy(req->body + req->body_len, upload_data, n);
+                req->body_len += n;
+                req->body[req->body_len] = 0;
+                *upload_size = 0;
+                return MHD_YES;
+        }
+        if (req->responded)
+                return MHD_YES;
+        if (req->body_mode == BODY_FILES)
+                return files_finish(srv, req); /* may wait for a pipe first */
+        req->responded = true;
+        return api_dispatch(srv, req);
+}
+
+static void on_mhd_ready(server *srv, watcher *w, uint32_t revents) {
+        MHD_run(srv->mhd);
+}
+
+static void on_log(void *cls, const char *fmt, va_list ap) {
+        if (log_get_level() < LOG_LEVEL_DEBUG)
+                return;
+        char buf[1024];
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        size_t n = strlen(buf);
+        while (n > 0 && buf[n - 1] == '\n')
+                buf[--n] = 0;
+        log_debug("http: %s", buf);
+}
+
+int http_start(server *srv, hutch_error *err) {
+        char host[128];
+        snprintf(host, sizeof host, "%s", srv->cfg.listen);
+        char *colon = strrchr(host, ':');
+        if (!colon)
+                return hutch_error_set(err, -EINVAL, "--listen wants HOST:PORT, not '%s'", srv->cfg.listen);
+        *colon = 0;
+        char *end;
+        long port = strtol(colon + 1, &end, 10);
+        if (*end || port < 0 || port > 65535)
+                return hutch_error_set(err, -EINVAL, "bad port in '%s'", srv->cfg.listen);
+        struct sockaddr_storage ss = { 0 };
+        char *h = host;
+        if (h[0] == '[') {
+                h++;
+                char *rb = strchr(h, ']');
+                if (rb)
+                        *rb = 0;
+        }
+        struct sockaddr_in *in4 = (struct sockaddr_in *) &ss;
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
+        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
+        if (inet_pton(AF_INET, h, &in4->sin_addr) == 1) {
+                in4->sin_family = AF_INET;
+                in4->sin_port = htons((uint16_t) port);
+        } else if (inet_pton(AF_INET6, h, &in6->sin6_addr) == 1) {
+                in6->sin6_family = AF_INET6;
+                in6->sin6_port = htons((uint16_t) port);
+                flags |= MHD_USE_IPv6;
+        } else
+                return hutch_error_set(err, -EINVAL, "--listen wants a numeric address, not '%s'", h);
+
+        srv->mhd = MHD_start_daemon(
+                flags, (uint16_t) port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &ss,
+                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                (size_t) (128 * 1024), MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections,
+                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) 600, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned) 1,
+                MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
+        if (!srv->mhd)
+                return hutch_error_set(err, -EADDRINUSE, "cannot listen on %s: %m", srv->cfg.listen);
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+        if (!info) {
+                MHD_stop_daemon(srv->mhd);
+                srv->mhd = NULL;
+                return hutch_error_set(err, -EIO, "libmicrohttpd has no epoll fd");
+        }
+        srv->mhd_w.cb = on_mhd_ready;
+        int r = loop_add(srv, &srv->mhd_w, info->epoll_fd, EPOLLIN);
+        if (r < 0)
+                return hutch_error_set(err, r, "epoll: %s", strerror(-r));
+        return 0;
+}
+
+void http_stop(server *srv) {
+        if (!srv->mhd)
+                return;
+        /* suspended connections must be resumed before MHD can close them */
+        for (stream *st = srv->streams; st; st = st->next)
+                stream_cut(st);
+        MHD_run(srv->mhd);
+        MHD_stop_daemon(srv->mhd);
+        srv->mhd = NULL;
+}

@@ -1,0 +1,624 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The live sandbox table. The database is the truth for what should exist;
+ * the kernel (hutch-init answering on its socket) is the truth for what is
+ * alive (DESIGN.md §6). Freed objects are only unlinked here and released at
+ * the top of the next loop turn, because an epoll batch may still hold
+ * events for their descriptors.
+ */
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+
+#include "daemon/server.h"
+#include "util/error.h"
+#include "util/log.h"
+
+#define METADATA_MAX_KEYS 64
+#define METADATA_MAX_LEN 1024
+#define ENV_MAX_VARS 512
+#define ENV_MAX_LEN 32768
+
+static const char id_alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+
+static void random_id(char ret[HUTCH_ID_LEN + 1]) {
+        uint8_t b[HUTCH_ID_LEN];
+        if (getrandom(b, sizeof b, 0) != (ssize_t) sizeof b)
+                abort();
+        for (size_t i = 0; i < HUTCH_ID_LEN; i++)
+                ret[i] = id_alphabet[b[i] % 36]; /* 256 % 36 bias is irrelevant for ids */
+        ret[HUTCH_ID_LEN] = 0;
+}
+
+static void hex(const uint8_t *b, size_t n, char *out) {
+        static const char digits[] = "0123456789abcdef";
+        for (size_t i = 0; i < n; i++) {
+                out[2 * i] = digits[b[i] >> 4];
+                out[2 * i + 1] = digits[b[i] & 15];
+        }
+        out[2 * n] = 0;
+}
+
+/* envd access tokens are derived, not stored: HMAC(master, id:nonce). A copy
+ * of the database alone does not reveal them; only their hash is kept. */
+void sbx_token_derive(server *srv, const char *id, const char *nonce, char ret[64]) {
+        char msg[128];
+        int n = snprintf(msg, sizeof msg, "envd-token:%s:%s", id, nonce);
+        uint8_t mac[32];
+        unsigned maclen = sizeof mac;
+        HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac, &maclen);
+        memcpy(ret, "tok_", 4);
+        hex(mac, 20, ret + 4);
+}
+
+static void sha256_hex(const char *s, char out[65]) {
+        uint8_t d[32];
+        SHA256((const uint8_t *) s, strlen(s), d);
+        hex(d, 32, out);
+}
+
+sbx *sbx_find(server *srv, const char *id) {
+        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                if (!sb->dead && streq(sb->id, id))
+                        return sb;
+        return NULL;
+}
+
+sbx *sbx_find_team(server *srv, const char *id, int64_t team) {
+        sbx *sb = sbx_find(srv, id);
+        return sb && sb->team_id == team ? sb : NULL;
+}
+
+int sbx_live_count(server *srv, int64_t team) {
+        int n = 0;
+        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                if (!sb->dead && sb->team_id == team)
+                        n++;
+        return n;
+}
+
+void sbx_mark_dirty(sbx *sb) {
+        sb->dirty = true;
+}
+
+static void on_init_readable(server *srv, watcher *w, uint32_t revents) {
+        sbx *sb = w->data;
+        sbx_drain(srv, sb);
+}
+
+void sbx_drain(server *srv, sbx *sb) {
+        sb->dirty = false;
+        if (sb->dead)
+                return;
+        for (unsigned guard = 0; guard < 4096; guard++) {
+                hutch_event ev = { 0 };
+                hutch_error err = { 0 };
+                int r = hutch_sandbox_next_event(sb->h, &ev, &err);
+                if (r == 0)
+                        return;
+                if (r < 0) {
+                        log_info("sandbox %s: lost its init (%s); removing it", sb->id, err.msg);
+                        sbx_kill(srv, sb, "lost");
+                        return;
+                }
+                if (ev.type == HUTCH_EVENT_EXIT)
+                        proc_on_exit(srv, sb, &ev.exit);
+                else if (ev.type == HUTCH_EVENT_WATCH)
+                        stream_on_watch_event(srv, sb, &ev);
+                hutch_event_clear(&ev);
+                if (sb->dead)
+                        return;
+        }
+        sb->dirty = true; /* more next turn: one chatty sandbox must not starve the loop */
+}
+
+static int register_init(server *srv, sbx *sb) {
+        sb->w.cb = on_init_readable;
+        sb->w.data = sb;
+        return loop_add(srv, &sb->w, hutch_sandbox_fd(sb->h), EPOLLIN);
+}
+
+static bool lifecycle_from_json(json_t *body, bool *ret_pause, bool *ret_resume) {
+        bool pause = false, resume = false;
+        json_t *v = json_object_get(body, "autoPause");
+        if (json_is_boolean(v))
+                pause = json_is_true(v);
+        json_t *lc = json_object_get(body, "lifecycle");
+        if (json_is_object(lc)) {
+                const char *ot = json_string_value(json_object_get(lc, "onTimeout"));
+                if (ot)
+                        pause = streq(ot, "pause");
+                json_t *ar = json_object_get(lc, "autoResume");
+                if (json_is_boolean(ar))
+                        resume = json_is_true(ar);
+        }
+        json_t *ar = json_object_get(body, "autoResume");
+        if (json_is_object(ar) && json_is_boolean(json_object_get(ar, "enabled")))
+                resume = json_is_true(json_object_get(ar, "enabled"));
+        *ret_pause = pause;
+        *ret_resume = resume;
+        return true;
+}
+
+static int check_string_map(json_t *v, const char *what, size_t max_keys, size_t max_len, bool env, hutch_error *err) {
+        if (!v || json_is_null(v))
+                return 0;
+        if (!json_is_object(v))
+                return hutch_error_set(err, -EINVAL, "%s must be an object of strings", what);
+        if (json_object_size(v) > max_keys)
+                return hutch_error_set(err, -EINVAL, "%s has more than %zu entries", what, max_keys);
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+                if (!json_is_string(x))
+                        return hutch_error_set(err, -EINVAL, "%s.%s must be a string", what, k);
+                if (!*k || strlen(k) > 256 || json_string_length(x) > max_len)
+                        return hutch_error_set(err, -EINVAL, "%s: key or value too long", what);
+                if (strlen(json_string_value(x)) != json_string_length(x))
+                        return hutch_error_set(err, -EINVAL, "%s.%s contains a NUL byte", what, k);
+                if (env && (strchr(k, '=') || !(k[0] == '_' || (k[0] >= 'A' && k[0] <= 'Z') ||
+                                                  (k[0] >= 'a' && k[0] <= 'z'))))
+                        return hutch_error_set(err, -EINVAL, "%s: '%s' is not a valid variable name", what, k);
+        }
+        return 0;
+}
+
+static sbx *sbx_alloc(server *srv) {
+        sbx *sb = calloc(1, sizeof *sb);
+        if (!sb)
+                return NULL;
+        sb->srv = srv;
+        sb->w.fd = -1;
+        return sb;
+}
+
+static void sbx_link(server *srv, sbx *sb) {
+        sb->next = srv->sandboxes;
+        srv->sandboxes = sb;
+}
+
+static json_t *extra_json(sbx *sb, json_t *body) {
+        json_t *e = json_object();
+        json_object_set_new(e, "onTimeout", json_string(sb->on_timeout_pause ? "pause" : "kill"));
+        json_object_set_new(e, "autoResume", json_boolean(sb->auto_resume));
+        if (body) {
+                json_t *net = json_object_get(body, "network");
+                if (net)
+                        json_object_set(e, "network", net);
+                json_t *aia = json_object_get(body, "allow_internet_access");
+                if (json_is_boolean(aia))
+                        json_object_set(e, "allowInternetAccess", aia);
+        }
+        return e;
+}
+
+int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
+        *ret_status = 400;
+        const char *tpl = json_string_value(json_object_get(body, "templateID"));
+        if (!tpl)
+                tpl = "base";
+        const char *template_name, *alias;
+        if (streq(tpl, "base") || streq(tpl, "host")) {
+                template_name = "host";
+                alias = tpl;
+        } else {
+                *ret_status = 404;
+                return hutch_error_set(err, -ENOENT, "template '%s' not found", tpl);
+        }
+        json_t *t = json_object_get(body, "timeout");
+        uint64_t timeout_s = srv->cfg.default_timeout_s;
+        if (t && !json_is_null(t)) {
+                if (!json_is_integer(t) || json_integer_value(t) < 0)
+                        return hutch_error_set(err, -EINVAL, "timeout must be a non-negative integer (seconds)");
+                timeout_s = (uint64_t) json_integer_value(t);
+                if (timeout_s == 0)
+                        timeout_s = srv->cfg.default_timeout_s;
+                if (timeout_s > srv->cfg.max_timeout_s)
+                        return hutch_error_set(err, -EINVAL, "timeout %llus exceeds the maximum of %llus",
+                                               (unsigned long long) timeout_s,
+                                               (unsigned long long) srv->cfg.max_timeout_s);
+        }
+        json_t *md = json_object_get(body, "metadata");
+        json_t *envs = json_object_get(body, "envVars");
+        int r;
+        if ((r = check_string_map(md, "metadata", METADATA_MAX_KEYS, METADATA_MAX_LEN, false, err)) < 0 ||
+            (r = check_string_map(envs, "envVars", ENV_MAX_VARS, ENV_MAX_LEN, true, err)) < 0)
+                return r;
+        json_t *vm = json_object_get(body, "volumeMounts");
+        if (json_is_array(vm) && json_array_size(vm) > 0)
+                return hutch_error_set(err, -EOPNOTSUPP, "volume mounts are not supported by this server yet");
+
+        if ((uint64_t) sbx_live_count(srv, team) >= srv->cfg.max_sandboxes_per_team) {
+                *ret_status = 429;
+                return hutch_error_set(err, -EAGAIN, "team has reached its limit of %llu live sandboxes",
+                                       (unsigned long long) srv->cfg.max_sandboxes_per_team);
+        }
+
+        sbx *sb = sbx_alloc(srv);
+        if (!sb)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        random_id(sb->id);
+        sb->team_id = team;
+        snprintf(sb->template_id, sizeof sb->template_id, "%s", template_name);
+        snprintf(sb->alias, sizeof sb->alias, "%s", alias);
+        sb->metadata = json_is_object(md) ? json_deep_copy(md) : json_object();
+        sb->envs = json_is_object(envs) ? json_deep_copy(envs) : json_object();
+        lifecycle_from_json(body, &sb->on_timeout_pause, &sb->auto_resume);
+        sb->extra = extra_json(sb, body);
+        sb->cpu_count = (int64_t) srv->cfg.cpu_count;
+        sb->memory_mb = (int64_t) srv->cfg.memory_mb;
+        sb->disk_mb = (int64_t) srv->cfg.disk_mb;
+        sb->started_ms = wall_ms();
+        sb->end_ms = sb->started_ms + (int64_t) timeout_s * 1000;
+
+        uint8_t nb[16];
+        if (getrandom(nb, sizeof nb, 0) != (ssize_t) sizeof nb)
+                abort();
+        store_sandbox row = { 0 };
+        hex(nb, sizeof nb, row.token_nonce);
+        sbx_token_derive(srv, sb->id, row.token_nonce, sb->token);
+        sha256_hex(sb->token, row.token_hash);
+        memcpy(row.id, sb->id, sizeof row.id);
+        row.team_id = team;
+        snprintf(row.template_id, sizeof row.template_id, "%s", sb->template_id);
+        snprintf(row.alias, sizeof row.alias, "%s", sb->alias);
+        row.state = STORE_SBX_RUNNING;
+        row.started_ms = sb->started_ms;
+        row.end_ms = sb->end_ms;
+        row.metadata_json = json_dumps(sb->metadata, JSON_COMPACT);
+        row.env_json = json_dumps(sb->envs, JSON_COMPACT);
+        row.extra_json = json_dumps(sb->extra, JSON_COMPACT);
+        row.cpu_count = sb->cpu_count;
+        row.memory_mb = sb->memory_mb;
+        row.disk_mb = sb->disk_mb;
+
+        /* The row comes first: a crash between here and the engine leaves a
+         * row whose sandbox is missing (ended at the next start), never a
+         * sandbox that no row owns. */
+        r = store_sandbox_insert(srv->store, &row, err);
+        store_sandbox_clear(&row);
+        if (r < 0) {
+                *ret_status = 500;
+                goto fail;
+        }
+        hutch_sandbox_config sc = {
+                .template_name = template_name,
+                .id = sb->id,
+                .limits = {
+                        .memory_bytes = (uint64_t) sb->memory_mb << 20,
+                        .cpu_millis = (uint64_t) sb->cpu_count * 1000,
+                        .disk_bytes = (uint64_t) sb->disk_mb << 20,
+                },
+        };
+        r = hutch_sandbox_create(srv->ctx, &sc, &sb->h, err);
+        if (r < 0) {
+                *ret_status = 500;
+                hutch_error e2 = { 0 };
+                (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
+                goto fail;
+        }
+        r = register_init(srv, sb);
+        if (r < 0) {
+                *ret_status = 500;
+                hutch_error e2 = { 0 };
+                (void) hutch_sandbox_destroy(sb->h, &e2);
+                (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
+                hutch_error_set(err, r, "epoll: %s", strerror(-r));
+                goto fail;
+        }
+        sb->next_sample_ms = wall_ms();
+        sbx_link(srv, sb);
+        {
+                hutch_error e2 = { 0 };
+                char detail[128];
+                snprintf(detail, sizeof detail, "{\"template\":\"%s\",\"timeout\":%llu}", sb->template_id,
+                         (unsigned long long) timeout_s);
+                (void) store_event_add(srv->store, team, sb->id, "sandbox.create", detail, &e2);
+        }
+        *ret = sb;
+        return 0;
+fail:
+        json_decref(sb->metadata);
+        json_decref(sb->envs);
+        json_decref(sb->extra);
+        hutch_sandbox_unref(sb->h);
+        free(sb);
+        return r;
+}
+
+void sbx_cut_streams(server *srv, sbx *sb) {
+        for (stream *st = srv->streams; st; st = st->next)
+                if (st->sb == sb)
+                        stream_cut(st);
+}
+
+static void sbx_detach_all(server *srv, sbx *sb) {
+        for (stream *st = srv->streams; st; st = st->next)
+                if (st->sb == sb) {
+                        stream_cut(st);
+                        st->sb = NULL;
+                        st->proc = NULL;
+                        st->next_in_proc = NULL;
+                }
+        for (proc *p = sb->procs; p; p = p->next) {
+                loop_del(srv, &p->out_w);
+                loop_del(srv, &p->err_w);
+                loop_del(srv, &p->in_w);
+                p->subs = NULL;
+                p->timeout_stream = NULL;
+        }
+        loop_del(srv, &sb->w);
+}
+
+int sbx_kill(server *srv, sbx *sb, const char *reason) {
+        if (sb->dead)
+                return 0;
+        sbx_detach_all(srv, sb);
+        sb->dead = true;
+        hutch_error err = { 0 };
+        int r = hutch_sandbox_destroy(sb->h, &err);
+        if (r < 0) {
+                log_warning("sandbox %s: destroy: %s (trying remove by id)", sb->id, err.msg);
+                hutch_error e2 = { 0 };
+                r = hutch_sandbox_remove(srv->ctx, sb->id, &e2);
+                if (r < 0)
+                        log_error("sandbox %s: %s", sb->id, e2.msg);
+        }
+        hutch_error e3 = { 0 };
+        if (store_sandbox_end(srv->store, sb->id, wall_ms(), reason, &e3) < 0)
+                log_error("sandbox %s: database: %s", sb->id, e3.msg);
+        char detail[64];
+        snprintf(detail, sizeof detail, "{\"reason\":\"%s\"}", reason);
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.end", detail, &e3);
+        log_debug("sandbox %s: ended (%s)", sb->id, reason);
+        return 0;
+}
+
+int sbx_pause(server *srv, sbx *sb, hutch_error *err) {
+        if (sb->paused)
+                return hutch_error_set(err, -EALREADY, "sandbox %s is already paused", sb->id);
+        int r = hutch_sandbox_freeze(sb->h, err);
+        if (r < 0)
+                return r;
+        sb->paused = true;
+        /* open streams end without an end frame: the SDK reports a timeout */
+        sbx_cut_streams(srv, sb);
+        for (stream *st = srv->streams; st; st = st->next)
+                if (st->sb == sb && st->proc) {
+                        stream *s = st;
+                        s->proc = NULL;
+                }
+        for (proc *p = sb->procs; p; p = p->next) {
+                p->subs = NULL;
+                p->timeout_stream = NULL;
+        }
+        hutch_error e2 = { 0 };
+        (void) store_sandbox_set_state(srv->store, sb->id, STORE_SBX_PAUSED, &e2);
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.pause", "{}", &e2);
+        return 0;
+}
+
+int sbx_resume(server *srv, sbx *sb, hutch_error *err) {
+        if (!sb->paused)
+                return 0;
+        int r = hutch_sandbox_thaw(sb->h, err);
+        if (r < 0)
+                return r;
+        sb->paused = false;
+        sbx_mark_dirty(sb);
+        hutch_error e2 = { 0 };
+        (void) store_sandbox_set_state(srv->store, sb->id, STORE_SBX_RUNNING, &e2);
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.resume", "{}", &e2);
+        return 0;
+}
+
+static void sbx_release(sbx *sb) {
+        sbx_pwatches_free(sb);
+        while (sb->procs) {
+                proc *p = sb->procs;
+                sb->procs = p->next;
+                proc_free(p);
+        }
+        json_decref(sb->metadata);
+        json_decref(sb->envs);
+        json_decref(sb->extra);
+        hutch_sandbox_unref(sb->h);
+        free(sb);
+}
+
+void sbx_free_all(server *srv) {
+        /* the daemon stops; sandboxes keep running and are re-adopted later */
+        while (srv->sandboxes) {
+                sbx *sb = srv->sandboxes;
+                srv->sandboxes = sb->next;
+                if (!sb->dead)
+                        sbx_detach_all(srv, sb);
+                sbx_release(sb);
+        }
+}
+
+void sbx_sample(server *srv, sbx *sb, int64_t now) {
+        hutch_stats s;
+        hutch_error err = { 0 };
+        if (hutch_sandbox_stats(sb->h, &s, &err) < 0) {
+                log_debug("sandbox %s: stats: %s", sb->id, err.msg);
+                return;
+        }
+        double pct = 0;
+        if (sb->last_cpu_ms > 0 && now > sb->last_cpu_ms && s.cpu_usage_ns >= sb->last_cpu_ns) {
+                double used_ms = (double) (s.cpu_usage_ns - sb->last_cpu_ns) / 1e6;
+                pct = 100.0 * used_ms / ((double) (now - sb->last_cpu_ms) * (double) (sb->cpu_count ? sb->cpu_count : 1));
+                if (pct > 100.0)
+                        pct = 100.0;
+        }
+        sb->last_cpu_ns = s.cpu_usage_ns;
+        sb->last_cpu_ms = now;
+        struct sample *smp = &sb->samples[sb->sample_head];
+        smp->ts_ms = now;
+        smp->cpu_pct = pct;
+        smp->mem_used = s.memory_current;
+        smp->mem_total = s.memory_limit ? s.memory_limit : (uint64_t) sb->memory_mb << 20;
+        smp->mem_cache = 0;
+        smp->disk_used = s.disk_used;
+        smp->disk_total = s.disk_limit ? s.disk_limit : (uint64_t) sb->disk_mb << 20;
+        sb->sample_head = (sb->sample_head + 1) % SBX_METRICS;
+        if (sb->n_samples < SBX_METRICS)
+                sb->n_samples++;
+}
+
+int64_t sbx_timers(server *srv, int64_t now) {
+        int64_t next = -1;
+        for (sbx **pp = &srv->sandboxes; *pp;) {
+                sbx *sb = *pp;
+                if (sb->dead) {
+                        *pp = sb->next;
+                        sbx_release(sb);
+                        continue;
+                }
+                if (!sb->paused && sb->end_ms <= now) {
+                        if (sb->on_timeout_pause) {
+                                hutch_error err = { 0 };
+                                log_debug("sandbox %s: timeout, pausing", sb->id);
+                                if (sbx_pause(srv, sb, &err) < 0) {
+                                        log_warning("sandbox %s: pause at timeout failed (%s): killing it", sb->id,
+                                                    err.msg);
+                                        sbx_kill(srv, sb, "timeout");
+                                }
+                        } else
+                                sbx_kill(srv, sb, "timeout");
+                        pp = &sb->next;
+                        continue;
+                }
+                if (!sb->paused) {
+                        if (sb->next_sample_ms <= now) {
+                                sbx_sample(srv, sb, now);
+                                sb->next_sample_ms = now + (int64_t) srv->cfg.metrics_interval_s * 1000;
+                        }
+                        if (next < 0 || sb->end_ms < next)
+                                next = sb->end_ms;
+                        if (sb->next_sample_ms < next)
+                                next = sb->next_sample_ms;
+                }
+                pp = &sb->next;
+        }
+        return next;
+}
+
+json_t *sbx_to_json(sbx *sb, bool detail) {
+        char started[40], end[40];
+        format_rfc3339(sb->started_ms, started);
+        format_rfc3339(sb->end_ms, end);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:O}", "sandboxID", sb->id,
+                              "templateID", sb->template_id, "alias", sb->alias, "clientID", "hutch", "startedAt",
+                              started, "endAt", end, "state", sb->paused ? "paused" : "running", "cpuCount",
+                              (json_int_t) sb->cpu_count, "memoryMB", (json_int_t) sb->memory_mb, "diskSizeMB",
+                              (json_int_t) sb->disk_mb, "envdVersion", ENVD_VERSION, "metadata", sb->metadata);
+        json_object_set_new(o, "volumeMounts", json_array());
+        if (detail) {
+                json_object_set_new(o, "envdAccessToken", json_string(sb->token));
+                json_object_set_new(o, "domain", json_null());
+                json_t *aia = json_object_get(sb->extra, "allowInternetAccess");
+                json_object_set_new(o, "allowInternetAccess", json_false());
+                (void) aia;
+                json_object_set_new(o, "network",
+                                    json_pack("{s:[], s:[s], s:{}, s:n, s:b, s:n, s:[]}", "allowOut", "denyOut",
+                                              "0.0.0.0/0", "rules", "egressProxy", "allowPublicTraffic", 0,
+                                              "maskRequestHost", "httpsPorts"));
+                json_object_set_new(o, "lifecycle", json_pack("{s:s, s:b}", "onTimeout",
+                                                              sb->on_timeout_pause ? "pause" : "kill", "autoResume",
+                                                              sb->auto_resume));
+        }
+        return o;
+}
+
+/* ------------------------------------------------------------ re-adoption */
+
+static int readopt_one(server *srv, const store_sandbox *row) {
+        hutch_error err = { 0 };
+        sbx *sb = sbx_alloc(srv);
+        if (!sb)
+                return -ENOMEM;
+        memcpy(sb->id, row->id, sizeof sb->id);
+        int r = hutch_sandbox_attach(srv->ctx, row->id, &sb->h, &err);
+        if (r < 0) {
+                log_info("sandbox %s: not alive any more (%s); ending it", row->id, err.msg);
+                free(sb);
+                hutch_error e2 = { 0 };
+                (void) hutch_sandbox_remove(srv->ctx, row->id, &e2);
+                (void) store_sandbox_end(srv->store, row->id, wall_ms(), "lost", &e2);
+                return 0;
+        }
+        sb->team_id = row->team_id;
+        snprintf(sb->template_id, sizeof sb->template_id, "%s", row->template_id);
+        snprintf(sb->alias, sizeof sb->alias, "%s", row->alias);
+        sb->started_ms = row->started_ms;
+        sb->end_ms = row->end_ms;
+        sb->paused = row->state == STORE_SBX_PAUSED;
+        sb->cpu_count = row->cpu_count;
+        sb->memory_mb = row->memory_mb;
+        sb->disk_mb = row->disk_mb;
+        sb->metadata = json_loads(row->metadata_json ? row->metadata_json : "{}", 0, NULL);
+        sb->envs = json_loads(row->env_json ? row->env_json : "{}", 0, NULL);
+        sb->extra = json_loads(row->extra_json ? row->extra_json : "{}", 0, NULL);
+        if (!json_is_object(sb->metadata))
+                sb->metadata = json_object();
+        if (!json_is_object(sb->envs))
+                sb->envs = json_object();
+        if (!json_is_object(sb->extra))
+                sb->extra = json_object();
+        const char *ot = json_string_value(json_object_get(sb->extra, "onTimeout"));
+        sb->on_timeout_pause = ot && streq(ot, "pause");
+        sb->auto_resume = json_is_true(json_object_get(sb->extra, "autoResume"));
+        sbx_token_derive(srv, sb->id, row->token_nonce, sb->token);
+        r = register_init(srv, sb);
+        if (r < 0) {
+                sbx_release(sb);
+                return r;
+        }
+        sb->next_sample_ms = wall_ms();
+        sbx_link(srv, sb);
+        proc_readopt(srv, sb);
+        sbx_mark_dirty(sb);
+        log_info("sandbox %s: re-adopted (%s)", sb->id, sb->paused ? "paused" : "running");
+        return 1;
+}
+
+int sbx_readopt_all(server *srv) {
+        store_sandbox *rows = NULL;
+        size_t n = 0;
+        hutch_error err = { 0 };
+        int r = store_sandbox_list_live(srv->store, &rows, &n, &err);
+        if (r < 0)
+                return log_error_errno(r, "database: %s", err.msg);
+        int adopted = 0;
+        for (size_t i = 0; i < n; i++)
+                if (readopt_one(srv, &rows[i]) > 0)
+                        adopted++;
+        store_sandbox_array_free(rows, n);
+
+        /* Leftovers of sandboxes this database knows as ended (a crash in the
+         * middle of a kill): remove them. Sandboxes the database does not
+         * know belong to `hutch run` or another daemon and are left alone. */
+        char **ids = NULL;
+        if (hutch_sandbox_list(srv->ctx, &ids, &err) >= 0) {
+                for (char **id = ids; id && *id; id++) {
+                        if (sbx_find(srv, *id))
+                                continue;
+                        store_sandbox row = { 0 };
+                        hutch_error e2 = { 0 };
+                        if (store_sandbox_get(srv->store, *id, &row, &e2) < 0)
+                                continue;
+                        store_sandbox_clear(&row);
+                        log_info("sandbox %s: ended in the database but still present; removing it", *id);
+                        (void) hutch_sandbox_remove(srv->ctx, *id, &e2);
+                }
+                hutch_strv_free(ids);
+        }
+        if (adopted)
+                log_info("re-adopted %d sandbox(es)", adopted);
+        return adopted;
+}

@@ -1,0 +1,429 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The daemon's loop and start-up. Order at start matters (issue: restart
+ * without loss): open the database, bind the port, then re-adopt every
+ * sandbox the database says is alive, so that clients that retry during
+ * start-up reach a server that already knows its sandboxes.
+ */
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "daemon/server.h"
+#include "daemon/serve.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/fsutil.h"
+#include "util/log.h"
+#include "util/parse.h"
+
+/* ---------------------------------------------------------------- config */
+
+enum { CFG_STR, CFG_U64, CFG_SIZE, CFG_SECONDS };
+static const struct cfg_entry {
+        const char *name;
+        int type;
+        size_t off;
+        size_t size; /* CFG_STR buffer size */
+        uint64_t min, max;
+        const char *def;
+        const char *help;
+} cfg_table[] = {
+#define S(f) offsetof(server_config, f), sizeof(((server_config *) 0)->f)
+#define U(f) offsetof(server_config, f), 0
+        { "listen", CFG_STR, S(listen), 0, 0, "127.0.0.1:49982", "address and port of the HTTP API (HOST:PORT)" },
+        { "data-dir", CFG_STR, S(data_dir), 0, 0, "/var/lib/hutch", "database, API key, templates, writable layers" },
+        { "run-dir", CFG_STR, S(run_dir), 0, 0, "/run/hutch", "runtime state shared with `hutch run` (sockets, uid ranges)" },
+        { "default-timeout", CFG_SECONDS, U(default_timeout_s), 1, 30 * 86400, "300", "sandbox lifetime when create names none" },
+        { "max-timeout", CFG_SECONDS, U(max_timeout_s), 1, 365 * 86400, "86400", "longest lifetime a client may ask for" },
+        { "max-sandboxes-per-team", CFG_U64, U(max_sandboxes_per_team), 1, 100000, "100", "live sandboxes per team (429 beyond)" },
+        { "max-body", CFG_SIZE, U(max_body_bytes), 1024, 1ull << 30, "4M", "largest JSON/RPC request body" },
+        { "max-upload", CFG_SIZE, U(max_upload_bytes), 1024, 1ull << 40, "4G", "largest POST /files request after decompression" },
+        { "max-connections", CFG_U64, U(max_connections), 4, 1000000, "4096", "open HTTP connections" },
+        { "stream-buffer", CFG_SIZE, U(stream_buffer_bytes), 4096, 1ull << 30, "1M", "output queued per stream before the process waits" },
+        { "memory", CFG_SIZE, U(memory_mb), 16ull << 20, 1ull << 40, "512M", "default sandbox memory limit" },
+        { "cpus", CFG_U64, U(cpu_count), 1, 1024, "2", "default sandbox CPUs" },
+        { "disk", CFG_SIZE, U(disk_mb), 16ull << 20, 1ull << 42, "1G", "default writable layer size" },
+        { "metrics-interval", CFG_SECONDS, U(metrics_interval_s), 1, 3600, "5", "how often sandbox metrics are sampled" },
+#undef S
+#undef U
+};
+
+int server_config_set(server_config *c, const char *key, const char *value, hutch_error *err) {
+        for (size_t i = 0; i < ELEMENTSOF(cfg_table); i++) {
+                const struct cfg_entry *e = &cfg_table[i];
+                if (!streq(e->name, key))
+                        continue;
+                char *p = (char *) c + e->off;
+                uint64_t v;
+                int r;
+                switch (e->type) {
+                case CFG_STR:
+                        if (strlen(value) >= e->size || !*value)
+                                return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
+                        memcpy(p, value, strlen(value) + 1);
+                        return 0;
+                case CFG_U64:
+                        r = parse_u64(value, UINT64_MAX, &v);
+                        break;
+                case CFG_SIZE:
+                        r = parse_size(value, &v);
+                        break;
+                case CFG_SECONDS: {
+                        uint64_t ms;
+                        r = parse_duration_ms(value, &ms);
+                        v = ms / 1000;
+                        break;
+                }
+                default:
+                        r = -EINVAL;
+                }
+                if (r < 0)
+                        return hutch_error_set(err, -EINVAL, "%s: cannot parse '%s'", key, value);
+                if (v < e->min || v > e->max)
+                        return hutch_error_set(err, -ERANGE, "%s: %s is out of range", key, value);
+                /* sizes of sandboxes are kept in MiB */
+                if (e->off == offsetof(server_config, memory_mb) || e->off == offsetof(server_config, disk_mb))
+                        v >>= 20;
+                *(uint64_t *) p = v;
+                return 0;
+        }
+        return hutch_error_set(err, -ENOENT, "unknown setting '%s'", key);
+}
+
+int server_config_defaults(server_config *c) {
+        memset(c, 0, sizeof *c);
+        for (size_t i = 0; i < ELEMENTSOF(cfg_table); i++) {
+                hutch_error err = { 0 };
+                int r = server_config_set(c, cfg_table[i].name, cfg_table[i].def, &err);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int server_config_load_file(server_config *c, const char *path, hutch_error *err) {
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return hutch_error_set(err, negative_errno(), "%s: %m", path);
+        char line[2048];
+        unsigned n = 0;
+        int r = 0;
+        while (fgets(line, sizeof line, f)) {
+                n++;
+                char *s = line;
+                while (*s == ' ' || *s == '\t')
+                        s++;
+                size_t l = strlen(s);
+                while (l > 0 && (s[l - 1] == '\n' || s[l - 1] == '\r' || s[l - 1] == ' ' || s[l - 1] == '\t'))
+                        s[--l] = 0;
+                if (!*s || *s == '#')
+                        continue;
+                char *eq = strchr(s, '=');
+                if (!eq) {
+                        r = hutch_error_set(err, -EINVAL, "%s:%u: expected key = value", path, n);
+                        break;
+                }
+                char *k = s, *v = eq + 1;
+                *eq = 0;
+                size_t kl = strlen(k);
+                while (kl > 0 && (k[kl - 1] == ' ' || k[kl - 1] == '\t'))
+                        k[--kl] = 0;
+                while (*v == ' ' || *v == '\t')
+                        v++;
+                r = server_config_set(c, k, v, err);
+                if (r < 0) {
+                        hutch_error_wrap(err, r, "%s:%u: ", path, n);
+                        break;
+                }
+        }
+        fclose(f);
+        return r;
+}
+
+void server_config_help(FILE *f) {
+        for (size_t i = 0; i < ELEMENTSOF(cfg_table); i++)
+                fprintf(f, "  --%-24s %s (default %s)\n", cfg_table[i].name, cfg_table[i].help, cfg_table[i].def);
+}
+
+/* ------------------------------------------------------------------ misc */
+
+int64_t wall_ms(void) {
+        return clock_ns(CLOCK_REALTIME) / 1000000;
+}
+
+void format_rfc3339(int64_t ms, char buf[40]) {
+        time_t t = (time_t) (ms / 1000);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        size_t n = strftime(buf, 40, "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(buf + n, 40 - n, ".%03dZ", (int) (ms % 1000));
+}
+
+int parse_rfc3339(const char *s, int64_t *ret_ms) {
+        struct tm tm = { 0 };
+        const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+        if (!p)
+                return -EINVAL;
+        int64_t frac_ms = 0;
+        if (*p == '.') {
+                p++;
+                int digits = 0;
+                int64_t v = 0;
+                while (*p >= '0' && *p <= '9') {
+                        if (digits < 3) {
+                                v = v * 10 + (*p - '0');
+                                digits++;
+                        }
+                        p++;
+                }
+                while (digits++ < 3)
+                        v *= 10;
+                frac_ms = v;
+        }
+        int64_t off = 0;
+        if (*p == 'Z' || *p == 'z')
+                p++;
+        else if (*p == '+' || *p == '-') {
+                int sign = *p == '-' ? -1 : 1;
+                int hh, mm;
+                if (sscanf(p + 1, "%2d:%2d", &hh, &mm) != 2)
+                        return -EINVAL;
+                off = sign * (hh * 3600 + mm * 60);
+                p += 6;
+        } else
+                return -EINVAL;
+        if (*p)
+                return -EINVAL;
+        time_t t = timegm(&tm);
+        *ret_ms = ((int64_t) t - off) * 1000 + frac_ms;
+        return 0;
+}
+
+bool const_time_eq(const char *a, const char *b) {
+        size_t la = strlen(a), lb = strlen(b);
+        unsigned char d = la != lb;
+        for (size_t i = 0; i < la; i++)
+                d |= (unsigned char) a[i] ^ (unsigned char) (i < lb ? b[i] : 0);
+        return d == 0;
+}
+
+/* ------------------------------------------------------------------ loop */
+
+int loop_add(server *srv, watcher *w, int fd, uint32_t events) {
+        w->fd = fd;
+        w->events = events;
+        struct epoll_event ev = { .events = events, .data.ptr = w };
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+                return negative_errno();
+        return 0;
+}
+
+int loop_mod(server *srv, watcher *w, uint32_t events) {
+        if (w->fd < 0 || w->events == events)
+                return 0;
+        w->events = events;
+        struct epoll_event ev = { .events = events, .data.ptr = w };
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_MOD, w->fd, &ev) < 0)
+                return negative_errno();
+        return 0;
+}
+
+void loop_del(server *srv, watcher *w) {
+        if (w->fd >= 0)
+                (void) epoll_ctl(srv->epfd, EPOLL_CTL_DEL, w->fd, NULL);
+}
+
+static void on_signal(server *srv, watcher *w, uint32_t revents) {
+        struct signalfd_siginfo si;
+        while (read(srv->sigfd, &si, sizeof si) == sizeof si) {
+                if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) {
+                        log_info("signal %u: stopping (sandboxes keep running; the next start re-adopts them)",
+                                 si.ssi_signo);
+                        srv->quit = true;
+                }
+        }
+}
+
+static int ensure_default_team(server *srv, bool *ret_new_key, char key[45]) {
+        hutch_error err = { 0 };
+        int64_t n = 0, team = 0;
+        int r = store_team_count(srv->store, &n, &err);
+        if (r < 0)
+                return log_error_errno(r, "database: %s", err.msg);
+        *ret_new_key = false;
+        if (n == 0) {
+                r = store_team_create(srv->store, "default", &team, &err);
+                if (r < 0)
+                        return log_error_errno(r, "database: %s", err.msg);
+                int64_t key_id;
+                r = store_key_create(srv->store, team, "first start", key, &key_id, &err);
+                if (r < 0)
+                        return log_error_errno(r, "database: %s", err.msg);
+                *ret_new_key = true;
+        } else {
+                r = store_team_find(srv->store, "default", &team, &err);
+                if (r < 0)
+                        team = 0;
+        }
+        srv->default_team = team;
+        return 0;
+}
+
+/* The key written at first start, mode 0600; printed for the operator. */
+static int write_api_key(server *srv, const char *key) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/api-key", srv->cfg.data_dir);
+        char line[64];
+        int n = snprintf(line, sizeof line, "%s\n", key);
+        int r = write_file_atomic(path, line, (size_t) n, 0600);
+        if (r < 0)
+                return log_error_errno(r, "writing %s: %m", path);
+        return 0;
+}
+
+static void print_env(server *srv) {
+        char path[PATH_MAX], key[128] = "";
+        snprintf(path, sizeof path, "%s/api-key", srv->cfg.data_dir);
+        FILE *f = fopen(path, "re");
+        if (f) {
+                if (!fgets(key, sizeof key, f))
+                        key[0] = 0;
+                fclose(f);
+                key[strcspn(key, "\r\n")] = 0;
+        }
+        fprintf(stderr,
+                "hutch: listening on http://%s\n"
+                "hutch: point the E2B SDK at it with:\n"
+                "export E2B_API_URL=http://%s\n"
+                "export E2B_SANDBOX_URL=http://%s\n"
+                "export E2B_API_KEY=%s\n",
+                srv->cfg.listen, srv->cfg.listen, srv->cfg.listen,
+                key[0] ? key : "$(cat api-key) # the first key was written to DATA_DIR/api-key");
+        fflush(stderr);
+}
+
+int server_open_store(const char *data_dir, hutch_store **ret) {
+        int r = mkdir_p(data_dir, 0700);
+        if (r < 0)
+                return log_error_errno(r, "creating %s: %m", data_dir);
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/hutch.db", data_dir);
+        hutch_error err = { 0 };
+        r = store_open(path, ret, &err);
+        if (r < 0)
+                return log_error_errno(r, "opening %s: %s", path, err.msg);
+        return 0;
+}
+
+int server_run(const server_config *cfg) {
+        server srv_storage = { 0 };
+        server *srv = &srv_storage;
+        srv->cfg = *cfg;
+        srv->epfd = -1;
+        srv->sigfd = -1;
+        hutch_error err = { 0 };
+        int r;
+
+        (void) signal(SIGPIPE, SIG_IGN);
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGTERM);
+        sigprocmask(SIG_BLOCK, &mask, NULL);
+
+        srv->epfd = epoll_create1(EPOLL_CLOEXEC);
+        if (srv->epfd < 0)
+                return log_error_errno(negative_errno(), "epoll_create1: %m");
+        srv->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        if (srv->sigfd < 0)
+                return log_error_errno(negative_errno(), "signalfd: %m");
+        srv->sig_w.cb = on_signal;
+        loop_add(srv, &srv->sig_w, srv->sigfd, EPOLLIN);
+
+        r = server_open_store(srv->cfg.data_dir, &srv->store);
+        if (r < 0)
+                goto out;
+        r = store_master_secret(srv->store, srv->master, &err);
+        if (r < 0) {
+                log_error_errno(r, "database: %s", err.msg);
+                goto out;
+        }
+        bool new_key = false;
+        char key[45];
+        r = ensure_default_team(srv, &new_key, key);
+        if (r < 0)
+                goto out;
+        if (new_key && (r = write_api_key(srv, key)) < 0)
+                goto out;
+
+        hutch_ctx_config cc = { .run_dir = srv->cfg.run_dir, .data_dir = srv->cfg.data_dir };
+        r = hutch_ctx_new(&cc, &srv->ctx, &err);
+        if (r < 0) {
+                log_error_errno(r, "%s", err.msg);
+                goto out;
+        }
+
+        /* Bind first, then re-adopt: requests queue in the backlog meanwhile. */
+        r = http_start(srv, &err);
+        if (r < 0) {
+                log_error_errno(r, "%s", err.msg);
+                goto out;
+        }
+        sbx_readopt_all(srv);
+        print_env(srv);
+
+        while (!srv->quit) {
+                int64_t now = wall_ms();
+                int64_t next = sbx_timers(srv, now);
+                int64_t n2 = envd_timers(srv, now);
+                if (n2 >= 0 && (next < 0 || n2 < next))
+                        next = n2;
+                for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                        if (sb->dirty)
+                                sbx_drain(srv, sb);
+                MHD_run(srv->mhd); /* connections resumed above are served now */
+                int timeout = -1;
+                MHD_UNSIGNED_LONG_LONG mt;
+                if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)
+                        timeout = mt > 60000 ? 60000 : (int) mt;
+                if (next >= 0) {
+                        int64_t d = next - wall_ms();
+                        if (d < 0)
+                                d = 0;
+                        if (timeout < 0 || d < timeout)
+                                timeout = (int) d;
+                }
+                struct epoll_event evs[64];
+                int n = epoll_wait(srv->epfd, evs, ELEMENTSOF(evs), timeout);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = log_error_errno(negative_errno(), "epoll_wait: %m");
+                        break;
+                }
+                for (int i = 0; i < n; i++) {
+                        watcher *w = evs[i].data.ptr;
+                        if (w && w->cb)
+                                w->cb(srv, w, evs[i].events);
+                }
+        }
+        r = 0;
+out:
+        http_stop(srv);
+        sbx_free_all(srv);
+        hutch_ctx_free(srv->ctx);
+        store_close(srv->store);
+        if (srv->sigfd >= 0)
+                close(srv->sigfd);
+        if (srv->epfd >= 0)
+                close(srv->epfd);
+        return r;
+}

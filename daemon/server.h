@@ -1,0 +1,280 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * hutch serve: the daemon. One thread, one epoll loop (STYLE.md "The
+ * server"): libmicrohttpd runs in external-epoll mode inside it, streams are
+ * suspended connections resumed when a process pipe, a watch or a timer has
+ * something for them, so a thousand open streams cost no threads.
+ *
+ *   server.c     the loop, timers, configuration, start-up and re-adoption
+ *   http.c       request contexts, bodies, JSON/error responses, streams
+ *   api.c        routing and the control plane (/sandboxes, /v2/sandboxes)
+ *   sandboxes.c  the live sandbox table: create, kill, pause, timeouts, events
+ *   envd.c       the envd plane: Connect RPCs (process.*, filesystem.*)
+ *   files.c      GET/POST /files, signatures
+ *   connect.c    the Connect envelope and error codes (pure, fuzzed)
+ */
+#pragma once
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hutch/hutch.h"
+#include "store/store.h"
+
+#define ENVD_PORT 49983
+#define ENVD_VERSION "0.6.13"
+
+/* ------------------------------------------------------------ configuration */
+
+typedef struct server_config {
+        char listen[128];         /* host:port */
+        char data_dir[1024];
+        char run_dir[1024];
+        uint64_t default_timeout_s;  /* sandbox lifetime when create sends none */
+        uint64_t max_timeout_s;      /* longest lifetime a client may ask for */
+        uint64_t max_sandboxes_per_team;
+        uint64_t max_body_bytes;     /* JSON and RPC request bodies */
+        uint64_t max_upload_bytes;   /* one POST /files request, after decompression */
+        uint64_t max_connections;
+        uint64_t stream_buffer_bytes; /* output queued per stream before the process is throttled */
+        uint64_t memory_mb, cpu_count, disk_mb; /* default sandbox limits */
+        uint64_t metrics_interval_s;
+} server_config;
+
+int server_config_defaults(server_config *c);
+/* key = value lines; unknown keys and out-of-range values are errors. */
+int server_config_load_file(server_config *c, const char *path, hutch_error *err);
+int server_config_set(server_config *c, const char *key, const char *value, hutch_error *err);
+void server_config_help(FILE *f);
+
+/* ---------------------------------------------------------------- objects */
+
+typedef struct server server;
+typedef struct sbx sbx;
+typedef struct proc proc;
+typedef struct stream stream;
+typedef struct request request;
+
+/* Something registered in the epoll set. */
+typedef struct watcher {
+        int fd;
+        uint32_t events;
+        void (*cb)(server *srv, struct watcher *w, uint32_t revents);
+        void *data;
+} watcher;
+
+int loop_add(server *srv, watcher *w, int fd, uint32_t events);
+int loop_mod(server *srv, watcher *w, uint32_t events);
+void loop_del(server *srv, watcher *w);
+
+/* A chunked streaming response (Connect server streams). Bytes are queued
+ * here and handed to MHD by its content reader; with nothing queued the
+ * connection is suspended until stream_resume(). */
+enum { STREAM_PROCESS = 1, STREAM_WATCH = 2 };
+struct stream {
+        server *srv;
+        struct MHD_Connection *conn;
+        int kind;
+        sbx *sb;
+        proc *proc;          /* STREAM_PROCESS */
+        uint32_t watch_id;   /* STREAM_WATCH */
+        char *watch_root;    /* STREAM_WATCH: the watched path, without trailing '/' */
+        bool watch_recursive, watch_entry;
+        hutch_fs_user user;
+        char *buf;
+        size_t len, off, cap;
+        bool suspended;
+        bool finished;       /* the end-stream frame is queued: END_OF_STREAM after the buffer */
+        bool cut;            /* sandbox killed or paused: drop the connection, no end frame */
+        bool started;        /* the start event was queued */
+        int64_t keepalive_ms; /* 0 = none */
+        int64_t last_send_ms;
+        int64_t deadline_ms;  /* Connect-Timeout-Ms; 0 = none */
+        stream *next_in_proc; /* proc's subscriber list */
+        stream *next, *prev;  /* server's list of open streams */
+};
+
+void stream_queue_frame(stream *st, uint8_t flags, const char *json, size_t len);
+void stream_queue_json(stream *st, json_t *msg); /* steals msg */
+void stream_finish(stream *st, const char *code, const char *message);
+void stream_cut(stream *st);
+void stream_resume(stream *st);
+/* Attach a new streaming response to the connection and queue it (status 200). */
+stream *stream_new(server *srv, struct MHD_Connection *conn, int kind, enum MHD_Result *ret_mhd);
+
+/* A process started through the envd plane (or found again at re-adoption). */
+#define PROC_EXITED_KEEP 64
+struct proc {
+        sbx *sb;
+        pid_t pid;
+        char *tag;
+        json_t *config;        /* ProcessConfig as JSON: cmd, args, envs, cwd */
+        bool pty;
+        int in_fd;             /* stdin pipe write end, or the pty master (dup), or -1 */
+        watcher out_w, err_w;  /* stdout/stderr (pty: out only) */
+        bool out_eof, err_eof;
+        bool exited;
+        hutch_exit exit;
+        int64_t exited_ms;
+        int64_t deadline_ms;   /* SIGKILL at this time (Connect-Timeout-Ms of Start) */
+        stream *timeout_stream; /* the Start stream whose deadline this is */
+        bool throttled;        /* output reading paused: a subscriber is slow */
+        stream *subs;          /* subscriber streams */
+        char *inbuf;           /* stdin bytes not yet written */
+        size_t inlen;
+        watcher in_w;
+        proc *next;
+};
+
+struct sbx {
+        server *srv;
+        char id[HUTCH_ID_LEN + 1];
+        int64_t team_id;
+        char template_id[64];
+        char alias[64];
+        hutch_sandbox *h;
+        watcher w;              /* init's control socket */
+        bool paused;
+        bool dead;
+        bool dirty;             /* a synchronous call may have queued events: drain them */
+        int64_t started_ms, end_ms;
+        char token[64];
+        json_t *metadata;       /* object of strings */
+        json_t *envs;           /* object of strings */
+        json_t *extra;          /* lifecycle etc. */
+        bool on_timeout_pause;
+        bool auto_resume;
+        int64_t cpu_count, memory_mb, disk_mb;
+        proc *procs;            /* live and recently exited */
+        struct pwatch *pwatches; /* CreateWatcher watchers (polled with GetWatcherEvents) */
+        unsigned n_exited;
+        /* metrics ring */
+#define SBX_METRICS 120
+        struct sample {
+                int64_t ts_ms;
+                double cpu_pct;
+                uint64_t mem_used, mem_total, mem_cache, disk_used, disk_total;
+        } samples[SBX_METRICS];
+        unsigned n_samples, sample_head;
+        uint64_t last_cpu_ns;
+        int64_t last_cpu_ms;
+        int64_t next_sample_ms;
+        sbx *next;
+};
+
+struct server {
+        server_config cfg;
+        int epfd;
+        struct MHD_Daemon *mhd;
+        watcher mhd_w;
+        hutch_ctx *ctx;
+        hutch_store *store;
+        uint8_t master[32];
+        sbx *sandboxes;
+        stream *streams;
+        bool quit;
+        int sigfd;
+        watcher sig_w;
+        int64_t default_team;
+};
+
+/* ---------------------------------------------------------------- http.c */
+
+/* One request's state across MHD's access-handler calls. */
+enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3 };
+struct request {
+        server *srv;
+        struct MHD_Connection *conn;
+        const char *method;
+        char *url;
+        int body_mode;
+        char *body;
+        size_t body_len, body_cap;
+        bool too_large;
+        struct files_upload *upload; /* BODY_FILES */
+        bool responded;
+        bool data_plane;             /* routed to a sandbox's envd */
+        int64_t team;                /* control plane: the API key's team */
+        char sbx_id[HUTCH_ID_LEN + 1];
+};
+
+enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
+enum MHD_Result http_reply_error(struct MHD_Connection *c, unsigned status, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+enum MHD_Result http_reply_empty(struct MHD_Connection *c, unsigned status);
+enum MHD_Result http_reply_text(struct MHD_Connection *c, unsigned status, const char *ctype, const char *text);
+/* Connect unary error: {"code":"not_found","message":…} with the mapped status. */
+enum MHD_Result http_reply_connect_error(struct MHD_Connection *c, const char *code, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id);
+const char *http_header(struct MHD_Connection *c, const char *name);
+const char *http_query(struct MHD_Connection *c, const char *name);
+
+int http_start(server *srv, hutch_error *err);
+void http_stop(server *srv);
+
+/* ----------------------------------------------------------------- api.c */
+
+/* Called once the body (if any) is complete. */
+enum MHD_Result api_dispatch(server *srv, request *req);
+/* Called with the headers, before the body: may reject early, or claim the
+ * body as a streamed upload (POST /files). Returns MHD_YES to go on reading. */
+enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded);
+
+/* ------------------------------------------------------------ sandboxes.c */
+
+sbx *sbx_find(server *srv, const char *id);
+sbx *sbx_find_team(server *srv, const char *id, int64_t team);
+int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err);
+int sbx_kill(server *srv, sbx *sb, const char *reason);
+int sbx_pause(server *srv, sbx *sb, hutch_error *err);
+int sbx_resume(server *srv, sbx *sb, hutch_error *err);
+void sbx_cut_streams(server *srv, sbx *sb);
+void sbx_drain(server *srv, sbx *sb);
+void sbx_mark_dirty(sbx *sb);
+int sbx_readopt_all(server *srv);
+int64_t sbx_timers(server *srv, int64_t now); /* runs what is due; returns the next due time or -1 */
+void sbx_sample(server *srv, sbx *sb, int64_t now);
+int sbx_live_count(server *srv, int64_t team);
+void sbx_token_derive(server *srv, const char *id, const char *nonce, char ret[64]);
+json_t *sbx_to_json(sbx *sb, bool detail);
+void sbx_free_all(server *srv);
+
+/* ---------------------------------------------------------------- envd.c */
+
+enum MHD_Result envd_dispatch(server *srv, request *req, sbx *sb);
+int user_resolve(const char *name, hutch_fs_user *ret_user, const char **ret_home);
+/* "Basic base64(user:)" → user name; NULL header → "user". */
+int user_from_auth(const char *authorization, char *ret, size_t retlen);
+char *path_resolve(const char *path, const char *home); /* relative to home */
+json_t *entry_to_json(const hutch_file_info *fi);
+void proc_on_exit(server *srv, sbx *sb, const hutch_exit *ex);
+void proc_free(proc *p);
+void sbx_pwatches_free(sbx *sb);
+void proc_readopt(server *srv, sbx *sb);
+void proc_maybe_unthrottle(server *srv, proc *p);
+void stream_on_watch_event(server *srv, sbx *sb, const hutch_event *ev);
+int64_t envd_timers(server *srv, int64_t now);
+
+/* --------------------------------------------------------------- files.c */
+
+enum MHD_Result files_begin(server *srv, request *req, sbx *sb);
+enum MHD_Result files_body(server *srv, request *req, const char *data, size_t *size);
+enum MHD_Result files_finish(server *srv, request *req);
+enum MHD_Result files_get(server *srv, request *req, sbx *sb);
+void files_upload_free(struct files_upload *u);
+/* Which sandbox a signed /files URL (no routing headers) belongs to. */
+sbx *files_signed_sandbox(server *srv, struct MHD_Connection *c, bool write);
+
+/* --------------------------------------------------------------- misc */
+
+size_t base64_encode(const uint8_t *in, size_t len, char *out); /* out: 4*ceil(len/3)+1 bytes */
+/* Standard or URL-safe alphabet, padding optional. Returns the length or -EINVAL. */
+ssize_t base64_decode(const char *in, size_t len, uint8_t *out);
+
+int64_t wall_ms(void);
+void format_rfc3339(int64_t ms, char buf[40]);
+int parse_rfc3339(const char *s, int64_t *ret_ms);
+bool const_time_eq(const char *a, const char *b);
