@@ -790,8 +790,7 @@ static enum MHD_Result process_send_input(rpc *x) {
                 return rpc_error(x, "invalid_argument", "input.stdin or input.pty is required");
         if (ptyd && !p->pty)
                 return rpc_error(x, "failed_precondition", "process has no pty");
-        if (data && p->pty)
-                data = data; /* envd writes stdin of a pty process to the pty too */
+        /* stdin input to a pty process goes to the pty too, as envd does */
         const char *s = data ? data : ptyd;
         size_t l = strlen(s);
         uint8_t *buf = malloc(l / 4 * 3 + 4);

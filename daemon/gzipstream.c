@@ -141,7 +141,8 @@ int gzip_stream_feed(gzip_stream *g, const void *in, size_t len, bool finish, gz
                         r = gz_inflate(g, finish && last, out, ud);
                 else
                         r = gz_deflate(g, finish && last ? Z_FINISH : Z_NO_FLUSH, out, ud);
-                p += n;
+                if (n > 0) /* p may be NULL when len is 0 */
+                        p += n;
                 len -= n;
         } while (r >= 0 && len > 0);
         g->z.next_in = NULL; /* the caller's buffer is not ours to keep */

@@ -330,7 +330,7 @@ static void on_mhd_ready(server *srv, watcher *w, uint32_t revents) {
         MHD_run(srv->mhd);
 }
 
-static void on_log(void *cls, const char *fmt, va_list ap) {
+__attribute__((format(printf, 2, 0))) static void on_log(void *cls, const char *fmt, va_list ap) {
         if (log_get_level() < LOG_LEVEL_DEBUG)
                 return;
         char buf[1024];

@@ -193,8 +193,12 @@ int parse_rfc3339(const char *s, int64_t *ret_ms) {
                 p++;
         else if (*p == '+' || *p == '-') {
                 int sign = *p == '-' ? -1 : 1;
-                int hh, mm;
-                if (sscanf(p + 1, "%2d:%2d", &hh, &mm) != 2)
+                /* exactly ±hh:mm */
+                for (int i = 1; i <= 5; i++)
+                        if (i == 3 ? p[i] != ':' : !(p[i] >= '0' && p[i] <= '9'))
+                                return -EINVAL;
+                int hh = (p[1] - '0') * 10 + (p[2] - '0'), mm = (p[4] - '0') * 10 + (p[5] - '0');
+                if (hh > 23 || mm > 59)
                         return -EINVAL;
                 off = sign * (hh * 3600 + mm * 60);
                 p += 6;

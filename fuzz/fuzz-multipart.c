@@ -99,7 +99,7 @@ static const multipart_callbacks callbacks = {
 };
 
 static bool same(const mp_log *a, const mp_log *b) {
-        return a->len == b->len && memcmp(a->buf, b->buf, a->len) == 0;
+        return a->len == b->len && (a->len == 0 || memcmp(a->buf, b->buf, a->len) == 0);
 }
 
 /* Parse body cut at cuts[0..n_cuts) (ascending); step 1 = one byte at a time. */
@@ -111,6 +111,7 @@ static int parse(const char *ct, const uint8_t *body, size_t len, const size_t *
         if (r < 0) {
                 if (r != -EINVAL || !err[0])
                         abort();
+                log_put(l, &r, sizeof r);
                 return r;
         }
         size_t at = 0;
