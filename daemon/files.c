@@ -153,6 +153,95 @@ static void content_disposition(const char *name, char *out, size_t len) {
         out[o] = 0;
 }
 
+/* The SDK asks for a compressed download (`gzip: true`) by setting
+ * Accept-Encoding to exactly "gzip"; undici's own default on every request
+ * is "gzip, deflate", which is answered with identity (always allowed, and
+ * it keeps large downloads at disk speed instead of deflate speed). */
+static bool wants_gzip(struct MHD_Connection *c) {
+        const char *ae = http_header(c, "Accept-Encoding");
+        if (!ae)
+                return false;
+        while (*ae == ' ')
+                ae++;
+        size_t n = strlen(ae);
+        while (n > 0 && ae[n - 1] == ' ')
+                n--;
+        return n == 4 && strncasecmp(ae, "gzip", 4) == 0;
+}
+
+typedef struct gz_reader {
+        int fd;
+        gzip_stream *gz;
+        char *buf;
+        size_t len, off, cap;
+        bool eof;
+} gz_reader;
+
+static int gz_collect(void *ud, const void *data, size_t len) {
+        gz_reader *g = ud;
+        if (g->len + len > g->cap) {
+                size_t cap = g->cap ? g->cap * 2 : 128 * 1024;
+                while (cap < g->len + len)
+                        cap *= 2;
+                char *b = realloc(g->buf, cap);
+                if (!b)
+                        return -ENOMEM;
+                g->buf = b;
+                g->cap = cap;
+        }
+        memcpy(g->buf + g->len, data, len);
+        g->len += len;
+        return 0;
+}
+
+static ssize_t gz_read(void *cls, uint64_t pos, char *out, size_t max) {
+        gz_reader *g = cls;
+        while (g->off == g->len) {
+                if (g->eof)
+                        return MHD_CONTENT_READER_END_OF_STREAM;
+                g->off = g->len = 0;
+                char in[64 * 1024];
+                ssize_t n = read(g->fd, in, sizeof in);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return MHD_CONTENT_READER_END_WITH_ERROR;
+                if (n == 0)
+                        g->eof = true;
+                if (gzip_stream_feed(g->gz, in, (size_t) n, n == 0, gz_collect, g) < 0)
+                        return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        size_t k = MIN(max, g->len - g->off);
+        memcpy(out, g->buf + g->off, k);
+        g->off += k;
+        return (ssize_t) k;
+}
+
+static void gz_free(void *cls) {
+        gz_reader *g = cls;
+        safe_close(g->fd);
+        gzip_stream_free(g->gz);
+        free(g->buf);
+        free(g);
+}
+
+static struct MHD_Response *gzip_response(int fd) {
+        gz_reader *g = calloc(1, sizeof *g);
+        if (!g)
+                return NULL;
+        g->fd = fd;
+        if (gzip_deflate_new(1, &g->gz) < 0) {
+                free(g);
+                return NULL;
+        }
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, gz_read, g, gz_free);
+        if (!r) {
+                gzip_stream_free(g->gz);
+                free(g);
+        }
+        return r;
+}
+
 enum MHD_Result files_get(server *srv, request *req, sbx *sb) {
         struct MHD_Connection *c = req->conn;
         enum MHD_Result mr = MHD_NO;
@@ -190,8 +279,14 @@ enum MHD_Result files_get(server *srv, request *req, sbx *sb) {
         char disp[512];
         content_disposition(fi.name ? fi.name : "file", disp, sizeof disp);
         hutch_file_info_clear(&fi);
-        /* MHD reads with pread from the descriptor and closes it */
-        struct MHD_Response *resp = MHD_create_response_from_fd64((uint64_t) st.st_size, fd);
+        struct MHD_Response *resp;
+        if (wants_gzip(c)) {
+                resp = gzip_response(fd);
+                if (resp)
+                        MHD_add_response_header(resp, "Content-Encoding", "gzip");
+        } else
+                /* MHD reads with pread from the descriptor and closes it */
+                resp = MHD_create_response_from_fd64((uint64_t) st.st_size, fd);
         if (!resp) {
                 close(fd);
                 return MHD_NO;

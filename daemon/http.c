@@ -200,7 +200,7 @@ static void stream_free_cb(void *cls) {
         stream *st = cls;
         server *srv = st->srv;
         stream_unlink_proc(st);
-        if (st->kind == STREAM_WATCH && st->sb && !st->sb->dead && st->watch_id) {
+        if (st->kind == STREAM_WATCH && st->sb && !st->sb->dead && !st->sb->paused && st->watch_id) {
                 hutch_error err = { 0 };
                 if (hutch_fs_watch_remove(st->sb->h, st->watch_id, &err) < 0)
                         log_debug("sandbox %s: removing watch %u: %s", st->sb->id, st->watch_id, err.msg);

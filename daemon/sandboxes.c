@@ -381,6 +381,13 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
 int sbx_pause(server *srv, sbx *sb, hutch_error *err) {
         if (sb->paused)
                 return hutch_error_set(err, -EALREADY, "sandbox %s is already paused", sb->id);
+        /* watches go first: a frozen init cannot answer their removal */
+        for (stream *st = srv->streams; st; st = st->next)
+                if (st->sb == sb && st->kind == STREAM_WATCH && st->watch_id) {
+                        hutch_error e = { 0 };
+                        (void) hutch_fs_watch_remove(sb->h, st->watch_id, &e);
+                        st->watch_id = 0;
+                }
         int r = hutch_sandbox_freeze(sb->h, err);
         if (r < 0)
                 return r;
@@ -410,6 +417,10 @@ int sbx_resume(server *srv, sbx *sb, hutch_error *err) {
                 return r;
         sb->paused = false;
         sbx_mark_dirty(sb);
+        if (sb->procs_pending) {
+                sb->procs_pending = false;
+                proc_readopt(srv, sb);
+        }
         hutch_error e2 = { 0 };
         (void) store_sandbox_set_state(srv->store, sb->id, STORE_SBX_RUNNING, &e2);
         (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.resume", "{}", &e2);
@@ -581,7 +592,10 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         }
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
-        proc_readopt(srv, sb);
+        if (sb->paused)
+                sb->procs_pending = true; /* its init is frozen: ask once it runs again */
+        else
+                proc_readopt(srv, sb);
         sbx_mark_dirty(sb);
         log_info("sandbox %s: re-adopted (%s)", sb->id, sb->paused ? "paused" : "running");
         return 1;

@@ -139,6 +139,7 @@ struct sbx {
         bool paused;
         bool dead;
         bool dirty;             /* a synchronous call may have queued events: drain them */
+        bool procs_pending;     /* re-adopted while paused: find its processes at resume */
         int64_t started_ms, end_ms;
         char token[64];
         json_t *metadata;       /* object of strings */

@@ -791,7 +791,21 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                         r = hutch_error_set(err, -errno, "connecting to sandbox %s: %m", id);
                         goto fail;
                 }
-                if ((r = initconn_hello(sb, INIT_READY_TIMEOUT_MS, err)) < 0)
+                /* A paused (frozen) sandbox's init cannot answer: thaw it for
+                 * the handshake only, and freeze it again. */
+                bool frozen = sb->cg && cgroup_is_frozen(sb->cg) > 0;
+                if (frozen && (r = cgroup_thaw(sb->cg, err)) < 0)
+                        goto fail;
+                r = initconn_hello(sb, INIT_READY_TIMEOUT_MS, err);
+                if (frozen) {
+                        hutch_error e2 = { 0 };
+                        int k = cgroup_freeze(sb->cg, &e2);
+                        if (r >= 0 && k < 0) {
+                                r = hutch_error_set(err, k, "sandbox %s: freezing again: %s", id, e2.msg);
+                                goto fail;
+                        }
+                }
+                if (r < 0)
                         goto fail;
         }
         *ret = sb;
