@@ -99,6 +99,10 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
                         }
                 } else if (!token_optional)
                         return http_reply_connect_error(c, "unauthenticated", "missing access token");
+                const char *cl = http_header(c, "Content-Length");
+                if (!is_files && cl && strtoull(cl, NULL, 10) > srv->cfg.max_body_bytes)
+                        return http_reply_error(c, 413, "request body exceeds %llu bytes",
+                                                (unsigned long long) srv->cfg.max_body_bytes);
                 if (is_files && streq(req->method, "POST")) {
                         req->body_mode = BODY_FILES;
                         enum MHD_Result mr = files_begin(srv, req, sb);
@@ -209,7 +213,12 @@ static bool metadata_matches(json_t *md, const char *query) {
                 if (!eq)
                         continue;
                 *eq = 0;
+                /* MHD decoded the parameter once; the SDK encoded each key
+                 * and value, then the pair list: two more levels (E2B's API
+                 * does ParseQuery, then QueryUnescape) */
                 url_decode(pair);
+                url_decode(pair);
+                url_decode(eq + 1);
                 url_decode(eq + 1);
                 const char *v = json_string_value(json_object_get(md, pair));
                 ok = v && streq(v, eq + 1);
@@ -239,12 +248,20 @@ static enum MHD_Result sandboxes_list(server *srv, request *req, bool v2) {
                 want_running = strstr(state, "running") != NULL;
                 want_paused = strstr(state, "paused") != NULL;
                 char *s = strdup(state), *save = NULL;
-                for (char *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save))
+                if (!s)
+                        return MHD_NO;
+                unsigned n_states = 0;
+                for (char *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                         if (!streq(t, "running") && !streq(t, "paused")) {
+                                enum MHD_Result mr = http_reply_error(c, 400, "unknown state '%.64s'", t);
                                 free(s);
-                                return http_reply_error(c, 400, "unknown state '%s'", t);
+                                return mr;
                         }
+                        n_states++;
+                }
                 free(s);
+                if (n_states == 0)
+                        return http_reply_error(c, 400, "state names no state");
         }
         int64_t after_ms = INT64_MIN;
         if (after && *after && parse_rfc3339(after, &after_ms) < 0)

@@ -10,6 +10,7 @@
  */
 #include <ctype.h>
 #include <openssl/sha.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #define GZIP_SLICE 4096 /* input fed to the inflater per step: bounds a bomb's burst to ~4 MiB */
 #define MAX_FILES_PER_UPLOAD 1000
 #define MAX_METADATA 64
+#define MAX_FILES_IN_FLIGHT 16 /* hutch-init allows 64 open writes per connection */
 
 /* ---------------------------------------------------------------- signatures */
 
@@ -439,6 +441,35 @@ static void file_commit(files_upload *u, upload_file *f) {
         hutch_file_info_clear(&fi);
 }
 
+/* The pipe broke: hutch-init stopped reading because its write failed (a
+ * full layer, say). Its commit reply says why. */
+static void file_broken(files_upload *u, upload_file *f, int write_err) {
+        if (u->drain_w.fd == f->fd && f->fd >= 0) {
+                loop_del(u->srv, &u->drain_w);
+                u->drain_w.fd = -1;
+        }
+        f->fd = safe_close(f->fd);
+        free(f->pending);
+        f->pending = NULL;
+        f->plen = 0;
+        hutch_file_info fi = { 0 };
+        hutch_error err = { 0 };
+        sbx *sb = upload_sandbox(u);
+        int r = sb && f->w ? hutch_fs_write_commit(f->w, f->bytes, &fi, &err) : -ECONNRESET;
+        f->w = NULL;
+        if (sb)
+                sbx_mark_dirty(sb);
+        if (r >= 0) {
+                hutch_file_info_clear(&fi);
+                r = write_err;
+                snprintf(err.msg, sizeof err.msg, "%s", strerror(-write_err));
+        }
+        if (r == -ENOSPC || r == -EDQUOT)
+                upload_fail(u, 507, "not enough disk space to write '%s'", f->path);
+        else
+                upload_fail(u, status_from_errno(r), "writing '%s': %s", f->path, err.msg);
+}
+
 /* Flush in order; commit files whose data is complete. 0 = nothing pending. */
 static int upload_progress(files_upload *u) {
         while (u->files) {
@@ -447,7 +478,7 @@ static int upload_progress(files_upload *u) {
                 if (r == -EAGAIN)
                         return -EAGAIN;
                 if (r < 0) {
-                        upload_fail(u, 500, "writing '%s': %s", f->path, strerror(-r));
+                        file_broken(u, f, r);
                         return r;
                 }
                 if (!f->ended)
@@ -463,6 +494,32 @@ static int upload_progress(files_upload *u) {
                         return -EIO;
         }
         return 0;
+}
+
+/* Write out and commit finished files, waiting (bounded) for their pipes,
+ * until at most `keep` are in flight. */
+static int upload_settle(files_upload *u, unsigned keep) {
+        for (;;) {
+                unsigned n = 0;
+                for (upload_file *f = u->files; f; f = f->next)
+                        n++;
+                if (n <= keep)
+                        return 0;
+                upload_file *f = u->files;
+                if (!f->ended)
+                        return 0;
+                int r = upload_progress(u);
+                if (u->status)
+                        return -EIO;
+                if (r == -EAGAIN) {
+                        struct pollfd pfd = { .fd = f->fd, .events = POLLOUT };
+                        int k = poll(&pfd, 1, 30000);
+                        if (k <= 0) {
+                                upload_fail(u, 500, "writing '%s': the sandbox does not take the data", f->path);
+                                return -EIO;
+                        }
+                }
+        }
 }
 
 static int part_begin(void *ud, const multipart_part *p) {
@@ -499,6 +556,12 @@ static int part_begin(void *ud, const multipart_part *p) {
                         free(path);
                         return -EINVAL;
                 }
+        /* hutch-init keeps a bounded number of writes open: finish older
+         * files first when a request carries many small ones */
+        if (upload_settle(u, MAX_FILES_IN_FLIGHT - 1) < 0) {
+                free(path);
+                return -EIO;
+        }
         sbx *sb = upload_sandbox(u);
         if (!sb) {
                 free(path);
@@ -557,7 +620,7 @@ static int part_data(void *ud, const void *data, size_t len) {
                 ssize_t n = write(f->fd, data, len);
                 if (n < 0) {
                         if (errno != EAGAIN && errno != EINTR) {
-                                upload_fail(u, 500, "writing '%s': %m", f->path);
+                                file_broken(u, f, negative_errno());
                                 return -EIO;
                         }
                         n = 0;

@@ -17,9 +17,9 @@ typedef struct gzip_stream gzip_stream;
 typedef int (*gzip_output_fn)(void *ud, const void *data, size_t len);
 
 /* Decoder. Concatenated gzip members are accepted (RFC 1952 §2.2, like
- * gzip -d and Go's gzip.Reader). feed returns -EFBIG, without handing on the
- * bytes past the limit, as soon as the output would exceed max_output (a
- * decompression bomb), -EBADMSG on corrupt data or trailing garbage after the
+ * gzip -d and Go's gzip.Reader). feed returns -EFBIG as soon as the output
+ * would exceed max_output (a decompression bomb; no byte past the limit is
+ * handed on, and at most 64 KiB is inflated beyond it), -EBADMSG on corrupt data or trailing garbage after the
  * last member, and with finish=true -EBADMSG when the stream is truncated; an
  * empty body is not a gzip stream either. -ENOMEM. */
 int gzip_inflate_new(uint64_t max_output, gzip_stream **ret);

@@ -25,9 +25,20 @@ const char *http_query(struct MHD_Connection *c, const char *name) {
         return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
 }
 
+/* While a request's body is still to come, libmicrohttpd 0.9.75 refuses a
+ * response (and an early one closes the connection, so a client still
+ * writing its body sees EPIPE, not the answer). Replies made then are kept
+ * here and queued once the body has been read and thrown away. */
+static request *deferring;
+
 static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp) {
         if (!resp)
                 return MHD_NO;
+        if (deferring && deferring->conn == c && !deferring->deferred) {
+                deferring->deferred = resp;
+                deferring->deferred_status = status;
+                return MHD_YES;
+        }
         enum MHD_Result r = MHD_queue_response(c, status, resp);
         MHD_destroy_response(resp);
         return r;
@@ -249,6 +260,8 @@ stream *stream_new(server *srv, struct MHD_Connection *conn, int kind, enum MHD_
 static void request_free(request *req) {
         if (!req)
                 return;
+        if (req->deferred)
+                MHD_destroy_response(req->deferred);
         if (req->upload)
                 files_upload_free(req->upload);
         free(req->body);
@@ -259,6 +272,49 @@ static void request_free(request *req) {
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
         request_free(*con_cls);
         *con_cls = NULL;
+}
+
+static enum MHD_Result nul_check(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                  const char *value, size_t value_size) {
+        bool *bad = cls;
+        if (strlen(key) != key_size || (value && strlen(value) != value_size)) {
+                *bad = true;
+                return MHD_NO;
+        }
+        return MHD_YES;
+}
+
+/* A request is refused before routing when it could mean two things to two
+ * parsers: a NUL inside a query value or header (C strings would cut it), or
+ * both Content-Length and Transfer-Encoding (request smuggling, RFC 9112
+ * §6.3). Answered early, so the connection is closed after the reply. */
+static bool request_ambiguous(struct MHD_Connection *c, const char **ret_why) {
+        bool bad = false;
+        MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND | MHD_HEADER_KIND, nul_check, &bad);
+        if (bad) {
+                *ret_why = "NUL byte in a query parameter or header";
+                return true;
+        }
+        if (http_header(c, "Content-Length") && http_header(c, "Transfer-Encoding")) {
+                *ret_why = "both Content-Length and Transfer-Encoding";
+                return true;
+        }
+        return false;
+}
+
+static bool has_body(struct MHD_Connection *c) {
+        const char *cl = http_header(c, "Content-Length");
+        if (cl)
+                return strtoull(cl, NULL, 10) > 0;
+        return http_header(c, "Transfer-Encoding") != NULL;
+}
+
+static enum MHD_Result finish_deferred(request *req) {
+        struct MHD_Response *resp = req->deferred;
+        req->deferred = NULL;
+        enum MHD_Result r = MHD_queue_response(req->conn, req->deferred_status, resp);
+        MHD_destroy_response(resp);
+        return r;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -280,27 +336,66 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         return MHD_NO;
                 }
                 *con_cls = req;
+                const char *why;
+                if (request_ambiguous(conn, &why)) {
+                        req->responded = true;
+                        struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+                        json_t *body = json_pack("{s:i, s:s}", "code", 400, "message", why);
+                        char *txt = json_dumps(body, JSON_COMPACT);
+                        json_decref(body);
+                        MHD_destroy_response(resp);
+                        resp = MHD_create_response_from_buffer(strlen(txt), txt, MHD_RESPMEM_MUST_FREE);
+                        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+                        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+                        enum MHD_Result r = MHD_queue_response(conn, 400, resp);
+                        MHD_destroy_response(resp);
+                        return r;
+                }
+                /* a refused request's body is read and dropped, up to a cap:
+                 * one announced beyond it is answered at once (and closed) */
+                const char *cl = http_header(conn, "Content-Length");
+                bool body = has_body(conn) &&
+                            !(cl && strtoull(cl, NULL, 10) > srv->cfg.max_body_bytes + (64u << 20));
+                if (body)
+                        deferring = req;
                 bool responded = false;
                 enum MHD_Result r = api_begin(srv, req, &responded);
+                deferring = NULL;
                 if (responded)
                         req->responded = true;
+                if (req->deferred)
+                        req->body_mode = BODY_DISCARD;
                 return r;
         }
         if (*upload_size > 0) {
-                if (req->responded || req->body_mode == BODY_DISCARD) {
+                if (req->responded && !req->deferred) {
                         *upload_size = 0;
                         return MHD_YES;
                 }
+                if (req->body_mode == BODY_DISCARD) {
+                        /* read and drop the body of a refused request, so the
+                         * client gets to read the answer; past the cap the
+                         * connection is closed instead */
+                        req->discarded += *upload_size;
+                        *upload_size = 0;
+                        return req->discarded > srv->cfg.max_body_bytes + (64u << 20) ? MHD_NO : MHD_YES;
+                }
                 if (req->body_mode == BODY_FILES) {
+                        deferring = req;
                         enum MHD_Result r = files_body(srv, req, upload_data, upload_size);
+                        deferring = NULL;
                         return r;
                 }
                 size_t n = *upload_size;
                 if (req->body_len + n > srv->cfg.max_body_bytes) {
-                        req->responded = true;
+                        deferring = req;
+                        http_reply_error(conn, 413, "request body exceeds %llu bytes",
+                                         (unsigned long long) srv->cfg.max_body_bytes);
+                        deferring = NULL;
+                        req->body_mode = BODY_DISCARD;
+                        req->discarded = req->body_len + n;
                         *upload_size = 0;
-                        return http_reply_error(conn, 413, "request body exceeds %llu bytes",
-                                                (unsigned long long) srv->cfg.max_body_bytes);
+                        return MHD_YES;
                 }
                 if (req->body_len + n + 1 > req->body_cap) {
                         size_t cap = req->body_cap ? req->body_cap : 1024;
@@ -318,6 +413,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 *upload_size = 0;
                 return MHD_YES;
         }
+        if (req->deferred)
+                return finish_deferred(req);
         if (req->responded)
                 return MHD_YES;
         if (req->body_mode == BODY_FILES)

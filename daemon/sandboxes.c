@@ -198,8 +198,11 @@ static json_t *extra_json(sbx *sb, json_t *body) {
 
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
         *ret_status = 400;
-        const char *tpl = json_string_value(json_object_get(body, "templateID"));
-        if (!tpl)
+        json_t *tj = json_object_get(body, "templateID");
+        if (tj && !json_is_null(tj) && !json_is_string(tj))
+                return hutch_error_set(err, -EINVAL, "templateID must be a string");
+        const char *tpl = json_string_value(tj);
+        if (!tpl || !*tpl)
                 tpl = "base";
         const char *template_name, *alias;
         if (streq(tpl, "base") || streq(tpl, "host")) {

@@ -327,6 +327,32 @@ int server_open_store(const char *data_dir, hutch_store **ret) {
         return 0;
 }
 
+/* Sandboxes are created by processes running as the sandbox's own host
+ * uid, which must be able to walk down to the run dir (each sandbox's
+ * directory and socket live there): refuse one behind a 0700 directory at
+ * start instead of failing every create. */
+static int check_run_dir_reachable(const char *dir) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s", dir);
+        for (char *p = path + 1;; p++) {
+                char c = *p;
+                if (c == '/' || c == 0) {
+                        *p = 0;
+                        struct stat st;
+                        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && !(st.st_mode & S_IXOTH)) {
+                                log_error("%s is mode %04o: sandbox uids cannot reach the run dir %s below it "
+                                          "(chmod o+x %s, or choose another --run-dir)",
+                                          path, (unsigned) (st.st_mode & 07777), dir, path);
+                                return -EACCES;
+                        }
+                        *p = c;
+                        if (c == 0)
+                                break;
+                }
+        }
+        return 0;
+}
+
 int server_run(const server_config *cfg) {
         server srv_storage = { 0 };
         server *srv = &srv_storage;
@@ -353,6 +379,9 @@ int server_run(const server_config *cfg) {
         loop_add(srv, &srv->sig_w, srv->sigfd, EPOLLIN);
 
         r = server_open_store(srv->cfg.data_dir, &srv->store);
+        if (r < 0)
+                goto out;
+        r = check_run_dir_reachable(srv->cfg.run_dir);
         if (r < 0)
                 goto out;
         r = store_master_secret(srv->store, srv->master, &err);
@@ -385,15 +414,23 @@ int server_run(const server_config *cfg) {
         print_env(srv);
 
         while (!srv->quit) {
-                int64_t now = wall_ms();
-                int64_t next = sbx_timers(srv, now);
-                int64_t n2 = envd_timers(srv, now);
-                if (n2 >= 0 && (next < 0 || n2 < next))
-                        next = n2;
-                for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
-                        if (sb->dirty)
-                                sbx_drain(srv, sb);
-                MHD_run(srv->mhd); /* connections resumed above are served now */
+                /* Twice: timers may resume suspended connections, which only
+                 * MHD_run() serves (a resume does not wake MHD's epoll fd),
+                 * and a request served there may set a deadline that the
+                 * wait below must know. */
+                int64_t next = -1;
+                for (int round = 0; round < 2; round++) {
+                        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                                if (sb->dirty)
+                                        sbx_drain(srv, sb);
+                        MHD_run(srv->mhd);
+                        int64_t now = wall_ms();
+                        next = sbx_timers(srv, now);
+                        int64_t n2 = envd_timers(srv, now);
+                        if (n2 >= 0 && (next < 0 || n2 < next))
+                                next = n2;
+                }
+                MHD_run(srv->mhd);
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
                 if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)

@@ -196,6 +196,9 @@ struct request {
         bool too_large;
         struct files_upload *upload; /* BODY_FILES */
         bool responded;
+        struct MHD_Response *deferred; /* a reply waiting for the body to be read */
+        unsigned deferred_status;
+        uint64_t discarded;
         bool data_plane;             /* routed to a sandbox's envd */
         int64_t team;                /* control plane: the API key's team */
         char sbx_id[HUTCH_ID_LEN + 1];

@@ -24,6 +24,7 @@ test_pkgs=(
         valgrind
         bubblewrap crun runc runsc hyperfine
         sudo # the integration tests check sudo inside a sandbox (sandbox root only)
+        sqlite3 # bench/sdk.sh reads the daemon's database
 )
 
 case "$set_name" in

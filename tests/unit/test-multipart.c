@@ -39,7 +39,7 @@ typedef struct rec_part {
         char name[256], filename[256], content_type[256];
         bool has_filename, has_content_type, ended;
         uint8_t *data;
-        size_t len;
+        size_t len, cap;
 } rec_part;
 
 typedef struct rec {
@@ -78,11 +78,15 @@ static int rec_data(void *ud, const void *data, size_t len) {
                 return -EIO;
         }
         rec_part *rp = &r->parts[r->n - 1];
-        uint8_t *b = realloc(rp->data, rp->len + len);
-        if (!b)
-                abort();
-        memcpy(b + rp->len, data, len);
-        rp->data = b;
+        if (rp->len + len > rp->cap) { /* geometric: byte-by-byte feeds stay linear */
+                size_t cap = (rp->len + len) * 2;
+                uint8_t *b = realloc(rp->data, cap);
+                if (!b)
+                        abort();
+                rp->data = b;
+                rp->cap = cap;
+        }
+        memcpy(rp->data + rp->len, data, len);
         rp->len += len;
         r->data_calls++;
         return 0;
@@ -637,7 +641,7 @@ static void test_large_stream(void) {
 
 typedef struct buf {
         uint8_t *p;
-        size_t len;
+        size_t len, cap;
         size_t calls;
         int fail_after; /* > 0: the nth call fails with -ENOSPC */
 } buf;
@@ -649,11 +653,15 @@ static int buf_put(void *ud, const void *data, size_t len) {
         b->calls++;
         if (b->fail_after > 0 && (int) b->calls >= b->fail_after)
                 return -ENOSPC;
-        uint8_t *n = realloc(b->p, b->len + len);
-        if (!n)
-                abort();
-        memcpy(n + b->len, data, len);
-        b->p = n;
+        if (b->len + len > b->cap) {
+                size_t cap = (b->len + len) * 2;
+                uint8_t *n = realloc(b->p, cap);
+                if (!n)
+                        abort();
+                b->p = n;
+                b->cap = cap;
+        }
+        memcpy(b->p + b->len, data, len);
         b->len += len;
         return 0;
 }

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# E2B SDK conformance suite for `hutch serve`.
+#
+#   HUTCH_BIN=build/hutch tests/e2b/run.sh [node --test options] [FILE.test.mjs ...]
+#
+# Starts a private daemon on a free port with its own data and run dirs, runs the
+# node:test files against it with the stock `e2b` npm SDK, then stops it.
+# Extra arguments ending in .test.mjs replace the file list; the others are
+# passed to `node --test` (e.g. --test-name-pattern='pty').
+# Env: HUTCH_BIN (default: build/hutch of this checkout), HUTCH_E2B_KEEP=1 keeps
+# the tmp dir, HUTCH_E2B_TEST_TIMEOUT (ms per test, default 180000).
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+
+# --- the daemon binary (relative paths: to the caller's cwd, then the checkout)
+bin="${HUTCH_BIN:-$root/build/hutch}"
+if [[ "$bin" != /* ]]; then
+	if [[ -x "$PWD/$bin" ]]; then bin="$PWD/$bin"; else bin="$root/$bin"; fi
+fi
+if [[ ! -x "$bin" ]]; then
+	echo "run.sh: HUTCH_BIN '$bin' is not an executable" >&2
+	exit 2
+fi
+export HUTCH_BIN="$bin"
+
+# --- node and the pinned SDKs
+if ! command -v node >/dev/null 2>&1; then
+	echo "run.sh: node is required (node 20 or later)" >&2
+	exit 2
+fi
+if [[ ! -d "$here/node_modules/e2b" || ! -d "$here/node_modules/e2b-245" ||
+	"$here/package-lock.json" -nt "$here/node_modules/.package-lock.json" ]]; then
+	(cd "$here" && npm ci --no-audit --no-fund) || {
+		echo "run.sh: npm ci failed" >&2
+		exit 2
+	}
+fi
+
+# --- arguments: test files vs node options
+files=()
+node_args=()
+for a in "$@"; do
+	if [[ "$a" == *.test.mjs ]]; then
+		if [[ "$a" != /* && -e "$PWD/$a" ]]; then a="$PWD/$a"; elif [[ "$a" != /* ]]; then a="$here/$(basename "$a")"; fi
+		files+=("$a")
+	else
+		node_args+=("$a")
+	fi
+done
+if ((${#files[@]} == 0)); then
+	files=("$here"/*.test.mjs)
+fi
+
+# --- private state
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/hutch-e2b.XXXXXX")"
+# mktemp makes it 0700; the sandboxes' unprivileged host uids must be able to
+# reach their roots and layers under the data dir
+chmod 0755 "$tmp"
+log="$tmp/serve.log"
+pidfile="$tmp/serve.pid"
+: >"$log"
+status=1
+first_pid=""
+
+port="$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+listen="127.0.0.1:$port"
+
+# Kill the team's leftover sandboxes (a failed test may leave some), for every
+# key the tests used, so that no sandbox outlives the run.
+kill_leftovers() {
+	local keys=("${E2B_API_KEY:-}") extra=()
+	if [[ -f "$tmp/extra-keys" ]]; then
+		mapfile -t extra <"$tmp/extra-keys"
+		keys+=("${extra[@]}")
+	fi
+	E2B_LEFTOVER_KEYS="${keys[*]}" timeout 60 node --input-type=module -e '
+		const url = process.env.E2B_API_URL
+		for (const key of process.env.E2B_LEFTOVER_KEYS.split(" ").filter(Boolean)) {
+			try {
+				const res = await fetch(`${url}/v2/sandboxes?state=running,paused&limit=100`, { headers: { "X-API-KEY": key } })
+				if (res.status !== 200) continue
+				for (const s of await res.json()) {
+					const d = await fetch(`${url}/sandboxes/${s.sandboxID}`, { method: "DELETE", headers: { "X-API-KEY": key } })
+					console.error(`run.sh: killed leftover sandbox ${s.sandboxID}: HTTP ${d.status}`)
+				}
+			} catch (e) { console.error(`run.sh: leftover cleanup: ${e.message}`) }
+		}' || true
+}
+
+stop_pid() {
+	local pid="$1"
+	[[ -n "$pid" ]] || return 0
+	kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null || return 0
+	for _ in $(seq 1 100); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		# a zombie child of ours counts as gone
+		[[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" == Z ]] && return 0
+		sleep 0.1
+	done
+	echo "run.sh: hutch serve ($pid) ignored SIGTERM for 10 s, sending SIGKILL" >&2
+	kill -KILL "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+	trap - EXIT INT TERM
+	if [[ -n "${E2B_API_URL:-}" ]]; then
+		kill_leftovers
+	fi
+	local cur=""
+	[[ -f "$pidfile" ]] && cur="$(cat "$pidfile" 2>/dev/null)"
+	stop_pid "$cur"
+	[[ "$cur" != "$first_pid" ]] && stop_pid "$first_pid"
+	wait 2>/dev/null
+	if ((status != 0)); then
+		echo "----- tail of $log -----" >&2
+		tail -n 150 "$log" >&2
+		echo "----- end of serve log -----" >&2
+	fi
+	# Never delete a tree with a mount point under it (a sandbox root may have
+	# host directories bind-mounted into it).
+	if [[ "${HUTCH_E2B_KEEP:-0}" != 1 ]] && ! awk '{print $5}' /proc/self/mountinfo | grep -q "^$tmp/"; then
+		rm -rf --one-file-system "$tmp"
+	else
+		echo "run.sh: kept $tmp" >&2
+	fi
+	exit "$status"
+}
+trap cleanup EXIT
+trap 'status=130; exit' INT
+trap 'status=143; exit' TERM
+
+# --- start the daemon
+"$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" >>"$log" 2>&1 &
+first_pid=$!
+echo "$first_pid" >"$pidfile"
+
+# first start writes DATA/api-key
+for _ in $(seq 1 300); do
+	[[ -s "$tmp/data/api-key" ]] && break
+	if ! kill -0 "$first_pid" 2>/dev/null; then break; fi
+	sleep 0.1
+done
+key=""
+[[ -s "$tmp/data/api-key" ]] && key="$(tr -d ' \n\r' <"$tmp/data/api-key")"
+if [[ -z "$key" ]]; then
+	key="$(sed -n 's/^\(export \)\{0,1\}E2B_API_KEY=["'\'']\{0,1\}\(e2b_[0-9a-f]*\).*/\2/p' "$log" | tail -n 1)"
+fi
+if [[ -z "$key" ]]; then
+	echo "run.sh: hutch serve wrote no API key (no $tmp/data/api-key, none on stderr)" >&2
+	status=2
+	exit
+fi
+
+export E2B_API_URL="http://$listen"
+export E2B_SANDBOX_URL="http://$listen"
+export E2B_API_KEY="$key"
+unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN E2B_VALIDATE_API_KEY
+export HUTCH_DATA_DIR="$tmp/data" HUTCH_RUN_DIR="$tmp/run" HUTCH_SERVE_PID="$first_pid"
+export HUTCH_SERVE_PIDFILE="$pidfile" HUTCH_SERVE_LOG="$log" HUTCH_LISTEN="$listen" HUTCH_E2B_TMP="$tmp"
+
+if ! timeout 60 node --input-type=module -e '
+	const pid = Number(process.env.HUTCH_SERVE_PID)
+	const deadline = Date.now() + 30000
+	for (;;) {
+		try { process.kill(pid, 0) } catch { console.error("run.sh: hutch serve exited during start-up"); process.exit(1) }
+		try {
+			const r = await fetch(`${process.env.E2B_API_URL}/v2/sandboxes`, { headers: { "X-API-KEY": process.env.E2B_API_KEY } })
+			await r.arrayBuffer()
+			if (r.status === 200) process.exit(0)
+			if (Date.now() > deadline) { console.error(`run.sh: GET /v2/sandboxes answers ${r.status}`); process.exit(1) }
+		} catch (e) {
+			if (Date.now() > deadline) { console.error(`run.sh: daemon not reachable: ${e.cause?.message ?? e.message}`); process.exit(1) }
+		}
+		await new Promise((r) => setTimeout(r, 100))
+	}'; then
+	status=2
+	exit
+fi
+echo "run.sh: hutch serve ($first_pid) ready on $listen, data in $tmp" >&2
+
+reporter=(--test-reporter=spec)
+for a in "${node_args[@]}"; do [[ "$a" == --test-reporter* ]] && reporter=(); done
+
+cd "$here" || exit 2
+node --test "${reporter[@]}" --test-concurrency=1 --test-force-exit \
+	--test-timeout="${HUTCH_E2B_TEST_TIMEOUT:-180000}" \
+	"${node_args[@]}" "${files[@]}"
+status=$?
+exit
