@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "daemon/route.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -21,51 +22,29 @@ static enum MHD_Result not_found_sbx(struct MHD_Connection *c, const char *id) {
         return http_reply_error(c, 404, "sandbox \"%s\" doesn't exist or you don't have access to it", id);
 }
 
-static int hexval(int c) {
-        if (c >= '0' && c <= '9')
-                return c - '0';
-        c = tolower(c);
-        if (c >= 'a' && c <= 'f')
-                return c - 'a' + 10;
-        return -1;
-}
-
-/* Percent-decode in place ('+' is a space, as in query strings). */
-static void url_decode(char *s) {
-        char *o = s;
-        for (char *p = s; *p; p++) {
-                if (*p == '%' && hexval(p[1]) >= 0 && hexval(p[2]) >= 0) {
-                        *o++ = (char) (hexval(p[1]) * 16 + hexval(p[2]));
-                        p += 2;
-                } else if (*p == '+')
-                        *o++ = ' ';
-                else
-                        *o++ = *p;
-        }
-        *o = 0;
-}
-
-static bool valid_sandbox_id(const char *s) {
-        size_t n = 0;
-        for (; s[n]; n++)
-                if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= '0' && s[n] <= '9')))
-                        return false;
-        return n == HUTCH_ID_LEN;
-}
-
 /* --------------------------------------------------------------- routing */
 
 enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         struct MHD_Connection *c = req->conn;
         const char *port = http_header(c, "E2b-Sandbox-Port");
         const char *id = http_header(c, "E2b-Sandbox-Id");
+        /* Fallback for clients that reach us through wildcard DNS instead of
+         * E2B_SANDBOX_URL: Host "<port>-<id>.<domain>" (§a.4 rule 6) */
+        char host_port[8], host_id[HUTCH_ID_LEN + 1];
+        unsigned hp;
+        const char *host = http_header(c, "Host");
+        if (!port && host && route_host(host, &hp, host_id) == 0) {
+                snprintf(host_port, sizeof host_port, "%u", hp);
+                port = host_port;
+                id = host_id;
+        }
         bool is_files = streq(req->url, "/files");
         sbx *sb = NULL;
         *ret_responded = true;
 
         if (port) {
                 req->data_plane = true;
-                if (!id || !valid_sandbox_id(id))
+                if (!id || !route_sandbox_id_valid(id))
                         return http_reply_502(c, id);
                 if (!streq(port, "49983")) {
                         /* Only envd is served; ports of processes inside the
@@ -201,32 +180,6 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
         return http_reply_json(req->conn, 201, sandbox_created_json(sb));
 }
 
-/* metadata=k%3Dv%26a%3Db (already decoded once by MHD into "k=v&a=b") */
-static bool metadata_matches(json_t *md, const char *query) {
-        char *q = strdup(query);
-        if (!q)
-                return false;
-        bool ok = true;
-        char *save = NULL;
-        for (char *pair = strtok_r(q, "&", &save); pair && ok; pair = strtok_r(NULL, "&", &save)) {
-                char *eq = strchr(pair, '=');
-                if (!eq)
-                        continue;
-                *eq = 0;
-                /* MHD decoded the parameter once; the SDK encoded each key
-                 * and value, then the pair list: two more levels (E2B's API
-                 * does ParseQuery, then QueryUnescape) */
-                url_decode(pair);
-                url_decode(pair);
-                url_decode(eq + 1);
-                url_decode(eq + 1);
-                const char *v = json_string_value(json_object_get(md, pair));
-                ok = v && streq(v, eq + 1);
-        }
-        free(q);
-        return ok;
-}
-
 static int cmp_started_asc(const void *a, const void *b) {
         const sbx *x = *(sbx *const *) a, *y = *(sbx *const *) b;
         if (x->started_ms != y->started_ms)
@@ -284,7 +237,7 @@ static enum MHD_Result sandboxes_list(server *srv, request *req, bool v2) {
         int64_t tok_ms = 0;
         char tok_id[HUTCH_ID_LEN + 1] = "";
         if (next && *next) {
-                if (sscanf(next, "%ld.%20[a-z0-9]", &tok_ms, tok_id) != 2)
+                if (route_page_token_parse(next, &tok_ms, tok_id) < 0)
                         return http_reply_error(c, 400, "invalid nextToken");
         }
 
@@ -297,7 +250,7 @@ static enum MHD_Result sandboxes_list(server *srv, request *req, bool v2) {
                         continue;
                 if ((sb->paused && !want_paused) || (!sb->paused && !want_running))
                         continue;
-                if (md && *md && !metadata_matches(sb->metadata, md))
+                if (md && *md && !route_metadata_matches(sb->metadata, md))
                         continue;
                 if (tpl && *tpl && !streq(tpl, sb->template_id) && !streq(tpl, sb->alias))
                         continue;
@@ -493,87 +446,56 @@ static enum MHD_Result sandbox_metrics(server *srv, request *req, sbx *sb) {
 
 static enum MHD_Result control_dispatch(server *srv, request *req) {
         struct MHD_Connection *c = req->conn;
-        const char *m = req->method;
-        const char *url = req->url;
-        if (streq(url, "/health"))
+        route rt;
+        int r = route_control(req->method, req->url, &rt);
+        if (r == -EPERM)
+                return http_reply_error(c, 405, "method %s not allowed on %s", req->method, req->url);
+        if (r < 0)
+                return http_reply_error(c, 404, "no route for %s %s", req->method, req->url);
+        switch (rt.kind) {
+        case ROUTE_HEALTH:
                 return http_reply_json(c, 200, json_pack("{s:s}", "status", "ok"));
-        if (streq(url, "/sandboxes") || streq(url, "/v2/sandboxes")) {
-                if (streq(m, "POST"))
-                        return sandboxes_create(srv, req);
-                if (streq(m, "GET"))
-                        return sandboxes_list(srv, req, url[1] == 'v');
-                return http_reply_error(c, 405, "method %s not allowed on %s", m, url);
+        case ROUTE_SANDBOXES_CREATE:
+                return sandboxes_create(srv, req);
+        case ROUTE_SANDBOXES_LIST:
+                return sandboxes_list(srv, req, rt.v2);
+        default:
+                break;
         }
-        /* /sandboxes/{id}[/action] and /v2/sandboxes/{id}/connect */
-        const char *rest = NULL;
-        bool v2 = false;
-        if (startswith(url, "/sandboxes/"))
-                rest = url + strlen("/sandboxes/");
-        else if (startswith(url, "/v2/sandboxes/")) {
-                rest = url + strlen("/v2/sandboxes/");
-                v2 = true;
+        sbx *sb = rt.id[0] ? sbx_find_team(srv, rt.id, req->team) : NULL;
+        if (!sb) {
+                /* the id as the client wrote it, bounded */
+                const char *p = strstr(req->url, "sandboxes/");
+                char shown[64];
+                snprintf(shown, sizeof shown, "%.*s", (int) strcspn(p ? p + 10 : "", "/"), p ? p + 10 : "");
+                return not_found_sbx(c, shown);
         }
-        if (rest) {
-                char id[64];
-                size_t idl = strcspn(rest, "/");
-                if (idl == 0 || idl >= sizeof id)
-                        return http_reply_error(c, 404, "no route for %s %s", m, url);
-                memcpy(id, rest, idl);
-                id[idl] = 0;
-                const char *action = rest[idl] == '/' ? rest + idl + 1 : NULL;
-                if (v2 && !(action && streq(action, "connect")))
-                        return http_reply_error(c, 404, "no route for %s %s", m, url);
-                struct {
-                        const char *method, *action;
-                } known[] = {
-                        { "GET", NULL },        { "DELETE", NULL },     { "POST", "timeout" }, { "POST", "connect" },
-                        { "POST", "pause" },    { "POST", "resume" },   { "POST", "refreshes" },
-                        { "GET", "metrics" },   { "PUT", "network" },
-                };
-                bool path_known = false, route = false;
-                for (size_t i = 0; i < ELEMENTSOF(known); i++) {
-                        bool same_action = (!known[i].action && !action) ||
-                                           (known[i].action && action && streq(known[i].action, action));
-                        if (same_action) {
-                                path_known = true;
-                                if (streq(known[i].method, m))
-                                        route = true;
-                        }
-                }
-                if (!path_known)
-                        return http_reply_error(c, 404, "no route for %s %s", m, url);
-                if (!route)
-                        return http_reply_error(c, 405, "method %s not allowed on %s", m, url);
-                sbx *sb = valid_sandbox_id(id) ? sbx_find_team(srv, id, req->team) : NULL;
-                if (!sb)
-                        return not_found_sbx(c, id);
-                if (!action) {
-                        if (streq(m, "GET"))
-                                return http_reply_json(c, 200, sbx_to_json(sb, true));
-                        sbx_kill(srv, sb, "killed");
-                        return http_reply_empty(c, 204);
-                }
-                if (streq(action, "timeout"))
-                        return sandbox_set_timeout(srv, req, sb);
-                if (streq(action, "connect"))
-                        return sandbox_connect(srv, req, sb);
-                if (streq(action, "resume")) {
-                        if (!sb->paused)
-                                return http_reply_error(c, 409, "sandbox \"%s\" is already running", sb->id);
-                        return sandbox_connect(srv, req, sb);
-                }
-                if (streq(action, "refreshes"))
-                        return sandbox_refresh(srv, req, sb);
-                if (streq(action, "pause"))
-                        return sandbox_pause(srv, req, sb);
-                if (streq(action, "metrics"))
-                        return sandbox_metrics(srv, req, sb);
-                if (streq(action, "network"))
-                        return http_reply_error(c, 501,
-                                                "changing the network policy of a running sandbox is not "
-                                                "supported by this server yet; sandboxes have no egress");
+        switch (rt.kind) {
+        case ROUTE_SANDBOX_GET:
+                return http_reply_json(c, 200, sbx_to_json(sb, true));
+        case ROUTE_SANDBOX_KILL:
+                sbx_kill(srv, sb, "killed");
+                return http_reply_empty(c, 204);
+        case ROUTE_SANDBOX_TIMEOUT:
+                return sandbox_set_timeout(srv, req, sb);
+        case ROUTE_SANDBOX_CONNECT:
+                return sandbox_connect(srv, req, sb);
+        case ROUTE_SANDBOX_RESUME:
+                if (!sb->paused)
+                        return http_reply_error(c, 409, "sandbox \"%s\" is already running", sb->id);
+                return sandbox_connect(srv, req, sb);
+        case ROUTE_SANDBOX_REFRESHES:
+                return sandbox_refresh(srv, req, sb);
+        case ROUTE_SANDBOX_PAUSE:
+                return sandbox_pause(srv, req, sb);
+        case ROUTE_SANDBOX_METRICS:
+                return sandbox_metrics(srv, req, sb);
+        case ROUTE_SANDBOX_NETWORK:
+                return http_reply_error(c, 501,
+                                        "changing the network policy of a running sandbox is not supported by this "
+                                        "server yet; sandboxes have no egress");
         }
-        return http_reply_error(c, 404, "no route for %s %s", m, url);
+        return http_reply_error(c, 404, "no route for %s %s", req->method, req->url);
 }
 
 enum MHD_Result api_dispatch(server *srv, request *req) {

@@ -533,6 +533,8 @@ static void test_malformed(void) {
                 size_t fixed = strlen(cd) + 2 /* CRLF after X-Pad */ + 1 /* the blank line's CR */;
                 size_t pad = MULTIPART_HEADERS_MAX - fixed + (size_t) extra;
                 char *body = malloc(pad + 256);
+                if (!body)
+                        abort();
                 size_t bl = (size_t) sprintf(body, "%s%s", pre, cd);
                 memset(body + bl, 'p', pad);
                 bl += pad;

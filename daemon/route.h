@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Routing decisions over client bytes, free of I/O so that they are fuzzed
+ * (fuzz/fuzz-route.c): the control-plane path table, sandbox ids, the
+ * `<port>-<id>.<domain>` Host fallback (e2b-protocol.md §a.4 rule 6), the
+ * list's metadata filter and page token.
+ */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hutch/hutch.h"
+
+enum {
+        ROUTE_HEALTH = 1,
+        ROUTE_SANDBOXES_CREATE,
+        ROUTE_SANDBOXES_LIST,
+        ROUTE_SANDBOX_GET,
+        ROUTE_SANDBOX_KILL,
+        ROUTE_SANDBOX_TIMEOUT,
+        ROUTE_SANDBOX_CONNECT,
+        ROUTE_SANDBOX_PAUSE,
+        ROUTE_SANDBOX_RESUME,
+        ROUTE_SANDBOX_REFRESHES,
+        ROUTE_SANDBOX_METRICS,
+        ROUTE_SANDBOX_NETWORK,
+};
+
+typedef struct route {
+        int kind;               /* ROUTE_* */
+        bool v2;                /* /v2/… (list: states and filters) */
+        char id[HUTCH_ID_LEN + 1]; /* ROUTE_SANDBOX_*: "" when the path's id is not a valid sandbox id */
+} route;
+
+/* 0 and *ret; -ENOENT no such path (404); -EPERM known path, other method (405). */
+int route_control(const char *method, const char *url, route *ret);
+
+bool route_sandbox_id_valid(const char *s);
+
+/* Host "<port>-<id>.<domain>[:port]": 0 and the two parts, or -EINVAL. */
+int route_host(const char *host, unsigned *ret_port, char ret_id[HUTCH_ID_LEN + 1]);
+
+/* Percent-decoding in place ('+' is a space). */
+void route_url_decode(char *s);
+
+/* GET /v2/sandboxes?metadata=…, as MHD decoded it once: "k=v&k2=v2" whose
+ * keys and values carry two more levels of encoding (the SDK's). */
+bool route_metadata_matches(json_t *metadata, const char *query);
+
+/* The list's nextToken "<startedMs>.<id>". */
+int route_page_token_parse(const char *s, int64_t *ret_ms, char ret_id[HUTCH_ID_LEN + 1]);
