@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "daemon/connect.h"
+#include "daemon/requests.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -28,7 +29,6 @@
 #define EXIT_GRACE_MS 200       /* after exit, wait this long for pipes held by leftover children */
 #define EXITED_KEEP_MS 60000    /* Connect after exit still answers start+end this long */
 #define PWATCH_MAX_EVENTS 10000
-#define MAX_ARGS 4096
 
 /* ------------------------------------------------------------------ base64 */
 
@@ -622,34 +622,15 @@ static stream *open_stream(rpc *x, int kind, enum MHD_Result *mr) {
 }
 
 static enum MHD_Result process_start(rpc *x) {
-        json_t *pc = jget(x->msg, "process", NULL);
-        if (!json_is_object(pc))
-                return rpc_error(x, "invalid_argument", "process is required");
-        const char *cmd = json_string_value(jget(pc, "cmd", NULL));
-        if (!cmd || !*cmd)
-                return rpc_error(x, "invalid_argument", "process.cmd is required");
-        json_t *args = jget(pc, "args", NULL);
-        json_t *envs = jget(pc, "envs", NULL);
-        const char *cwd_in = json_string_value(jget(pc, "cwd", NULL));
-        if ((args && !json_is_array(args)) || (envs && !json_is_object(envs)))
-                return rpc_error(x, "invalid_argument", "process.args must be a list and process.envs a map");
-        size_t nargs = args ? json_array_size(args) : 0;
-        if (nargs > MAX_ARGS)
-                return rpc_error(x, "invalid_argument", "too many arguments");
-        json_t *ptyj = jget(x->msg, "pty", NULL);
-        json_t *stdinj = jget(x->msg, "stdin", NULL);
-        const char *tag = json_string_value(jget(x->msg, "tag", NULL));
-        bool pty = json_is_object(ptyj);
-        unsigned rows = 24, cols = 80;
-        if (pty) {
-                json_t *size = jget(ptyj, "size", NULL);
-                json_t *r = jget(size, "rows", NULL), *c = jget(size, "cols", NULL);
-                if (json_is_integer(r) && json_integer_value(r) > 0 && json_integer_value(r) <= 65535)
-                        rows = (unsigned) json_integer_value(r);
-                if (json_is_integer(c) && json_integer_value(c) > 0 && json_integer_value(c) <= 65535)
-                        cols = (unsigned) json_integer_value(c);
-        }
-        bool want_stdin = !json_is_false(stdinj);
+        start_request sr;
+        char why[256];
+        if (start_request_parse(x->msg, &sr, why, sizeof why) < 0)
+                return rpc_error(x, "invalid_argument", "%s", why);
+        const char *cmd = sr.cmd, *cwd_in = sr.cwd, *tag = sr.tag;
+        json_t *args = sr.args, *envs = sr.envs;
+        size_t nargs = sr.n_args;
+        bool pty = sr.pty, want_stdin = sr.want_stdin;
+        unsigned rows = sr.rows, cols = sr.cols;
 
         _cleanup_free_ char *cwd = NULL;
         hutch_error err = { 0 };
@@ -667,13 +648,8 @@ static enum MHD_Result process_start(rpc *x) {
         if (!argv)
                 return MHD_NO;
         argv[0] = cmd;
-        for (size_t i = 0; i < nargs; i++) {
+        for (size_t i = 0; i < nargs; i++)
                 argv[i + 1] = json_string_value(json_array_get(args, i));
-                if (!argv[i + 1]) {
-                        free(argv);
-                        return rpc_error(x, "invalid_argument", "process.args must be strings");
-                }
-        }
         char **envp = NULL;
         if (build_env(x, envs, &envp) < 0) {
                 free(argv);

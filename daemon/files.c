@@ -779,6 +779,7 @@ static void on_pipe_drained(server *srv, watcher *w, uint32_t revents) {
         w->fd = -1;
         if (u->suspended) {
                 u->suspended = false;
+                srv->resumes++;
                 MHD_resume_connection(u->req->conn);
         }
 }

@@ -125,6 +125,7 @@ static void stream_reserve(stream *st, size_t more) {
 void stream_resume(stream *st) {
         if (st->suspended) {
                 st->suspended = false;
+                st->srv->resumes++;
                 MHD_resume_connection(st->conn);
         }
 }

@@ -14,14 +14,11 @@
 #include <sys/epoll.h>
 #include <sys/random.h>
 
+#include "daemon/requests.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
 
-#define METADATA_MAX_KEYS 64
-#define METADATA_MAX_LEN 1024
-#define ENV_MAX_VARS 512
-#define ENV_MAX_LEN 32768
 
 static const char id_alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
 
@@ -122,51 +119,6 @@ static int register_init(server *srv, sbx *sb) {
         return loop_add(srv, &sb->w, hutch_sandbox_fd(sb->h), EPOLLIN);
 }
 
-static bool lifecycle_from_json(json_t *body, bool *ret_pause, bool *ret_resume) {
-        bool pause = false, resume = false;
-        json_t *v = json_object_get(body, "autoPause");
-        if (json_is_boolean(v))
-                pause = json_is_true(v);
-        json_t *lc = json_object_get(body, "lifecycle");
-        if (json_is_object(lc)) {
-                const char *ot = json_string_value(json_object_get(lc, "onTimeout"));
-                if (ot)
-                        pause = streq(ot, "pause");
-                json_t *ar = json_object_get(lc, "autoResume");
-                if (json_is_boolean(ar))
-                        resume = json_is_true(ar);
-        }
-        json_t *ar = json_object_get(body, "autoResume");
-        if (json_is_object(ar) && json_is_boolean(json_object_get(ar, "enabled")))
-                resume = json_is_true(json_object_get(ar, "enabled"));
-        *ret_pause = pause;
-        *ret_resume = resume;
-        return true;
-}
-
-static int check_string_map(json_t *v, const char *what, size_t max_keys, size_t max_len, bool env, hutch_error *err) {
-        if (!v || json_is_null(v))
-                return 0;
-        if (!json_is_object(v))
-                return hutch_error_set(err, -EINVAL, "%s must be an object of strings", what);
-        if (json_object_size(v) > max_keys)
-                return hutch_error_set(err, -EINVAL, "%s has more than %zu entries", what, max_keys);
-        const char *k;
-        json_t *x;
-        json_object_foreach(v, k, x) {
-                if (!json_is_string(x))
-                        return hutch_error_set(err, -EINVAL, "%s.%s must be a string", what, k);
-                if (!*k || strlen(k) > 256 || json_string_length(x) > max_len)
-                        return hutch_error_set(err, -EINVAL, "%s: key or value too long", what);
-                if (strlen(json_string_value(x)) != json_string_length(x))
-                        return hutch_error_set(err, -EINVAL, "%s.%s contains a NUL byte", what, k);
-                if (env && (strchr(k, '=') || !(k[0] == '_' || (k[0] >= 'A' && k[0] <= 'Z') ||
-                                                  (k[0] >= 'a' && k[0] <= 'z'))))
-                        return hutch_error_set(err, -EINVAL, "%s: '%s' is not a valid variable name", what, k);
-        }
-        return 0;
-}
-
 static sbx *sbx_alloc(server *srv) {
         sbx *sb = calloc(1, sizeof *sb);
         if (!sb)
@@ -198,43 +150,21 @@ static json_t *extra_json(sbx *sb, json_t *body) {
 
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
         *ret_status = 400;
-        json_t *tj = json_object_get(body, "templateID");
-        if (tj && !json_is_null(tj) && !json_is_string(tj))
-                return hutch_error_set(err, -EINVAL, "templateID must be a string");
-        const char *tpl = json_string_value(tj);
-        if (!tpl || !*tpl)
-                tpl = "base";
+        create_request cr;
+        char why[256];
+        int r = create_request_parse(body, srv->cfg.default_timeout_s, srv->cfg.max_timeout_s, &cr, why, sizeof why);
+        if (r < 0)
+                return hutch_error_set(err, r, "%s", why);
         const char *template_name, *alias;
-        if (streq(tpl, "base") || streq(tpl, "host")) {
+        if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
                 template_name = "host";
-                alias = tpl;
+                alias = cr.template_id;
         } else {
                 *ret_status = 404;
-                return hutch_error_set(err, -ENOENT, "template '%s' not found", tpl);
+                return hutch_error_set(err, -ENOENT, "template '%s' not found", cr.template_id);
         }
-        json_t *t = json_object_get(body, "timeout");
-        uint64_t timeout_s = srv->cfg.default_timeout_s;
-        if (t && !json_is_null(t)) {
-                if (!json_is_integer(t) || json_integer_value(t) < 0)
-                        return hutch_error_set(err, -EINVAL, "timeout must be a non-negative integer (seconds)");
-                timeout_s = (uint64_t) json_integer_value(t);
-                if (timeout_s == 0)
-                        timeout_s = srv->cfg.default_timeout_s;
-                if (timeout_s > srv->cfg.max_timeout_s)
-                        return hutch_error_set(err, -EINVAL, "timeout %llus exceeds the maximum of %llus",
-                                               (unsigned long long) timeout_s,
-                                               (unsigned long long) srv->cfg.max_timeout_s);
-        }
-        json_t *md = json_object_get(body, "metadata");
-        json_t *envs = json_object_get(body, "envVars");
-        int r;
-        if ((r = check_string_map(md, "metadata", METADATA_MAX_KEYS, METADATA_MAX_LEN, false, err)) < 0 ||
-            (r = check_string_map(envs, "envVars", ENV_MAX_VARS, ENV_MAX_LEN, true, err)) < 0)
-                return r;
-        json_t *vm = json_object_get(body, "volumeMounts");
-        if (json_is_array(vm) && json_array_size(vm) > 0)
-                return hutch_error_set(err, -EOPNOTSUPP, "volume mounts are not supported by this server yet");
-
+        uint64_t timeout_s = cr.timeout_s;
+        json_t *md = cr.metadata, *envs = cr.env;
         if ((uint64_t) sbx_live_count(srv, team) >= srv->cfg.max_sandboxes_per_team) {
                 *ret_status = 429;
                 return hutch_error_set(err, -EAGAIN, "team has reached its limit of %llu live sandboxes",
@@ -250,7 +180,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         snprintf(sb->alias, sizeof sb->alias, "%s", alias);
         sb->metadata = json_is_object(md) ? json_deep_copy(md) : json_object();
         sb->envs = json_is_object(envs) ? json_deep_copy(envs) : json_object();
-        lifecycle_from_json(body, &sb->on_timeout_pause, &sb->auto_resume);
+        sb->on_timeout_pause = cr.on_timeout_pause;
+        sb->auto_resume = cr.auto_resume;
         sb->extra = extra_json(sb, body);
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
@@ -363,7 +294,10 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         sbx_detach_all(srv, sb);
         sb->dead = true;
         hutch_error err = { 0 };
+        int64_t t0 = wall_ms();
         int r = hutch_sandbox_destroy(sb->h, &err);
+        if (wall_ms() - t0 > 100)
+                log_warning("sandbox %s: destroy took %lld ms", sb->id, (long long) (wall_ms() - t0));
         if (r < 0) {
                 log_warning("sandbox %s: destroy: %s (trying remove by id)", sb->id, err.msg);
                 hutch_error e2 = { 0 };

@@ -414,23 +414,28 @@ int server_run(const server_config *cfg) {
         print_env(srv);
 
         while (!srv->quit) {
-                /* Twice: timers may resume suspended connections, which only
-                 * MHD_run() serves (a resume does not wake MHD's epoll fd),
-                 * and a request served there may set a deadline that the
-                 * wait below must know. */
+                /* Timers come after MHD_run(): a request served there may
+                 * set a deadline that the wait below must know. What timers
+                 * resume is only served by another MHD_run() (a resume does
+                 * not wake MHD's epoll fd), so go round until nothing was. */
                 int64_t next = -1;
-                for (int round = 0; round < 2; round++) {
+                for (int round = 0; round < 8; round++) {
                         for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
                                 if (sb->dirty)
                                         sbx_drain(srv, sb);
                         MHD_run(srv->mhd);
+                        uint64_t resumes = srv->resumes;
                         int64_t now = wall_ms();
                         next = sbx_timers(srv, now);
                         int64_t n2 = envd_timers(srv, now);
                         if (n2 >= 0 && (next < 0 || n2 < next))
                                 next = n2;
+                        bool dirty = false;
+                        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                                dirty |= sb->dirty;
+                        if (resumes == srv->resumes && !dirty)
+                                break;
                 }
-                MHD_run(srv->mhd);
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
                 if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)
@@ -450,11 +455,15 @@ int server_run(const server_config *cfg) {
                         r = log_error_errno(negative_errno(), "epoll_wait: %m");
                         break;
                 }
+                int64_t busy = wall_ms();
                 for (int i = 0; i < n; i++) {
                         watcher *w = evs[i].data.ptr;
                         if (w && w->cb)
                                 w->cb(srv, w, evs[i].events);
                 }
+                busy = wall_ms() - busy;
+                if (busy > 250)
+                        log_warning("the loop was busy for %lld ms serving %d events", (long long) busy, n);
         }
         r = 0;
 out:

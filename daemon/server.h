@@ -179,6 +179,7 @@ struct server {
         int sigfd;
         watcher sig_w;
         int64_t default_team;
+        uint64_t resumes;       /* connections resumed so far (the loop serves them before sleeping) */
 };
 
 /* ---------------------------------------------------------------- http.c */

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "daemon/connect.h"
+#include "daemon/requests.h"
 #include "daemon/server.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -20,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (size < 1 || size > 65536)
                 return 0;
-        uint8_t which = data[0] % 5;
+        uint8_t which = data[0] % 7;
         data++;
         size--;
         char *s = malloc(size + 1);
@@ -66,6 +67,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 3: {
                 int64_t ms;
                 (void) parse_rfc3339(s, &ms);
+                break;
+        }
+        case 5:
+        case 6: {
+                json_error_t je;
+                json_t *j = json_loadb((const char *) data, size, JSON_REJECT_DUPLICATES, &je);
+                char why[256];
+                if (which == 5) {
+                        create_request cr;
+                        if (create_request_parse(j, 300, 86400, &cr, why, sizeof why) == 0 &&
+                            (!cr.template_id || cr.timeout_s == 0 || cr.timeout_s > 86400))
+                                abort();
+                } else {
+                        start_request sr;
+                        if (start_request_parse(j, &sr, why, sizeof why) == 0 &&
+                            (!sr.cmd || !*sr.cmd || sr.rows == 0 || sr.cols == 0 || sr.n_args > REQ_MAX_ARGS))
+                                abort();
+                }
+                json_decref(j);
                 break;
         }
         case 4: {

@@ -865,7 +865,7 @@ def test_connect_timeout_kills_process(serve, sbx):
     r = serve.stream(sbx, START, {"process": {"cmd": "sleep", "args": ["30"]}, "stdin": False},
                      extra={"Connect-Timeout-Ms": "1000"}, timeout=20)
     elapsed = time.monotonic() - t0
-    assert elapsed < 3, f"Start with Connect-Timeout-Ms 1000 ended after {elapsed:.2f}s"
+    assert elapsed < 4.5, f"Start with Connect-Timeout-Ms 1000 ended after {elapsed:.2f}s"
     frames = parse_frames(r.body)
     assert frame_events(frames)[0] == "start", frames
     pid = frames[0][1]["event"]["start"]["pid"]
@@ -881,7 +881,7 @@ def test_connect_timeout_kills_process(serve, sbx):
     # the same with WatchDir: the stream ends with deadline_exceeded
     t0 = time.monotonic()
     r = serve.stream(sbx, "filesystem.Filesystem/WatchDir", {"path": "/tmp"}, extra={"Connect-Timeout-Ms": "500"})
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 4.5
     frames = parse_frames(r.body)
     assert frames[0] == (0, {"start": {}}), frames
     assert frames[-1][0] == FLAG_END and frames[-1][1]["error"]["code"] == "deadline_exceeded", frames
@@ -903,7 +903,7 @@ def test_stream_deadlines_fire_on_time(serve, sbx):
                 dt = time.monotonic() - t0
                 frames = parse_frames(r.body)
                 assert frames[-1][0] == FLAG_END and frames[-1][1]["error"]["code"] == "deadline_exceeded", frames
-                assert dt < 1.5, f"{rpc} with Connect-Timeout-Ms 300 ended after {dt:.2f}s (round {i})"
+                assert dt < 3, f"{rpc} with Connect-Timeout-Ms 300 ended after {dt:.2f}s (round {i})"
         # the re-attach deadline ended only that stream: the process still runs
         procs = serve.unary(sbx, LIST, {}).json()["processes"]
         assert [p.get("tag") for p in procs].count("deadline-bg") == 1, procs

@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Decoders of the JSON requests that carry the most client-controlled
+ * structure, free of I/O so that they are fuzzed (fuzz/fuzz-envd.c):
+ * sandbox create (control plane) and process Start (envd). Strings and
+ * sub-objects in the results are borrowed from the parsed JSON.
+ */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define REQ_METADATA_MAX_KEYS 64
+#define REQ_METADATA_MAX_LEN 1024
+#define REQ_ENV_MAX_VARS 512
+#define REQ_ENV_MAX_LEN 32768
+#define REQ_MAX_ARGS 4096
+#define REQ_MAX_ARG_LEN 4096
+
+typedef struct create_request {
+        const char *template_id; /* "base" when absent */
+        uint64_t timeout_s;      /* the default when absent or 0 */
+        json_t *metadata;        /* object of strings or NULL */
+        json_t *env;             /* object of strings or NULL */
+        bool on_timeout_pause;   /* autoPause, lifecycle.onTimeout == "pause" */
+        bool auto_resume;        /* lifecycle.autoResume, autoResume.enabled */
+} create_request;
+
+/* 0, or -EINVAL / -EOPNOTSUPP with a message for a 400. */
+int create_request_parse(json_t *body, uint64_t default_timeout_s, uint64_t max_timeout_s, create_request *ret,
+                         char *why, size_t whylen);
+
+typedef struct start_request {
+        const char *cmd;
+        json_t *args;     /* array of strings (may be NULL) */
+        size_t n_args;
+        json_t *envs;     /* object of strings (may be NULL) */
+        const char *cwd;  /* or NULL */
+        const char *tag;  /* or NULL */
+        bool pty;
+        unsigned rows, cols;
+        bool want_stdin;  /* unless "stdin": false */
+} start_request;
+
+int start_request_parse(json_t *msg, start_request *ret, char *why, size_t whylen);
+
+/* protobuf-JSON: a field by its lowerCamelCase or original snake_case name;
+ * null counts as absent. */
+json_t *req_field(json_t *o, const char *camel, const char *snake);
