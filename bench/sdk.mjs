@@ -56,6 +56,13 @@ for (let i = 0; i < 3; i++) await cycle()
   const xs = []
   for (let i = 0; i < RUNS; i++) { const t = now(); await s.commands.run('true'); xs.push(ms(t)) }
   out.run_true = stats(xs)
+  // what that round trip is made of: the SDK's own HTTP floor (a unary RPC)
+  // and what `bash -l -c true` (the SDK's command line) costs in the sandbox
+  const us = []
+  for (let i = 0; i < RUNS; i++) { const t = now(); await s.files.exists('/tmp'); us.push(ms(t)) }
+  out.unary = stats(us)
+  const r = await s.commands.run("s=$(date +%s%N); for i in $(seq 100); do bash -l -c true; done; e=$(date +%s%N); echo $(( (e - s) / 100 ))")
+  out.bash_l_in_sandbox_ms = Number(r.stdout.trim()) / 1e6
 
   const buf = Buffer.alloc(MB << 20)
   for (let i = 0; i < buf.length; i += 4096) buf.writeUInt32LE((i * 2654435761) >>> 0, i)

@@ -121,6 +121,9 @@ print(row("SDK create → run('true') → kill, 1 at a time", sdk["cycle_c1"],
 c = sdk["cycle_c10"]
 print(row(f"same, {c['concurrency']} at a time ({c['per_sec']:.1f}/s)", c))
 print(row("SDK commands.run('true') on a live sandbox", sdk["run_true"], fe, "≤ 2× fork+exec"))
+print(row("  of which: SDK unary RPC round trip (files.exists)", sdk["unary"], fe))
+b = sdk["bash_l_in_sandbox_ms"]
+print(f"|   of which: `bash -l -c true` inside the sandbox (mean of 100) | {b:.2f} | | {b / fe:.2f}× | |")
 up, dn = sdk["upload"], sdk["download"]
 cat = ref["cat_mb_per_s"]
 print()

@@ -9,6 +9,7 @@
  * bounded whatever the file size.
  */
 #include <ctype.h>
+#include <fcntl.h>
 #include <openssl/sha.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -577,6 +578,10 @@ static int part_begin(void *ud, const multipart_part *p) {
         hutch_error err = { 0 };
         int r = hutch_fs_write_begin(sb->h, &u->user, path, &f->w, &f->fd, &err);
         sbx_mark_dirty(sb);
+        /* a larger pipe means fewer suspend/resume turns per megabyte; the
+         * kernel caps it (fs.pipe-max-size) and may refuse: best effort */
+        if (r >= 0)
+                (void) fcntl(f->fd, F_SETPIPE_SZ, 1 << 20);
         if (r < 0) {
                 if (r == -EISDIR)
                         upload_fail(u, 400, "path '%s' is a directory", path);
