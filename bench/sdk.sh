@@ -103,6 +103,23 @@ done
 wait "$node_pid" && [[ -s $SDK_OUT ]] || { echo "bench: the SDK run failed" >&2; tail -20 "$work/serve.log" >&2; exit 1; }
 sdk_json=$(cat "$SDK_OUT")
 
+echo "bench: the same transfers with curl (the daemon without the SDK's costs)" >&2
+sb=$(curl -sf -XPOST -H "X-API-KEY: $E2B_API_KEY" -H 'content-type: application/json' -d '{"templateID":"base"}' \
+        http://127.0.0.1:$port/v2/sandboxes)
+sid=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["sandboxID"])' "$sb")
+tok=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["envdAccessToken"])' "$sb")
+head -c $((SDK_MB << 20)) /dev/urandom >"$work/blob"
+hdr=(-H "E2b-Sandbox-Id: $sid" -H "E2b-Sandbox-Port: 49983" -H "X-Access-Token: $tok")
+curl_up=() curl_down=()
+for _ in 1 2 3 4 5; do
+        curl_up+=("$(curl -sf -o /dev/null -w '%{time_total}' -XPOST "${hdr[@]}" -H 'content-type: application/octet-stream' \
+                --data-binary @"$work/blob" "http://127.0.0.1:$port/files?path=/home/user/blob")")
+        curl_down+=("$(curl -sf -o /dev/null -w '%{time_total}' "${hdr[@]}" "http://127.0.0.1:$port/files?path=/home/user/blob")")
+done
+curl -sf -o /dev/null -XDELETE -H "X-API-KEY: $E2B_API_KEY" http://127.0.0.1:$port/sandboxes/$sid || true
+rm -f "$work/blob"
+export CURL_UP="${curl_up[*]}" CURL_DOWN="${curl_down[*]}"
+
 REF="$ref" SDK="$sdk_json" MEM="${mem:-{\}}" $PY - <<'PYEOF'
 import json, os
 ref, sdk, mem = json.loads(os.environ["REF"]), json.loads(os.environ["SDK"]), json.loads(os.environ["MEM"])
@@ -132,6 +149,11 @@ print("|---|---|---|---|")
 print(f"| `cat` {up['mb']} MB tmpfs→tmpfs (reference) | {cat:.0f} | | |")
 print(f"| SDK files.write {up['mb']} MB | {up['mb_per_s']:.0f} | {up['mb_per_s'] / cat:.0%} | ≥ 50% |")
 print(f"| SDK files.read {dn['mb']} MB | {dn['mb_per_s']:.0f} | {dn['mb_per_s'] / cat:.0%} | ≥ 50% |")
+for name, var in (("upload", "CURL_UP"), ("download", "CURL_DOWN")):
+    ts = sorted(float(x) for x in os.environ.get(var, "").split() if x)
+    if ts:
+        r = up["mb"] / ts[len(ts) // 2]
+        print(f"| curl {name} {up['mb']} MB (median of {len(ts)}) | {r:.0f} | {r / cat:.0%} | ≥ 50% |")
 if "idle" in sdk and mem:
     i = sdk["idle"]
     print()

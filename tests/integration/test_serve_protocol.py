@@ -1432,3 +1432,27 @@ def test_200_open_streams_one_thread(serve):
             c.close()
         for sb in sbs:
             serve.kill(sb["sandboxID"])
+
+
+def test_team_limit_429_with_retry_after(sandboxed_hutch, tmp_path):
+    """--max-sandboxes-per-team: one create beyond it answers 429 with
+    Retry-After (the SDK retries on it); a kill makes room again; another
+    team has its own budget."""
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--max-sandboxes-per-team", "2"])
+    d.start()
+    try:
+        a = d.create(timeout=60)
+        b = d.create(timeout=60)
+        r = d.request("POST", "/v2/sandboxes", {"templateID": "base"})
+        assert r.status == 429, r
+        assert r.headers.get("retry-after") == "1", r.headers
+        assert r.json()["code"] == 429 and "limit" in r.json()["message"], r
+        other = _key_create(sandboxed_hutch, tmp_path / "data", "other-team")
+        r = d.request("POST", "/v2/sandboxes", {"templateID": "base"}, key=other)
+        assert r.status == 201, r
+        d.created[r.json()["sandboxID"]] = other
+        assert d.kill(a["sandboxID"]).status == 204
+        c = d.create(timeout=60)
+        assert c["sandboxID"] not in (a["sandboxID"], b["sandboxID"])
+    finally:
+        d.stop()
