@@ -564,6 +564,10 @@ static int build_env(rpc *x, json_t *req_envs, char ***ret) {
         json_object_set_new(env, "HOME", json_string(x->home));
         json_object_set_new(env, "USER", json_string(x->user));
         json_object_set_new(env, "LOGNAME", json_string(x->user));
+        /* what E2B's own sandboxes tell their processes */
+        json_object_set_new(env, "E2B_SANDBOX", json_string("true"));
+        json_object_set_new(env, "E2B_SANDBOX_ID", json_string(x->sb->id));
+        json_object_set_new(env, "E2B_TEMPLATE_ID", json_string(x->sb->template_id));
         json_object_update(env, x->sb->envs);
         if (json_is_object(req_envs))
                 json_object_update(env, req_envs);
@@ -1350,8 +1354,12 @@ enum MHD_Result envd_dispatch(server *srv, request *req, sbx *sb) {
                         return http_reply_error(c, 405, "method not allowed");
                 return http_reply_empty(c, 204);
         }
-        if (streq(url, "/envs") && streq(m, "GET"))
-                return http_reply_json(c, 200, json_deep_copy(sb->envs));
+        if (streq(url, "/envs") && streq(m, "GET")) {
+                json_t *e = json_pack("{s:s, s:s, s:s}", "E2B_SANDBOX", "true", "E2B_SANDBOX_ID", sb->id,
+                                      "E2B_TEMPLATE_ID", sb->template_id);
+                json_object_update(e, sb->envs);
+                return http_reply_json(c, 200, e);
+        }
         if (streq(url, "/metrics") && streq(m, "GET"))
                 return envd_metrics(srv, req, sb);
         if (streq(url, "/files")) {

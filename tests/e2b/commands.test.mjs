@@ -68,6 +68,9 @@ test('envs: create-level envVars, per-command envs override them', async (t) => 
   assert.equal(home, '/home/user')
   assert.equal(user, 'user')
   assert.match(py, /python3$/)
+  // what E2B's sandboxes tell their processes about themselves
+  const r4 = await sbx.commands.run('printf "%s|%s|%s" "$E2B_SANDBOX" "$E2B_SANDBOX_ID" "$E2B_TEMPLATE_ID"')
+  assert.equal(r4.stdout, `true|${sbx.sandboxId}|host`)
 })
 
 test('cwd: explicit, default (home of the user), missing -> InvalidArgumentError', async (t) => {
