@@ -9,6 +9,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -148,6 +150,146 @@ static json_t *extra_json(sbx *sb, json_t *body) {
         return e;
 }
 
+/* ------------------------------------------------------------- warm pool */
+
+static void sbx_release(sbx *sb);
+
+/* The ids of pooled sandboxes, rewritten whenever the pool changes: they
+ * have no row, so after a crash this file is how the next start knows
+ * them as its own (and not `hutch run`'s) and removes them. */
+static void pool_save(server *srv) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/pool-ids", srv->cfg.data_dir);
+        size_t cap = (size_t) (srv->n_pool + 1) * (HUTCH_ID_LEN + 1) + 1, n = 0;
+        char *buf = malloc(cap);
+        if (!buf)
+                return;
+        for (sbx *p = srv->pool; p; p = p->next)
+                if (!p->dead)
+                        n += (size_t) snprintf(buf + n, cap - n, "%s\n", p->id);
+        /* No fsync: the file only matters after a crash of the daemon, when
+         * the page cache survives; after a host crash no sandbox does. */
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        bool ok = fd >= 0 && write(fd, buf, n) == (ssize_t) n;
+        if (fd >= 0)
+                close(fd);
+        if (!ok || rename(tmp, path) < 0)
+                log_warning("writing %s: %m", path);
+        free(buf);
+}
+
+static sbx *pool_take(server *srv) {
+        for (sbx **pp = &srv->pool; *pp; pp = &(*pp)->next) {
+                sbx *sb = *pp;
+                if (sb->dead)
+                        continue;
+                /* drain what its init said while it waited (nothing, normally) */
+                sbx_drain(srv, sb);
+                if (sb->dead)
+                        continue;
+                *pp = sb->next;
+                sb->next = NULL;
+                sb->pooled = false;
+                srv->n_pool--;
+                pool_save(srv);
+                return sb;
+        }
+        return NULL;
+}
+
+void sbx_pool_fill(server *srv) {
+        /* release entries whose init died while they waited */
+        for (sbx **pp = &srv->pool; *pp;) {
+                sbx *sb = *pp;
+                if (sb->dead) {
+                        *pp = sb->next;
+                        srv->n_pool--;
+                        sbx_release(sb);
+                        continue;
+                }
+                pp = &sb->next;
+        }
+        if (srv->n_pool >= srv->cfg.pool_size)
+                return;
+        sbx *sb = sbx_alloc(srv);
+        if (!sb)
+                return;
+        random_id(sb->id);
+        sb->pooled = true;
+        /* listed before it exists: a crash in between leaves an id to clean */
+        sb->next = srv->pool;
+        srv->pool = sb;
+        srv->n_pool++;
+        pool_save(srv);
+        hutch_error err = { 0 };
+        hutch_sandbox_config sc = {
+                .template_name = "host",
+                .id = sb->id,
+                .limits = {
+                        .memory_bytes = (uint64_t) srv->cfg.memory_mb << 20,
+                        .cpu_millis = (uint64_t) srv->cfg.cpu_count * 1000,
+                        .disk_bytes = (uint64_t) srv->cfg.disk_mb << 20,
+                },
+        };
+        int r = hutch_sandbox_create(srv->ctx, &sc, &sb->h, &err);
+        if (r >= 0)
+                r = register_init(srv, sb);
+        if (r < 0) {
+                log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
+                if (sb->h) {
+                        hutch_error e2 = { 0 };
+                        (void) hutch_sandbox_destroy(sb->h, &e2);
+                }
+                srv->pool = sb->next;
+                srv->n_pool--;
+                sbx_release(sb);
+                pool_save(srv);
+                srv->pool_backoff_ms = wall_ms() + 10000;
+        }
+}
+
+void sbx_pool_destroy(server *srv) {
+        while (srv->pool) {
+                sbx *sb = srv->pool;
+                srv->pool = sb->next;
+                if (!sb->dead) {
+                        loop_del(srv, &sb->w);
+                        hutch_error err = { 0 };
+                        if (hutch_sandbox_destroy(sb->h, &err) < 0)
+                                log_warning("warm pool: destroying %s: %s", sb->id, err.msg);
+                }
+                sbx_release(sb);
+        }
+        srv->n_pool = 0;
+        pool_save(srv);
+}
+
+void sbx_pool_cleanup_previous(server *srv) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/pool-ids", srv->cfg.data_dir);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return;
+        char line[64];
+        while (fgets(line, sizeof line, f)) {
+                line[strcspn(line, "\r\n")] = 0;
+                if (strlen(line) != HUTCH_ID_LEN || sbx_find(srv, line))
+                        continue;
+                store_sandbox row = { 0 };
+                hutch_error err = { 0 };
+                if (store_sandbox_get(srv->store, line, &row, &err) >= 0) {
+                        store_sandbox_clear(&row); /* claimed just before a crash: a real sandbox */
+                        continue;
+                }
+                log_info("warm pool: removing %s, left by a previous run", line);
+                (void) hutch_sandbox_remove(srv->ctx, line, &err);
+        }
+        fclose(f);
+        (void) unlink(path);
+}
+
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
         *ret_status = 400;
         create_request cr;
@@ -171,10 +313,14 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
 
-        sbx *sb = sbx_alloc(srv);
-        if (!sb)
-                return hutch_error_set(err, -ENOMEM, "out of memory");
-        random_id(sb->id);
+        /* a warm sandbox if one is ready: create then only writes a row */
+        sbx *sb = streq(template_name, "host") ? pool_take(srv) : NULL;
+        if (!sb) {
+                sb = sbx_alloc(srv);
+                if (!sb)
+                        return hutch_error_set(err, -ENOMEM, "out of memory");
+                random_id(sb->id);
+        }
         sb->team_id = team;
         snprintf(sb->template_id, sizeof sb->template_id, "%s", template_name);
         snprintf(sb->alias, sizeof sb->alias, "%s", alias);
@@ -217,8 +363,16 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         store_sandbox_clear(&row);
         if (r < 0) {
                 *ret_status = 500;
+                if (sb->h) {
+                        /* a warm one: nobody may get it now that its id is spoken for */
+                        hutch_error e2 = { 0 };
+                        loop_del(srv, &sb->w);
+                        (void) hutch_sandbox_destroy(sb->h, &e2);
+                }
                 goto fail;
         }
+        if (sb->h)
+                goto ready;
         hutch_sandbox_config sc = {
                 .template_name = template_name,
                 .id = sb->id,
@@ -244,6 +398,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 hutch_error_set(err, r, "epoll: %s", strerror(-r));
                 goto fail;
         }
+ready:
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
         {
@@ -305,6 +460,8 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
                 if (r < 0)
                         log_error("sandbox %s: %s", sb->id, e2.msg);
         }
+        if (sb->pooled)
+                return 0;
         hutch_error e3 = { 0 };
         if (store_sandbox_end(srv->store, sb->id, wall_ms(), reason, &e3) < 0)
                 log_error("sandbox %s: database: %s", sb->id, e3.msg);

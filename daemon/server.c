@@ -52,6 +52,7 @@ static const struct cfg_entry {
         { "cpus", CFG_U64, U(cpu_count), 1, 1024, "2", "default sandbox CPUs" },
         { "disk", CFG_SIZE, U(disk_mb), 16ull << 20, 1ull << 42, "1G", "default writable layer size" },
         { "metrics-interval", CFG_SECONDS, U(metrics_interval_s), 1, 3600, "5", "how often sandbox metrics are sampled" },
+        { "pool-size", CFG_U64, U(pool_size), 0, 1000, "2", "sandboxes of the host template kept ready, so that create only claims one (0: none)" },
 #undef S
 #undef U
 };
@@ -411,6 +412,7 @@ int server_run(const server_config *cfg) {
                 goto out;
         }
         sbx_readopt_all(srv);
+        sbx_pool_cleanup_previous(srv);
         print_env(srv);
 
         while (!srv->quit) {
@@ -435,6 +437,12 @@ int server_run(const server_config *cfg) {
                                 dirty |= sb->dirty;
                         if (resumes == srv->resumes && !dirty)
                                 break;
+                }
+                /* top up the warm pool, one sandbox per quiet turn */
+                if (srv->n_pool < srv->cfg.pool_size && wall_ms() >= srv->pool_backoff_ms) {
+                        sbx_pool_fill(srv);
+                        if (srv->n_pool < srv->cfg.pool_size && wall_ms() >= srv->pool_backoff_ms)
+                                next = wall_ms(); /* go on filling without sleeping */
                 }
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
@@ -468,6 +476,7 @@ int server_run(const server_config *cfg) {
         r = 0;
 out:
         http_stop(srv);
+        sbx_pool_destroy(srv);
         sbx_free_all(srv);
         hutch_ctx_free(srv->ctx);
         store_close(srv->store);

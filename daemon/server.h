@@ -41,6 +41,7 @@ typedef struct server_config {
         uint64_t stream_buffer_bytes; /* output queued per stream before the process is throttled */
         uint64_t memory_mb, cpu_count, disk_mb; /* default sandbox limits */
         uint64_t metrics_interval_s;
+        uint64_t pool_size;          /* sandboxes of the host template kept ready to hand out */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -140,6 +141,7 @@ struct sbx {
         bool dead;
         bool dirty;             /* a synchronous call may have queued events: drain them */
         bool procs_pending;     /* re-adopted while paused: find its processes at resume */
+        bool pooled;            /* in the warm pool: no row, no owner yet */
         int64_t started_ms, end_ms;
         char token[64];
         json_t *metadata;       /* object of strings */
@@ -180,6 +182,9 @@ struct server {
         watcher sig_w;
         int64_t default_team;
         uint64_t resumes;       /* connections resumed so far (the loop serves them before sleeping) */
+        sbx *pool;              /* warm pool: ready sandboxes without a row */
+        unsigned n_pool;
+        int64_t pool_backoff_ms; /* after a failed fill, wait until then */
 };
 
 /* ---------------------------------------------------------------- http.c */
@@ -246,6 +251,11 @@ int sbx_live_count(server *srv, int64_t team);
 void sbx_token_derive(server *srv, const char *id, const char *nonce, char ret[64]);
 json_t *sbx_to_json(sbx *sb, bool detail);
 void sbx_free_all(server *srv);
+/* Warm pool: top it up by at most one sandbox (called once per loop turn);
+ * clean what a previous run left in it; destroy it at shutdown. */
+void sbx_pool_fill(server *srv);
+void sbx_pool_cleanup_previous(server *srv);
+void sbx_pool_destroy(server *srv);
 
 /* ---------------------------------------------------------------- envd.c */
 

@@ -1456,3 +1456,45 @@ def test_team_limit_429_with_retry_after(sandboxed_hutch, tmp_path):
         assert c["sandboxID"] not in (a["sandboxID"], b["sandboxID"])
     finally:
         d.stop()
+
+
+def _pool_ids(data_dir: Path) -> list:
+    try:
+        return [x for x in (data_dir / "pool-ids").read_text().split() if x]
+    except FileNotFoundError:
+        return []
+
+
+def test_warm_pool(sandboxed_hutch, tmp_path):
+    """--pool-size N keeps N sandboxes ready: create claims one (its id was
+    in the pool), the pool is topped up again, a SIGKILLed daemon's pool is
+    removed at the next start while claimed sandboxes are re-adopted, and a
+    SIGTERM leaves no pooled sandbox behind."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "3"])
+    d.start()
+    try:
+        assert wait_until(lambda: len(_pool_ids(data)) == 3 and set(_pool_ids(data)) <= _live_ids(), 30), \
+            _pool_ids(data)
+        before = set(_pool_ids(data))
+        sb = d.create(timeout=120)
+        sid = sb["sandboxID"]
+        assert sid in before, (sid, before)
+        end, out, _, _ = d.run(sb, "echo $E2B_SANDBOX_ID; id -un")
+        assert out == f"{sid}\nuser\n".encode(), out
+        assert wait_until(lambda: len(_pool_ids(data)) == 3 and sid not in _pool_ids(data), 30), _pool_ids(data)
+        # a crash: pooled sandboxes have no row; the next start removes them
+        pooled = set(_pool_ids(data))
+        d.proc.kill()
+        d.proc.wait(10)
+        d.start()
+        assert wait_until(lambda: not (pooled & _live_ids()), 30), pooled & _live_ids()
+        assert sid in _live_ids()
+        end, out, _, _ = d.run(sb, "echo still here")
+        assert out == b"still here\n", out
+        assert wait_until(lambda: len(_pool_ids(data)) == 3, 30)
+        pooled = set(_pool_ids(data))
+    finally:
+        d.stop()
+    assert not (pooled & _live_ids()), "a stopped daemon left pooled sandboxes"
+    assert _pool_ids(data) == []
