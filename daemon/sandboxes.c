@@ -150,6 +150,26 @@ static json_t *extra_json(sbx *sb, json_t *body) {
         return e;
 }
 
+/* What E2B's sandboxes carry about themselves, besides the environment
+ * variables set in every process: /run/e2b/.E2B_SANDBOX and friends. */
+static int sbx_write_identity(sbx *sb, hutch_error *err) {
+        static const hutch_fs_user root = { 0, 0 };
+        const struct {
+                const char *name, *value;
+        } files[] = {
+                { "/run/e2b/.E2B_SANDBOX", "true" },
+                { "/run/e2b/.E2B_SANDBOX_ID", sb->id },
+                { "/run/e2b/.E2B_TEMPLATE_ID", sb->template_id[0] ? sb->template_id : "host" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(files); i++) {
+                int r = hutch_fs_write_buffer(sb->h, &root, files[i].name, files[i].value, strlen(files[i].value), err);
+                if (r < 0)
+                        return r;
+        }
+        sbx_mark_dirty(sb);
+        return 0;
+}
+
 /* ------------------------------------------------------------- warm pool */
 
 static void sbx_release(sbx *sb);
@@ -233,9 +253,12 @@ void sbx_pool_fill(server *srv) {
                         .disk_bytes = (uint64_t) srv->cfg.disk_mb << 20,
                 },
         };
+        snprintf(sb->template_id, sizeof sb->template_id, "host");
         int r = hutch_sandbox_create(srv->ctx, &sc, &sb->h, &err);
         if (r >= 0)
                 r = register_init(srv, sb);
+        if (r >= 0)
+                r = sbx_write_identity(sb, &err);
         if (r < 0) {
                 log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
                 if (sb->h) {
@@ -396,6 +419,15 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 (void) hutch_sandbox_destroy(sb->h, &e2);
                 (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
                 hutch_error_set(err, r, "epoll: %s", strerror(-r));
+                goto fail;
+        }
+        r = sbx_write_identity(sb, err);
+        if (r < 0) {
+                *ret_status = 500;
+                hutch_error e2 = { 0 };
+                loop_del(srv, &sb->w);
+                (void) hutch_sandbox_destroy(sb->h, &e2);
+                (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
                 goto fail;
         }
 ready:

@@ -71,6 +71,9 @@ test('envs: create-level envVars, per-command envs override them', async (t) => 
   // what E2B's sandboxes tell their processes about themselves
   const r4 = await sbx.commands.run('printf "%s|%s|%s" "$E2B_SANDBOX" "$E2B_SANDBOX_ID" "$E2B_TEMPLATE_ID"')
   assert.equal(r4.stdout, `true|${sbx.sandboxId}|host`)
+  // and the same in files, readable by the user, owned by root
+  const r5 = await sbx.commands.run('cat /run/e2b/.E2B_SANDBOX; echo; cat /run/e2b/.E2B_SANDBOX_ID; echo; stat -c %U /run/e2b/.E2B_SANDBOX_ID')
+  assert.equal(r5.stdout, `true\n${sbx.sandboxId}\nroot\n`)
 })
 
 test('cwd: explicit, default (home of the user), missing -> InvalidArgumentError', async (t) => {
