@@ -219,11 +219,11 @@ static enum MHD_Result sandboxes_list(server *srv, request *req, bool v2) {
         int64_t after_ms = INT64_MIN;
         if (after && *after && parse_rfc3339(after, &after_ms) < 0)
                 return http_reply_error(c, 400, "startedAfter must be an RFC 3339 time");
-        bool desc = false;
+        bool desc = true; /* newest first, as E2B lists (its SDK tests page that way) */
         if (order && *order) {
-                if (streq(order, "desc"))
-                        desc = true;
-                else if (!streq(order, "asc"))
+                if (streq(order, "asc"))
+                        desc = false;
+                else if (!streq(order, "desc"))
                         return http_reply_error(c, 400, "order must be asc or desc");
         }
         long limit = 100;

@@ -475,11 +475,12 @@ static void sbx_detach_all(server *srv, sbx *sb) {
         loop_del(srv, &sb->w);
 }
 
-int sbx_kill(server *srv, sbx *sb, const char *reason) {
-        if (sb->dead)
-                return 0;
-        sbx_detach_all(srv, sb);
-        sb->dead = true;
+static void sbx_finish_destroy(server *srv, sbx *sb) {
+        if (sb->dying) {
+                loop_del(srv, &sb->w);
+                sb->w.fd = -1;
+                sb->dying = false;
+        }
         hutch_error err = { 0 };
         int64_t t0 = wall_ms();
         int r = hutch_sandbox_destroy(sb->h, &err);
@@ -492,6 +493,35 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
                 if (r < 0)
                         log_error("sandbox %s: %s", sb->id, e2.msg);
         }
+}
+
+static void on_init_gone(server *srv, watcher *w, uint32_t revents) {
+        sbx *sb = w->data;
+        if (sb->dying)
+                sbx_finish_destroy(srv, sb);
+}
+
+int sbx_kill(server *srv, sbx *sb, const char *reason) {
+        if (sb->dead)
+                return 0;
+        sbx_detach_all(srv, sb);
+        sb->dead = true;
+        /* Kill now, clean up when the kernel has taken every process down
+         * (tearing down a pid namespace of many processes takes a while):
+         * the loop does not wait for it. */
+        hutch_error err = { 0 };
+        int pfd = sb->pooled ? -1 : hutch_sandbox_kill_begin(sb->h, &err);
+        if (pfd >= 0) {
+                sb->w.cb = on_init_gone;
+                sb->w.data = sb;
+                if (loop_add(srv, &sb->w, pfd, EPOLLIN) >= 0) {
+                        sb->dying = true;
+                        sb->dying_since_ms = wall_ms();
+                } else
+                        sb->w.fd = -1;
+        }
+        if (!sb->dying)
+                sbx_finish_destroy(srv, sb);
         if (sb->pooled)
                 return 0;
         hutch_error e3 = { 0 };
@@ -574,6 +604,8 @@ void sbx_free_all(server *srv) {
                 srv->sandboxes = sb->next;
                 if (!sb->dead)
                         sbx_detach_all(srv, sb);
+                else if (sb->dying)
+                        sbx_finish_destroy(srv, sb);
                 sbx_release(sb);
         }
 }
@@ -611,6 +643,19 @@ int64_t sbx_timers(server *srv, int64_t now) {
         int64_t next = -1;
         for (sbx **pp = &srv->sandboxes; *pp;) {
                 sbx *sb = *pp;
+                if (sb->dead && sb->dying) {
+                        /* init did not die in 10 s (a task stuck in the kernel?):
+                         * the engine's teardown kills what is left by cgroup */
+                        if (now - sb->dying_since_ms > 10000)
+                                sbx_finish_destroy(srv, sb);
+                        else {
+                                int64_t due = sb->dying_since_ms + 10001;
+                                if (next < 0 || due < next)
+                                        next = due;
+                        }
+                        pp = &sb->next;
+                        continue;
+                }
                 if (sb->dead) {
                         *pp = sb->next;
                         sbx_release(sb);

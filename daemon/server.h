@@ -142,6 +142,8 @@ struct sbx {
         bool dirty;             /* a synchronous call may have queued events: drain them */
         bool procs_pending;     /* re-adopted while paused: find its processes at resume */
         bool pooled;            /* in the warm pool: no row, no owner yet */
+        bool dying;             /* killed; the engine finishes when init's pidfd is readable */
+        int64_t dying_since_ms;
         int64_t started_ms, end_ms;
         char token[64];
         json_t *metadata;       /* object of strings */

@@ -84,6 +84,11 @@ int hutch_sandbox_attach(hutch_ctx *ctx, const char *id, hutch_sandbox **ret, hu
 int hutch_sandbox_remove(hutch_ctx *ctx, const char *id, hutch_error *err);
 /* Kill every process, remove mounts, cgroup, writable layer, uid range. */
 int hutch_sandbox_destroy(hutch_sandbox *sb, hutch_error *err);
+/* The first half of destroy, which never waits: SIGKILL init (thawing a
+ * paused sandbox so that the kill lands) and close the control connection.
+ * Returns init's pidfd (owned by sb), readable once every process of the
+ * sandbox is gone; hutch_sandbox_destroy() then finishes without waiting. */
+int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err);
 hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb);
 hutch_sandbox *hutch_sandbox_ref(hutch_sandbox *sb);
 

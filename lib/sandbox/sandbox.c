@@ -335,7 +335,10 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
          * waiting for init is waiting for all of them. The cgroup kill then
          * only has work when something is left, e.g. init was already gone. */
         bool init_reaped = false;
-        if (sb->init_pidfd >= 0 && sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) == 0) {
+        /* ESRCH: already dead (hutch_sandbox_kill_begin ran first): still
+         * wait for the pidfd and reap it below */
+        if (sb->init_pidfd >= 0 &&
+            (sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) == 0 || errno == ESRCH)) {
                 /* A frozen (paused) task does not die of SIGKILL until thawed. */
                 if (sb->cg && cgroup_is_frozen(sb->cg) == 1)
                         (void) cgroup_thaw(sb->cg, NULL);
@@ -830,6 +833,21 @@ int hutch_sandbox_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
 }
 
 /* ------------------------------------------------------------- destroy etc */
+
+int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err) {
+        if (!sb || sb->destroyed)
+                return hutch_error_set(err, -ESRCH, "sandbox already destroyed");
+        if (sb->init_pidfd < 0)
+                return hutch_error_set(err, -ESRCH, "sandbox %s: its init is not known", sb->id);
+        /* as in teardown: PID 1 dying takes every process of the sandbox */
+        if (sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH)
+                return hutch_error_set(err, -errno, "sandbox %s: killing init: %m", sb->id);
+        /* a frozen task does not die of SIGKILL until thawed */
+        if (sb->cg && cgroup_is_frozen(sb->cg) == 1)
+                (void) cgroup_thaw(sb->cg, NULL);
+        sb->conn = safe_close(sb->conn);
+        return sb->init_pidfd;
+}
 
 int hutch_sandbox_destroy(hutch_sandbox *sb, hutch_error *err) {
         if (!sb || sb->destroyed)
