@@ -339,13 +339,19 @@ static enum MHD_Result sandbox_connect(server *srv, request *req, sbx *sb) {
                 return MHD_YES;
         uint64_t t;
         int r = body_timeout(req, body, "timeout", false, srv->cfg.default_timeout_s, &t);
+        json_t *mem = json_object_get(body, "memory");
+        bool bad_mem = mem && !json_is_null(mem) && !json_is_boolean(mem);
+        /* memory:false (the SDK's onResume:"reboot") resumes without the processes */
+        bool cold = json_is_false(mem);
         json_decref(body);
         if (r < 0)
                 return MHD_YES;
+        if (bad_mem)
+                return http_reply_error(req->conn, 400, "'memory' must be a boolean");
         unsigned status = 200;
         if (sb->paused) {
                 hutch_error err = { 0 };
-                if (sbx_resume(srv, sb, &err) < 0) {
+                if (sbx_resume(srv, sb, cold, &err) < 0) {
                         log_error("sandbox %s: resume: %s", sb->id, err.msg);
                         return http_reply_error(req->conn, 500, "resuming the sandbox failed: %s", err.msg);
                 }
@@ -395,11 +401,16 @@ static enum MHD_Result sandbox_pause(server *srv, request *req, sbx *sb) {
         json_t *body;
         if (parse_body(req, &body) < 0)
                 return MHD_YES;
+        json_t *mem = json_object_get(body, "memory");
+        bool bad_mem = mem && !json_is_null(mem) && !json_is_boolean(mem);
+        bool keep_memory = !json_is_false(mem);
         json_decref(body);
+        if (bad_mem)
+                return http_reply_error(req->conn, 400, "'memory' must be a boolean");
         if (sb->paused)
                 return http_reply_error(req->conn, 409, "sandbox \"%s\" is already paused", sb->id);
         hutch_error err = { 0 };
-        int r = sbx_pause(srv, sb, &err);
+        int r = sbx_pause(srv, sb, keep_memory, &err);
         if (r < 0) {
                 log_error("sandbox %s: pause: %s", sb->id, err.msg);
                 return http_reply_error(req->conn, 500, "pausing the sandbox failed: %s", err.msg);

@@ -195,6 +195,50 @@ static void go_mode_string(uint32_t mode, int type, char out[16]) {
         *p = 0;
 }
 
+/* A link's target made absolute against the link's own directory, and
+ * normalized lexically ("." and ".." resolved, never above "/"). */
+static char *symlink_target_absolute(const char *link_path, const char *target) {
+        char *joined;
+        if (target[0] == '/')
+                joined = strdup(target);
+        else {
+                const char *slash = strrchr(link_path, '/');
+                int dl = slash ? (int) (slash - link_path) : 0;
+                if (asprintf(&joined, "%.*s/%s", dl, link_path, target) < 0)
+                        joined = NULL;
+        }
+        if (!joined)
+                return NULL;
+        size_t n = strlen(joined);
+        char *out = malloc(n + 2);
+        if (!out) {
+                free(joined);
+                return NULL;
+        }
+        size_t o = 0;
+        char *save = NULL;
+        for (char *c = strtok_r(joined, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+                if (streq(c, "."))
+                        continue;
+                if (streq(c, "..")) {
+                        while (o > 0 && out[o - 1] != '/')
+                                o--;
+                        if (o > 0)
+                                o--;
+                        continue;
+                }
+                out[o++] = '/';
+                size_t cl = strlen(c);
+                memcpy(out + o, c, cl);
+                o += cl;
+        }
+        if (o == 0)
+                out[o++] = '/';
+        out[o] = 0;
+        free(joined);
+        return out;
+}
+
 json_t *entry_to_json(const hutch_file_info *fi) {
         char perms[16], mtime[40], size[32];
         int type = fi->type == HUTCH_FILE_SYMLINK ? fi->target_type : fi->type;
@@ -205,8 +249,12 @@ json_t *entry_to_json(const hutch_file_info *fi) {
                               "type", file_type_name(type), "path", fi->path ? fi->path : "", "size", size, "mode",
                               (int) (fi->mode & 07777), "permissions", perms, "owner", fi->owner ? fi->owner : "",
                               "group", fi->group ? fi->group : "", "modifiedTime", mtime);
-        if (fi->symlink_target)
-                json_object_set_new(o, "symlinkTarget", json_string(fi->symlink_target));
+        if (fi->symlink_target) {
+                /* envd reports where the link points as an absolute path */
+                char *abs = symlink_target_absolute(fi->path ? fi->path : "/", fi->symlink_target);
+                json_object_set_new(o, "symlinkTarget", json_string(abs ? abs : fi->symlink_target));
+                free(abs);
+        }
         if (fi->n_metadata > 0) {
                 json_t *md = json_object();
                 for (size_t i = 0; i < fi->n_metadata; i++)
@@ -939,6 +987,16 @@ static enum MHD_Result fs_move(rpc *x) {
         return rpc_ok(x, json_pack("{s:o}", "entry", e));
 }
 
+static int cmp_entry_path(const void *a, const void *b) {
+        const hutch_file_info *x = a, *y = b;
+        /* compare component-wise so that "d/x" sorts right after "d", before "d-1" */
+        const char *p = x->path ? x->path : "", *q = y->path ? y->path : "";
+        for (; *p && *p == *q; p++, q++)
+                ;
+        unsigned char cp = *p == '/' ? 1 : (unsigned char) *p, cq = *q == '/' ? 1 : (unsigned char) *q;
+        return (int) cp - (int) cq;
+}
+
 static enum MHD_Result fs_list_dir(rpc *x) {
         _cleanup_free_ char *path = rpc_path(x, "path");
         if (!path)
@@ -968,6 +1026,8 @@ static enum MHD_Result fs_list_dir(rpc *x) {
                 return rpc_error(x, "not_found", "directory not found: %s", path);
         if (r < 0)
                 return rpc_errno(x, r, &err);
+        /* by full path: each directory's entries in name order, depth first (as envd walks) */
+        qsort(v, n, sizeof *v, cmp_entry_path);
         json_t *arr = json_array();
         for (size_t i = 0; i < n; i++)
                 json_array_append_new(arr, entry_to_json(&v[i]));

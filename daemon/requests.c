@@ -57,7 +57,7 @@ static int string_map(json_t *v, const char *what, size_t max_keys, size_t max_l
 
 int create_request_parse(json_t *body, uint64_t default_timeout_s, uint64_t max_timeout_s, create_request *ret,
                          char *why, size_t whylen) {
-        create_request r = { .template_id = "base", .timeout_s = default_timeout_s };
+        create_request r = { .template_id = "base", .timeout_s = default_timeout_s, .pause_keep_memory = true };
         if (!json_is_object(body))
                 return fail(why, whylen, -EINVAL, "request body must be a JSON object");
         json_t *tj = req_field(body, "templateID", NULL);
@@ -111,6 +111,10 @@ int create_request_parse(json_t *body, uint64_t default_timeout_s, uint64_t max_
                         return fail(why, whylen, -EINVAL, "lifecycle.autoResume must be a boolean");
                 r.auto_resume = json_is_true(ar);
         }
+        json_t *apm = req_field(body, "autoPauseMemory", NULL);
+        if (apm && !json_is_boolean(apm))
+                return fail(why, whylen, -EINVAL, "autoPauseMemory must be a boolean");
+        r.pause_keep_memory = !json_is_false(apm);
         json_t *ar = req_field(body, "autoResume", NULL);
         if (json_is_object(ar)) {
                 json_t *en = req_field(ar, "enabled", NULL);

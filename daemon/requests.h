@@ -26,6 +26,7 @@ typedef struct create_request {
         json_t *env;             /* object of strings or NULL */
         bool on_timeout_pause;   /* autoPause, lifecycle.onTimeout == "pause" */
         bool auto_resume;        /* lifecycle.autoResume, autoResume.enabled */
+        bool pause_keep_memory;  /* autoPauseMemory (default true): false = a timeout pause reboots at resume */
 } create_request;
 
 /* 0, or -EINVAL / -EOPNOTSUPP with a message for a 400. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <signal.h>
 #include <sys/random.h>
 
 #include "daemon/requests.h"
@@ -139,6 +140,8 @@ static json_t *extra_json(sbx *sb, json_t *body) {
         json_t *e = json_object();
         json_object_set_new(e, "onTimeout", json_string(sb->on_timeout_pause ? "pause" : "kill"));
         json_object_set_new(e, "autoResume", json_boolean(sb->auto_resume));
+        json_object_set_new(e, "autoPauseMemory", json_boolean(sb->pause_keep_memory));
+        json_object_set_new(e, "coldResume", json_boolean(sb->cold_resume));
         if (body) {
                 json_t *net = json_object_get(body, "network");
                 if (net)
@@ -351,6 +354,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         sb->envs = json_is_object(envs) ? json_deep_copy(envs) : json_object();
         sb->on_timeout_pause = cr.on_timeout_pause;
         sb->auto_resume = cr.auto_resume;
+        sb->pause_keep_memory = cr.pause_keep_memory;
         sb->extra = extra_json(sb, body);
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
@@ -534,7 +538,25 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         return 0;
 }
 
-int sbx_pause(server *srv, sbx *sb, hutch_error *err) {
+static void save_extra(server *srv, sbx *sb) {
+        json_t *old = sb->extra;
+        sb->extra = extra_json(sb, NULL);
+        /* what create said about the network stays */
+        const char *keep[] = { "network", "allowInternetAccess" };
+        for (size_t i = 0; i < ELEMENTSOF(keep); i++) {
+                json_t *v = json_object_get(old, keep[i]);
+                if (v)
+                        json_object_set(sb->extra, keep[i], v);
+        }
+        json_decref(old);
+        char *e = json_dumps(sb->extra, JSON_COMPACT);
+        hutch_error err = { 0 };
+        if (e && store_sandbox_set_extra(srv->store, sb->id, e, &err) < 0)
+                log_warning("sandbox %s: database: %s", sb->id, err.msg);
+        free(e);
+}
+
+int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
         if (sb->paused)
                 return hutch_error_set(err, -EALREADY, "sandbox %s is already paused", sb->id);
         /* watches go first: a frozen init cannot answer their removal */
@@ -559,19 +581,74 @@ int sbx_pause(server *srv, sbx *sb, hutch_error *err) {
                 p->subs = NULL;
                 p->timeout_stream = NULL;
         }
+        /* Without memory, the resume reboots: what runs is gone then. The
+         * processes stay frozen until that point (their memory is kept as
+         * long as the sandbox is paused, like a memory pause). */
+        sb->cold_resume = !keep_memory;
+        save_extra(srv, sb);
         hutch_error e2 = { 0 };
         (void) store_sandbox_set_state(srv->store, sb->id, STORE_SBX_PAUSED, &e2);
-        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.pause", "{}", &e2);
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.pause",
+                               keep_memory ? "{\"memory\":true}" : "{\"memory\":false}", &e2);
         return 0;
 }
 
-int sbx_resume(server *srv, sbx *sb, hutch_error *err) {
+/* A reboot without a new sandbox: every process but init is killed, and
+ * the boot id (the sandbox's own, see child.c) changes; the writable layer
+ * is kept. Synchronous, so that nothing started after the resume can meet
+ * the kill. */
+static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
+        static const char *const argv[] = {
+                "/bin/sh", "-c", "kill -KILL -1 2>/dev/null; cat /proc/sys/kernel/random/uuid > /run/hutch/boot_id",
+                NULL,
+        };
+        static const char *const envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+        hutch_spawn_config sc = {
+                .argv = argv, .envp = envp, .cwd = "/", .uid = 0, .gid = 0, .stdin_mode = HUTCH_STDIN_NULL,
+        };
+        hutch_process hp;
+        int r = hutch_sandbox_spawn(sb->h, &sc, &hp, err);
+        if (r < 0)
+                return r;
+        safe_close(hp.stdin_fd);
+        safe_close(hp.stdout_fd);
+        safe_close(hp.stderr_fd);
+        int64_t deadline = wall_ms() + 10000;
+        for (;;) {
+                int64_t left = deadline - wall_ms();
+                hutch_exit ex;
+                if (left <= 0 || (r = hutch_sandbox_wait(sb->h, (int) left, &ex, err)) < 0)
+                        return r < 0 ? r : hutch_error_set(err, -ETIMEDOUT, "the reboot did not finish in time");
+                if (ex.pid == hp.pid)
+                        break;
+                proc_on_exit(srv, sb, &ex); /* one of the killed ones */
+        }
+        /* whatever the daemon still thinks runs was killed */
+        for (proc *p = sb->procs; p; p = p->next)
+                if (!p->exited) {
+                        hutch_exit ex = { .pid = p->pid, .signal = SIGKILL };
+                        proc_on_exit(srv, sb, &ex);
+                }
+        sbx_mark_dirty(sb);
+        return 0;
+}
+
+int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         if (!sb->paused)
                 return 0;
         int r = hutch_sandbox_thaw(sb->h, err);
         if (r < 0)
                 return r;
         sb->paused = false;
+        if (cold || sb->cold_resume) {
+                if (sb->procs_pending)
+                        sb->procs_pending = false; /* nothing to find again: it is all killed */
+                r = sbx_cold_boot(srv, sb, err);
+                if (r < 0)
+                        return r;
+                sb->cold_resume = false;
+                save_extra(srv, sb);
+        }
         sbx_mark_dirty(sb);
         if (sb->procs_pending) {
                 sb->procs_pending = false;
@@ -665,7 +742,7 @@ int64_t sbx_timers(server *srv, int64_t now) {
                         if (sb->on_timeout_pause) {
                                 hutch_error err = { 0 };
                                 log_debug("sandbox %s: timeout, pausing", sb->id);
-                                if (sbx_pause(srv, sb, &err) < 0) {
+                                if (sbx_pause(srv, sb, sb->pause_keep_memory, &err) < 0) {
                                         log_warning("sandbox %s: pause at timeout failed (%s): killing it", sb->id,
                                                     err.msg);
                                         sbx_kill(srv, sb, "timeout");
@@ -755,6 +832,8 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         const char *ot = json_string_value(json_object_get(sb->extra, "onTimeout"));
         sb->on_timeout_pause = ot && streq(ot, "pause");
         sb->auto_resume = json_is_true(json_object_get(sb->extra, "autoResume"));
+        sb->pause_keep_memory = !json_is_false(json_object_get(sb->extra, "autoPauseMemory"));
+        sb->cold_resume = json_is_true(json_object_get(sb->extra, "coldResume"));
         sbx_token_derive(srv, sb->id, row->token_nonce, sb->token);
         r = register_init(srv, sb);
         if (r < 0) {

@@ -151,6 +151,8 @@ struct sbx {
         json_t *extra;          /* lifecycle etc. */
         bool on_timeout_pause;
         bool auto_resume;
+        bool pause_keep_memory; /* a timeout pause keeps processes (false: reboot at resume) */
+        bool cold_resume;       /* paused without memory: resume reboots (processes killed, new boot id) */
         int64_t cpu_count, memory_mb, disk_mb;
         proc *procs;            /* live and recently exited */
         struct pwatch *pwatches; /* CreateWatcher watchers (polled with GetWatcherEvents) */
@@ -241,8 +243,8 @@ sbx *sbx_find(server *srv, const char *id);
 sbx *sbx_find_team(server *srv, const char *id, int64_t team);
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err);
 int sbx_kill(server *srv, sbx *sb, const char *reason);
-int sbx_pause(server *srv, sbx *sb, hutch_error *err);
-int sbx_resume(server *srv, sbx *sb, hutch_error *err);
+int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err);
+int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err);
 void sbx_cut_streams(server *srv, sbx *sb);
 void sbx_drain(server *srv, sbx *sb);
 void sbx_mark_dirty(sbx *sb);

@@ -388,6 +388,38 @@ int mkdir_parents(const char *path, bool *ret_created) {
         return 0;
 }
 
+/* mkdir -p as root where the components are missing, each new one handed
+ * to uid:gid (lchown: never through a symlink). */
+int mkdir_parents_chown(const char *path, uid_t uid, gid_t gid) {
+        char buf[INIT_PATH_BUF];
+        size_t len = strlen(path);
+
+        if (len >= sizeof buf)
+                return -ENAMETOOLONG;
+        memcpy(buf, path, len + 1);
+        for (char *p = buf + 1; *buf && p <= buf + len; p++) {
+                if (*p != '/' && *p != '\0')
+                        continue;
+                char saved = *p;
+                *p = '\0';
+                if (p > buf + 1) {
+                        if (mkdir(buf, 0755) == 0) {
+                                if (lchown(buf, uid, gid) < 0)
+                                        return negative_errno();
+                        } else if (errno == EEXIST) {
+                                struct stat st;
+                                if (stat(buf, &st) < 0)
+                                        return negative_errno();
+                                if (!S_ISDIR(st.st_mode))
+                                        return saved ? -ENOTDIR : -EEXIST;
+                        } else
+                                return negative_errno();
+                }
+                *p = saved;
+        }
+        return 0;
+}
+
 /* rm -rf without ever following a symlink: every level is opened with
  * O_NOFOLLOW relative to its parent's fd, so a symlink swapped in during
  * the walk is unlinked, not descended into. */
@@ -968,8 +1000,21 @@ static void fs_write_begin(conn *c, const req *r, const char *path, uid_t uid, g
         snprintf(w->name, sizeof w->name, "%s", name);
         snprintf(w->path, sizeof w->path, "%s", path);
 
-        /* Parents are created as the user, so the user owns them. */
+        /* Parents are created as the user, so the user owns them. Where
+         * the user may not create one (a new top-level directory such as
+         * /data), envd creates the missing ones as root and gives them to
+         * the user; hutch does the same for missing directories only, and
+         * the file itself is still created with the user's fsuid, so an
+         * existing directory's permissions keep applying. (Inside the
+         * sandbox, `user` can become sandbox root with sudo anyway.) */
         k = mkdir_parents(dir, NULL);
+        if (k == -EACCES && uid != 0) {
+                fsuser root_saved;
+                if (fsuser_enter(0, 0, &root_saved) == 0) {
+                        k = mkdir_parents_chown(dir, uid, gid);
+                        fsuser_restore(&root_saved);
+                }
+        }
         if (k < 0)
                 goto fail;
         w->dir_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);

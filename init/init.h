@@ -189,5 +189,6 @@ void file_meta_put(initproto_writer *w, const char *path);
 /* Create every missing directory of path (mode 0755, owned by the fs user).
  * ret_created: whether the last component was created here. */
 int mkdir_parents(const char *path, bool *ret_created);
+int mkdir_parents_chown(const char *path, uid_t uid, gid_t gid);
 
 void log_debug(const char *fmt, ...) _printf_(1, 2);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -147,8 +148,41 @@ static const char *const proc_readonly[] = {
         "proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger", NULL,
 };
 
+/* The host's boot id is none of the sandbox's business (it identifies the
+ * host across sandboxes): each sandbox gets its own, from a file in its own
+ * root that is bound over /proc/sys/kernel/random/boot_id. Rewriting that
+ * file in place (the daemon does on a cold reboot) changes the boot id. */
+static void setup_boot_id(const child_config *c) {
+        uint8_t b[16];
+        if (getrandom(b, sizeof b, 0) != (ssize_t) sizeof b)
+                child_fail(c, errno ? errno : EIO, "getrandom for the boot id");
+        b[6] = (uint8_t) ((b[6] & 0x0f) | 0x40); /* a version 4 UUID, as the kernel's */
+        b[8] = (uint8_t) ((b[8] & 0x3f) | 0x80);
+        char id[40];
+        int n = snprintf(id, sizeof id,
+                         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1],
+                         b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        if (mkdir("run", 0755) < 0 && errno != EEXIST)
+                child_fail(c, errno, "creating /run");
+        if (mkdir("run/hutch", 0755) < 0 && errno != EEXIST)
+                child_fail(c, errno, "creating /run/hutch");
+        int fd = open("run/hutch/boot_id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        CHECK(c, fd, "creating the boot id");
+        if (write(fd, id, (size_t) n) != n)
+                child_fail(c, errno ? errno : EIO, "writing the boot id");
+        close(fd);
+        CHECK(c, mount("run/hutch/boot_id", "proc/sys/kernel/random/boot_id", NULL, MS_BIND, NULL),
+              "masking the host's boot id");
+        /* read-only through /proc, like the rest of /proc/sys */
+        CHECK(c,
+              mount(NULL, "proc/sys/kernel/random/boot_id", NULL,
+                    MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+              "making the boot id read-only");
+}
+
 static void setup_proc(const child_config *c) {
         CHECK(c, mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mounting /proc");
+        setup_boot_id(c);
         for (const char *const *p = proc_masked_files; *p; p++)
                 if (mount("/dev/null", *p, NULL, MS_BIND, NULL) < 0 && errno != ENOENT)
                         child_fail(c, errno, "masking a /proc file");

@@ -64,6 +64,23 @@ def test_host_shadow_not_visible(warm):
             assert fields[1] not in out, f"a host password hash is visible ({fields[0]})"
 
 
+def test_host_boot_id_not_visible(warm):
+    """The host's boot id identifies the host across sandboxes: each sandbox
+    sees its own, and sandbox root cannot set it through /proc."""
+    host = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    seen = set()
+    for _ in range(2):
+        cp = hutchtest.run_sandbox(["--user", "root"], ["sh", "-c",
+                                   "cat /proc/sys/kernel/random/boot_id; "
+                                   "echo 00000000-0000-4000-8000-000000000000 > /proc/sys/kernel/random/boot_id"
+                                   " 2>/dev/null && echo WROTE"])
+        out = cp.stdout.decode().split()
+        assert out and len(out[0]) == 36 and out[0] != host, (out, host)
+        assert "WROTE" not in out, "sandbox root rewrote the boot id through /proc"
+        seen.add(out[0])
+    assert len(seen) == 2, "two sandboxes share a boot id"
+
+
 def test_etc_is_synthesized(warm):
     # The sandbox's /etc/passwd is hutch's (root and user), not the host's.
     cp = hutchtest.run_sandbox([], ["cat", "/etc/passwd"])
