@@ -12,6 +12,10 @@
 #include <time.h>
 
 #include "cli/cli.h"
+
+/* How long the command has to end after a forwarded SIGINT/SIGTERM/SIGHUP
+ * before the sandbox is destroyed (a second signal does it at once). */
+#define SIGNAL_GRACE_NS (5ll * 1000000000)
 #include "util/clock.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -365,7 +369,8 @@ int verb_run(int argc, char **argv) {
         bool stdin_done = false;
         hutch_exit ex = { 0 };
         bool exited = false, timed_out = false, killed_outside = false;
-        int signals_seen = 0;
+        int signals_seen = 0, first_signal = 0;
+        int64_t signal_deadline = 0; /* after a forwarded signal: the sandbox ends then at the latest */
         int64_t deadline = o.timeout_ms ? t0 + (int64_t) o.timeout_ms * 1000000 : 0;
         static char buf[65536];
 
@@ -416,10 +421,23 @@ int verb_run(int argc, char **argv) {
                         int64_t left = (deadline - clock_ns(CLOCK_MONOTONIC)) / 1000000;
                         wait = left > 0 ? (int) MIN(left, 1000000) : 0;
                 }
+                if (signal_deadline) {
+                        int64_t left = (signal_deadline - clock_ns(CLOCK_MONOTONIC)) / 1000000;
+                        int w = left > 0 ? (int) left : 0;
+                        if (wait < 0 || w < wait)
+                                wait = w;
+                }
                 int k = poll(p, (nfds_t) np, wait);
                 if (k < 0 && errno != EINTR) {
                         log_error("poll: %m");
                         goto out;
+                }
+                if (signal_deadline && clock_ns(CLOCK_MONOTONIC) >= signal_deadline) {
+                        /* the command did not end on the forwarded signal (a
+                         * shell may hold it while it forks): end the sandbox */
+                        killed_outside = true;
+                        ex.signal = first_signal;
+                        goto done;
                 }
                 if (deadline && clock_ns(CLOCK_MONOTONIC) >= deadline) {
                         timed_out = true;
@@ -474,6 +492,8 @@ int verb_run(int argc, char **argv) {
                                         goto done;
                                 }
                                 (void) hutch_sandbox_signal(sb, proc.pid, (int) si.ssi_signo, true, NULL);
+                                first_signal = (int) si.ssi_signo;
+                                signal_deadline = clock_ns(CLOCK_MONOTONIC) + SIGNAL_GRACE_NS;
                         }
                 }
         }
