@@ -1027,7 +1027,8 @@ static enum MHD_Result fs_list_dir(rpc *x) {
         if (r < 0)
                 return rpc_errno(x, r, &err);
         /* by full path: each directory's entries in name order, depth first (as envd walks) */
-        qsort(v, n, sizeof *v, cmp_entry_path);
+        if (n > 1)
+                qsort(v, n, sizeof *v, cmp_entry_path);
         json_t *arr = json_array();
         for (size_t i = 0; i < n; i++)
                 json_array_append_new(arr, entry_to_json(&v[i]));
