@@ -68,6 +68,8 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         if (req->data_plane) {
                 memcpy(req->sbx_id, sb->id, sizeof req->sbx_id);
                 bool token_optional = streq(req->url, "/health") || is_files;
+                if (streq(req->url, "/health") && !streq(req->method, "GET") && !streq(req->method, "HEAD"))
+                        return http_reply_error(c, 405, "method %s not allowed on /health", req->method);
                 const char *tok = http_header(c, "X-Access-Token");
                 if (tok) {
                         if (!const_time_eq(tok, sb->token)) {
@@ -94,6 +96,8 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
 
         /* control plane */
         if (streq(req->url, "/health")) {
+                if (!streq(req->method, "GET") && !streq(req->method, "HEAD"))
+                        return http_reply_error(c, 405, "method %s not allowed on /health", req->method);
                 *ret_responded = false;
                 return MHD_YES;
         }
@@ -422,15 +426,16 @@ static enum MHD_Result sandbox_metrics(server *srv, request *req, sbx *sb) {
         const char *s = http_query(req->conn, "start"), *e = http_query(req->conn, "end");
         int64_t start_ms = INT64_MIN, end_ms = INT64_MAX;
         char *x;
+        /* seconds within ±2^40 (far beyond any real time): no overflow below */
         if (s && *s) {
                 long long v = strtoll(s, &x, 10);
-                if (*x)
+                if (*x || v < -(1ll << 40) || v > (1ll << 40))
                         return http_reply_error(req->conn, 400, "start must be a unix time in seconds");
                 start_ms = v * 1000;
         }
         if (e && *e) {
                 long long v = strtoll(e, &x, 10);
-                if (*x)
+                if (*x || v < -(1ll << 40) || v > (1ll << 40))
                         return http_reply_error(req->conn, 400, "end must be a unix time in seconds");
                 end_ms = v * 1000 + 999;
         }

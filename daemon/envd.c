@@ -29,6 +29,8 @@
 #define EXIT_GRACE_MS 200       /* after exit, wait this long for pipes held by leftover children */
 #define EXITED_KEEP_MS 60000    /* Connect after exit still answers start+end this long */
 #define PWATCH_MAX_EVENTS 10000
+#define PWATCH_MAX_BYTES (4u << 20)
+#define KEEPALIVE_MAX_MS (300 * 1000)
 
 /* ------------------------------------------------------------------ base64 */
 
@@ -389,9 +391,10 @@ static void proc_complete(server *srv, proc *p) {
 }
 
 static void proc_close_output(server *srv, watcher *w, bool *eof) {
-        if (w->fd >= 0) {
+        int fd = w->fd;
+        if (fd >= 0) {
                 loop_del(srv, w);
-                w->fd = safe_close(w->fd);
+                safe_close(fd);
         }
         *eof = true;
 }
@@ -475,7 +478,8 @@ static void on_stdin_writable(server *srv, watcher *w, uint32_t revents) {
                 p->inlen -= (size_t) n;
         }
         loop_del(srv, &p->in_w);
-        p->in_w.fd = -1;
+        if (p->close_stdin_pending)
+                p->in_fd = safe_close(p->in_fd);
 }
 
 static int proc_write_input(server *srv, proc *p, const uint8_t *data, size_t n) {
@@ -668,8 +672,10 @@ static stream *open_stream(rpc *x, int kind, enum MHD_Result *mr) {
                 return NULL;
         st->sb = x->sb;
         st->user = x->fsu;
+        /* bounded: a suspended connection only notices a gone client when
+         * it writes, so every stream writes at least every 5 minutes */
         int64_t ka = header_ms(x->req->conn, "Keepalive-Ping-Interval", 1000);
-        st->keepalive_ms = ka > 0 ? ka : 90000;
+        st->keepalive_ms = ka > 0 ? MIN(ka, KEEPALIVE_MAX_MS) : 90000;
         return st;
 }
 
@@ -890,9 +896,9 @@ static enum MHD_Result process_close_stdin(rpc *x) {
                 return rpc_error(x, "failed_precondition", "cannot close stdin of a pty process");
         if (p->in_fd >= 0 && p->inlen == 0) {
                 loop_del(x->srv, &p->in_w);
-                p->in_w.fd = -1;
                 p->in_fd = safe_close(p->in_fd);
-        }
+        } else if (p->in_fd >= 0)
+                p->close_stdin_pending = true; /* after what is queued */
         hutch_error err = { 0 };
         int r = hutch_sandbox_close_stdin(x->sb->h, p->pid, &err);
         sbx_mark_dirty(x->sb);
@@ -1055,6 +1061,7 @@ typedef struct pwatch {
         bool recursive, include_entry;
         hutch_fs_user user;
         json_t *events;
+        size_t bytes;     /* a bound on what events keeps */
         unsigned dropped;
         struct pwatch *next;
 } pwatch;
@@ -1169,6 +1176,12 @@ void stream_on_watch_event(server *srv, sbx *sb, const hutch_event *ev) {
         for (stream *st = srv->streams; st; st = st->next) {
                 if (st->sb != sb || st->kind != STREAM_WATCH || st->watch_id != ev->watch_id || st->finished)
                         continue;
+                /* a reader that does not keep up loses events, never the
+                 * daemon's memory */
+                if (st->len - st->off > srv->cfg.stream_buffer_bytes) {
+                        st->watch_dropped++;
+                        return;
+                }
                 json_t *o = watch_event_json(srv, sb, ev, st->watch_root, st->watch_entry, &st->user);
                 if (o)
                         stream_queue_json(st, json_pack("{s:o}", "filesystem", o));
@@ -1177,13 +1190,15 @@ void stream_on_watch_event(server *srv, sbx *sb, const hutch_event *ev) {
         for (pwatch *w = sb->pwatches; w; w = w->next) {
                 if (w->id != ev->watch_id)
                         continue;
-                if (json_array_size(w->events) >= PWATCH_MAX_EVENTS) {
+                if (json_array_size(w->events) >= PWATCH_MAX_EVENTS || w->bytes > PWATCH_MAX_BYTES) {
                         w->dropped++;
                         return;
                 }
                 json_t *o = watch_event_json(srv, sb, ev, w->root, w->include_entry, &w->user);
-                if (o)
+                if (o) {
+                        w->bytes += strlen(ev->path) + (w->include_entry ? 512 : 64);
                         json_array_append_new(w->events, o);
+                }
                 return;
         }
 }
@@ -1238,6 +1253,7 @@ static enum MHD_Result fs_get_watcher_events(rpc *x) {
                 return rpc_error(x, "not_found", "watcher not found");
         json_t *evs = (*pp)->events;
         (*pp)->events = json_array();
+        (*pp)->bytes = 0;
         return rpc_ok(x, json_pack("{s:o}", "events", evs));
 }
 
@@ -1289,6 +1305,7 @@ int64_t envd_timers(server *srv, int64_t now) {
                                                 break;
                                         }
                                 st->proc = NULL;
+                                proc_maybe_unthrottle(srv, p);
                         }
                         stream_finish(st, "deadline_exceeded", "context deadline exceeded");
                         continue;

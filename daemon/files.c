@@ -96,8 +96,13 @@ static int files_auth(request *req, sbx *sb, bool write, enum MHD_Result *mr) {
 
 static int files_user(request *req, hutch_fs_user *u, const char **home, char name[64], enum MHD_Result *mr) {
         const char *q = http_query(req->conn, "username");
+        bool signed_url = !http_header(req->conn, "X-Access-Token");
         if (q && *q)
                 snprintf(name, 64, "%s", q);
+        else if (signed_url)
+                /* the signature covers the query's user only: an
+                 * Authorization header must not pick another one */
+                snprintf(name, 64, "user");
         else if (user_from_auth(http_header(req->conn, "Authorization"), name, 64) < 0) {
                 *mr = http_reply_error(req->conn, 401, "invalid authorization header");
                 return -EACCES;
@@ -355,7 +360,7 @@ static void upload_file_abort(files_upload *u, upload_file *f) {
         safe_close(f->fd);
         f->fd = -1;
         if (f->w)
-                hutch_fs_write_abort(f->w);
+                sbx_write_abort(u->srv, u->sbx_id, f->w); /* deferred to resume when paused */
         f->w = NULL;
         free(f->pending);
         free(f->path);
@@ -420,6 +425,8 @@ static void file_commit(files_upload *u, upload_file *f) {
         hutch_error err = { 0 };
         sbx *sb = upload_sandbox(u);
         int r = sb ? hutch_fs_write_commit(f->w, f->bytes, &fi, &err) : -ECONNRESET;
+        if (!sb)
+                sbx_write_abort(u->srv, u->sbx_id, f->w); /* paused or gone: never committed */
         f->w = NULL; /* commit consumes it */
         if (sb)
                 sbx_mark_dirty(sb);
@@ -457,6 +464,8 @@ static void file_broken(files_upload *u, upload_file *f, int write_err) {
         hutch_error err = { 0 };
         sbx *sb = upload_sandbox(u);
         int r = sb && f->w ? hutch_fs_write_commit(f->w, f->bytes, &fi, &err) : -ECONNRESET;
+        if (!sb && f->w)
+                sbx_write_abort(u->srv, u->sbx_id, f->w);
         f->w = NULL;
         if (sb)
                 sbx_mark_dirty(sb);
@@ -500,6 +509,7 @@ static int upload_progress(files_upload *u) {
 /* Write out and commit finished files, waiting (bounded) for their pipes,
  * until at most `keep` are in flight. */
 static int upload_settle(files_upload *u, unsigned keep) {
+        int64_t deadline = wall_ms() + 30000;
         for (;;) {
                 unsigned n = 0;
                 for (upload_file *f = u->files; f; f = f->next)
@@ -509,12 +519,15 @@ static int upload_settle(files_upload *u, unsigned keep) {
                 upload_file *f = u->files;
                 if (!f->ended)
                         return 0;
+                if (!upload_sandbox(u))
+                        return -EIO;
                 int r = upload_progress(u);
                 if (u->status)
                         return -EIO;
                 if (r == -EAGAIN) {
                         struct pollfd pfd = { .fd = f->fd, .events = POLLOUT };
-                        int k = poll(&pfd, 1, 30000);
+                        int64_t left = deadline - wall_ms();
+                        int k = left > 0 ? poll(&pfd, 1, (int) left) : 0;
                         if (k <= 0) {
                                 upload_fail(u, 500, "writing '%s': the sandbox does not take the data", f->path);
                                 return -EIO;

@@ -205,7 +205,10 @@ static void stream_unlink_proc(stream *st) {
                 }
         if (st->proc->timeout_stream == st)
                 st->proc->timeout_stream = NULL;
+        proc *p = st->proc;
         st->proc = NULL;
+        /* the slow reader that held the process back may be this one */
+        proc_maybe_unthrottle(st->srv, p);
 }
 
 static void stream_free_cb(void *cls) {
@@ -253,7 +256,8 @@ stream *stream_new(server *srv, struct MHD_Connection *conn, int kind, enum MHD_
         srv->streams = st;
         *ret_mhd = MHD_queue_response(conn, 200, resp);
         MHD_destroy_response(resp);
-        return st;
+        /* not queued: destroying the response freed the stream already */
+        return *ret_mhd == MHD_YES ? st : NULL;
 }
 
 /* ------------------------------------------------------------------ requests */
@@ -366,6 +370,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         req->responded = true;
                 if (req->deferred)
                         req->body_mode = BODY_DISCARD;
+                else if (body && req->body_mode == BODY_BUFFER &&
+                         (streq(method, "GET") || streq(method, "HEAD") || streq(method, "DELETE")))
+                        req->body_mode = BODY_DISCARD; /* no route reads one: never buffer it */
                 return r;
         }
         if (*upload_size > 0) {
@@ -374,9 +381,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         return MHD_YES;
                 }
                 if (req->body_mode == BODY_DISCARD) {
-                        /* read and drop the body of a refused request, so the
-                         * client gets to read the answer; past the cap the
-                         * connection is closed instead */
+                        /* read and drop the body of a refused request (or one
+                         * no route reads), so the client gets to read the
+                         * answer; past the cap the connection is closed */
                         req->discarded += *upload_size;
                         *upload_size = 0;
                         return req->discarded > srv->cfg.max_body_bytes + (64u << 20) ? MHD_NO : MHD_YES;
@@ -418,6 +425,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 return finish_deferred(req);
         if (req->responded)
                 return MHD_YES;
+        if (req->body_mode == BODY_DISCARD) {
+                req->body_mode = BODY_BUFFER; /* dispatched with an empty body */
+                req->body_len = 0;
+        }
         if (req->body_mode == BODY_FILES)
                 return files_finish(srv, req); /* may wait for a pipe first */
         req->responded = true;

@@ -128,6 +128,7 @@ static sbx *sbx_alloc(server *srv) {
                 return NULL;
         sb->srv = srv;
         sb->w.fd = -1;
+        sb->gone_w.fd = -1;
         return sb;
 }
 
@@ -216,7 +217,10 @@ static sbx *pool_take(server *srv) {
                 sb->next = NULL;
                 sb->pooled = false;
                 srv->n_pool--;
-                pool_save(srv);
+                /* pool-ids is rewritten once its row exists (sbx_create): a
+                 * crash in between leaves the id listed, and the next start
+                 * finds the row or removes the sandbox */
+                srv->pool_dirty = true;
                 return sb;
         }
         return NULL;
@@ -391,10 +395,17 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (r < 0) {
                 *ret_status = 500;
                 if (sb->h) {
-                        /* a warm one: nobody may get it now that its id is spoken for */
+                        /* a warm one: nobody may get it now that its id is
+                         * spoken for; released at the next turn, as an epoll
+                         * batch may still hold an event for it */
                         hutch_error e2 = { 0 };
                         loop_del(srv, &sb->w);
                         (void) hutch_sandbox_destroy(sb->h, &e2);
+                        sb->dead = true;
+                        sbx_link(srv, sb);
+                        srv->pool_dirty = false;
+                        pool_save(srv);
+                        return r;
                 }
                 goto fail;
         }
@@ -437,6 +448,10 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
 ready:
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
+        if (srv->pool_dirty) {
+                srv->pool_dirty = false;
+                pool_save(srv);
+        }
         {
                 hutch_error e2 = { 0 };
                 char detail[128];
@@ -470,9 +485,13 @@ static void sbx_detach_all(server *srv, sbx *sb) {
                         st->next_in_proc = NULL;
                 }
         for (proc *p = sb->procs; p; p = p->next) {
+                int out = p->out_w.fd, errfd = p->err_w.fd;
                 loop_del(srv, &p->out_w);
                 loop_del(srv, &p->err_w);
-                loop_del(srv, &p->in_w);
+                safe_close(out);
+                safe_close(errfd);
+                p->out_eof = p->err_eof = true;
+                loop_del(srv, &p->in_w); /* its fd is in_fd, closed by proc_free */
                 p->subs = NULL;
                 p->timeout_stream = NULL;
         }
@@ -481,8 +500,7 @@ static void sbx_detach_all(server *srv, sbx *sb) {
 
 static void sbx_finish_destroy(server *srv, sbx *sb) {
         if (sb->dying) {
-                loop_del(srv, &sb->w);
-                sb->w.fd = -1;
+                loop_del(srv, &sb->gone_w);
                 sb->dying = false;
         }
         hutch_error err = { 0 };
@@ -516,13 +534,13 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         hutch_error err = { 0 };
         int pfd = sb->pooled ? -1 : hutch_sandbox_kill_begin(sb->h, &err);
         if (pfd >= 0) {
-                sb->w.cb = on_init_gone;
-                sb->w.data = sb;
-                if (loop_add(srv, &sb->w, pfd, EPOLLIN) >= 0) {
+                sb->gone_w.cb = on_init_gone;
+                sb->gone_w.data = sb;
+                if (loop_add(srv, &sb->gone_w, pfd, EPOLLIN) >= 0) {
                         sb->dying = true;
                         sb->dying_since_ms = wall_ms();
                 } else
-                        sb->w.fd = -1;
+                        sb->gone_w.fd = -1;
         }
         if (!sb->dying)
                 sbx_finish_destroy(srv, sb);
@@ -613,12 +631,18 @@ static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
         safe_close(hp.stdin_fd);
         safe_close(hp.stdout_fd);
         safe_close(hp.stderr_fd);
-        int64_t deadline = wall_ms() + 10000;
+        /* bounded: the sandbox owns /bin/sh and could make it slow */
+        int64_t deadline = wall_ms() + 2000;
         for (;;) {
                 int64_t left = deadline - wall_ms();
                 hutch_exit ex;
-                if (left <= 0 || (r = hutch_sandbox_wait(sb->h, (int) left, &ex, err)) < 0)
-                        return r < 0 ? r : hutch_error_set(err, -ETIMEDOUT, "the reboot did not finish in time");
+                if (left <= 0 || (r = hutch_sandbox_wait(sb->h, (int) left, &ex, err)) < 0) {
+                        log_warning("sandbox %s: the reboot did not finish in time (%s); killing its group",
+                                    sb->id, err->msg);
+                        hutch_error e2 = { 0 };
+                        (void) hutch_sandbox_signal(sb->h, hp.pid, SIGKILL, true, &e2);
+                        break;
+                }
                 if (ex.pid == hp.pid)
                         break;
                 proc_on_exit(srv, sb, &ex); /* one of the killed ones */
@@ -650,6 +674,13 @@ int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
                 save_extra(srv, sb);
         }
         sbx_mark_dirty(sb);
+        for (size_t i = 0; i < sb->n_pending_aborts; i++)
+                hutch_fs_write_abort(sb->pending_aborts[i]);
+        free(sb->pending_aborts);
+        sb->pending_aborts = NULL;
+        sb->n_pending_aborts = 0;
+        for (proc *p = sb->procs; p; p = p->next)
+                proc_maybe_unthrottle(srv, p);
         if (sb->procs_pending) {
                 sb->procs_pending = false;
                 proc_readopt(srv, sb);
@@ -660,7 +691,24 @@ int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         return 0;
 }
 
+void sbx_write_abort(server *srv, const char *sbx_id, hutch_fs_write *w) {
+        sbx *sb = sbx_find(srv, sbx_id);
+        if (sb && sb->paused) {
+                hutch_fs_write **v = realloc(sb->pending_aborts, (sb->n_pending_aborts + 1) * sizeof *v);
+                if (v) {
+                        sb->pending_aborts = v;
+                        v[sb->n_pending_aborts++] = w;
+                        return;
+                }
+        }
+        /* running, or gone (its connection is closed: this fails at once) */
+        hutch_fs_write_abort(w);
+}
+
 static void sbx_release(sbx *sb) {
+        for (size_t i = 0; i < sb->n_pending_aborts; i++)
+                hutch_fs_write_abort(sb->pending_aborts[i]);
+        free(sb->pending_aborts);
         sbx_pwatches_free(sb);
         while (sb->procs) {
                 proc *p = sb->procs;

@@ -241,9 +241,12 @@ int loop_mod(server *srv, watcher *w, uint32_t events) {
         return 0;
 }
 
+/* Forgets the fd too: a second loop_del of the same watcher must never hit
+ * a number the kernel has since handed to someone else. */
 void loop_del(server *srv, watcher *w) {
         if (w->fd >= 0)
                 (void) epoll_ctl(srv->epfd, EPOLL_CTL_DEL, w->fd, NULL);
+        w->fd = -1;
 }
 
 static void on_signal(server *srv, watcher *w, uint32_t revents) {

@@ -83,6 +83,7 @@ struct stream {
         uint32_t watch_id;   /* STREAM_WATCH */
         char *watch_root;    /* STREAM_WATCH: the watched path, without trailing '/' */
         bool watch_recursive, watch_entry;
+        unsigned watch_dropped; /* events dropped while the reader lagged */
         hutch_fs_user user;
         char *buf;
         size_t len, off, cap;
@@ -123,6 +124,7 @@ struct proc {
         stream *timeout_stream; /* the Start stream whose deadline this is */
         bool throttled;        /* output reading paused: a subscriber is slow */
         stream *subs;          /* subscriber streams */
+        bool close_stdin_pending; /* CloseStdin came while input was still queued */
         char *inbuf;           /* stdin bytes not yet written */
         size_t inlen;
         watcher in_w;
@@ -143,6 +145,10 @@ struct sbx {
         bool procs_pending;     /* re-adopted while paused: find its processes at resume */
         bool pooled;            /* in the warm pool: no row, no owner yet */
         bool dying;             /* killed; the engine finishes when init's pidfd is readable */
+        watcher gone_w;         /* init's pidfd while dying (never the init socket's watcher: a
+                                   stale event for that one must not finish the teardown) */
+        hutch_fs_write **pending_aborts; /* uploads cut while paused: aborted at resume */
+        size_t n_pending_aborts;
         int64_t dying_since_ms;
         int64_t started_ms, end_ms;
         char token[64];
@@ -189,6 +195,7 @@ struct server {
         sbx *pool;              /* warm pool: ready sandboxes without a row */
         unsigned n_pool;
         int64_t pool_backoff_ms; /* after a failed fill, wait until then */
+        bool pool_dirty;         /* pool-ids to rewrite once the claimed sandbox has its row */
 };
 
 /* ---------------------------------------------------------------- http.c */
@@ -272,6 +279,9 @@ json_t *entry_to_json(const hutch_file_info *fi);
 void proc_on_exit(server *srv, sbx *sb, const hutch_exit *ex);
 void proc_free(proc *p);
 void sbx_pwatches_free(sbx *sb);
+/* An upload's write to abort: now, or at resume when the sandbox is paused
+ * (its frozen init could not answer). */
+void sbx_write_abort(server *srv, const char *sbx_id, hutch_fs_write *w);
 void proc_readopt(server *srv, sbx *sb);
 void proc_maybe_unthrottle(server *srv, proc *p);
 void stream_on_watch_event(server *srv, sbx *sb, const hutch_event *ev);

@@ -15,6 +15,7 @@ sandboxes are DELETEd at the end (`hutch kill` catches any left over).
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -1498,3 +1499,45 @@ def test_warm_pool(sandboxed_hutch, tmp_path):
         d.stop()
     assert not (pooled & _live_ids()), "a stopped daemon left pooled sandboxes"
     assert _pool_ids(data) == []
+
+
+def test_close_stdin_after_queued_input_gives_eof(serve, sbx):
+    """CloseStdin while input is still queued in the daemon: the process
+    gets all of it, then EOF (review finding: the pipe stayed open)."""
+    c = open_stream(serve, sbx, START, {"process": {"cmd": "wc", "args": ["-c"]}, "stdin": True})
+    try:
+        status, _, first = read_stream_head(c)
+        assert status == 200
+        pid = parse_frames(first)[0][1]["event"]["start"]["pid"]
+        data = b"z" * (300 * 1024)   # more than a pipe holds: some stays queued
+        r = serve.unary(sbx, "process.Process/SendInput",
+                        {"process": {"pid": pid}, "input": {"stdin": base64.b64encode(data).decode()}})
+        assert r.status == 200, r
+        r = serve.unary(sbx, "process.Process/CloseStdin", {"process": {"pid": pid}})
+        assert r.status == 200, r
+        rest, clean = read_chunks_until_close(c, 20)
+        frames = parse_frames(first + rest)
+        assert stdout_of(frames).strip() == str(len(data)).encode(), frames[-3:]
+    finally:
+        c.close()
+
+
+def test_signed_url_user_is_the_signed_one(serve, sbx):
+    """A URL signed without a user acts as the default user even when the
+    request adds an Authorization header naming root."""
+    tok = sbx["envdAccessToken"]
+    path = "whoami-" + secrets.token_hex(3) + ".txt"     # relative: resolved against the user's home
+    r = serve.request("POST", serve.files_path(path, signature=sign(path, "write", "", tok)), body=b"x",
+                      headers=OCTET + [("Authorization", basic_auth("root"))], key="")
+    assert r.status == 200, r
+    assert r.json()[0]["path"] == f"/home/user/{path}", r.json()
+    out, _ = sh(serve, sbx, f"stat -c %U /home/user/{path}; test -e /root/{path} && echo LEAK || true", user="root")
+    assert out == "user\n", out
+
+
+def test_health_takes_no_body(serve, sbx):
+    """/health answers GET only; a body sent to it is refused before it is
+    read into memory (no key needed there)."""
+    for hdrs in ([], serve.envd_headers(sbx)):
+        r = serve.request("POST", "/health", body=b"x" * 100000, headers=hdrs, key="")
+        assert r.status == 405, r
