@@ -152,14 +152,6 @@ char *path_resolve(const char *path, const char *home) {
 
 /* ------------------------------------------------------------- JSON helpers */
 
-/* protobuf-JSON: accept lowerCamelCase and the original snake_case. */
-static json_t *jget(json_t *o, const char *camel, const char *snake) {
-        json_t *v = json_object_get(o, camel);
-        if (!v && snake)
-                v = json_object_get(o, snake);
-        return json_is_null(v) ? NULL : v;
-}
-
 static const char *file_type_name(int t) {
         switch (t) {
         case HUTCH_FILE_REGULAR:
@@ -305,7 +297,7 @@ static enum MHD_Result rpc_ok(rpc *x, json_t *body) {
 }
 
 static char *rpc_path(rpc *x, const char *field) {
-        const char *p = json_string_value(jget(x->msg, field, NULL));
+        const char *p = json_string_value(req_field(x->msg, field, NULL));
         if (!p || !*p)
                 return NULL;
         return path_resolve(p, x->home);
@@ -768,14 +760,25 @@ static enum MHD_Result process_start(rpc *x) {
         return mr;
 }
 
+/* The running process the request's `process` selector names (pid or tag). */
+static bool live_proc(rpc *x, proc **ret) {
+        proc *p = proc_find(x->sb, req_field(x->msg, "process", NULL), true);
+        if (!p || p->exited)
+                return false;
+        *ret = p;
+        return true;
+}
+
+static enum MHD_Result rpc_not_found_proc(rpc *x) {
+        char msg[128];
+        selector_text(req_field(x->msg, "process", NULL), msg, sizeof msg);
+        return rpc_error(x, "not_found", "%s", msg);
+}
+
 static enum MHD_Result process_connect(rpc *x) {
-        json_t *sel = jget(x->msg, "process", NULL);
-        proc *p = proc_find(x->sb, sel, false);
-        if (!p) {
-                char msg[128];
-                selector_text(sel, msg, sizeof msg);
-                return rpc_error(x, "not_found", "%s", msg);
-        }
+        proc *p = proc_find(x->sb, req_field(x->msg, "process", NULL), false);
+        if (!p)
+                return rpc_not_found_proc(x);
         enum MHD_Result mr;
         stream *st = open_stream(x, STREAM_PROCESS, &mr);
         if (!st)
@@ -810,16 +813,12 @@ static enum MHD_Result process_list(rpc *x) {
 }
 
 static enum MHD_Result process_send_input(rpc *x) {
-        json_t *sel = jget(x->msg, "process", NULL);
-        proc *p = proc_find(x->sb, sel, true);
-        if (!p || p->exited) {
-                char msg[128];
-                selector_text(sel, msg, sizeof msg);
-                return rpc_error(x, "not_found", "%s", msg);
-        }
-        json_t *in = jget(x->msg, "input", NULL);
-        const char *data = json_string_value(jget(in, "stdin", NULL));
-        const char *ptyd = json_string_value(jget(in, "pty", NULL));
+        proc *p;
+        if (!live_proc(x, &p))
+                return rpc_not_found_proc(x);
+        json_t *in = req_field(x->msg, "input", NULL);
+        const char *data = json_string_value(req_field(in, "stdin", NULL));
+        const char *ptyd = json_string_value(req_field(in, "pty", NULL));
         if (!data && !ptyd)
                 return rpc_error(x, "invalid_argument", "input.stdin or input.pty is required");
         if (ptyd && !p->pty)
@@ -866,14 +865,10 @@ static int signal_from_json(json_t *v) {
 }
 
 static enum MHD_Result process_send_signal(rpc *x) {
-        json_t *sel = jget(x->msg, "process", NULL);
-        proc *p = proc_find(x->sb, sel, true);
-        if (!p || p->exited) {
-                char msg[128];
-                selector_text(sel, msg, sizeof msg);
-                return rpc_error(x, "not_found", "%s", msg);
-        }
-        int sig = signal_from_json(jget(x->msg, "signal", NULL));
+        proc *p;
+        if (!live_proc(x, &p))
+                return rpc_not_found_proc(x);
+        int sig = signal_from_json(req_field(x->msg, "signal", NULL));
         if (sig != SIGKILL && sig != SIGTERM && sig != SIGINT && sig != SIGHUP)
                 return rpc_error(x, "invalid_argument", "unsupported signal");
         hutch_error err = { 0 };
@@ -885,13 +880,9 @@ static enum MHD_Result process_send_signal(rpc *x) {
 }
 
 static enum MHD_Result process_close_stdin(rpc *x) {
-        json_t *sel = jget(x->msg, "process", NULL);
-        proc *p = proc_find(x->sb, sel, true);
-        if (!p || p->exited) {
-                char msg[128];
-                selector_text(sel, msg, sizeof msg);
-                return rpc_error(x, "not_found", "%s", msg);
-        }
+        proc *p;
+        if (!live_proc(x, &p))
+                return rpc_not_found_proc(x);
         if (p->pty)
                 return rpc_error(x, "failed_precondition", "cannot close stdin of a pty process");
         if (p->in_fd >= 0 && p->inlen == 0) {
@@ -908,15 +899,11 @@ static enum MHD_Result process_close_stdin(rpc *x) {
 }
 
 static enum MHD_Result process_update(rpc *x) {
-        json_t *sel = jget(x->msg, "process", NULL);
-        proc *p = proc_find(x->sb, sel, true);
-        if (!p || p->exited) {
-                char msg[128];
-                selector_text(sel, msg, sizeof msg);
-                return rpc_error(x, "not_found", "%s", msg);
-        }
-        json_t *size = jget(jget(x->msg, "pty", NULL), "size", NULL);
-        json_t *r = jget(size, "rows", NULL), *c = jget(size, "cols", NULL);
+        proc *p;
+        if (!live_proc(x, &p))
+                return rpc_not_found_proc(x);
+        json_t *size = req_field(req_field(x->msg, "pty", NULL), "size", NULL);
+        json_t *r = req_field(size, "rows", NULL), *c = req_field(size, "cols", NULL);
         if (!json_is_integer(r) || !json_is_integer(c) || json_integer_value(r) <= 0 || json_integer_value(c) <= 0 ||
             json_integer_value(r) > 65535 || json_integer_value(c) > 65535)
                 return rpc_error(x, "invalid_argument", "pty.size.rows and pty.size.cols are required");
@@ -1007,7 +994,7 @@ static enum MHD_Result fs_list_dir(rpc *x) {
         _cleanup_free_ char *path = rpc_path(x, "path");
         if (!path)
                 return rpc_error(x, "invalid_argument", "path is required");
-        json_t *d = jget(x->msg, "depth", NULL);
+        json_t *d = req_field(x->msg, "depth", NULL);
         json_int_t depth = json_is_integer(d) ? json_integer_value(d) : 1;
         if (depth <= 0)
                 depth = 1;
@@ -1103,8 +1090,8 @@ static int watch_prepare(rpc *x, char **ret_root, uint32_t *ret_id, bool recursi
 }
 
 static enum MHD_Result fs_watch_dir(rpc *x) {
-        bool recursive = json_is_true(jget(x->msg, "recursive", NULL));
-        bool entry = json_is_true(jget(x->msg, "includeEntry", "include_entry"));
+        bool recursive = json_is_true(req_field(x->msg, "recursive", NULL));
+        bool entry = json_is_true(req_field(x->msg, "includeEntry", "include_entry"));
         char *root = NULL;
         uint32_t id = 0;
         if (watch_prepare(x, &root, &id, recursive) < 0)
@@ -1204,8 +1191,8 @@ void stream_on_watch_event(server *srv, sbx *sb, const hutch_event *ev) {
 }
 
 static enum MHD_Result fs_create_watcher(rpc *x) {
-        bool recursive = json_is_true(jget(x->msg, "recursive", NULL));
-        bool entry = json_is_true(jget(x->msg, "includeEntry", "include_entry"));
+        bool recursive = json_is_true(req_field(x->msg, "recursive", NULL));
+        bool entry = json_is_true(req_field(x->msg, "includeEntry", "include_entry"));
         unsigned n = 0;
         for (pwatch *w = x->sb->pwatches; w; w = w->next)
                 n++;
@@ -1234,7 +1221,7 @@ static enum MHD_Result fs_create_watcher(rpc *x) {
 }
 
 static pwatch **pwatch_find(rpc *x) {
-        const char *ids = json_string_value(jget(x->msg, "watcherId", "watcher_id"));
+        const char *ids = json_string_value(req_field(x->msg, "watcherId", "watcher_id"));
         if (!ids || ids[0] != 'w')
                 return NULL;
         char *e;

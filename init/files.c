@@ -353,7 +353,10 @@ static int meta_validate(const req *r) {
 
 /* ------------------------------------------------------ directory helpers */
 
-int mkdir_parents(const char *path, bool *ret_created) {
+/* mkdir -p. With a `give` owner, each directory it creates is handed to
+ * that uid:gid (lchown: never through a symlink); NULL leaves them to the
+ * current fsuid. */
+int mkdir_parents(const char *path, const mkdir_owner *give, bool *ret_created) {
         char buf[INIT_PATH_BUF];
         size_t len = strlen(path);
         bool created = false;
@@ -367,9 +370,11 @@ int mkdir_parents(const char *path, bool *ret_created) {
                 char saved = *p;
                 *p = '\0';
                 if (p > buf + 1) { /* not the root itself */
-                        if (mkdir(buf, 0755) == 0)
+                        if (mkdir(buf, 0755) == 0) {
                                 created = true;
-                        else if (errno == EEXIST) {
+                                if (give && lchown(buf, give->uid, give->gid) < 0)
+                                        return negative_errno();
+                        } else if (errno == EEXIST) {
                                 struct stat st;
                                 /* Followed: a symlink to a directory is
                                  * one, as for mkdir -p. */
@@ -385,38 +390,6 @@ int mkdir_parents(const char *path, bool *ret_created) {
         }
         if (ret_created)
                 *ret_created = created;
-        return 0;
-}
-
-/* mkdir -p as root where the components are missing, each new one handed
- * to uid:gid (lchown: never through a symlink). */
-int mkdir_parents_chown(const char *path, uid_t uid, gid_t gid) {
-        char buf[INIT_PATH_BUF];
-        size_t len = strlen(path);
-
-        if (len >= sizeof buf)
-                return -ENAMETOOLONG;
-        memcpy(buf, path, len + 1);
-        for (char *p = buf + 1; *buf && p <= buf + len; p++) {
-                if (*p != '/' && *p != '\0')
-                        continue;
-                char saved = *p;
-                *p = '\0';
-                if (p > buf + 1) {
-                        if (mkdir(buf, 0755) == 0) {
-                                if (lchown(buf, uid, gid) < 0)
-                                        return negative_errno();
-                        } else if (errno == EEXIST) {
-                                struct stat st;
-                                if (stat(buf, &st) < 0)
-                                        return negative_errno();
-                                if (!S_ISDIR(st.st_mode))
-                                        return saved ? -ENOTDIR : -EEXIST;
-                        } else
-                                return negative_errno();
-                }
-                *p = saved;
-        }
         return 0;
 }
 
@@ -479,7 +452,7 @@ static void fs_mkdir(conn *c, const req *r, const char *path) {
         int k = 0;
 
         if (req_u64(r, T_PARENTS, 0))
-                k = mkdir_parents(path, &created);
+                k = mkdir_parents(path, NULL, &created);
         else if (mkdir(path, 0755) == 0)
                 created = true;
         else if (errno == EEXIST) {
@@ -509,7 +482,7 @@ static void fs_move(conn *c, const req *r, const char *from) {
                 /* Like envd: a missing destination directory is created. */
                 if (k == -ENOENT && lstat(from, &st) == 0) {
                         path_split(to, dir);
-                        k = mkdir_parents(dir, NULL);
+                        k = mkdir_parents(dir, NULL, NULL);
                         if (k >= 0)
                                 k = rename(from, to) < 0 ? negative_errno() : 0;
                 }
@@ -1007,11 +980,11 @@ static void fs_write_begin(conn *c, const req *r, const char *path, uid_t uid, g
          * the file itself is still created with the user's fsuid, so an
          * existing directory's permissions keep applying. (Inside the
          * sandbox, `user` can become sandbox root with sudo anyway.) */
-        k = mkdir_parents(dir, NULL);
+        k = mkdir_parents(dir, NULL, NULL);
         if (k == -EACCES && uid != 0) {
                 fsuser root_saved;
                 if (fsuser_enter(0, 0, &root_saved) == 0) {
-                        k = mkdir_parents_chown(dir, uid, gid);
+                        k = mkdir_parents(dir, &(mkdir_owner){ uid, gid }, NULL);
                         fsuser_restore(&root_saved);
                 }
         }

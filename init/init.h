@@ -188,7 +188,10 @@ void file_meta_put(initproto_writer *w, const char *path);
 
 /* Create every missing directory of path (mode 0755, owned by the fs user).
  * ret_created: whether the last component was created here. */
-int mkdir_parents(const char *path, bool *ret_created);
-int mkdir_parents_chown(const char *path, uid_t uid, gid_t gid);
+typedef struct mkdir_owner {
+        uid_t uid;
+        gid_t gid;
+} mkdir_owner;
+int mkdir_parents(const char *path, const mkdir_owner *give, bool *ret_created);
 
 void log_debug(const char *fmt, ...) _printf_(1, 2);
