@@ -23,17 +23,6 @@
 #include "util/log.h"
 
 
-static const char id_alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-
-static void random_id(char ret[HUTCH_ID_LEN + 1]) {
-        uint8_t b[HUTCH_ID_LEN];
-        if (getrandom(b, sizeof b, 0) != (ssize_t) sizeof b)
-                abort();
-        for (size_t i = 0; i < HUTCH_ID_LEN; i++)
-                ret[i] = id_alphabet[b[i] % 36]; /* 256 % 36 bias is irrelevant for ids */
-        ret[HUTCH_ID_LEN] = 0;
-}
-
 static void hex(const uint8_t *b, size_t n, char *out) {
         static const char digits[] = "0123456789abcdef";
         for (size_t i = 0; i < n; i++) {
@@ -243,7 +232,8 @@ void sbx_pool_fill(server *srv) {
         sbx *sb = sbx_alloc(srv);
         if (!sb)
                 return;
-        random_id(sb->id);
+        if (hutch_sandbox_id_new(sb->id) < 0)
+                abort(); /* getrandom on a running kernel does not fail */
         sb->pooled = true;
         /* listed before it exists: a crash in between leaves an id to clean */
         sb->next = srv->pool;
@@ -349,7 +339,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 sb = sbx_alloc(srv);
                 if (!sb)
                         return hutch_error_set(err, -ENOMEM, "out of memory");
-                random_id(sb->id);
+                if (hutch_sandbox_id_new(sb->id) < 0)
+                        abort(); /* getrandom on a running kernel does not fail */
         }
         sb->team_id = team;
         snprintf(sb->template_id, sizeof sb->template_id, "%s", template_name);

@@ -77,6 +77,10 @@ typedef struct hutch_sandbox_config {
 
 int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret,
                          hutch_error *err);
+/* A fresh random sandbox id ([a-z0-9]{20}, unbiased), as create picks when
+ * cfg->id is NULL: for callers that must know the id before the sandbox
+ * exists (the daemon records it first). -errno from getrandom. */
+int hutch_sandbox_id_new(char ret[HUTCH_ID_LEN + 1]);
 /* Find a live sandbox by id (from its state in run_dir) and connect to its init. */
 int hutch_sandbox_attach(hutch_ctx *ctx, const char *id, hutch_sandbox **ret, hutch_error *err);
 /* Destroy a sandbox by id whether or not it is still alive (its init may

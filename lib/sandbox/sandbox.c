@@ -159,7 +159,7 @@ int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret) {
         return asprintf(ret, "%s/sandboxes/%s", ctx->run_dir, id) < 0 ? -ENOMEM : 0;
 }
 
-static int random_id(char out[HUTCH_ID_LEN + 1]) {
+int hutch_sandbox_id_new(char out[HUTCH_ID_LEN + 1]) {
         static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
         size_t i = 0;
         while (i < HUTCH_ID_LEN) {
@@ -491,7 +491,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                         goto fail;
                 }
                 memcpy(sb->id, cfg->id, HUTCH_ID_LEN + 1);
-        } else if ((r = random_id(sb->id)) < 0) {
+        } else if ((r = hutch_sandbox_id_new(sb->id)) < 0) {
                 hutch_error_set(err, r, "getrandom: %s", strerror(-r));
                 goto fail;
         }
