@@ -163,6 +163,35 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
         return 0;
 }
 
+/* The engine's sandbox for sb (its limits from sb), its init in the loop,
+ * its identity files. On failure nothing of it is left and sb->h is NULL. */
+static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, hutch_error *err) {
+        hutch_sandbox_config sc = {
+                .template_name = template_name,
+                .id = sb->id,
+                .limits = {
+                        .memory_bytes = (uint64_t) sb->memory_mb << 20,
+                        .cpu_millis = (uint64_t) sb->cpu_count * 1000,
+                        .disk_bytes = (uint64_t) sb->disk_mb << 20,
+                },
+        };
+        int r = hutch_sandbox_create(srv->ctx, &sc, &sb->h, err);
+        if (r < 0)
+                return r;
+        r = register_init(srv, sb);
+        if (r < 0)
+                hutch_error_set(err, r, "epoll: %s", strerror(-r));
+        else
+                r = sbx_write_identity(sb, err);
+        if (r < 0) {
+                hutch_error e2 = { 0 };
+                loop_del(srv, &sb->w);
+                (void) hutch_sandbox_destroy(sb->h, &e2);
+                sb->h = hutch_sandbox_unref(sb->h);
+        }
+        return r;
+}
+
 /* ------------------------------------------------------------- warm pool */
 
 static void sbx_release(sbx *sb);
@@ -241,27 +270,13 @@ void sbx_pool_fill(server *srv) {
         srv->n_pool++;
         pool_save(srv);
         hutch_error err = { 0 };
-        hutch_sandbox_config sc = {
-                .template_name = "host",
-                .id = sb->id,
-                .limits = {
-                        .memory_bytes = (uint64_t) srv->cfg.memory_mb << 20,
-                        .cpu_millis = (uint64_t) srv->cfg.cpu_count * 1000,
-                        .disk_bytes = (uint64_t) srv->cfg.disk_mb << 20,
-                },
-        };
         snprintf(sb->template_id, sizeof sb->template_id, "host");
-        int r = hutch_sandbox_create(srv->ctx, &sc, &sb->h, &err);
-        if (r >= 0)
-                r = register_init(srv, sb);
-        if (r >= 0)
-                r = sbx_write_identity(sb, &err);
+        sb->cpu_count = (int64_t) srv->cfg.cpu_count;
+        sb->memory_mb = (int64_t) srv->cfg.memory_mb;
+        sb->disk_mb = (int64_t) srv->cfg.disk_mb;
+        int r = sbx_engine_start(srv, sb, "host", &err);
         if (r < 0) {
                 log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
-                if (sb->h) {
-                        hutch_error e2 = { 0 };
-                        (void) hutch_sandbox_destroy(sb->h, &e2);
-                }
                 srv->pool = sb->next;
                 srv->n_pool--;
                 sbx_release(sb);
@@ -402,37 +417,10 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         if (sb->h)
                 goto ready;
-        hutch_sandbox_config sc = {
-                .template_name = template_name,
-                .id = sb->id,
-                .limits = {
-                        .memory_bytes = (uint64_t) sb->memory_mb << 20,
-                        .cpu_millis = (uint64_t) sb->cpu_count * 1000,
-                        .disk_bytes = (uint64_t) sb->disk_mb << 20,
-                },
-        };
-        r = hutch_sandbox_create(srv->ctx, &sc, &sb->h, err);
+        r = sbx_engine_start(srv, sb, template_name, err);
         if (r < 0) {
                 *ret_status = 500;
                 hutch_error e2 = { 0 };
-                (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
-                goto fail;
-        }
-        r = register_init(srv, sb);
-        if (r < 0) {
-                *ret_status = 500;
-                hutch_error e2 = { 0 };
-                (void) hutch_sandbox_destroy(sb->h, &e2);
-                (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
-                hutch_error_set(err, r, "epoll: %s", strerror(-r));
-                goto fail;
-        }
-        r = sbx_write_identity(sb, err);
-        if (r < 0) {
-                *ret_status = 500;
-                hutch_error e2 = { 0 };
-                loop_del(srv, &sb->w);
-                (void) hutch_sandbox_destroy(sb->h, &e2);
                 (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
                 goto fail;
         }
