@@ -1001,6 +1001,15 @@ static bool rule_match(const egress_rule *r, const target *t, uint16_t port, boo
         return false;
 }
 
+bool egress_rule_matches_host(const egress_rule *r, const egress_host *h, uint16_t port) {
+        target t = { 0 };
+        if (h->kind == EGRESS_HOST_NAME)
+                t.name = h->text;
+        else
+                target_set_addr(&t, &h->addr);
+        return rule_match(r, &t, port, false);
+}
+
 static int rule_list_find(const rule_list *l, const target *t, uint16_t port, bool deny) {
         for (size_t i = 0; i < l->n; i++)
                 if (rule_match(&l->v[i], t, port, deny))

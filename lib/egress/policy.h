@@ -139,6 +139,11 @@ int egress_rule_format(const egress_rule *r, char *buf, size_t len);
 
 bool egress_rule_equal(const egress_rule *a, const egress_rule *b);
 
+/* Whether r (with allow semantics: an address rule looks at the embedded
+ * IPv4 address when there is one) matches host h on port. Names match name
+ * and suffix rules only; addresses match address rules only. */
+bool egress_rule_matches_host(const egress_rule *r, const egress_host *h, uint16_t port);
+
 /* --------------------------------------------------------------- ceiling */
 
 /* The operator's half: a ceiling of allow and deny rules that no client policy

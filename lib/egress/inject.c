@@ -1,0 +1,470 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Request-head rewriting for credential injection: inject.h has the
+ * contract. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "egress/inject.h"
+#include "util/macro.h"
+
+#define HEAD_OUT_MAX (256 * 1024)
+#define SECRET_REF_OPEN "${e2b.secrets."
+
+typedef struct header_set {
+        char *name, *value;
+} header_set;
+
+typedef struct transform {
+        egress_rule host;
+        header_set headers[EGRESS_HEADERS_MAX];
+        size_t n_headers;
+} transform;
+
+typedef struct placeholder {
+        char text[EGRESS_PLACEHOLDER_LEN + 1];
+        char name[EGRESS_SECRET_NAME_MAX + 1];
+        egress_rule *hosts;
+        size_t n_hosts;
+} placeholder;
+
+struct egress_inject {
+        transform *t;
+        size_t n_t;
+        placeholder *p;
+        size_t n_p;
+};
+
+int egress_inject_new(egress_inject **ret) {
+        egress_inject *x = calloc(1, sizeof *x);
+        if (!x)
+                return -ENOMEM;
+        *ret = x;
+        return 0;
+}
+
+egress_inject *egress_inject_free(egress_inject *x) {
+        if (!x)
+                return NULL;
+        for (size_t i = 0; i < x->n_t; i++)
+                for (size_t j = 0; j < x->t[i].n_headers; j++) {
+                        free(x->t[i].headers[j].name);
+                        free(x->t[i].headers[j].value);
+                }
+        free(x->t);
+        for (size_t i = 0; i < x->n_p; i++)
+                free(x->p[i].hosts);
+        free(x->p);
+        free(x);
+        return NULL;
+}
+
+bool egress_inject_empty(const egress_inject *x) {
+        return !x || (x->n_t == 0 && x->n_p == 0);
+}
+
+static bool is_tchar(unsigned char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static bool value_ok(const char *v) {
+        for (const unsigned char *c = (const unsigned char *) v; *c; c++)
+                if ((*c < 0x20 && *c != '\t') || *c == 0x7f)
+                        return false;
+        return true;
+}
+
+/* A secret name as E2B allows it: 1..128 bytes, no '{', '}' or controls. */
+static bool secret_name_ok(const char *n, size_t len) {
+        if (len == 0 || len > EGRESS_SECRET_NAME_MAX)
+                return false;
+        for (size_t i = 0; i < len; i++) {
+                unsigned char c = (unsigned char) n[i];
+                if (c < 0x20 || c == 0x7f || c == '{' || c == '}')
+                        return false;
+        }
+        return true;
+}
+
+/* Every ${e2b.secrets.NAME} in v is well formed. */
+static bool refs_ok(const char *v) {
+        for (const char *p = strstr(v, SECRET_REF_OPEN); p; p = strstr(p, SECRET_REF_OPEN)) {
+                p += strlen(SECRET_REF_OPEN);
+                const char *e = strchr(p, '}');
+                if (!e || !secret_name_ok(p, (size_t) (e - p)))
+                        return false;
+                p = e + 1;
+        }
+        return true;
+}
+
+int egress_inject_add_transform(egress_inject *x, const char *host, const char *header, const char *value,
+                                char *why, size_t whylen) {
+        egress_rule r;
+        if (egress_rule_parse(host, &r, why, whylen) < 0)
+                return -EINVAL;
+        if ((r.kind != EGRESS_RULE_NAME && r.kind != EGRESS_RULE_SUFFIX) || r.n_ports) {
+                snprintf(why, whylen, "rules key \"%.64s\": a DNS name or *.name without a port", host);
+                return -EINVAL;
+        }
+        size_t hl = strlen(header);
+        bool tok = hl > 0 && hl <= 256;
+        for (size_t i = 0; tok && i < hl; i++)
+                tok = is_tchar((unsigned char) header[i]);
+        if (!tok) {
+                snprintf(why, whylen, "rules[\"%.64s\"]: header name \"%.64s\" is not an HTTP token", host, header);
+                return -EINVAL;
+        }
+        static const char *const forbidden[] = { "host", "content-length", "transfer-encoding", "connection",
+                                                 "proxy-connection", "keep-alive", "te", "trailer", "upgrade" };
+        for (size_t i = 0; i < ELEMENTSOF(forbidden); i++)
+                if (strcasecmp(header, forbidden[i]) == 0) {
+                        snprintf(why, whylen, "rules[\"%.64s\"]: the %s header cannot be set", host, header);
+                        return -EINVAL;
+                }
+        if (strlen(value) > EGRESS_HEADER_VALUE_MAX || !value_ok(value) || !refs_ok(value)) {
+                snprintf(why, whylen,
+                         "rules[\"%.64s\"].%.64s: the value must be printable, at most %d bytes, and name "
+                         "secrets as ${e2b.secrets.NAME}",
+                         host, header, EGRESS_HEADER_VALUE_MAX);
+                return -EINVAL;
+        }
+        transform *t = NULL;
+        for (size_t i = 0; i < x->n_t; i++)
+                if (egress_rule_equal(&x->t[i].host, &r))
+                        t = &x->t[i];
+        if (!t) {
+                if (x->n_t + x->n_p >= EGRESS_INJECT_MAX) {
+                        snprintf(why, whylen, "at most %d rules and secrets per sandbox", EGRESS_INJECT_MAX);
+                        return -E2BIG;
+                }
+                transform *nt = reallocarray(x->t, x->n_t + 1, sizeof *nt);
+                if (!nt)
+                        return -ENOMEM;
+                x->t = nt;
+                t = &x->t[x->n_t++];
+                memset(t, 0, sizeof *t);
+                t->host = r;
+        }
+        for (size_t i = 0; i < t->n_headers; i++)
+                if (strcasecmp(t->headers[i].name, header) == 0) {
+                        char *v = strdup(value);
+                        if (!v)
+                                return -ENOMEM;
+                        free(t->headers[i].value);
+                        t->headers[i].value = v;
+                        return 0;
+                }
+        if (t->n_headers == EGRESS_HEADERS_MAX) {
+                snprintf(why, whylen, "rules[\"%.64s\"]: at most %d headers", host, EGRESS_HEADERS_MAX);
+                return -E2BIG;
+        }
+        char *n = strdup(header), *v = strdup(value);
+        if (!n || !v) {
+                free(n);
+                free(v);
+                return -ENOMEM;
+        }
+        t->headers[t->n_headers++] = (header_set){ n, v };
+        return 0;
+}
+
+int egress_inject_add_placeholder(egress_inject *x, const char *text, const char *name,
+                                  const char *const *hosts, size_t n_hosts, char *why, size_t whylen) {
+        if (strlen(text) != EGRESS_PLACEHOLDER_LEN || !secret_name_ok(name, strlen(name))) {
+                snprintf(why, whylen, "bad placeholder or secret name");
+                return -EINVAL;
+        }
+        if (n_hosts == 0) {
+                snprintf(why, whylen, "secret \"%.64s\" is bound to no host: it cannot be used in the environment",
+                         name);
+                return -EINVAL;
+        }
+        if (x->n_t + x->n_p >= EGRESS_INJECT_MAX) {
+                snprintf(why, whylen, "at most %d rules and secrets per sandbox", EGRESS_INJECT_MAX);
+                return -E2BIG;
+        }
+        egress_rule *rules = calloc(n_hosts, sizeof *rules);
+        if (!rules)
+                return -ENOMEM;
+        for (size_t i = 0; i < n_hosts; i++) {
+                if (egress_rule_parse(hosts[i], &rules[i], why, whylen) < 0) {
+                        free(rules);
+                        return -EINVAL;
+                }
+                if (rules[i].kind == EGRESS_RULE_ALL) {
+                        snprintf(why, whylen, "secret \"%.64s\": a secret cannot be bound to every host", name);
+                        free(rules);
+                        return -EINVAL;
+                }
+        }
+        placeholder *np = reallocarray(x->p, x->n_p + 1, sizeof *np);
+        if (!np) {
+                free(rules);
+                return -ENOMEM;
+        }
+        x->p = np;
+        placeholder *p = &x->p[x->n_p++];
+        memset(p, 0, sizeof *p);
+        snprintf(p->text, sizeof p->text, "%s", text);
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->hosts = rules;
+        p->n_hosts = n_hosts;
+        return 0;
+}
+
+static bool placeholder_bound(const placeholder *p, const egress_host *h, uint16_t port) {
+        for (size_t i = 0; i < p->n_hosts; i++)
+                if (egress_rule_matches_host(&p->hosts[i], h, port))
+                        return true;
+        return false;
+}
+
+/* The transform set for h: the exact name, else the longest suffix. */
+static const transform *transform_for(const egress_inject *x, const egress_host *h) {
+        if (!x || h->kind != EGRESS_HOST_NAME)
+                return NULL;
+        const transform *best = NULL;
+        for (size_t i = 0; i < x->n_t; i++) {
+                const transform *t = &x->t[i];
+                if (!egress_rule_matches_host(&t->host, h, 0))
+                        continue;
+                if (t->host.kind == EGRESS_RULE_NAME)
+                        return t;
+                if (!best || strlen(t->host.name) > strlen(best->host.name))
+                        best = t;
+        }
+        return best;
+}
+
+bool egress_inject_wants(const egress_inject *x, const egress_host *h, uint16_t port) {
+        if (egress_inject_empty(x))
+                return false;
+        if (transform_for(x, h))
+                return true;
+        for (size_t i = 0; i < x->n_p; i++)
+                if (placeholder_bound(&x->p[i], h, port))
+                        return true;
+        return false;
+}
+
+bool egress_inject_has_placeholder(const egress_inject *x, const void *buf, size_t len) {
+        for (size_t i = 0; x && i < x->n_p; i++)
+                if (memmem(buf, len, x->p[i].text, EGRESS_PLACEHOLDER_LEN))
+                        return true;
+        return false;
+}
+
+/* ------------------------------------------------------------- output */
+
+typedef struct out {
+        char *buf;
+        size_t len, cap;
+        bool overflow;
+} out;
+
+static void out_add(out *o, const char *s, size_t n) {
+        if (o->overflow)
+                return;
+        if (o->len + n + 1 > HEAD_OUT_MAX) {
+                o->overflow = true;
+                return;
+        }
+        if (o->len + n + 1 > o->cap) {
+                size_t cap = MAX(o->cap * 2, o->len + n + 1);
+                cap = MAX(cap, (size_t) 1024);
+                char *b = malloc(cap);
+                if (!b) {
+                        o->overflow = true;
+                        return;
+                }
+                if (o->buf) {
+                        memcpy(b, o->buf, o->len);
+                        explicit_bzero(o->buf, o->cap);
+                        free(o->buf);
+                }
+                o->buf = b;
+                o->cap = cap;
+        }
+        memcpy(o->buf + o->len, s, n);
+        o->len += n;
+        o->buf[o->len] = 0;
+}
+
+static void out_str(out *o, const char *s) {
+        out_add(o, s, strlen(s));
+}
+
+static void out_free(out *o) {
+        if (o->buf) {
+                explicit_bzero(o->buf, o->cap);
+                free(o->buf);
+        }
+        o->buf = NULL;
+}
+
+static void used_add(egress_inject_result *ret, const char *what) {
+        size_t l = strlen(ret->used);
+        if (l && l + 2 < sizeof ret->used)
+                strcat(ret->used, ",");
+        l = strlen(ret->used);
+        snprintf(ret->used + l, sizeof ret->used - l, "%s", what);
+}
+
+/* Emit value with every placeholder (bound to h:port) replaced. */
+static int emit_value(const egress_inject *x, const egress_host *h, uint16_t port, const char *v, size_t vl,
+                      egress_resolve_fn resolve, void *ud, out *o, egress_inject_result *ret, char *why,
+                      size_t whylen) {
+        size_t i = 0;
+        while (i < vl) {
+                const placeholder *hit = NULL;
+                size_t at = vl;
+                for (size_t k = 0; x && k < x->n_p; k++) {
+                        const char *f = memmem(v + i, vl - i, x->p[k].text, EGRESS_PLACEHOLDER_LEN);
+                        if (f && (size_t) (f - v) < at) {
+                                at = (size_t) (f - v);
+                                hit = &x->p[k];
+                        }
+                }
+                out_add(o, v + i, at - i);
+                if (!hit)
+                        break;
+                if (!placeholder_bound(hit, h, port)) {
+                        snprintf(why, whylen, "the placeholder of secret \"%s\" was sent to %s, which it is not "
+                                              "bound to",
+                                 hit->name, h->text);
+                        return -EACCES;
+                }
+                char *val = NULL;
+                size_t len = 0;
+                int r = resolve ? resolve(ud, hit->name, &val, &len) : -ENOENT;
+                if (r < 0) {
+                        snprintf(why, whylen, "secret \"%s\" does not exist (any more)", hit->name);
+                        return -ENOENT;
+                }
+                bool bad = memchr(val, '\r', len) || memchr(val, '\n', len) || memchr(val, 0, len);
+                if (!bad)
+                        out_add(o, val, len);
+                explicit_bzero(val, len);
+                free(val);
+                if (bad) {
+                        snprintf(why, whylen, "secret \"%s\" holds CR, LF or NUL", hit->name);
+                        return -EINVAL;
+                }
+                used_add(ret, hit->name);
+                i = at + EGRESS_PLACEHOLDER_LEN;
+        }
+        return 0;
+}
+
+/* Emit a transform's value template with ${e2b.secrets.NAME} resolved. */
+static int emit_template(const char *tpl, egress_resolve_fn resolve, void *ud, out *o, egress_inject_result *ret,
+                         char *why, size_t whylen) {
+        const char *p = tpl;
+        for (;;) {
+                const char *ref = strstr(p, SECRET_REF_OPEN);
+                if (!ref) {
+                        out_str(o, p);
+                        return 0;
+                }
+                out_add(o, p, (size_t) (ref - p));
+                const char *nm = ref + strlen(SECRET_REF_OPEN), *e = strchr(nm, '}');
+                char name[EGRESS_SECRET_NAME_MAX + 1];
+                snprintf(name, sizeof name, "%.*s", (int) (e - nm), nm);
+                char *val = NULL;
+                size_t len = 0;
+                if (!resolve || resolve(ud, name, &val, &len) < 0) {
+                        snprintf(why, whylen, "secret \"%s\" named by a network rule does not exist", name);
+                        return -ENOENT;
+                }
+                bool bad = memchr(val, '\r', len) || memchr(val, '\n', len) || memchr(val, 0, len);
+                if (!bad)
+                        out_add(o, val, len);
+                explicit_bzero(val, len);
+                free(val);
+                if (bad) {
+                        snprintf(why, whylen, "secret \"%s\" holds CR, LF or NUL", name);
+                        return -EINVAL;
+                }
+                used_add(ret, name);
+                p = e + 1;
+        }
+}
+
+int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t port, const proxyreq *r,
+                        egress_resolve_fn resolve, void *userdata, egress_inject_result *ret, char *why,
+                        size_t whylen) {
+        memset(ret, 0, sizeof *ret);
+        /* the request target: placeholders may not leave in it */
+        if (x && r->path) {
+                for (size_t k = 0; k < x->n_p; k++)
+                        if (memmem(r->path, r->path_len, x->p[k].text, EGRESS_PLACEHOLDER_LEN) &&
+                            !placeholder_bound(&x->p[k], h, port)) {
+                                snprintf(why, whylen,
+                                         "the placeholder of secret \"%s\" was sent to %s, which it is not bound to",
+                                         x->p[k].name, h->text);
+                                return -EACCES;
+                        }
+        }
+        const transform *t = transform_for(x, h);
+        out o = { 0 };
+        char hostport[EGRESS_NAME_MAX + 16];
+        if (h->kind == EGRESS_HOST_IPV6)
+                snprintf(hostport, sizeof hostport, "[%s]", h->text);
+        else
+                snprintf(hostport, sizeof hostport, "%s", h->text);
+        if (port != 80 && port != 443) {
+                size_t l = strlen(hostport);
+                snprintf(hostport + l, sizeof hostport - l, ":%u", port);
+        }
+        out_str(&o, r->method);
+        out_str(&o, " ");
+        out_add(&o, r->path ? r->path : "/", r->path ? r->path_len : 1);
+        out_str(&o, " HTTP/1.1\r\nHost: ");
+        out_str(&o, hostport);
+        out_str(&o, "\r\n");
+        int k = 0;
+        for (size_t i = 0; i < r->n_headers && k >= 0; i++) {
+                const proxyreq_header *hd = &r->headers[i];
+                if (proxyreq_header_is_hop_by_hop(r, i) || strcasecmp(hd->name, "host") == 0)
+                        continue;
+                bool replaced = false;
+                for (size_t j = 0; t && j < t->n_headers; j++)
+                        replaced |= strcasecmp(t->headers[j].name, hd->name) == 0;
+                if (replaced)
+                        continue;
+                out_add(&o, hd->name, hd->name_len);
+                out_str(&o, ": ");
+                k = emit_value(x, h, port, hd->value, hd->value_len, resolve, userdata, &o, ret, why, whylen);
+                out_str(&o, "\r\n");
+        }
+        for (size_t j = 0; t && j < t->n_headers && k >= 0; j++) {
+                out_str(&o, t->headers[j].name);
+                out_str(&o, ": ");
+                k = emit_template(t->headers[j].value, resolve, userdata, &o, ret, why, whylen);
+                out_str(&o, "\r\n");
+        }
+        if (k >= 0 && t) {
+                char what[EGRESS_RULE_TEXT_MAX + 8];
+                (void) egress_rule_format(&t->host, what, sizeof what);
+                char tagged[EGRESS_RULE_TEXT_MAX + 16];
+                snprintf(tagged, sizeof tagged, "rule:%s", what);
+                used_add(ret, tagged);
+        }
+        out_str(&o, "Connection: close\r\n\r\n");
+        if (k < 0) {
+                out_free(&o);
+                return k;
+        }
+        if (o.overflow) {
+                out_free(&o);
+                snprintf(why, whylen, "the rewritten request head is too large");
+                return -E2BIG;
+        }
+        ret->head = o.buf;
+        ret->head_len = o.len;
+        return 0;
+}
