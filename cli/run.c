@@ -12,6 +12,8 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "egress/policy.h"
+#include "egress/proxy.h"
 
 /* How long the command has to end after a forwarded SIGINT/SIGTERM/SIGHUP
  * before the sandbox is destroyed (a second signal does it at once). */
@@ -32,7 +34,12 @@ static void run_usage(FILE *f) {
               "  --cpus N             CPU quota, fractions allowed (default: 2)\n"
               "  --disk SIZE          size of the writable layer (default: 1G)\n"
               "  --inodes N           inodes of the writable layer (default: 262144)\n"
-              "  --net deny           network policy: deny (loopback only; the default)\n"
+              "  --net POLICY         egress: deny (the default: loopback only, no proxy), allow\n"
+              "                       (every public destination), or rules: example.com,\n"
+              "                       *.example.com:443, 10.1.2.0/24, !bad.example.com (docs/egress.md)\n"
+              "  --net-open CIDR,...  reserved ranges (private, link-local, ...) the rules may reach\n"
+              "  --dns IP,...         nameservers of the egress proxy (default: /etc/resolv.conf's)\n"
+              "  --net-log            print every egress decision as a JSON line on stderr\n"
               "  --env K=V            set an environment variable (repeatable)\n"
               "  --user user|root|UID run as this user (default: user, uid 1000)\n"
               "  --workdir DIR        working directory (default: the user's home)\n"
@@ -53,6 +60,9 @@ enum {
         OPT_DISK,
         OPT_INODES,
         OPT_NET,
+        OPT_NET_OPEN,
+        OPT_DNS,
+        OPT_NET_LOG,
         OPT_ENV,
         OPT_USER,
         OPT_WORKDIR,
@@ -103,6 +113,10 @@ typedef struct run_opts {
         const char *workdir;
         uint64_t timeout_ms;
         bool json;
+        const char *net;      /* NULL or "deny": no network */
+        const char *net_open;
+        const char *dns;
+        bool net_log;
         char **cmd;
 } run_opts;
 
@@ -115,6 +129,9 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 { "disk", required_argument, NULL, OPT_DISK },
                 { "inodes", required_argument, NULL, OPT_INODES },
                 { "net", required_argument, NULL, OPT_NET },
+                { "net-open", required_argument, NULL, OPT_NET_OPEN },
+                { "dns", required_argument, NULL, OPT_DNS },
+                { "net-log", no_argument, NULL, OPT_NET_LOG },
                 { "env", required_argument, NULL, OPT_ENV },
                 { "user", required_argument, NULL, OPT_USER },
                 { "workdir", required_argument, NULL, OPT_WORKDIR },
@@ -153,11 +170,29 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         if (parse_cpus_millis(optarg, &o->sb.limits.cpu_millis) < 0)
                                 return log_error("invalid --cpus '%s' (expected a number like 2 or 0.5)", optarg), -EINVAL;
                         break;
-                case OPT_NET:
-                        if (!streq(optarg, "deny"))
-                                return log_error("invalid --net '%s': only 'deny' is available (egress policies are not built yet)",
-                                                 optarg),
-                                       -EINVAL;
+                case OPT_NET: {
+                        /* checked here, so that a typo is a usage error */
+                        egress_policy *p = NULL;
+                        char why[256];
+                        if (egress_policy_new(&p) < 0)
+                                return -ENOMEM;
+                        r = streq(optarg, "deny") || streq(optarg, "allow")
+                                    ? 0
+                                    : egress_policy_add_rules(p, optarg, why, sizeof why);
+                        egress_policy_free(p);
+                        if (r < 0)
+                                return log_error("invalid --net: %s", why), -EINVAL;
+                        o->net = streq(optarg, "deny") ? NULL : optarg;
+                        break;
+                }
+                case OPT_NET_OPEN:
+                        o->net_open = optarg;
+                        break;
+                case OPT_DNS:
+                        o->dns = optarg;
+                        break;
+                case OPT_NET_LOG:
+                        o->net_log = true;
                         break;
                 case 'e':
                 case OPT_ENV:
@@ -219,6 +254,99 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return 0;
 }
 
+/* --net-log: one JSON line per decision on stderr. */
+static void json_str(FILE *f, const char *k, const char *v, bool comma) {
+        fprintf(f, "\"%s\":\"", k);
+        for (const unsigned char *c = (const unsigned char *) v; *c; c++) {
+                if (*c == '"' || *c == '\\')
+                        fprintf(f, "\\%c", *c);
+                else if (*c < 0x20 || *c >= 0x7f)
+                        fprintf(f, "\\u%04x", *c);
+                else
+                        fputc(*c, f);
+        }
+        fprintf(f, "\"%s", comma ? "," : "");
+}
+
+static void on_net_record(void *userdata, const egress_record *rec) {
+        if (!*(bool *) userdata)
+                return;
+        fputs("{\"egress\":{", stderr);
+        json_str(stderr, "kind", rec->kind ? egress_kind_to_string(rec->kind) : "", true);
+        json_str(stderr, "method", rec->method, true);
+        json_str(stderr, "host", rec->host, true);
+        fprintf(stderr, "\"port\":%u,", rec->port);
+        json_str(stderr, "address", rec->address, true);
+        json_str(stderr, "decision", rec->allowed ? "allow" : "deny", true);
+        json_str(stderr, "reason", rec->reason, true);
+        json_str(stderr, "rule", rec->rule, true);
+        json_str(stderr, "error", rec->error, true);
+        fprintf(stderr, "\"bytesOut\":%llu,\"bytesIn\":%llu,\"durationMs\":%lld}}\n",
+                (unsigned long long) rec->bytes_out, (unsigned long long) rec->bytes_in,
+                (long long) rec->duration_ms);
+}
+
+/* The sandbox's egress proxy, for --net other than deny. */
+static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
+        char why[256];
+        _cleanup_(egress_ceiling_unrefp) egress_ceiling *c = NULL;
+        int r = egress_ceiling_new(&c);
+        if (r < 0)
+                return r;
+        if ((r = egress_ceiling_add_allow(c, "*", why, sizeof why)) < 0)
+                return log_error("%s", why), r;
+        if (o->net_open) {
+                char *copy = strdup(o->net_open), *save = NULL;
+                if (!copy)
+                        return -ENOMEM;
+                for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
+                        if ((r = egress_ceiling_allow_private(c, t, why, sizeof why)) < 0) {
+                                free(copy);
+                                return log_error("invalid --net-open: %s", why), r;
+                        }
+                free(copy);
+        }
+        if ((r = egress_ceiling_add_host_addresses(c)) < 0)
+                return log_error_errno(r, "getifaddrs: %m");
+
+        egress_proxy_config pc = { .on_record = on_net_record, .userdata = &o->net_log };
+        r = egress_nameservers(o->dns, pc.nameservers, EGRESS_NAMESERVERS_MAX, why, sizeof why);
+        if (r < 0)
+                return log_error("invalid --dns: %s", why), r;
+        pc.n_nameservers = (size_t) r;
+
+        egress_policy *p = NULL;
+        if ((r = egress_policy_new(&p)) < 0)
+                return r;
+        r = egress_policy_add_rules(p, streq(o->net, "allow") ? "*" : o->net, why, sizeof why);
+        if (r < 0) {
+                egress_policy_free(p);
+                return log_error("invalid --net: %s", why), r;
+        }
+        egress_policy_set_ceiling(p, c);
+
+        egress_proxy *px = NULL;
+        if ((r = egress_proxy_new(&pc, &px)) < 0) {
+                egress_policy_free(p);
+                return log_error_errno(r, "egress proxy: %m");
+        }
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/net", (int) hutch_sandbox_init_pid(sb));
+        _cleanup_close_ int nfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0) {
+                egress_policy_free(p);
+                egress_proxy_free(px);
+                return log_error_errno(-errno, "%s: %m", path);
+        }
+        egress_site *site;
+        if ((r = egress_site_open(px, hutch_sandbox_id(sb), nfd, EGRESS_PROXY_PORT, p, &site)) < 0) {
+                egress_proxy_free(px);
+                return log_error_errno(r, "egress proxy in the sandbox: %m");
+        }
+        *ret_proxy = px;
+        return 0;
+}
+
 static void default_env(run_opts *o) {
         const char *home = o->uid == 0 ? "/root" : o->uid == 1000 ? "/home/user" : "/";
         const char *name = o->uid == 0 ? "root" : o->uid == 1000 ? "user" : NULL;
@@ -239,6 +367,12 @@ static void default_env(run_opts *o) {
         (void) env_set(o->env, &o->n_env, "SHELL=/bin/bash");
         (void) env_set(o->env, &o->n_env, "LANG=C.UTF-8");
         (void) env_set(o->env, &o->n_env, "HOSTNAME=hutch");
+        if (o->net) {
+                char vars[8][64];
+                int n = egress_proxy_env(EGRESS_PROXY_PORT, vars);
+                for (int i = 0; i < n; i++)
+                        (void) env_set(o->env, &o->n_env, vars[i]);
+        }
         const char *term = getenv("TERM");
         if (term && strlen(term) < 64) {
                 snprintf(buf, sizeof buf, "TERM=%s", term);
@@ -305,6 +439,7 @@ int verb_run(int argc, char **argv) {
         hutch_sandbox *sb = NULL;
         hutch_error err = { 0 };
         hutch_process proc = { .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1 };
+        egress_proxy *proxy = NULL;
         int sfd = -1;
 
         /* Signals become events: forwarded to the command, or, the second
@@ -327,6 +462,8 @@ int verb_run(int argc, char **argv) {
                 goto out;
         }
         log_debug("sandbox %s created in %.3f ms", hutch_sandbox_id(sb), (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
+        if (o.net && net_start(&o, sb, &proxy) < 0)
+                goto out;
 
         const char *cwd = o.workdir ? o.workdir : o.uid == 0 ? "/root" : o.uid == 1000 ? "/home/user" : "/";
         hutch_spawn_config sc = {
@@ -393,8 +530,8 @@ int verb_run(int argc, char **argv) {
                         if (exited)
                                 break;
                 }
-                struct pollfd p[6];
-                int np = 0, i_in = -1, i_pipe = -1, i_out = -1, i_err = -1, i_sig = -1;
+                struct pollfd p[7];
+                int np = 0, i_in = -1, i_pipe = -1, i_out = -1, i_err = -1, i_sig = -1, i_net = -1;
                 if (!stdin_done && in_len == 0) {
                         i_in = np;
                         p[np++] = (struct pollfd){ .fd = STDIN_FILENO, .events = POLLIN };
@@ -415,6 +552,10 @@ int verb_run(int argc, char **argv) {
                 if (sfd >= 0) {
                         i_sig = np;
                         p[np++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
+                }
+                if (proxy) {
+                        i_net = np;
+                        p[np++] = (struct pollfd){ .fd = egress_proxy_fd(proxy), .events = POLLIN };
                 }
                 int wait = -1;
                 if (deadline) {
@@ -445,6 +586,8 @@ int verb_run(int argc, char **argv) {
                 }
                 if (k <= 0)
                         continue;
+                if (i_net >= 0 && p[i_net].revents)
+                        egress_proxy_dispatch(proxy);
                 if (i_in >= 0 && p[i_in].revents) {
                         ssize_t n = read(STDIN_FILENO, inbuf, sizeof inbuf);
                         if (n > 0) {
@@ -541,6 +684,7 @@ out:
                 log_debug("sandbox destroyed at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
                 hutch_sandbox_unref(sb);
         }
+        egress_proxy_free(proxy); /* each open connection recorded */
         hutch_ctx_free(ctx);
         safe_close(sfd);
         for (size_t i = 0; i < o.n_env; i++)

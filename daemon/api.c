@@ -128,7 +128,7 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
 
 /* ------------------------------------------------------------ control plane */
 
-static int parse_body(request *req, json_t **ret) {
+int api_parse_body(request *req, json_t **ret) {
         if (req->body_len == 0) {
                 *ret = json_object();
                 return 0;
@@ -156,7 +156,7 @@ static json_t *sandbox_created_json(sbx *sb) {
 
 static enum MHD_Result sandboxes_create(server *srv, request *req) {
         json_t *body;
-        if (parse_body(req, &body) < 0)
+        if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         sbx *sb = NULL;
         unsigned status = 500;
@@ -339,7 +339,7 @@ static void save_end(server *srv, sbx *sb) {
 
 static enum MHD_Result sandbox_connect(server *srv, request *req, sbx *sb) {
         json_t *body;
-        if (parse_body(req, &body) < 0)
+        if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         uint64_t t;
         int r = body_timeout(req, body, "timeout", false, srv->cfg.default_timeout_s, &t);
@@ -373,7 +373,7 @@ static enum MHD_Result sandbox_connect(server *srv, request *req, sbx *sb) {
 
 static enum MHD_Result sandbox_set_timeout(server *srv, request *req, sbx *sb) {
         json_t *body;
-        if (parse_body(req, &body) < 0)
+        if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         uint64_t t;
         int r = body_timeout(req, body, "timeout", true, 0, &t);
@@ -387,7 +387,7 @@ static enum MHD_Result sandbox_set_timeout(server *srv, request *req, sbx *sb) {
 
 static enum MHD_Result sandbox_refresh(server *srv, request *req, sbx *sb) {
         json_t *body;
-        if (parse_body(req, &body) < 0)
+        if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         uint64_t t;
         int r = body_timeout(req, body, "duration", false, srv->cfg.default_timeout_s, &t);
@@ -403,7 +403,7 @@ static enum MHD_Result sandbox_refresh(server *srv, request *req, sbx *sb) {
 
 static enum MHD_Result sandbox_pause(server *srv, request *req, sbx *sb) {
         json_t *body;
-        if (parse_body(req, &body) < 0)
+        if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         json_t *mem = json_object_get(body, "memory");
         bool bad_mem = mem && !json_is_null(mem) && !json_is_boolean(mem);
@@ -460,6 +460,67 @@ static enum MHD_Result sandbox_metrics(server *srv, request *req, sbx *sb) {
         return http_reply_json(req->conn, 200, arr);
 }
 
+/* PUT /sandboxes/{id}/network */
+static enum MHD_Result sandbox_network(server *srv, request *req, sbx *sb) {
+        json_t *body;
+        if (api_parse_body(req, &body) < 0)
+                return MHD_YES;
+        if (!json_is_object(body)) {
+                json_decref(body);
+                return http_reply_error(req->conn, 400, "the body must be a JSON object");
+        }
+        char why[256];
+        unsigned closed = 0;
+        int r = egress_sbx_update(srv, sb, body, &closed, why, sizeof why);
+        json_decref(body);
+        if (r < 0)
+                return http_reply_error(req->conn, r == -EINVAL || r == -E2BIG ? 400 : 500, "%s", why);
+        save_sandbox_extra(srv, sb);
+        char detail[64];
+        snprintf(detail, sizeof detail, "{\"closed\":%u}", closed);
+        hutch_error e2 = { 0 };
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.network", detail, &e2);
+        return http_reply_empty(req->conn, 204);
+}
+
+/* GET /sandboxes/{id}/egress?after=ID&limit=N: also for ended sandboxes of
+ * the team, whose decisions stay readable. */
+static enum MHD_Result sandbox_egress_log(server *srv, request *req, const char *id) {
+        sbx *sb = sbx_find_team(srv, id, req->team);
+        if (!sb) {
+                store_sandbox row = { 0 };
+                hutch_error e = { 0 };
+                bool mine = store_sandbox_get(srv->store, id, &row, &e) >= 0 && row.team_id == req->team;
+                store_sandbox_clear(&row);
+                if (!mine)
+                        return not_found_sbx(req->conn, id);
+        }
+        const char *a = http_query(req->conn, "after"), *l = http_query(req->conn, "limit");
+        int64_t after = 0;
+        uint64_t limit = 100;
+        char *x;
+        if (a && *a) {
+                long long v = strtoll(a, &x, 10);
+                if (*x || v < 0)
+                        return http_reply_error(req->conn, 400, "after must be a record id (a number >= 0)");
+                after = v;
+        }
+        if (l && *l) {
+                unsigned long long v = strtoull(l, &x, 10);
+                if (*x || v < 1 || v > 1000)
+                        return http_reply_error(req->conn, 400, "limit must be 1..1000");
+                limit = v;
+        }
+        store_egress *v = NULL;
+        size_t n = 0;
+        hutch_error err = { 0 };
+        if (store_egress_list(srv->store, id, after, (unsigned) limit, &v, &n, &err) < 0)
+                return http_reply_error(req->conn, 500, "database: %s", err.msg);
+        json_t *arr = egress_log_json(v, n);
+        store_egress_array_free(v, n);
+        return http_reply_json(req->conn, 200, arr);
+}
+
 static enum MHD_Result control_dispatch(server *srv, request *req) {
         struct MHD_Connection *c = req->conn;
         route rt;
@@ -475,9 +536,17 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 return sandboxes_create(srv, req);
         case ROUTE_SANDBOXES_LIST:
                 return sandboxes_list(srv, req, rt.v2);
+        case ROUTE_SECRETS_LIST:
+        case ROUTE_SECRETS_CREATE:
+        case ROUTE_SECRET_GET:
+        case ROUTE_SECRET_UPDATE:
+        case ROUTE_SECRET_DELETE:
+                return secrets_dispatch(srv, req, &rt);
         default:
                 break;
         }
+        if (rt.kind == ROUTE_SANDBOX_EGRESS)
+                return sandbox_egress_log(srv, req, rt.id);
         sbx *sb = rt.id[0] ? sbx_find_team(srv, rt.id, req->team) : NULL;
         if (!sb) {
                 /* the id as the client wrote it, bounded */
@@ -507,9 +576,9 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         case ROUTE_SANDBOX_METRICS:
                 return sandbox_metrics(srv, req, sb);
         case ROUTE_SANDBOX_NETWORK:
-                return http_reply_error(c, 501,
-                                        "changing the network policy of a running sandbox is not supported by this "
-                                        "server yet; sandboxes have no egress");
+                return sandbox_network(srv, req, sb);
+        case ROUTE_SANDBOX_EGRESS:
+                break; /* above */
         }
         return http_reply_error(c, 404, "no route for %s %s", req->method, req->url);
 }

@@ -612,6 +612,7 @@ static int build_env(rpc *x, json_t *req_envs, char ***ret) {
         json_object_set_new(env, "E2B_SANDBOX", json_string("true"));
         json_object_set_new(env, "E2B_SANDBOX_ID", json_string(x->sb->id));
         json_object_set_new(env, "E2B_TEMPLATE_ID", json_string(x->sb->template_id));
+        egress_sbx_env(x->sb->srv, x->sb, env);
         json_object_update(env, x->sb->envs);
         if (json_is_object(req_envs))
                 json_object_update(env, req_envs);
@@ -681,6 +682,10 @@ static enum MHD_Result process_start(rpc *x) {
         size_t nargs = sr.n_args;
         bool pty = sr.pty, want_stdin = sr.want_stdin;
         unsigned rows = sr.rows, cols = sr.cols;
+
+        /* ${e2b.secrets.NAME}: the process gets the sandbox's placeholder */
+        if (json_is_object(envs) && egress_sbx_env_secrets(x->srv, x->sb, envs, why, sizeof why) < 0)
+                return rpc_error(x, "invalid_argument", "%s", why);
 
         _cleanup_free_ char *cwd = NULL;
         hutch_error err = { 0 };
@@ -1422,6 +1427,7 @@ enum MHD_Result envd_dispatch(server *srv, request *req, sbx *sb) {
         if (streq(url, "/envs") && streq(m, "GET")) {
                 json_t *e = json_pack("{s:s, s:s, s:s}", "E2B_SANDBOX", "true", "E2B_SANDBOX_ID", sb->id,
                                       "E2B_TEMPLATE_ID", sb->template_id);
+                egress_sbx_env(srv, sb, e);
                 json_object_update(e, sb->envs);
                 return http_reply_json(c, 200, e);
         }

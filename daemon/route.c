@@ -15,6 +15,8 @@ bool route_sandbox_id_valid(const char *s) {
         return n == HUTCH_ID_LEN;
 }
 
+static int hexval(int c);
+
 static const struct {
         const char *method, *action;
         int kind;
@@ -28,6 +30,7 @@ static const struct {
         { "POST", "refreshes", ROUTE_SANDBOX_REFRESHES },
         { "GET", "metrics", ROUTE_SANDBOX_METRICS },
         { "PUT", "network", ROUTE_SANDBOX_NETWORK },
+        { "GET", "egress", ROUTE_SANDBOX_EGRESS },
 };
 
 int route_control(const char *method, const char *url, route *ret) {
@@ -45,6 +48,49 @@ int route_control(const char *method, const char *url, route *ret) {
                         r.kind = ROUTE_SANDBOXES_CREATE;
                 else if (streq(method, "GET"))
                         r.kind = ROUTE_SANDBOXES_LIST;
+                else
+                        return -EPERM;
+                *ret = r;
+                return 0;
+        }
+        if (streq(url, "/secrets")) {
+                if (streq(method, "GET"))
+                        r.kind = ROUTE_SECRETS_LIST;
+                else if (streq(method, "POST"))
+                        r.kind = ROUTE_SECRETS_CREATE;
+                else
+                        return -EPERM;
+                *ret = r;
+                return 0;
+        }
+        if (startswith(url, "/secrets/")) {
+                /* the id or name, percent-decoded; no '/' and nothing below it */
+                const char *p = url + strlen("/secrets/");
+                size_t n = 0;
+                for (; *p; p++) {
+                        int c = (unsigned char) *p;
+                        if (c == '/')
+                                return -ENOENT;
+                        if (c == '%') {
+                                int hi = hexval(p[1]), lo = hi < 0 ? -1 : hexval(p[2]);
+                                if (hi < 0 || lo < 0)
+                                        return -ENOENT;
+                                c = hi * 16 + lo;
+                                p += 2;
+                        }
+                        if (c == 0 || c == '/' || n + 1 >= sizeof r.secret)
+                                return -ENOENT;
+                        r.secret[n++] = (char) c;
+                }
+                if (n == 0)
+                        return -ENOENT;
+                r.secret[n] = 0;
+                if (streq(method, "GET"))
+                        r.kind = ROUTE_SECRET_GET;
+                else if (streq(method, "POST"))
+                        r.kind = ROUTE_SECRET_UPDATE;
+                else if (streq(method, "DELETE"))
+                        r.kind = ROUTE_SECRET_DELETE;
                 else
                         return -EPERM;
                 *ret = r;

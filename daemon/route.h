@@ -26,12 +26,19 @@ enum {
         ROUTE_SANDBOX_REFRESHES,
         ROUTE_SANDBOX_METRICS,
         ROUTE_SANDBOX_NETWORK,
+        ROUTE_SANDBOX_EGRESS, /* hutch: the egress decision log */
+        ROUTE_SECRETS_LIST,
+        ROUTE_SECRETS_CREATE,
+        ROUTE_SECRET_GET,
+        ROUTE_SECRET_UPDATE,
+        ROUTE_SECRET_DELETE,
 };
 
 typedef struct route {
         int kind;               /* ROUTE_* */
         bool v2;                /* /v2/… (list: states and filters) */
         char id[HUTCH_ID_LEN + 1]; /* ROUTE_SANDBOX_*: "" when the path's id is not a valid sandbox id */
+        char secret[161];          /* ROUTE_SECRET_*: the id or name, percent-decoded */
 } route;
 
 /* 0 and *ret; -ENOENT no such path (404); -EPERM known path, other method (405). */

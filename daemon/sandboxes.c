@@ -342,8 +342,23 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         uint64_t timeout_s = cr.timeout_s;
         json_t *md = cr.metadata, *envs = cr.env;
+        json_t *egress_spec = NULL;
+        if ((r = egress_spec_from_create(srv, body, &egress_spec, why, sizeof why)) < 0)
+                return hutch_error_set(err, r, "%s", why);
+        /* secret references in envVars: checked now, placeholders once the id is known */
+        if (json_is_object(envs)) {
+                json_t *copy = json_deep_copy(envs), *names = json_array();
+                r = secrets_env_rewrite(srv, team, "check", copy, names, why, sizeof why);
+                json_decref(copy);
+                json_decref(names);
+                if (r < 0) {
+                        json_decref(egress_spec);
+                        return hutch_error_set(err, r, "%s", why);
+                }
+        }
         if ((uint64_t) sbx_live_count(srv, team) >= srv->cfg.max_sandboxes_per_team) {
                 *ret_status = 429;
+                json_decref(egress_spec);
                 return hutch_error_set(err, -EAGAIN, "team has reached its limit of %llu live sandboxes",
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
@@ -352,8 +367,10 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         sbx *sb = streq(template_name, "host") ? pool_take(srv) : NULL;
         if (!sb) {
                 sb = sbx_alloc(srv);
-                if (!sb)
+                if (!sb) {
+                        json_decref(egress_spec);
                         return hutch_error_set(err, -ENOMEM, "out of memory");
+                }
                 if (hutch_sandbox_id_new(sb->id) < 0)
                         abort(); /* getrandom on a running kernel does not fail */
         }
@@ -366,6 +383,13 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         sb->auto_resume = cr.auto_resume;
         sb->pause_keep_memory = cr.pause_keep_memory;
         sb->extra = extra_json(sb, body);
+        json_object_set_new(sb->extra, "egress", egress_spec);
+        {
+                json_t *names = json_array();
+                if (secrets_env_rewrite(srv, team, sb->id, sb->envs, names, why, sizeof why) < 0)
+                        log_warning("sandbox %s: %s", sb->id, why); /* a secret deleted since the check */
+                json_object_set_new(sb->extra, "secretRefs", names);
+        }
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
@@ -427,6 +451,13 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
 ready:
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
+        if ((r = egress_sbx_start(srv, sb)) < 0) {
+                /* its row and sandbox exist: end both the usual way */
+                *ret_status = 500;
+                hutch_error_set(err, r, "cannot open the sandbox's egress proxy: %s", strerror(-r));
+                sbx_kill(srv, sb, "create failed");
+                return r;
+        }
         if (srv->pool_dirty) {
                 srv->pool_dirty = false;
                 pool_save(srv);
@@ -506,6 +537,7 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         if (sb->dead)
                 return 0;
         sbx_detach_all(srv, sb);
+        egress_sbx_stop(srv, sb);
         sb->dead = true;
         /* Kill now, clean up when the kernel has taken every process down
          * (tearing down a pid namespace of many processes takes a while):
@@ -535,11 +567,11 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         return 0;
 }
 
-static void save_extra(server *srv, sbx *sb) {
+void save_sandbox_extra(server *srv, sbx *sb) {
         json_t *old = sb->extra;
         sb->extra = extra_json(sb, NULL);
         /* what create said about the network stays */
-        const char *keep[] = { "network", "allowInternetAccess" };
+        const char *keep[] = { "network", "allowInternetAccess", "egress", "secretRefs" };
         for (size_t i = 0; i < ELEMENTSOF(keep); i++) {
                 json_t *v = json_object_get(old, keep[i]);
                 if (v)
@@ -582,7 +614,7 @@ int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
          * processes stay frozen until that point (their memory is kept as
          * long as the sandbox is paused, like a memory pause). */
         sb->cold_resume = !keep_memory;
-        save_extra(srv, sb);
+        save_sandbox_extra(srv, sb);
         hutch_error e2 = { 0 };
         (void) store_sandbox_set_state(srv->store, sb->id, STORE_SBX_PAUSED, &e2);
         (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.pause",
@@ -650,7 +682,7 @@ int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
                 if (r < 0)
                         return r;
                 sb->cold_resume = false;
-                save_extra(srv, sb);
+                save_sandbox_extra(srv, sb);
         }
         sbx_mark_dirty(sb);
         for (size_t i = 0; i < sb->n_pending_aborts; i++)
@@ -807,13 +839,9 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
         if (detail) {
                 json_object_set_new(o, "envdAccessToken", json_string(sb->token));
                 json_object_set_new(o, "domain", json_null());
-                json_t *aia = json_object_get(sb->extra, "allowInternetAccess");
-                json_object_set_new(o, "allowInternetAccess", json_false());
-                (void) aia;
-                json_object_set_new(o, "network",
-                                    json_pack("{s:[], s:[s], s:{}, s:n, s:b, s:n, s:[]}", "allowOut", "denyOut",
-                                              "0.0.0.0/0", "rules", "egressProxy", "allowPublicTraffic", 0,
-                                              "maskRequestHost", "httpsPorts"));
+                json_t *aia = NULL;
+                json_object_set_new(o, "network", egress_network_json(sb->srv, sb, &aia));
+                json_object_set_new(o, "allowInternetAccess", aia);
                 json_object_set_new(o, "lifecycle", json_pack("{s:s, s:b}", "onTimeout",
                                                               sb->on_timeout_pause ? "pause" : "kill", "autoResume",
                                                               sb->auto_resume));
@@ -869,6 +897,8 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         }
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
+        if (egress_sbx_start(srv, sb) < 0)
+                log_warning("sandbox %s: re-adopted without egress (its proxy port is taken inside it?)", sb->id);
         if (sb->paused)
                 sb->procs_pending = true; /* its init is frozen: ask once it runs again */
         else

@@ -26,7 +26,7 @@
 
 /* ---------------------------------------------------------------- config */
 
-enum { CFG_STR, CFG_U64, CFG_SIZE, CFG_SECONDS };
+enum { CFG_STR, CFG_LIST, CFG_U64, CFG_SIZE, CFG_SECONDS };
 static const struct cfg_entry {
         const char *name;
         int type;
@@ -53,6 +53,14 @@ static const struct cfg_entry {
         { "disk", CFG_SIZE, U(disk_mb), 16ull << 20, 1ull << 42, "1G", "default writable layer size" },
         { "metrics-interval", CFG_SECONDS, U(metrics_interval_s), 1, 3600, "5", "how often sandbox metrics are sampled" },
         { "pool-size", CFG_U64, U(pool_size), 0, 1000, "2", "sandboxes of the host template kept ready, so that create only claims one (0: none)" },
+        { "egress-allow", CFG_LIST, S(egress_allow), 0, 0, "*", "the ceiling: destinations a sandbox may ever be allowed (rules, comma-separated; empty: none)" },
+        { "egress-deny", CFG_LIST, S(egress_deny), 0, 0, "", "destinations no sandbox may reach, whatever it asks (rules, comma-separated)" },
+        { "egress-open", CFG_LIST, S(egress_open), 0, 0, "", "reserved ranges (private, link-local, ...) to open, comma-separated CIDRs" },
+        { "dns", CFG_LIST, S(dns), 0, 0, "", "nameservers the egress proxy asks (comma-separated IPs; empty: /etc/resolv.conf's)" },
+        { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
+        { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
+        { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
+        { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
 #undef S
 #undef U
 };
@@ -67,7 +75,8 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                 int r;
                 switch (e->type) {
                 case CFG_STR:
-                        if (strlen(value) >= e->size || !*value)
+                case CFG_LIST:
+                        if (strlen(value) >= e->size || (!*value && e->type == CFG_STR))
                                 return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
                         memcpy(p, value, strlen(value) + 1);
                         return 0;
@@ -363,6 +372,7 @@ int server_run(const server_config *cfg) {
         srv->cfg = *cfg;
         srv->epfd = -1;
         srv->sigfd = -1;
+        srv->egress_w.fd = -1;
         hutch_error err = { 0 };
         int r;
 
@@ -407,6 +417,13 @@ int server_run(const server_config *cfg) {
                 log_error_errno(r, "%s", err.msg);
                 goto out;
         }
+
+        r = secrets_setup(srv);
+        if (r < 0)
+                goto out;
+        r = egress_setup(srv);
+        if (r < 0)
+                goto out;
 
         /* Bind first, then re-adopt: requests queue in the backlog meanwhile. */
         r = http_start(srv, &err);
@@ -479,6 +496,7 @@ int server_run(const server_config *cfg) {
         r = 0;
 out:
         http_stop(srv);
+        egress_teardown(srv);
         sbx_pool_destroy(srv);
         sbx_free_all(srv);
         hutch_ctx_free(srv->ctx);

@@ -42,6 +42,15 @@ typedef struct server_config {
         uint64_t memory_mb, cpu_count, disk_mb; /* default sandbox limits */
         uint64_t metrics_interval_s;
         uint64_t pool_size;          /* sandboxes of the host template kept ready to hand out */
+        /* egress (daemon/egress.c, docs/egress.md) */
+        char egress_allow[4096];     /* the operator's ceiling: rules, comma-separated */
+        char egress_deny[4096];
+        char egress_open[1024];      /* reserved ranges opened */
+        char dns[256];               /* nameservers; empty: /etc/resolv.conf */
+        uint64_t egress_port;
+        uint64_t egress_connections; /* per sandbox, open at once */
+        uint64_t egress_bandwidth;   /* per sandbox and direction, bytes/s; 0: unlimited */
+        uint64_t egress_records;     /* decisions recorded per sandbox per second */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -160,6 +169,7 @@ struct sbx {
         bool pause_keep_memory; /* a timeout pause keeps processes (false: reboot at resume) */
         bool cold_resume;       /* paused without memory: resume reboots (processes killed, new boot id) */
         int64_t cpu_count, memory_mb, disk_mb;
+        struct egress_site *egress; /* its proxy, when the network is on */
         proc *procs;            /* live and recently exited */
         struct pwatch *pwatches; /* CreateWatcher watchers (polled with GetWatcherEvents) */
         unsigned n_exited;
@@ -191,6 +201,9 @@ struct server {
         int sigfd;
         watcher sig_w;
         int64_t default_team;
+        struct egress_proxy *egress;
+        struct egress_ceiling *egress_ceiling;
+        watcher egress_w;
         uint64_t resumes;       /* connections resumed so far (the loop serves them before sleeping) */
         sbx *pool;              /* warm pool: ready sandboxes without a row */
         unsigned n_pool;
@@ -251,6 +264,8 @@ sbx *sbx_find_team(server *srv, const char *id, int64_t team);
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err);
 int sbx_kill(server *srv, sbx *sb, const char *reason);
 int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err);
+/* Write sb->extra (lifecycle and network) to its row. */
+void save_sandbox_extra(server *srv, sbx *sb);
 int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err);
 void sbx_cut_streams(server *srv, sbx *sb);
 void sbx_drain(server *srv, sbx *sb);
@@ -307,3 +322,41 @@ int64_t wall_ms(void);
 void format_rfc3339(int64_t ms, char buf[40]);
 int parse_rfc3339(const char *s, int64_t *ret_ms);
 bool const_time_eq(const char *a, const char *b);
+
+/* ---------------------------------------------------------------- egress */
+
+struct store_egress;
+int egress_setup(server *srv);
+void egress_teardown(server *srv);
+/* The normalized network spec of a create body (allow_internet_access,
+ * network.allowOut/denyOut), validated; -EINVAL etc. with why. */
+int egress_spec_from_create(server *srv, json_t *body, json_t **ret, char *why, size_t wl);
+int egress_sbx_start(server *srv, sbx *sb); /* open its proxy if its network is on */
+void egress_sbx_stop(server *srv, sbx *sb);
+void egress_sbx_env(server *srv, sbx *sb, json_t *env); /* HTTP_PROXY and friends */
+/* E2B's SandboxDetail.network, and allowInternetAccess (bool or null). */
+json_t *egress_network_json(server *srv, sbx *sb, json_t **ret_internet);
+int egress_sbx_update(server *srv, sbx *sb, json_t *body, unsigned *ret_closed, char *why, size_t wl);
+json_t *egress_log_json(const struct store_egress *v, size_t n);
+
+/* The request body as a JSON object; on error the reply (400) is queued. */
+int api_parse_body(request *req, json_t **ret);
+
+/* ---------------------------------------------------------------- secrets */
+
+struct route;
+struct egress_inject;
+int secrets_setup(server *srv); /* DATA_DIR/secrets.key */
+enum MHD_Result secrets_dispatch(server *srv, request *req, const struct route *rt);
+void secret_placeholder(server *srv, const char *sbx_id, const char *name, char out[45]);
+/* ${e2b.secrets.NAME} in env's values -> the sandbox's placeholders; the
+ * names used are appended to names. -ENOENT/-EINVAL with why. */
+int secrets_env_rewrite(server *srv, int64_t team, const char *sbx_id, json_t *env, json_t *names, char *why,
+                        size_t wl);
+int secrets_rules_validate(json_t *rules, struct egress_inject *x, char *why, size_t wl);
+int secrets_build_inject(server *srv, sbx *sb, json_t *rules, struct egress_inject **ret);
+int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, char **ret, size_t *ret_len);
+void egress_sbx_refresh_inject(server *srv, sbx *sb);
+/* Process envs (envd Start): placeholders for secret references, which the
+ * sandbox's proxy then honours. */
+int egress_sbx_env_secrets(server *srv, sbx *sb, json_t *env, char *why, size_t wl);

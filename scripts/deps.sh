@@ -25,6 +25,7 @@ test_pkgs=(
         bubblewrap crun runc runsc hyperfine
         sudo # the integration tests check sudo inside a sandbox (sandbox root only)
         sqlite3 # bench/sdk.sh reads the daemon's database
+        curl openssl # the egress tests: clients inside sandboxes, the test CA
 )
 
 case "$set_name" in

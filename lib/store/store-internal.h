@@ -37,6 +37,13 @@ enum store_stmt {
         STMT_TEMPLATE_UPSERT,
         STMT_TEMPLATE_FIND,
         STMT_EVENT_ADD,
+        STMT_EGRESS_ADD,
+        STMT_EGRESS_LIST,
+        STMT_SECRET_INSERT,
+        STMT_SECRET_GET,
+        STMT_SECRET_UPDATE,
+        STMT_SECRET_DELETE,
+        STMT_SECRET_LIST,
         _STMT_MAX,
 };
 
@@ -44,6 +51,8 @@ struct hutch_store {
         sqlite3 *db;
         sqlite3_stmt *stmts[_STMT_MAX];
         uint8_t master[32];
+        uint8_t secrets_key[32]; /* from a file beside the database, never in it */
+        bool has_secrets_key;
 };
 
 /* The cached statement for slot id, prepared from sql on first use. Pair it

@@ -97,6 +97,47 @@ static const char *const migrations[] = {
                                                                            "  detail_json TEXT NOT NULL DEFAULT '{}' " JSON_OBJECT_CHECK(
                                                                                    "detail_json") ");"
                                                                                                   "CREATE INDEX events_sandbox ON events(sandbox_id) WHERE sandbox_id IS NOT NULL;",
+
+        /* 2: the egress proxy's decisions, one row per connection */
+        "CREATE TABLE egress_log ("
+        "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        "  sandbox_id TEXT NOT NULL,"
+        "  team_id INTEGER NOT NULL DEFAULT 0,"
+        "  ts_ms INTEGER NOT NULL,"
+        "  kind TEXT NOT NULL,"
+        "  method TEXT NOT NULL DEFAULT '',"
+        "  host TEXT NOT NULL DEFAULT '',"
+        "  port INTEGER NOT NULL DEFAULT 0,"
+        "  address TEXT NOT NULL DEFAULT '',"
+        "  allowed INTEGER NOT NULL CHECK (allowed IN (0, 1)),"
+        "  reason TEXT NOT NULL DEFAULT '',"
+        "  rule TEXT NOT NULL DEFAULT '',"
+        "  error TEXT NOT NULL DEFAULT '',"
+        "  bytes_out INTEGER NOT NULL DEFAULT 0,"
+        "  bytes_in INTEGER NOT NULL DEFAULT 0,"
+        "  duration_ms INTEGER NOT NULL DEFAULT 0,"
+        "  suppressed INTEGER NOT NULL DEFAULT 0,"
+        "  injected TEXT NOT NULL DEFAULT ''"
+        ");"
+        "CREATE INDEX egress_log_sandbox ON egress_log(sandbox_id, id);",
+
+        /* 3: secrets, encrypted with a per-team key derived from the master
+         * secret (store-secret.c); the value column is nonce || ciphertext ||
+         * tag, and a deleted secret keeps its row (names stay unique among
+         * live ones) without its value */
+        "CREATE TABLE secrets ("
+        "  id TEXT PRIMARY KEY NOT NULL,"
+        "  team_id INTEGER NOT NULL REFERENCES teams(id),"
+        "  name TEXT NOT NULL CHECK (length(CAST(name AS BLOB)) BETWEEN 1 AND 128),"
+        "  version INTEGER NOT NULL DEFAULT 1,"
+        "  value BLOB,"
+        "  hosts_json TEXT NOT NULL DEFAULT '[]',"
+        "  metadata_json TEXT NOT NULL DEFAULT '{}' " JSON_OBJECT_CHECK("metadata_json") ","
+        "  created_ms INTEGER NOT NULL,"
+        "  updated_ms INTEGER NOT NULL,"
+        "  deleted_ms INTEGER NOT NULL DEFAULT 0"
+        ") WITHOUT ROWID;"
+        "CREATE UNIQUE INDEX secrets_team_name ON secrets(team_id, name) WHERE deleted_ms = 0;",
 };
 
 int store_schema_version(void) {

@@ -150,3 +150,72 @@ int store_template_find(hutch_store *st, const char *id_or_alias, store_template
  * grow (an audit chain will build on them). */
 int store_event_add(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *kind,
                     const char *detail_json, hutch_error *err);
+
+/* ------------------------------------------------------------ egress log */
+
+/* One connection through a sandbox's egress proxy (lib/egress/proxy.h's
+ * egress_record, as stored). Strings are owned by the row. */
+typedef struct store_egress {
+        int64_t id;
+        char sandbox_id[21];
+        int64_t team_id;
+        int64_t ts_ms; /* when the connection was accepted, unix ms */
+        char *kind, *method, *host, *address, *reason, *rule, *error;
+        int port;
+        bool allowed;
+        int64_t bytes_out, bytes_in, duration_ms, suppressed;
+        char *injected; /* secrets and rules applied, comma-separated, or "" */
+} store_egress;
+
+/* Strings longer than 1 KiB are cut. */
+int store_egress_add(hutch_store *st, const store_egress *e, hutch_error *err);
+/* The sandbox's records with id > after_id, oldest first, at most limit
+ * (1..1000). */
+int store_egress_list(hutch_store *st, const char *sandbox_id, int64_t after_id, unsigned limit,
+                      store_egress **ret, size_t *ret_n, hutch_error *err);
+void store_egress_array_free(store_egress *v, size_t n);
+
+/* --------------------------------------------------------------- secrets */
+
+/* The key secrets are encrypted with (32 bytes): kept in a file of its own
+ * in the data dir, so that the database alone does not reveal them. Until it
+ * is set, every secret call fails with -ENOKEY. */
+void store_set_secrets_key(hutch_store *st, const uint8_t key[32]);
+
+/* A team's secret, without its value. Names are 1..128 bytes, lowercase,
+ * unique among the team's live secrets; ids are "sec_" + 20 [a-z0-9]. */
+typedef struct store_secret {
+        char id[32];
+        int64_t team_id;
+        char *name;
+        int64_t version;
+        char *hosts_json;    /* JSON array of host rules the value may be sent to */
+        char *metadata_json; /* JSON object of strings */
+        int64_t created_ms, updated_ms;
+} store_secret;
+
+#define STORE_SECRET_VALUE_MAX 65536
+
+/* -EEXIST when the team has a live secret of that name. The value is
+ * encrypted (AES-256-GCM, a key derived from the master secret and the team,
+ * the id and version bound as associated data) before it is stored. */
+int store_secret_create(hutch_store *st, int64_t team_id, const char *name, const void *value, size_t len,
+                        const char *hosts_json, const char *metadata_json, store_secret *ret, hutch_error *err);
+/* By id, or by name. -ENOENT for a missing or deleted one, or another team's. */
+int store_secret_get(hutch_store *st, int64_t team_id, const char *id_or_name, store_secret *ret,
+                     hutch_error *err);
+/* A new version of the value; metadata_json / hosts_json NULL: unchanged. */
+int store_secret_update(hutch_store *st, int64_t team_id, const char *id_or_name, const void *value, size_t len,
+                        const char *hosts_json, const char *metadata_json, store_secret *ret, hutch_error *err);
+int store_secret_delete(hutch_store *st, int64_t team_id, const char *id_or_name, hutch_error *err);
+/* Live secrets of the team by name, names > after (NULL: from the start),
+ * at most limit (1..1000). */
+int store_secret_list(hutch_store *st, int64_t team_id, const char *after, unsigned limit, store_secret **ret,
+                      size_t *ret_n, hutch_error *err);
+/* The decrypted current value (malloc'ed, NUL-terminated for convenience;
+ * the caller wipes and frees it). -ENOENT, -EBADMSG when it does not
+ * authenticate. */
+int store_secret_value(hutch_store *st, int64_t team_id, const char *name, char **ret, size_t *ret_len,
+                       hutch_error *err);
+void store_secret_clear(store_secret *s);
+void store_secret_array_free(store_secret *v, size_t n);

@@ -301,7 +301,12 @@ class ServeDaemon:
     """`hutch serve` in the foreground on a free port with its own data dir.
     Tracks the sandboxes it creates (create()) so stop() can DELETE them."""
 
-    def __init__(self, hutch_bin: Path, data_dir: Path, extra_args: Iterable[str] = ()):
+    def __init__(self, hutch_bin: Path, data_dir: Path, extra_args: Iterable[str] = (),
+                 host: str = "127.0.0.1", cmd_prefix: Iterable[str] = ()):
+        """host: the address to listen on and talk to; cmd_prefix: argv put
+        before hutch (e.g. nsenter into a test netns)."""
+        self.host = host
+        self.cmd_prefix = list(cmd_prefix)
         self.hutch_bin = Path(hutch_bin)
         self.data_dir = Path(data_dir)
         self.extra_args = list(extra_args)
@@ -313,7 +318,7 @@ class ServeDaemon:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def __iter__(self):
         """`url, api_key, data_dir = daemon`"""
@@ -325,7 +330,7 @@ class ServeDaemon:
             self.port = free_port()
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(
-                [str(self.hutch_bin), "serve", "--listen", f"127.0.0.1:{self.port}",
+                [*self.cmd_prefix, str(self.hutch_bin), "serve", "--listen", f"{self.host}:{self.port}",
                  "--data-dir", str(self.data_dir), *self.extra_args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             log.close()
@@ -334,7 +339,7 @@ class ServeDaemon:
                 if self.proc.poll() is not None:
                     break
                 try:
-                    with HttpConn("127.0.0.1", self.port, timeout=5) as c:
+                    with HttpConn(self.host, self.port, timeout=5) as c:
                         r = c.request("GET", "/health")
                     if r.status == 200:
                         self.key = (self.data_dir / "api-key").read_text().strip()
@@ -363,7 +368,7 @@ class ServeDaemon:
         raise AssertionError("no Threads line")
 
     def conn(self, timeout: float = 30) -> HttpConn:
-        return HttpConn("127.0.0.1", self.port, timeout=timeout)
+        return HttpConn(self.host, self.port, timeout=timeout)
 
     def request(self, method: str, path: str, body=None, headers=None, key: Optional[str] = None,
                 timeout: float = 30, **kw) -> Response:

@@ -1,0 +1,472 @@
+"""Egress (issue #4): the proxy in every sandbox, its policy, and the bypasses.
+
+The network is built here (tests/helpers/egressnet.py): `hutch serve` runs in
+its own netns D whose only route leads to a "world" netns W holding a test
+DNS server and sink servers for an allowed name (ok.example.test,
+198.51.100.10), a forbidden one (evil.test, 198.51.100.20), a private
+address (10.77.0.5) and a fake metadata address (169.254.169.254). Nothing
+leaves these namespaces. Every assertion about what got out is made with the
+sinks' and the DNS server's own counters: a forbidden sink must see zero
+bytes, not merely "the client got an error".
+
+The daemon runs with --egress-open 198.51.100.0/24 (TEST-NET-2 stands in for
+the public internet: a reserved range the operator opens), --egress-deny
+*.example.org (an operator ceiling) and the test DNS server.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import hutchtest
+from egressnet import EgressNet, unavailable_reason
+from serveclient import ServeDaemon
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None,
+                                reason=unavailable_reason() or "")
+
+HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+CLIENT = "/tmp/egress_client.py"
+CA = "/tmp/test-ca.pem"
+OK_IP, EVIL_IP, PRIV_IP, META_IP = "198.51.100.10", "198.51.100.20", "10.77.0.5", "169.254.169.254"
+
+
+# --------------------------------------------------------------------------
+# Fixtures and helpers
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def env(sandboxed_hutch, tmp_path_factory):
+    if shutil.which("curl") is None:
+        pytest.fail("curl is needed inside the sandboxes (scripts/deps.sh test installs it)")
+    with EgressNet() as net:
+        root = tmp_path_factory.mktemp("egress")
+        root.chmod(0o755)
+        sd = ServeDaemon(sandboxed_hutch, root / "data",
+                         ["--dns", net.dns_server, "--egress-open", "198.51.100.0/24,2001:db8:100::/48",
+                          "--egress-deny", "*.example.org"],
+                         host=net.api_host, cmd_prefix=net.daemon_cmd_prefix)
+        sd.start()
+        try:
+            yield net, sd
+        finally:
+            sd.stop()
+            left = set(sd.created) & set(hutchtest.ps_sandboxes())
+            for sid in sorted(left):
+                subprocess.run([str(sandboxed_hutch), "kill", sid], timeout=60,
+                               env=dict(os.environ, HUTCH_DATA_DIR=str(root / "data")),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def put(sd, sb, path, data: bytes):
+    r = sd.request("POST", sd.files_path(path), body=data, key="",
+                   headers=sd.envd_headers(sb, user="root", ctype="application/octet-stream"))
+    assert r.status == 200, r
+
+
+def sh(sd, sb, cmd, user="user", timeout=60):
+    end, out, err, _ = sd.run(sb, cmd, user=user, timeout=timeout)
+    return end.get("exitCode", 0), out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def client(sd, sb, *args, timeout=60):
+    code, out, err = sh(sd, sb, "python3 " + CLIENT + " " + " ".join(args), timeout=timeout)
+    assert code == 0, (code, out, err)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def new_sandbox(env, **fields):
+    net, sd = env
+    sb = sd.create(timeout=120, **fields)
+    put(sd, sb, CLIENT, (HELPERS / "egress_client.py").read_bytes())
+    put(sd, sb, CA, Path(net.ca_cert).read_bytes())
+    return sb
+
+
+def log_of(sd, sb, after=0):
+    r = sd.request("GET", f"/sandboxes/{sb['sandboxID']}/egress?after={after}")
+    assert r.status == 200, r
+    return r.json()
+
+
+def total(net, sink):
+    s = net.sink_stats(sink)
+    return {p: (s[p]["connections"], s[p]["bytes"]) for p in ("http", "https", "echo")}
+
+
+ZERO = {"http": (0, 0), "https": (0, 0), "echo": (0, 0)}
+
+
+def spellings(ip: str, nat64: bool = True):
+    """Every way a URL host can spell this IPv4 address (and, with nat64, the
+    NAT64 address that carries it: a different address that reaches it on a
+    NAT64 network, so rules about the IPv4 address judge it too)."""
+    a = ipaddress.IPv4Address(ip)
+    b = a.packed
+    n = int(a)
+    return [
+        ip, str(n), hex(n), "0x%08X" % n,
+        ".".join("0%o" % x for x in b),
+        f"{b[0]}.{b[1]}.{(b[2] << 8) | b[3]}",
+        f"{b[0]}.{(b[1] << 16) | (b[2] << 8) | b[3]}",
+        f"[::ffff:{ip}]", f"[::ffff:{b[0]:02x}{b[1]:02x}:{b[2]:02x}{b[3]:02x}]",
+        ip + ".",
+    ] + ([f"[64:ff9b::{ip}]"] if nat64 else [])
+
+
+@pytest.fixture(scope="module")
+def only_ok(env):
+    """A sandbox whose policy allows ok.example.test and nothing else."""
+    return new_sandbox(env, allow_internet_access=False, network={"allowOut": ["ok.example.test"]})
+
+
+@pytest.fixture
+def clean(env):
+    net, _ = env
+    net.reset()
+    return net
+
+
+# --------------------------------------------------------------------------
+# The allowed name works, over every protocol; a denied one fails clearly
+# --------------------------------------------------------------------------
+
+def test_allowed_name_over_http_https_socks5(env, only_ok, clean):
+    net, sd = env
+    code, out, _ = sh(sd, only_ok, "curl -sS -m 10 http://ok.example.test/a")
+    assert code == 0 and json.loads(out)["sink"] == "ok"
+    code, out, _ = sh(sd, only_ok, f"curl -sS -m 10 --cacert {CA} https://ok.example.test/b")
+    assert code == 0 and json.loads(out)["sni"] == "ok.example.test"
+    code, out, _ = sh(sd, only_ok, "curl -sS -m 10 --proxy socks5h://127.0.0.1:3128 http://ok.example.test/c")
+    assert code == 0 and json.loads(out)["path"] == "/c"
+    code, out, _ = sh(sd, only_ok, f"curl -sS -m 10 --cacert {CA} --proxy socks5h://127.0.0.1:3128 "
+                                   "https://ok.example.test/d")
+    assert code == 0 and json.loads(out)["path"] == "/d"
+    assert [r["path"] for r in net.requests("ok")] == ["/a", "/b", "/c", "/d"]
+    # the upstream saw the parsed host, not what a client might have put in Host
+    assert net.requests("ok")[0]["host"] == "ok.example.test"
+
+
+def test_denied_name_gets_a_clear_answer_and_nothing_leaves(env, only_ok, clean):
+    net, sd = env
+    code, out, _ = sh(sd, only_ok, "curl -sS -m 10 -o /dev/stderr -w '%{http_code}' http://evil.test/x")
+    assert out == "403"
+    code, out, err = sh(sd, only_ok, "curl -sS -m 10 http://evil.test/x")
+    assert "denied" in out and "evil.test:80" in out
+    code, _, err = sh(sd, only_ok, f"curl -sS -m 10 --cacert {CA} https://evil.test/")
+    assert code != 0 and "403" in err
+    code, _, err = sh(sd, only_ok, "curl -sS -m 10 --proxy socks5h://127.0.0.1:3128 http://evil.test/")
+    assert code != 0
+    assert total(net, "evil") == ZERO
+    # the name was refused before any lookup
+    assert net.dns_queries("evil.test") == []
+    denials = [e for e in log_of(sd, only_ok) if e["host"] == "evil.test"]
+    assert len(denials) >= 4 and all(e["decision"] == "deny" for e in denials)
+    assert {e["kind"] for e in denials} >= {"http", "connect", "socks5"}
+
+
+# --------------------------------------------------------------------------
+# Bypasses
+# --------------------------------------------------------------------------
+
+def test_direct_connections_fail_without_the_proxy(env, only_ok, clean):
+    net, sd = env
+    for ip, port in ((OK_IP, 80), (EVIL_IP, 80), (PRIV_IP, 80), (META_IP, 80), ("2001:db8:100::10", 80),
+                     (net.dns_server, 53)):
+        res = client(sd, only_ok, "direct", ip, str(port))
+        assert res["connected"] is False, (ip, res)
+    code, _, _ = sh(sd, only_ok, "env -u http_proxy -u HTTP_PROXY curl -sS -m 5 http://198.51.100.10/")
+    assert code != 0
+    code, _, _ = sh(sd, only_ok, "NO_PROXY='*' no_proxy='*' curl -sS -m 5 http://ok.example.test/")
+    assert code != 0
+    code, _, _ = sh(sd, only_ok, "getent hosts ok.example.test")
+    assert code != 0     # no resolver inside: names exist only at the proxy
+    for sink in ("ok", "evil", "private", "metadata", "ok6"):
+        assert total(net, sink) == ZERO, sink
+    assert net.dns_queries() == []
+
+
+@pytest.mark.parametrize("target,sink", [(OK_IP, "ok"), (PRIV_IP, "private"), (META_IP, "metadata")])
+def test_ip_literals_in_every_spelling_are_refused(env, only_ok, clean, target, sink):
+    """The policy names ok.example.test only: no spelling of any address
+    gets through, and the private and metadata addresses never would."""
+    net, sd = env
+    for host in spellings(target):
+        code, out, _ = sh(sd, only_ok, f"curl -sS -m 5 -g http://{host}/")
+        assert "denied" in out or code != 0, (host, code, out)
+    assert total(net, sink) == ZERO
+
+
+def test_ip_rule_matches_every_spelling_of_its_address(env, clean):
+    net, sd = env
+    sb = new_sandbox(env, allow_internet_access=False, network={"allowOut": [OK_IP]})
+    try:
+        for host in spellings(OK_IP, nat64=False):
+            code, out, _ = sh(sd, sb, f"curl -sS -m 5 -g http://{host}/sp")
+            assert code == 0 and json.loads(out)["sink"] == "ok", (host, out)
+        # the same address by name is not allowed by an address rule
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://ok.example.test/")
+        assert "denied" in out
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_private_and_metadata_refused_even_when_everything_is_allowed(env, clean):
+    net, sd = env
+    sb = new_sandbox(env)  # E2B default: internet access on
+    try:
+        for name in ("private.example.test", "metadata.example.test"):
+            code, out, _ = sh(sd, sb, f"curl -sS -m 5 http://{name}/")
+            assert "denied" in out and "reserved" in out, out
+        for host in spellings(PRIV_IP) + spellings(META_IP) + ["[::ffff:a4d:5]", "[fd00:231::1]", "127.0.0.1",
+                                                                "[::1]", "192.168.231.1", "localhost"]:
+            # --noproxy '': curl would otherwise go to local names directly
+            code, out, _ = sh(sd, sb, f"curl -sS -m 5 -g --noproxy '' http://{host}:80/")
+            assert "denied" in out or "invalid" in out, (host, out)
+        assert total(net, "private") == ZERO and total(net, "metadata") == ZERO
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://evil.test/")
+        assert json.loads(out)["sink"] == "evil"   # public: allowed by E2B's default
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_dns_rebinding_is_checked_per_connection(env, clean):
+    net, sd = env
+    sb = new_sandbox(env, allow_internet_access=False, network={"allowOut": ["rebind.example.test"]})
+    try:
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://rebind.example.test/first")
+        assert code == 0 and json.loads(out)["sink"] == "ok"
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://rebind.example.test/second")
+        assert "denied" in out and PRIV_IP in out, out
+        assert total(net, "private") == ZERO
+        log = [e for e in log_of(sd, sb) if e["host"] == "rebind.example.test"]
+        assert [e["decision"] for e in log[-2:]] == ["allow", "deny"]
+        assert log[-1]["address"] == PRIV_IP
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_sni_must_match_the_connect_host(env, only_ok, clean):
+    net, sd = env
+    res = client(sd, only_ok, "tls", "ok.example.test", "443", "evil.test", CA)
+    assert "200" in res["connect"] and res["ok"] is False
+    res = client(sd, only_ok, "tls", "ok.example.test", "443", "-", CA)   # no SNI at all
+    assert res["ok"] is False
+    s = net.sink_stats("ok")["https"]
+    assert s["bytes"] == 0 and s["requests"] == 0, s
+    assert total(net, "evil") == ZERO
+    res = client(sd, only_ok, "tls", "ok.example.test", "443", "ok.example.test", CA)
+    assert res["ok"] is True and "/tls" in res["reply"]
+    reasons = [e["reason"] for e in log_of(sd, only_ok) if e["kind"] == "connect"]
+    assert any("SNI" in r for r in reasons), reasons
+
+
+def test_relayed_connect_inside_a_tunnel_gets_nowhere(env, only_ok, clean):
+    net, sd = env
+    res = client(sd, only_ok, "nested", "ok.example.test", "443")
+    assert "200" in res["connect"]
+    assert "HTTP/1.1 200" not in res.get("reply", "")
+    assert net.sink_stats("ok")["https"]["bytes"] == 0
+    # a tunnel to the proxy itself, or to anything local
+    for target in ("127.0.0.1:3128", "localhost:3128", "[::1]:3128", "0.0.0.0:3128", "2130706433:3128"):
+        raw = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode().hex()
+        res = client(sd, only_ok, "raw", raw)
+        assert res["reply"].startswith("HTTP/1.1 4"), (target, res)
+    assert total(net, "evil") == ZERO
+
+
+def test_redirect_to_a_forbidden_host_is_refused(env, only_ok, clean):
+    net, sd = env
+    code, out, _ = sh(sd, only_ok, "curl -sS -m 5 -L 'http://ok.example.test/redirect?to=http://evil.test/stolen'")
+    assert "denied" in out
+    assert total(net, "evil") == ZERO
+
+
+@pytest.mark.parametrize("name,raw", [
+    ("CL+TE", "POST http://ok.example.test/ HTTP/1.1\r\nHost: ok.example.test\r\nContent-Length: 4\r\n"
+              "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET http://evil.test/ HTTP/1.1\r\n\r\n"),
+    ("obs-fold", "GET http://ok.example.test/ HTTP/1.1\r\nHost: ok.example.test\r\nX-A: a\r\n b\r\n\r\n"),
+    ("bare LF", "GET http://ok.example.test/ HTTP/1.1\nHost: ok.example.test\n\n"),
+    ("two CL", "POST http://ok.example.test/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"),
+    ("https absolute-form", "GET https://ok.example.test/ HTTP/1.1\r\n\r\n"),
+    ("userinfo", "GET http://ok.example.test@evil.test/ HTTP/1.1\r\n\r\n"),
+    ("NUL in host", "CONNECT ok.example.test\x00.evil.test:443 HTTP/1.1\r\n\r\n"),
+])
+def test_malformed_and_smuggling_requests_are_refused(env, only_ok, clean, name, raw):
+    net, sd = env
+    res = client(sd, only_ok, "raw", raw.encode("latin-1").hex())
+    assert res["reply"].startswith("HTTP/1.1 400") or res["reply"].startswith("HTTP/1.1 403"), (name, res)
+    assert total(net, "ok") == ZERO and total(net, "evil") == ZERO
+
+
+def test_pipelined_request_after_a_body_is_not_relayed(env, only_ok, clean):
+    net, sd = env
+    raw = ("POST http://ok.example.test/one HTTP/1.1\r\nHost: ok.example.test\r\nContent-Length: 5\r\n\r\nhello"
+           "GET http://evil.test/two HTTP/1.1\r\n\r\n")
+    res = client(sd, only_ok, "raw", raw.encode().hex())
+    assert res["reply"].startswith("HTTP/1.1 200")
+    reqs = net.requests("ok")
+    assert [r["path"] for r in reqs] == ["/one"] and reqs[0]["body_len"] == 5
+    assert '"body": "hello"' in res["reply"]
+    assert total(net, "evil") == ZERO
+
+
+def test_chunked_body_is_framed(env, only_ok, clean):
+    net, sd = env
+    raw = ("POST http://ok.example.test/c HTTP/1.1\r\nHost: ok.example.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+           "5\r\nhello\r\n6;x=y\r\n world\r\n0\r\n\r\nGET http://evil.test/ HTTP/1.1\r\n\r\n")
+    res = client(sd, only_ok, "raw", raw.encode().hex())
+    assert res["reply"].startswith("HTTP/1.1 200"), res
+    assert net.requests("ok")[0]["body_len"] == 11 and '"body": "hello world"' in res["reply"]
+    assert total(net, "evil") == ZERO
+
+
+# --------------------------------------------------------------------------
+# Network off, operator ceiling, live changes, the log
+# --------------------------------------------------------------------------
+
+def test_network_off_means_no_proxy_and_no_dns(env, clean):
+    net, sd = env
+    sb = new_sandbox(env, allow_internet_access=False)
+    try:
+        code, out, _ = sh(sd, sb, "env | grep -ci proxy; true")
+        assert out.strip() == "0"
+        code, _, err = sh(sd, sb, "curl -sS -m 5 --proxy http://127.0.0.1:3128 http://ok.example.test/")
+        assert code == 7, err   # nothing listens
+        client_res = client(sd, sb, "direct", OK_IP, "80")
+        assert client_res["connected"] is False
+        assert net.dns_queries() == []
+        for sink in ("ok", "evil", "private", "metadata"):
+            assert total(net, sink) == ZERO
+        info = sd.request("GET", f"/sandboxes/{sb['sandboxID']}").json()
+        assert info["allowInternetAccess"] is False
+        assert info["network"]["denyOut"] == ["0.0.0.0/0"] and info["network"]["allowOut"] == []
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_operator_ceiling_applies_to_e2b_defaults(env, clean):
+    """Older SDKs always send allow_internet_access: true."""
+    net, sd = env
+    sb = new_sandbox(env, allow_internet_access=True, network={"allowOut": ["evil.example.org"]})
+    try:
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://evil.example.org/")
+        assert "denied" in out and "*.example.org" in out, out
+        assert total(net, "evil") == ZERO
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://evil.test/")
+        assert json.loads(out)["sink"] == "evil"
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_bad_network_specs_are_400_and_create_nothing(env):
+    net, sd = env
+    before = sd.list_ids()
+    for body in ({"network": {"allowOut": ["bad host"]}}, {"network": {"allowOut": "x"}},
+                 {"network": {"denyOut": [1]}}, {"allow_internet_access": "yes"},
+                 {"network": {"egressProxy": {"address": "1.2.3.4:8080"}}},
+                 {"network": {"allowOut": ["a..b.test"]}}, {"network": {"allowOut": ["a.test:0"]}}):
+        r = sd.request("POST", "/v2/sandboxes", {"templateID": "base", **body})
+        assert r.status == 400, (body, r)
+        assert r.json()["code"] == 400 and r.json()["message"]
+    assert sd.list_ids() == before
+
+
+def test_live_policy_change_closes_a_now_denied_tunnel(env, clean):
+    net, sd = env
+    sb = new_sandbox(env, allow_internet_access=False, network={"allowOut": ["ok.example.test"]})
+    try:
+        result = {}
+
+        def hold():
+            result["r"] = client(sd, sb, "hold", "ok.example.test", "9000", "20", timeout=60)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and net.sink_stats("ok")["echo"]["bytes"] < 10:
+            time.sleep(0.1)
+        assert net.sink_stats("ok")["echo"]["bytes"] >= 10
+        r = sd.request("PUT", f"/sandboxes/{sb['sandboxID']}/network", {"allowOut": ["api.example.test"],
+                                                                         "denyOut": ["0.0.0.0/0"]})
+        assert r.status == 204, r
+        t.join(60)
+        assert result["r"]["closed"] is True, result
+        info = sd.request("GET", f"/sandboxes/{sb['sandboxID']}").json()
+        assert info["network"]["allowOut"] == ["api.example.test"]
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://ok.example.test/")
+        assert "denied" in out
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://api.example.test/")
+        assert json.loads(out)["sink"] == "ok"
+        assert any("policy changed" in e["reason"] for e in log_of(sd, sb))
+        # a bad PUT changes nothing
+        r = sd.request("PUT", f"/sandboxes/{sb['sandboxID']}/network", {"allowOut": ["no such thing!"]})
+        assert r.status == 400
+        assert sd.request("GET", f"/sandboxes/{sb['sandboxID']}").json()["network"]["allowOut"] == \
+            ["api.example.test"]
+        # turning the network off removes the proxy; on again brings it back
+        r = sd.request("PUT", f"/sandboxes/{sb['sandboxID']}/network", {"allow_internet_access": False})
+        assert r.status == 204
+        code, _, _ = sh(sd, sb, "curl -sS -m 5 --proxy http://127.0.0.1:3128 http://api.example.test/")
+        assert code == 7
+        r = sd.request("PUT", f"/sandboxes/{sb['sandboxID']}/network", {"allowOut": ["ok.example.test"]})
+        assert r.status == 204
+        code, out, _ = sh(sd, sb, "curl -sS -m 5 http://ok.example.test/")
+        assert json.loads(out)["sink"] == "ok"
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_decisions_are_recorded_and_outlive_the_sandbox(env, clean):
+    net, sd = env
+    sb = new_sandbox(env, allow_internet_access=False, network={"allowOut": ["ok.example.test"]})
+    sh(sd, sb, "curl -sS -m 5 -d 12345 http://ok.example.test/rec; curl -sS -m 5 http://evil.test/")
+    assert sd.kill(sb["sandboxID"]).status == 204
+    log = log_of(sd, sb)
+    allow = [e for e in log if e["host"] == "ok.example.test"][-1]
+    assert allow["decision"] == "allow" and allow["address"] == OK_IP and allow["port"] == 80
+    assert allow["rule"] == "ok.example.test" and allow["method"] == "POST"
+    assert allow["bytesOut"] > 5 and allow["bytesIn"] > 100 and allow["durationMs"] >= 0
+    deny = [e for e in log if e["host"] == "evil.test"][-1]
+    assert deny["decision"] == "deny" and deny["bytesOut"] == 0 and deny["reason"]
+    ids = [e["id"] for e in log]
+    assert ids == sorted(ids)
+    assert log_of(sd, sb, after=ids[-1]) == []
+    # another team cannot read it
+    r = sd.request("GET", f"/sandboxes/{sb['sandboxID']}/egress", key="e2b_" + "0" * 40)
+    assert r.status == 401
+    r = sd.request("GET", f"/sandboxes/{sb['sandboxID']}/egress?limit=0")
+    assert r.status == 400
+
+
+# --------------------------------------------------------------------------
+# hutch run --net
+# --------------------------------------------------------------------------
+
+def test_hutch_run_net_rules(env, sandboxed_hutch, clean):
+    net, _ = env
+    base = [*net.daemon_cmd_prefix, str(sandboxed_hutch), "run", "--dns", net.dns_server,
+            "--net-open", "198.51.100.0/24"]
+
+    def run(*args):
+        return subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+
+    p = run("--net", "ok.example.test,!evil.test", "--net-log", "--",
+            "sh", "-c", "curl -sS -m 5 http://ok.example.test/run; echo; curl -sS -m 5 http://evil.test/")
+    assert '"sink": "ok"' in p.stdout and "denied" in p.stdout, p
+    lines = [json.loads(l)["egress"] for l in p.stderr.splitlines() if l.startswith('{"egress"')]
+    assert [(l["host"], l["decision"]) for l in lines] == [("ok.example.test", "allow"), ("evil.test", "deny")]
+    p = run("--net", "deny", "--", "sh", "-c", "env | grep -ci proxy; curl -sS -m 5 http://198.51.100.10/")
+    assert p.stdout.strip().startswith("0") and p.returncode != 0
+    p = run("--net", "not a rule", "--", "true")
+    assert p.returncode == 2 and "invalid --net" in p.stderr
+    assert total(net, "evil") == ZERO
