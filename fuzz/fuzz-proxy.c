@@ -1,30 +1,38 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The proxy request parsers (lib/egress/proxyreq.c, lib/egress/socks5.c) on
  * bytes a sandbox program sends. The first byte chooses the parser (even:
- * HTTP head, odd: SOCKS5) and, in its upper bits, a chunk size. Invariants,
+ * HTTP head, odd: SOCKS5), for HTTP the mode (bit 7 set: origin-form, as
+ * inside an intercepted tunnel) and, in bits 1-6, a chunk size. Invariants,
  * not just "no crash": the answer is the same fed whole, one byte at a time
  * and in chunks; no feed consumes more than it was given; a DONE head holds
- * only what the parser promises. */
+ * only what the parser promises; no head is accepted by both modes. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "egress/policy.h"
 #include "egress/proxyreq.h"
 #include "egress/socks5.h"
+#include "util/macro.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static proxyreq reqs[3];
+static proxyreq reqs[3], other;
 static socks5 socks[3];
 
-static int http_run(proxyreq *r, const uint8_t *d, size_t n, size_t step, size_t *ret_used) {
+static int http_run(proxyreq *r, bool origin, const uint8_t *d, size_t n, size_t step,
+                    size_t *ret_used) {
         size_t off = 0;
         int k = PROXYREQ_NEED_MORE;
 
-        proxyreq_init(r);
+        if (origin)
+                proxyreq_init_origin(r);
+        else
+                proxyreq_init(r);
         while (off < n) {
                 size_t len = step && step < n - off ? step : n - off, c = 0;
                 k = proxyreq_feed(r, d + off, len, &c);
@@ -40,6 +48,28 @@ static int http_run(proxyreq *r, const uint8_t *d, size_t n, size_t step, size_t
         return k;
 }
 
+/* Origin-form: host and port are the Host header's value, split. */
+static void origin_check(const proxyreq *r) {
+        const proxyreq_header *hh = proxyreq_find_header(r, "host");
+
+        if (r->connect || !r->path || streq(r->method, "CONNECT"))
+                abort();
+        if (r->path[0] == '*' && (r->path_len != 1 || !streq(r->method, "OPTIONS")))
+                abort();
+        if (!hh || hh->value_len < r->host_len || memcmp(hh->value, r->host, r->host_len) != 0)
+                abort();
+        if (hh->value_len == r->host_len ? r->port != 0
+                                         : r->port == 0 || hh->value[r->host_len] != ':')
+                abort();
+        if (strspn(hh->value,
+                   "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                   "-._~%:[]") != hh->value_len)
+                abort();
+        for (size_t i = 0; i < r->n_headers; i++)
+                if (&r->headers[i] != hh && strcasecmp(r->headers[i].name, "host") == 0)
+                        abort();
+}
+
 static void http_check(const proxyreq *r, size_t used) {
         egress_host h;
 
@@ -49,12 +79,17 @@ static void http_check(const proxyreq *r, size_t used) {
         if (!r->method || strlen(r->method) == 0 || strlen(r->method) > PROXYREQ_METHOD_MAX)
                 abort();
         if (r->host_len == 0 || r->host_len > EGRESS_HOST_INPUT_MAX ||
-            strlen(r->host) != r->host_len || memchr(r->host, '@', r->host_len) || r->port == 0)
+            strlen(r->host) != r->host_len || memchr(r->host, '@', r->host_len) ||
+            (r->port == 0 && !r->origin_form))
                 abort();
         if (r->connect != (r->path == NULL))
                 abort();
-        if (r->path && (r->path[0] != '/' || strlen(r->path) != r->path_len || strchr(r->path, '#')))
+        if (r->path &&
+            ((r->path[0] != '/' && !(r->origin_form && r->path[0] == '*')) ||
+             strlen(r->path) != r->path_len || strchr(r->path, '#')))
                 abort();
+        if (r->origin_form)
+                origin_check(r);
         if (r->has_content_length && r->chunked)
                 abort();
         for (size_t i = 0; i < r->n_headers; i++) {
@@ -71,13 +106,13 @@ static void http_check(const proxyreq *r, size_t used) {
                 abort();
 }
 
-static void fuzz_http(const uint8_t *d, size_t n, size_t step) {
-        size_t u[3];
+static void fuzz_http(const uint8_t *d, size_t n, size_t step, bool origin) {
+        size_t u[3], uo;
         int k[3];
 
-        k[0] = http_run(&reqs[0], d, n, 0, &u[0]);
-        k[1] = http_run(&reqs[1], d, n, 1, &u[1]);
-        k[2] = http_run(&reqs[2], d, n, step, &u[2]);
+        k[0] = http_run(&reqs[0], origin, d, n, 0, &u[0]);
+        k[1] = http_run(&reqs[1], origin, d, n, 1, &u[1]);
+        k[2] = http_run(&reqs[2], origin, d, n, step, &u[2]);
         for (int i = 1; i < 3; i++) {
                 if (k[i] != k[0] || u[i] != u[0])
                         abort();
@@ -87,14 +122,26 @@ static void fuzz_http(const uint8_t *d, size_t n, size_t step) {
                     (strcmp(reqs[i].host, reqs[0].host) != 0 || reqs[i].port != reqs[0].port ||
                      strcmp(reqs[i].method, reqs[0].method) != 0 ||
                      reqs[i].n_headers != reqs[0].n_headers ||
+                     reqs[i].origin_form != reqs[0].origin_form || reqs[i].connect != reqs[0].connect ||
+                     (reqs[i].path == NULL) != (reqs[0].path == NULL) ||
                      (reqs[0].path && strcmp(reqs[i].path, reqs[0].path) != 0) ||
+                     reqs[i].has_content_length != reqs[0].has_content_length ||
+                     reqs[i].content_length != reqs[0].content_length ||
+                     reqs[i].chunked != reqs[0].chunked ||
                      memcmp(reqs[i].buf, reqs[0].buf, reqs[0].head_len) != 0))
                         abort();
         }
         if (k[0] < 0 && (!reqs[0].why || u[0] > n))
                 abort();
-        if (k[0] == PROXYREQ_DONE)
+        if (reqs[0].origin_form != origin)
+                abort();
+        if (k[0] == PROXYREQ_DONE) {
                 http_check(&reqs[0], u[0]);
+                /* a forward-proxy head and an origin-form head never look
+                 * alike: the other mode refuses what this one accepted */
+                if (http_run(&other, !origin, d, n, 0, &uo) == PROXYREQ_DONE)
+                        abort();
+        }
 }
 
 static int socks_run(socks5 *s, const uint8_t *d, size_t n, size_t step, size_t *ret_used,
@@ -171,10 +218,10 @@ static void fuzz_socks5(const uint8_t *d, size_t n, size_t step) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (size < 1)
                 return 0;
-        size_t step = (size_t) (data[0] >> 1) % 31 + 2;
         if (data[0] & 1)
-                fuzz_socks5(data + 1, size - 1, step);
+                fuzz_socks5(data + 1, size - 1, (size_t) (data[0] >> 1) % 31 + 2);
         else
-                fuzz_http(data + 1, size - 1, step);
+                fuzz_http(data + 1, size - 1, (size_t) ((data[0] & 0x7f) >> 1) % 31 + 2,
+                          data[0] & 0x80);
         return 0;
 }

@@ -26,6 +26,11 @@ void proxyreq_init(proxyreq *r) {
         r->buf[0] = 0;
 }
 
+void proxyreq_init_origin(proxyreq *r) {
+        proxyreq_init(r);
+        r->origin_form = true;
+}
+
 /* RFC 9110 §5.6.2 tchar */
 static bool is_tchar(unsigned char c) {
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
@@ -43,8 +48,9 @@ static bool name_is(const char *a, size_t an, const char *b) {
 
 /* host [":" port] (RFC 9110 §4.2.1 without userinfo). The host is copied
  * raw; egress_host_parse_n() judges it. Ports are strict decimal: no sign,
- * no leading zero, 1..65535. */
-static int parse_authority(const char *a, size_t n, bool need_port, char *host,
+ * no leading zero, 1..65535. Without a port, *ret_port is default_port, or
+ * the authority is refused when default_port < 0. */
+static int parse_authority(const char *a, size_t n, int default_port, char *host,
                            size_t *ret_host_len, uint16_t *ret_port, const char **why) {
         const char *end = a + n, *hostend, *p;
         size_t hlen;
@@ -70,9 +76,9 @@ static int parse_authority(const char *a, size_t n, bool need_port, char *host,
         if (hlen > EGRESS_HOST_INPUT_MAX)
                 return *why = "host over 255 bytes", -EINVAL;
         if (hostend == end) {
-                if (need_port)
+                if (default_port < 0)
                         return *why = "CONNECT without a port", -EINVAL;
-                v = 80;
+                v = (unsigned long) default_port;
         } else {
                 if (*hostend != ':')
                         return *why = "unexpected character after the host", -EINVAL;
@@ -100,16 +106,43 @@ static int parse_authority(const char *a, size_t n, bool need_port, char *host,
         return 0;
 }
 
+/* Inside a tunnel whose TLS the proxy terminated, the sandbox talks to the
+ * origin server itself: origin-form (RFC 9112 §3.2.1), or asterisk-form for
+ * OPTIONS (§3.2.4). A target naming a host, or a CONNECT, would give the
+ * request a second destination besides the tunnel's. */
+static int parse_origin_target(proxyreq *r, char *t) {
+        if (r->connect)
+                return fail(r, -EINVAL, "CONNECT inside an intercepted tunnel");
+        if (t[0] == '*') {
+                if (t[1] != 0)
+                        return fail(r, -EINVAL, "request target is not origin-form");
+                /* methods are case-sensitive (RFC 9110 §9.1) */
+                if (!streq(r->method, "OPTIONS"))
+                        return fail(r, -EINVAL, "'*' target with a method other than OPTIONS");
+        } else if (t[0] != '/') {
+                if (strstr(t, "://"))
+                        return fail(r, -EINVAL, "absolute-form inside an intercepted tunnel");
+                return fail(r, -EINVAL, "request target is not origin-form");
+        }
+        if (strchr(t, '#'))
+                return fail(r, -EINVAL, "fragment in the request target");
+        r->path = t;
+        r->path_len = strlen(t);
+        return 0;
+}
+
 static int parse_target(proxyreq *r, char *t, size_t tlen) {
         const char *why = NULL;
         char *auth, *end;
         int k;
 
+        if (r->origin_form)
+                return parse_origin_target(r, t);
         if (r->connect) {
                 /* RFC 9110 §9.3.6: authority-form only, and the port is required */
                 if (strpbrk(t, "/?#"))
                         return fail(r, -EINVAL, "CONNECT target with a path");
-                k = parse_authority(t, tlen, true, r->host, &r->host_len, &r->port, &why);
+                k = parse_authority(t, tlen, -1, r->host, &r->host_len, &r->port, &why);
                 return k < 0 ? fail(r, k, why) : 0;
         }
 
@@ -126,8 +159,7 @@ static int parse_target(proxyreq *r, char *t, size_t tlen) {
                 return fail(r, -EINVAL, "fragment in the request target");
         auth = t + 7;
         end = auth + strcspn(auth, "/?");
-        k = parse_authority(auth, (size_t) (end - auth), false, r->host, &r->host_len, &r->port,
-                            &why);
+        k = parse_authority(auth, (size_t) (end - auth), 80, r->host, &r->host_len, &r->port, &why);
         if (k < 0)
                 return fail(r, k, why);
         if (*end != '/') {
@@ -210,6 +242,37 @@ static int check_connection(proxyreq *r, const proxyreq_header *h) {
         return 0;
 }
 
+/* RFC 3986 unreserved, '%' and the IP-literal and port punctuation. The
+ * sub-delims a reg-name may also hold (",;=!$&'()*+") are refused: no
+ * resolvable host has them, and "a.test,b.test" reads as a list. */
+static bool is_host_char(unsigned char c) {
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+                return true;
+        return c != 0 && strchr("-._~%:[]", c) != NULL;
+}
+
+/* In origin-form the Host header is the request's only name for its
+ * destination, and the caller compares it with the tunnel's host. So it is
+ * required in HTTP/1.0 as well (RFC 9112 §3.2 requires it in 1.1), and it
+ * must be exactly one well-formed authority. */
+static int check_origin_host(proxyreq *r, const proxyreq_header *host) {
+        const char *why = NULL;
+        int k;
+
+        if (!host)
+                return fail(r, -EINVAL, "origin-form request without Host");
+        if (host->value_len == 0)
+                return fail(r, -EINVAL, "empty Host header");
+        if (memchr(host->value, '@', host->value_len))
+                return fail(r, -EINVAL, "userinfo ('@') in the Host header");
+        for (size_t i = 0; i < host->value_len; i++)
+                if (!is_host_char((unsigned char) host->value[i]))
+                        return fail(r, -EINVAL, "bad character in the Host header");
+        /* port 0: the Host header names none; the tunnel's port applies */
+        k = parse_authority(host->value, host->value_len, 0, r->host, &r->host_len, &r->port, &why);
+        return k < 0 ? fail(r, k, why) : 0;
+}
+
 static int check_headers(proxyreq *r) {
         const proxyreq_header *host = NULL, *pauth = NULL;
         bool has_te = false;
@@ -256,6 +319,8 @@ static int check_headers(proxyreq *r) {
                         return fail(r, -EINVAL, "CONNECT with a body");
                 return 0;
         }
+        if (r->origin_form)
+                return check_origin_host(r, host);
         if (!host) {
                 /* RFC 9112 §3.2: a 1.1 request without Host is a 400 */
                 if (r->version_minor == 1)
@@ -268,7 +333,7 @@ static int check_headers(proxyreq *r) {
         size_t hlen;
         uint16_t hport;
         const char *why = NULL;
-        if (parse_authority(host->value, host->value_len, false, hh, &hlen, &hport, &why) < 0)
+        if (parse_authority(host->value, host->value_len, 80, hh, &hlen, &hport, &why) < 0)
                 return fail(r, -EINVAL, "malformed Host header");
         if (hlen != r->host_len || strncasecmp(hh, r->host, hlen) != 0 || hport != r->port)
                 return fail(r, -EINVAL, "Host header disagrees with the request target");

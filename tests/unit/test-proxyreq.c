@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The proxy request parsers (lib/egress/proxyreq.c, lib/egress/socks5.c):
- * every request is fed whole and one byte at a time, and both must agree.
+ * every request is fed whole and one byte at a time, and both must agree;
+ * origin-form heads are also fed in every two-piece split.
  * Hosts go through egress_host_parse_n() as the proxy will pass them. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -81,6 +82,77 @@ static void req_bad(const char *in, size_t n, int code, const char *why_part) {
 }
 
 #define BAD(in, code, why) req_bad(in, sizeof(in) - 1, code, why)
+
+/* Origin-form mode: fed whole, one byte at a time and in every two-piece
+ * split; all must give the same code, consumed count, reason and results. */
+static proxyreq split;
+
+static bool same_answer(const proxyreq *a, const proxyreq *b, int ka, int kb, size_t ca, size_t cb) {
+        if (ka != kb || ca != cb)
+                return false;
+        if (ka < 0)
+                return a->why && b->why && streq(a->why, b->why);
+        if (ka == PROXYREQ_NEED_MORE)
+                return true;
+        return a->origin_form == b->origin_form && a->connect == b->connect &&
+                streq(a->method, b->method) && streq(a->host, b->host) &&
+                a->host_len == b->host_len && a->port == b->port && a->path_len == b->path_len &&
+                streq(a->path, b->path) && a->n_headers == b->n_headers &&
+                a->has_content_length == b->has_content_length &&
+                a->content_length == b->content_length && a->chunked == b->chunked &&
+                a->head_len == b->head_len;
+}
+
+static int origin_feed(const char *s, size_t n, size_t *ret_consumed, bool *ret_agree) {
+        size_t c1 = 0, c2 = 0, c;
+        int k1, k2 = PROXYREQ_NEED_MORE;
+        bool agree;
+
+        proxyreq_init_origin(&whole);
+        proxyreq_init_origin(&bytewise);
+        k1 = proxyreq_feed(&whole, s, n, &c1);
+        for (size_t i = 0; i < n && k2 == PROXYREQ_NEED_MORE; i++) {
+                k2 = proxyreq_feed(&bytewise, s + i, 1, &c);
+                c2 += c;
+        }
+        agree = same_answer(&whole, &bytewise, k1, k2, c1, c2);
+        for (size_t cut = 1; cut < n && agree; cut++) {
+                size_t a = 0, b = 0;
+                int k;
+                proxyreq_init_origin(&split);
+                k = proxyreq_feed(&split, s, cut, &a);
+                if (k == PROXYREQ_NEED_MORE)
+                        k = proxyreq_feed(&split, s + cut, n - cut, &b);
+                agree = same_answer(&whole, &split, k1, k, c1, a + b);
+        }
+        *ret_consumed = c1;
+        *ret_agree = agree;
+        return k1;
+}
+
+static void origin_ok(const char *in, const char *method, const char *host, unsigned port,
+                      const char *path) {
+        size_t n = strlen(in), consumed;
+        bool agree;
+        int k = origin_feed(in, n, &consumed, &agree);
+        bool good = k == PROXYREQ_DONE && agree && consumed == whole.head_len &&
+                whole.origin_form && !whole.connect && streq(whole.method, method) &&
+                streq(whole.host, host) && whole.host_len == strlen(host) && whole.port == port &&
+                whole.path && streq(whole.path, path) && whole.path_len == strlen(path);
+        ok(good, "origin-form \"%s\" -> %s %s %u %s (got %d %s)", show_n(in, n), method, host, port,
+           path, k, k < 0 ? whole.why : "");
+}
+
+static void origin_bad(const char *in, size_t n, int code, const char *why_part) {
+        size_t consumed;
+        bool agree;
+        int k = origin_feed(in, n, &consumed, &agree);
+        ok(k == code && agree && consumed <= n && whole.why && strstr(whole.why, why_part),
+           "origin-form \"%s\" refused: %s (got %d %s)", show_n(in, n), why_part, k,
+           whole.why ? whole.why : "");
+}
+
+#define OBAD(in, code, why) origin_bad(in, sizeof(in) - 1, code, why)
 
 /* ------------------------------------------------------------- HTTP heads */
 
@@ -396,6 +468,292 @@ static void test_http_refusals(void) {
            "feeding after an error returns it again and consumes nothing");
 }
 
+/* ------------------------------------------------- origin-form heads */
+
+static void test_origin_happy(void) {
+        egress_host h;
+        size_t consumed;
+        bool agree;
+        int k;
+
+        origin_ok("GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", "GET", "a.test", 0, "/");
+        origin_ok("GET /path?q=1&r=%20 HTTP/1.1\r\nHost: api.example.com:443\r\n"
+                  "User-Agent: t\r\n\r\n",
+                  "GET", "api.example.com", 443, "/path?q=1&r=%20");
+        origin_ok("GET /x HTTP/1.0\r\nHost: [2001:db8::1]:8443\r\n\r\n", "GET", "[2001:db8::1]",
+                  8443, "/x");
+        origin_ok("GET //x/../y HTTP/1.1\r\nhost:\t A.Test. \r\n\r\n", "GET", "A.Test.", 0,
+                  "//x/../y");
+        origin_ok("PUT /?a HTTP/1.1\r\nX-A: 1\r\nHOST: 127.1:65535\r\n\r\n", "PUT", "127.1", 65535,
+                  "/?a");
+        origin_ok("OPTIONS * HTTP/1.1\r\nHost: a.test\r\n\r\n", "OPTIONS", "a.test", 0, "*");
+        origin_ok("OPTIONS /* HTTP/1.1\r\nHost: a.test\r\n\r\n", "OPTIONS", "a.test", 0, "/*");
+        origin_ok("get /x HTTP/1.1\r\nHost: a.test\r\n\r\n", "get", "a.test", 0, "/x");
+        /* the path is the origin server's to read, as in absolute-form */
+        origin_ok("GET /a\\..\\b;c=%zz HTTP/1.1\r\nHost: a.test\r\n\r\n", "GET", "a.test", 0,
+                  "/a\\..\\b;c=%zz");
+        /* forward-proxy credentials are parsed like any header (and dropped
+         * as hop-by-hop); the target is what counts */
+        origin_ok("GET /x HTTP/1.1\r\nHost: a.test\r\nProxy-Authorization: Basic eA==\r\n\r\n",
+                  "GET", "a.test", 0, "/x");
+
+        /* the host text goes to egress_host_parse_n() */
+        static const char v4[] = "GET / HTTP/1.1\r\nHost: 127.1:8443\r\n\r\n";
+        origin_feed(v4, sizeof v4 - 1, &consumed, &agree);
+        ok(egress_host_parse_n(whole.host, whole.host_len, &h) == 0 && h.kind == EGRESS_HOST_IPV4 &&
+                   streq(h.text, "127.0.0.1") && whole.port == 8443,
+           "origin-form Host 127.1:8443 -> egress host 127.0.0.1 port 8443");
+        static const char pct[] = "GET / HTTP/1.1\r\nHost: a%2e.test\r\n\r\n";
+        origin_feed(pct, sizeof pct - 1, &consumed, &agree);
+        ok(whole.done && egress_host_parse_n(whole.host, whole.host_len, &h) == -EINVAL,
+           "origin-form Host with '%%' framed, refused by egress_host_parse_n");
+
+        /* body framing; the body is left to the caller */
+        static const char post[] = "POST /u HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n"
+                                   "content-length: 5\r\n\r\nhello";
+        k = origin_feed(post, sizeof post - 1, &consumed, &agree);
+        ok(k == PROXYREQ_DONE && agree && whole.has_content_length && whole.content_length == 5 &&
+                   !whole.chunked && consumed == sizeof post - 6 && whole.head_len == consumed,
+           "origin-form POST with Content-Length, body left unconsumed");
+        static const char chunk[] = "POST /u HTTP/1.1\r\nHost: a.test\r\n"
+                                    "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+        k = origin_feed(chunk, sizeof chunk - 1, &consumed, &agree);
+        ok(k == PROXYREQ_DONE && agree && whole.chunked && !whole.has_content_length &&
+                   consumed == sizeof chunk - 1 - strlen("5\r\nhello\r\n0\r\n\r\n"),
+           "origin-form POST with Transfer-Encoding: chunked, body left unconsumed");
+        k = origin_feed("GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", 32, &consumed, &agree);
+        ok(k == PROXYREQ_DONE && agree && !whole.has_content_length && !whole.chunked,
+           "origin-form GET without a body");
+
+        /* hop-by-hop classification is the same as in the forward mode */
+        static const char hop_req[] = "GET /x HTTP/1.1\r\n"
+                                      "Host: a.test\r\n"
+                                      "Connection: keep-alive, X-Secret\r\n"
+                                      "X-Secret: 1\r\n"
+                                      "Keep-Alive: 5\r\n"
+                                      "Upgrade: websocket\r\n"
+                                      "Transfer-Encoding: chunked\r\n"
+                                      "Accept: */*\r\n"
+                                      "\r\n";
+        static const bool hop[] = { false, true, true, true, true, false, false };
+        k = origin_feed(hop_req, sizeof hop_req - 1, &consumed, &agree);
+        ok(k == PROXYREQ_DONE && agree && whole.n_headers == ELEMENTSOF(hop),
+           "origin-form request with hop-by-hop headers parses");
+        for (size_t i = 0; i < ELEMENTSOF(hop); i++)
+                ok(proxyreq_header_is_hop_by_hop(&whole, i) == hop[i],
+                   "origin-form header %s hop-by-hop: %s", whole.headers[i].name,
+                   hop[i] ? "yes" : "no");
+        const proxyreq_header *hh = proxyreq_find_header(&whole, "HOST");
+        ok(hh && streq(hh->value, "a.test"), "origin-form Host header found");
+}
+
+/* Keep-alive: one head after another on the same stream, each parsed by a
+ * fresh proxyreq_init_origin(). */
+static void test_origin_keepalive(void) {
+        static const char two[] = "POST /a HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\n"
+                                  "abc"
+                                  "GET /b?c HTTP/1.1\r\nHost: a.test:443\r\n\r\n"
+                                  "GET /c HTTP/1.1\r\n";
+        proxyreq r;
+        size_t c = 0, off = 0;
+        int k;
+
+        proxyreq_init_origin(&r);
+        k = proxyreq_feed(&r, two, sizeof two - 1, &c);
+        ok(k == PROXYREQ_DONE && streq(r.path, "/a") && r.content_length == 3 && c == r.head_len,
+           "keep-alive: first head done, %zu bytes", c);
+        off = c + r.content_length;
+        k = proxyreq_feed(&r, two + off, sizeof two - 1 - off, &c);
+        ok(k == PROXYREQ_DONE && c == 0, "keep-alive: DONE sticky until re-initialised");
+
+        proxyreq_init_origin(&r);
+        ok(r.origin_form && !r.done && r.n_headers == 0 && r.path == NULL,
+           "proxyreq_init_origin() resets the state and keeps the mode");
+        k = proxyreq_feed(&r, two + off, sizeof two - 1 - off, &c);
+        ok(k == PROXYREQ_DONE && streq(r.path, "/b?c") && streq(r.host, "a.test") &&
+                   r.port == 443 && !r.has_content_length,
+           "keep-alive: second head done");
+        off += c;
+        proxyreq_init_origin(&r);
+        k = proxyreq_feed(&r, two + off, sizeof two - 1 - off, &c);
+        ok(k == PROXYREQ_NEED_MORE && off + c == sizeof two - 1,
+           "keep-alive: third head incomplete, need more");
+
+        /* a stray CRLF between requests (RFC 9112 §2.2 "SHOULD ignore") is
+         * refused, as in the forward mode */
+        OBAD("\r\nGET / HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL, "empty request line");
+
+        /* the two modes are separate */
+        proxyreq_init(&r);
+        ok(!r.origin_form, "proxyreq_init() is the forward mode");
+        k = proxyreq_feed(&r, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", 32, &c);
+        ok(k == -EINVAL && strstr(r.why, "origin-form target"),
+           "forward mode still refuses origin-form");
+}
+
+static void test_origin_refusals(void) {
+        static char big[PROXYREQ_HEAD_MAX + 64];
+        size_t o, consumed;
+        bool agree;
+        int k;
+
+        /* a second destination inside the tunnel */
+        OBAD("CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n", -EINVAL,
+             "CONNECT inside an intercepted tunnel");
+        OBAD("CONNECT b.test:443 HTTP/1.1\r\n\r\n", -EINVAL, "CONNECT inside an intercepted tunnel");
+        OBAD("CONNECT / HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "CONNECT inside an intercepted tunnel");
+        OBAD("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "absolute-form inside an intercepted tunnel");
+        OBAD("GET https://b.test/x HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "absolute-form inside an intercepted tunnel");
+        OBAD("GET HTTP://a.test HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "absolute-form inside an intercepted tunnel");
+        OBAD("GET ftp://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "absolute-form inside an intercepted tunnel");
+        OBAD("GET a.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "request target is not origin-form");
+        OBAD("GET x HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL, "request target is not origin-form");
+        OBAD("GET ?x HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL, "request target is not origin-form");
+        OBAD("OPTIONS *x HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "request target is not origin-form");
+        OBAD("OPTIONS */ HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "request target is not origin-form");
+        OBAD("GET * HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "'*' target with a method other than OPTIONS");
+        OBAD("options * HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "'*' target with a method other than OPTIONS");
+        OBAD("GET /a#f HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL, "fragment in the request target");
+
+        /* Host: required, one, a plain authority */
+        OBAD("GET / HTTP/1.1\r\n\r\n", -EINVAL, "origin-form request without Host");
+        OBAD("GET / HTTP/1.0\r\n\r\n", -EINVAL, "origin-form request without Host");
+        OBAD("GET / HTTP/1.1\r\nX-Host: a.test\r\n\r\n", -EINVAL, "origin-form request without Host");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "more than one Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\r\nhost: b.test\r\n\r\n", -EINVAL,
+             "more than one Host header");
+        OBAD("GET / HTTP/1.1\r\nHost:\r\n\r\n", -EINVAL, "empty Host header");
+        OBAD("GET / HTTP/1.1\r\nHost:  \t \r\n\r\n", -EINVAL, "empty Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: u@a.test\r\n\r\n", -EINVAL, "userinfo ('@') in the Host");
+        OBAD("GET / HTTP/1.1\r\nHost: u:p@a.test:443\r\n\r\n", -EINVAL, "userinfo");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test@b.test\r\n\r\n", -EINVAL, "userinfo");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test, b.test\r\n\r\n", -EINVAL,
+             "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test,b.test\r\n\r\n", -EINVAL,
+             "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a test\r\n\r\n", -EINVAL, "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a\ttest\r\n\r\n", -EINVAL, "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test/x\r\n\r\n", -EINVAL, "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test?x\r\n\r\n", -EINVAL, "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test#x\r\n\r\n", -EINVAL, "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\\b.test\r\n\r\n", -EINVAL,
+             "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.t\xc3\xa9st\r\n\r\n", -EINVAL,
+             "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: \"a.test\"\r\n\r\n", -EINVAL,
+             "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test;b\r\n\r\n", -EINVAL, "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\x01\r\n\r\n", -EINVAL, "control character");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\0\r\n\r\n", -EINVAL, "NUL byte");
+        OBAD("GET / HTTP/1.1\r\nHost: http://a.test\r\n\r\n", -EINVAL,
+             "bad character in the Host header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test:\r\n\r\n", -EINVAL, "empty port");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test:0\r\n\r\n", -EINVAL, "port 0");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test:0443\r\n\r\n", -EINVAL, "leading zero");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test:65536\r\n\r\n", -EINVAL, "port over 65535");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test:443:443\r\n\r\n", -EINVAL, "not a decimal number");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test:44a\r\n\r\n", -EINVAL, "not a decimal number");
+        OBAD("GET / HTTP/1.1\r\nHost: ::1\r\n\r\n", -EINVAL, "empty host");
+        OBAD("GET / HTTP/1.1\r\nHost: :443\r\n\r\n", -EINVAL, "empty host");
+        OBAD("GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", -EINVAL, "unclosed '['");
+        OBAD("GET / HTTP/1.1\r\nHost: [::1]x\r\n\r\n", -EINVAL,
+             "unexpected character after the host");
+        OBAD("GET / HTTP/1.1\r\nHost : a.test\r\n\r\n", -EINVAL, "whitespace before the colon");
+        OBAD("GET / HTTP/1.1\r\nConnection: host\r\nHost: a.test\r\n\r\n", -EINVAL,
+             "Connection header names a framing header");
+
+        /* smuggling shapes: the same refusals as the forward mode */
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n",
+             -EINVAL, "both Content-Length and Transfer-Encoding");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n"
+             "Content-Length: 0\r\n\r\n",
+             -EINVAL, "both Content-Length and Transfer-Encoding");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+             -EINVAL, "Content-Length headers disagree");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3, 3\r\n\r\n", -EINVAL,
+             "Content-Length is not a number");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 0x3\r\n\r\n", -EINVAL,
+             "Content-Length is not a number");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+             -EINVAL, "Transfer-Encoding other than chunked");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n",
+             -EINVAL, "more than one Transfer-Encoding");
+        OBAD("POST / HTTP/1.0\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n", -EINVAL,
+             "Transfer-Encoding in an HTTP/1.0 request");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding : chunked\r\n\r\n", -EINVAL,
+             "whitespace before the colon");
+        OBAD("POST / HTTP/1.1\r\nHost: a.test\r\nConnection: Transfer-Encoding\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n",
+             -EINVAL, "Connection header names a framing header");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\r\nX: a\r\n b\r\n\r\n", -EINVAL, "obs-fold");
+        OBAD("GET / HTTP/1.1\r\n Host: b.test\r\nHost: a.test\r\n\r\n", -EINVAL, "obs-fold");
+        OBAD("GET / HTTP/1.1\nHost: a.test\n\n", -EINVAL, "bare LF");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\n\r\n", -EINVAL, "bare LF");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\rX: y\r\n\r\n", -EINVAL, "CR not followed by LF");
+        OBAD("GET /\x0b HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL, "control character");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\r\nX\xc3\xa9: v\r\n\r\n", -EINVAL,
+             "malformed header name");
+        OBAD("GET  / HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL, "malformed request target");
+        OBAD("GET / HTTP/1.1 \r\nHost: a.test\r\n\r\n", -EINVAL, "malformed HTTP version");
+        OBAD("GET /\xc3\xa9 HTTP/1.1\r\nHost: a.test\r\n\r\n", -EINVAL, "malformed request target");
+        OBAD("GET / HTTP/1.2\r\nHost: a.test\r\n\r\n", -EPROTONOSUPPORT,
+             "HTTP version other than 1.0 or 1.1");
+        /* the HTTP/2 connection preface, if a client ignored ALPN */
+        OBAD("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", -EPROTONOSUPPORT,
+             "HTTP version other than 1.0 or 1.1");
+        OBAD("GET / HTTP/1.1\r\nHost: a.test\r\nProxy-Authorization: a\r\n"
+             "Proxy-Authorization: b\r\n\r\n",
+             -EINVAL, "more than one Proxy-Authorization");
+
+        /* limits */
+        o = (size_t) snprintf(big, sizeof big, "GET / HTTP/1.1\r\nHost: a.test\r\n");
+        for (int i = 1; i < PROXYREQ_HEADERS_MAX; i++)
+                o += (size_t) snprintf(big + o, sizeof big - o, "X-%d: v\r\n", i);
+        memcpy(big + o, "\r\n", 3);
+        k = origin_feed(big, o + 2, &consumed, &agree);
+        ok(k == PROXYREQ_DONE && agree && whole.n_headers == 100,
+           "origin-form: 100 headers accepted");
+        o += (size_t) snprintf(big + o, sizeof big - o, "X-last: v\r\n\r\n");
+        origin_bad(big, o, -E2BIG, "more than 100 headers");
+
+        o = (size_t) snprintf(big, sizeof big, "GET / HTTP/1.1\r\nHost: a.test\r\nX: ");
+        memset(big + o, 'a', PROXYREQ_HEAD_MAX - o - 3);
+        memcpy(big + PROXYREQ_HEAD_MAX - 3, "\r\n\r\n", 4);
+        origin_bad(big, PROXYREQ_HEAD_MAX + 1, -E2BIG, "over 16 KiB");
+
+        o = (size_t) snprintf(big, sizeof big, "GET / HTTP/1.1\r\nHost: ");
+        memset(big + o, 'a', 256);
+        o += 256;
+        o += (size_t) snprintf(big + o, sizeof big - o, ":443\r\n\r\n");
+        origin_bad(big, o, -EINVAL, "host over 255 bytes");
+
+        /* errors are sticky */
+        size_t c = 9;
+        ok(proxyreq_feed(&whole, "GET", 3, &c) == -EINVAL && c == 0,
+           "origin-form: feeding after an error returns it again and consumes nothing");
+
+        o = (size_t) snprintf(big, sizeof big, "GET / HTTP/1.1\r\nHost: ");
+        memset(big + o, 'a', 255);
+        o += 255;
+        o += (size_t) snprintf(big + o, sizeof big - o, ":443\r\n\r\n");
+        k = origin_feed(big, o, &consumed, &agree);
+        ok(k == PROXYREQ_DONE && agree && whole.host_len == 255 && whole.port == 443,
+           "origin-form: 255-byte Host accepted");
+}
+
 /* ---------------------------------------------------------------- SOCKS5 */
 
 static socks5 s_whole, s_bytes;
@@ -579,6 +937,9 @@ int main(void) {
         test_http_helpers();
         test_http_limits();
         test_http_refusals();
+        test_origin_happy();
+        test_origin_keepalive();
+        test_origin_refusals();
         test_socks5();
         return tap_done();
 }
