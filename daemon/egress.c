@@ -22,6 +22,8 @@
 #include "daemon/server.h"
 #include "egress/policy.h"
 #include "egress/proxy.h"
+#include "egress/tlsmint.h"
+#include "util/fdutil.h"
 #include "util/log.h"
 #include "util/macro.h"
 
@@ -132,6 +134,29 @@ int egress_setup(server *srv) {
         };
         if ((r = nameservers_setup(srv, &pc)) < 0)
                 return r;
+        char why[256] = "";
+        r = tlsmint_new(srv->cfg.data_dir, srv->cfg.egress_upstream_ca[0] ? srv->cfg.egress_upstream_ca : NULL,
+                        &srv->mint, why, sizeof why);
+        if (r < 0)
+                return log_error("egress CA: %s", why), r;
+        pc.mint = srv->mint;
+        /* what sandboxes trust: the host's bundle and the deployment CA */
+        {
+                const char *ca = tlsmint_ca_pem(srv->mint);
+                char *host = NULL;
+                int k = read_file_at(AT_FDCWD, "/etc/ssl/certs/ca-certificates.crt", 16 << 20, &host);
+                size_t hl = k >= 0 && host ? strlen(host) : 0;
+                srv->ca_bundle_len = hl + 1 + strlen(ca);
+                srv->ca_bundle = malloc(srv->ca_bundle_len + 1);
+                if (!srv->ca_bundle) {
+                        free(host);
+                        return -ENOMEM;
+                }
+                snprintf(srv->ca_bundle, srv->ca_bundle_len + 1, "%s%s%s", hl ? host : "",
+                         hl && host[hl - 1] != '\n' ? "\n" : "", ca);
+                srv->ca_bundle_len = strlen(srv->ca_bundle);
+                free(host);
+        }
         if ((r = egress_proxy_new(&pc, &srv->egress)) < 0)
                 return log_error_errno(r, "egress proxy: %m");
         srv->egress_w.cb = on_proxy;
@@ -148,6 +173,9 @@ void egress_teardown(server *srv) {
                 loop_del(srv, &srv->egress_w);
         srv->egress = egress_proxy_free(srv->egress);
         egress_ceiling_unrefp(&srv->egress_ceiling);
+        srv->mint = tlsmint_free(srv->mint);
+        free(srv->ca_bundle);
+        srv->ca_bundle = NULL;
 }
 
 /* ----------------------------------------------------------------- specs */
@@ -331,7 +359,29 @@ void egress_sbx_stop(server *srv, sbx *sb) {
         sb->egress = NULL;
 }
 
+#define SBX_CA_BUNDLE "/etc/ssl/certs/ca-certificates.crt"
+#define SBX_CA_FILE "/etc/ssl/certs/hutch-egress-ca.pem"
+
+int egress_sbx_install_ca(server *srv, sbx *sb, hutch_error *err) {
+        static const hutch_fs_user root = { 0, 0 };
+        if (!srv->mint)
+                return 0;
+        const char *ca = tlsmint_ca_pem(srv->mint);
+        int r = hutch_fs_write_buffer(sb->h, &root, SBX_CA_FILE, ca, strlen(ca), err);
+        if (r >= 0)
+                r = hutch_fs_write_buffer(sb->h, &root, SBX_CA_BUNDLE, srv->ca_bundle, srv->ca_bundle_len, err);
+        sbx_mark_dirty(sb);
+        return r;
+}
+
 void egress_sbx_env(server *srv, sbx *sb, json_t *env) {
+        if (srv->mint) {
+                /* every TLS stack's way of naming its trust store */
+                json_object_set_new(env, "SSL_CERT_FILE", json_string(SBX_CA_BUNDLE));
+                json_object_set_new(env, "REQUESTS_CA_BUNDLE", json_string(SBX_CA_BUNDLE));
+                json_object_set_new(env, "CURL_CA_BUNDLE", json_string(SBX_CA_BUNDLE));
+                json_object_set_new(env, "NODE_EXTRA_CA_CERTS", json_string(SBX_CA_FILE));
+        }
         if (!sb->egress)
                 return;
         char vars[8][64];

@@ -183,6 +183,8 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, hut
                 hutch_error_set(err, r, "epoll: %s", strerror(-r));
         else
                 r = sbx_write_identity(sb, err);
+        if (r >= 0)
+                r = egress_sbx_install_ca(srv, sb, err);
         if (r < 0) {
                 hutch_error e2 = { 0 };
                 loop_del(srv, &sb->w);

@@ -47,6 +47,7 @@ typedef struct server_config {
         char egress_deny[4096];
         char egress_open[1024];      /* reserved ranges opened */
         char dns[256];               /* nameservers; empty: /etc/resolv.conf */
+        char egress_upstream_ca[1024]; /* extra CAs trusted for intercepted upstreams */
         uint64_t egress_port;
         uint64_t egress_connections; /* per sandbox, open at once */
         uint64_t egress_bandwidth;   /* per sandbox and direction, bytes/s; 0: unlimited */
@@ -203,6 +204,9 @@ struct server {
         int64_t default_team;
         struct egress_proxy *egress;
         struct egress_ceiling *egress_ceiling;
+        struct tlsmint *mint;   /* the deployment CA: TLS interception for credential rules */
+        char *ca_bundle;        /* the host's CA bundle plus the deployment CA, for sandboxes */
+        size_t ca_bundle_len;
         watcher egress_w;
         uint64_t resumes;       /* connections resumed so far (the loop serves them before sleeping) */
         sbx *pool;              /* warm pool: ready sandboxes without a row */
@@ -357,6 +361,8 @@ int secrets_rules_validate(json_t *rules, struct egress_inject *x, char *why, si
 int secrets_build_inject(server *srv, sbx *sb, json_t *rules, struct egress_inject **ret);
 int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, char **ret, size_t *ret_len);
 void egress_sbx_refresh_inject(server *srv, sbx *sb);
+/* The deployment CA into the sandbox's trust store. */
+int egress_sbx_install_ca(server *srv, sbx *sb, hutch_error *err);
 /* Process envs (envd Start): placeholders for secret references, which the
  * sandbox's proxy then honours. */
 int egress_sbx_env_secrets(server *srv, sbx *sb, json_t *env, char *why, size_t wl);

@@ -306,6 +306,34 @@ static void out_free(out *o) {
         o->buf = NULL;
 }
 
+void egress_inject_result_clear(egress_inject_result *r) {
+        if (r->head) {
+                explicit_bzero(r->head, r->head_len);
+                free(r->head);
+        }
+        for (size_t i = 0; i < r->n_values; i++) {
+                explicit_bzero(r->values[i], r->value_lens[i]);
+                free(r->values[i]);
+        }
+        memset(r, 0, sizeof *r);
+}
+
+/* Keep a copy of a value put into the head (for masking the response). */
+static int value_keep(egress_inject_result *ret, const char *v, size_t n) {
+        for (size_t i = 0; i < ret->n_values; i++)
+                if (ret->value_lens[i] == n && memcmp(ret->values[i], v, n) == 0)
+                        return 0;
+        if (ret->n_values == EGRESS_INJECT_VALUES_MAX || n == 0)
+                return 0; /* beyond that many, the first ones are masked */
+        char *c = malloc(n);
+        if (!c)
+                return -ENOMEM;
+        memcpy(c, v, n);
+        ret->values[ret->n_values] = c;
+        ret->value_lens[ret->n_values++] = n;
+        return 0;
+}
+
 static void used_add(egress_inject_result *ret, const char *what) {
         size_t l = strlen(ret->used);
         if (l && l + 2 < sizeof ret->used)
@@ -346,8 +374,11 @@ static int emit_value(const egress_inject *x, const egress_host *h, uint16_t por
                         return -ENOENT;
                 }
                 bool bad = memchr(val, '\r', len) || memchr(val, '\n', len) || memchr(val, 0, len);
-                if (!bad)
+                if (!bad) {
                         out_add(o, val, len);
+                        if (value_keep(ret, val, len) < 0)
+                                o->overflow = true;
+                }
                 explicit_bzero(val, len);
                 free(val);
                 if (bad) {
@@ -381,8 +412,11 @@ static int emit_template(const char *tpl, egress_resolve_fn resolve, void *ud, o
                         return -ENOENT;
                 }
                 bool bad = memchr(val, '\r', len) || memchr(val, '\n', len) || memchr(val, 0, len);
-                if (!bad)
+                if (!bad) {
                         out_add(o, val, len);
+                        if (value_keep(ret, val, len) < 0)
+                                o->overflow = true;
+                }
                 explicit_bzero(val, len);
                 free(val);
                 if (bad) {
@@ -455,12 +489,11 @@ int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t p
                 used_add(ret, tagged);
         }
         out_str(&o, "Connection: close\r\n\r\n");
-        if (k < 0) {
+        if (k < 0 || o.overflow) {
                 out_free(&o);
-                return k;
-        }
-        if (o.overflow) {
-                out_free(&o);
+                egress_inject_result_clear(ret);
+                if (k < 0)
+                        return k;
                 snprintf(why, whylen, "the rewritten request head is too large");
                 return -E2BIG;
         }

@@ -64,11 +64,21 @@ typedef int (*egress_resolve_fn)(void *userdata, const char *name, char **ret, s
 /* Why a head was refused: -EACCES (a placeholder for a secret not bound to
  * this host), -ENOENT (a referenced secret does not exist), -E2BIG (the
  * result is too large), -EINVAL (a resolved value holds CR/LF/NUL). */
+#define EGRESS_INJECT_VALUES_MAX 8
 typedef struct egress_inject_result {
         char *head; /* the head to send, malloc'ed: wipe and free it */
         size_t head_len;
         char used[256]; /* names of the secrets and transforms applied, comma-separated */
+        /* Copies of the distinct secret values put into the head (at most
+         * EGRESS_INJECT_VALUES_MAX), so that the proxy can mask them in the
+         * response: an upstream that echoes a header must not hand the
+         * value to the sandbox. Wipe and free with egress_inject_result_clear(). */
+        char *values[EGRESS_INJECT_VALUES_MAX];
+        size_t value_lens[EGRESS_INJECT_VALUES_MAX];
+        size_t n_values;
 } egress_inject_result;
+
+void egress_inject_result_clear(egress_inject_result *r);
 
 /* Rewrite request head r (absolute-form or origin-form; proxyreq says) for
  * destination h:port. x may be NULL (no rewriting but the framing ones). */

@@ -17,6 +17,8 @@
  * conn_arm() after every step, so no step has to remember to re-arm.
  */
 #include <arpa/inet.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -40,6 +42,7 @@
 #include "egress/proxyreq.h"
 #include "egress/socks5.h"
 #include "egress/tlshello.h"
+#include "egress/tlsmint.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/macro.h"
@@ -55,8 +58,10 @@
 #define THROTTLE_MS 20
 #define ACCEPTS_PER_WAKE 32
 #define DNS_ADDRS_TRY 8
+#define MASK_VALUE_MAX 8192   /* secret values longer than this are not masked in responses */
 
 enum ev_kind { EV_LISTEN = 1, EV_CLIENT, EV_UPSTREAM, EV_DNS, EV_TIMER };
+enum { ICPT_HEAD = 1, ICPT_BODY, ICPT_RESPONSE };
 
 typedef struct ev {
         uint8_t kind;
@@ -131,6 +136,28 @@ struct conn {
         uint64_t bytes_out, bytes_in;
 
         char injected[256];        /* secrets and rules applied */
+        /* Secret values sent upstream on this connection: masked ('*', same
+         * length, so framing holds) wherever they come back in the
+         * response. The last mask_max - 1 bytes wait until more arrive. */
+        char *mask[EGRESS_INJECT_VALUES_MAX];
+        size_t mask_len[EGRESS_INJECT_VALUES_MAX];
+        size_t n_mask, mask_max;
+        uint8_t *hold; /* interception: plaintext held back */
+        size_t hold_len;
+
+        /* TLS interception (hosts with credential rules): the proxy is the
+         * TLS server to the sandbox and a verifying TLS client upstream.
+         * Ciphertext moves between the sockets and memory BIOs; c2u/u2c
+         * then hold ciphertext bound for the upstream / the client. */
+        bool icpt;
+        SSL *tcl, *tup;
+        BIO *tcl_in, *tcl_out, *tup_in, *tup_out; /* owned by their SSL */
+        bool tcl_ready, tup_ready;
+        int icpt_phase;     /* ICPT_HEAD, ICPT_BODY, ICPT_RESPONSE */
+        bool icpt_failed;   /* an answer to the client is queued; close once it is out */
+        bool tup_eof;       /* the upstream's response ended */
+        const char *tup_error;
+        proxyreq *oreq;     /* the origin-form head inside the tunnel */
         const char *error_reason; /* set when the proxy refused or failed */
         bool refused_after_allow;  /* the policy allowed it, then the tunnel's first bytes did not pass */
         char error_detail[160];
@@ -322,6 +349,17 @@ static void proxy_bury(egress_proxy *p) {
                 free(c->framer);
                 free(c->c2u.data);
                 free(c->u2c.data);
+                for (size_t i = 0; i < c->n_mask; i++) {
+                        explicit_bzero(c->mask[i], c->mask_len[i]);
+                        free(c->mask[i]);
+                }
+                if (c->hold) {
+                        explicit_bzero(c->hold, MASK_VALUE_MAX);
+                        free(c->hold);
+                }
+                SSL_free(c->tcl);
+                SSL_free(c->tup);
+                free(c->oreq);
                 if (c->uphead)
                         explicit_bzero(c->uphead, c->uphead_len); /* may hold a secret */
                 free(c->uphead);
@@ -394,6 +432,8 @@ static bool site_throttles(const egress_site *s) {
         return s->proxy->cfg.bandwidth_bytes > 0;
 }
 
+static size_t conn_held(const conn *c);
+
 /* Recompute both fds' interest from the state. */
 static void conn_arm(conn *c) {
         egress_proxy *p = c->site->proxy;
@@ -415,7 +455,7 @@ static void conn_arm(conn *c) {
                                    !(c->kind == EGRESS_KIND_HTTP && c->body_done);
                 if (want_client)
                         cl |= EPOLLIN;
-                if (c->u2c.len)
+                if (c->u2c.len > conn_held(c))
                         cl |= EPOLLOUT;
                 if (!c->upstream_eof && c->u2c.off + c->u2c.len < BUF_SIZE && !c->stalled[1])
                         up |= EPOLLIN;
@@ -478,6 +518,8 @@ static void buf_compact(buf *b) {
 static void conn_maybe_finish(conn *c);
 
 /* The first bytes of a tunnel: judge them before anything goes upstream. */
+static void icpt_start(conn *c);
+
 static void peek_refuse(conn *c, const char *reason, const char *detail) {
         c->refused_after_allow = true;
         conn_refuse(c, 0, 0, reason, detail);
@@ -525,6 +567,8 @@ static void conn_peek(conn *c) {
                 }
         }
         c->peeking = false;
+        if (c->site->proxy->cfg.mint && egress_inject_wants(c->site->inject, &c->host, c->port))
+                icpt_start(c);
 }
 
 /* Take n client bytes just appended at c2u's end through the HTTP body
@@ -556,6 +600,40 @@ static int conn_frame_body(conn *c, size_t start, size_t n) {
         }
         c->c2u.len = start + keep - c->c2u.off;
         return 0;
+}
+
+/* Take the values an injection used (res keeps the rest). */
+static void conn_take_values(conn *c, egress_inject_result *res) {
+        for (size_t i = 0; i < res->n_values; i++) {
+                if (res->value_lens[i] > MASK_VALUE_MAX || c->n_mask == EGRESS_INJECT_VALUES_MAX)
+                        continue;
+                c->mask[c->n_mask] = res->values[i];
+                c->mask_len[c->n_mask++] = res->value_lens[i];
+                c->mask_max = MAX(c->mask_max, res->value_lens[i]);
+                res->values[i] = NULL;
+                res->value_lens[i] = 0;
+        }
+}
+
+static void mask_region(conn *c, uint8_t *data, size_t len) {
+        for (size_t i = 0; i < c->n_mask; i++) {
+                uint8_t *p = data, *end = data + len;
+                while (p < end) {
+                        uint8_t *f = memmem(p, (size_t) (end - p), c->mask[i], c->mask_len[i]);
+                        if (!f)
+                                break;
+                        memset(f, '*', c->mask_len[i]);
+                        p = f + c->mask_len[i];
+                }
+        }
+}
+
+/* Response bytes that may not leave yet: the start of a value could be
+ * among them. */
+static size_t conn_held(const conn *c) {
+        if (!c->n_mask || c->upstream_eof || c->icpt)
+                return 0;
+        return MIN(c->mask_max - 1, c->u2c.len);
 }
 
 static void conn_read_client(conn *c) {
@@ -620,8 +698,13 @@ static void conn_read_upstream(conn *c) {
                 return;
         }
         site_spend(c->site, 1, (size_t) n);
+        size_t at = b->off + b->len;
         b->len += (size_t) n;
         c->bytes_in += (uint64_t) n;
+        if (c->n_mask) {
+                size_t start = at >= b->off + c->mask_max - 1 ? at - (c->mask_max - 1) : b->off;
+                mask_region(c, b->data + start, b->off + b->len - start);
+        }
 }
 
 static int write_some(int fd, const uint8_t *data, size_t len, size_t *ret) {
@@ -672,9 +755,10 @@ static void conn_write_upstream(conn *c) {
 
 static void conn_write_client(conn *c) {
         size_t n = 0;
-        if (!c->u2c.len)
+        size_t ready = c->u2c.len - conn_held(c);
+        if (!ready)
                 return;
-        if (write_some(c->cl.fd, c->u2c.data + c->u2c.off, c->u2c.len, &n) < 0) {
+        if (write_some(c->cl.fd, c->u2c.data + c->u2c.off, ready, &n) < 0) {
                 c->client_eof = c->upstream_eof = true;
                 c->u2c.len = 0;
                 return;
@@ -1004,6 +1088,9 @@ static int conn_build_uphead(conn *c) {
         c->uphead = (uint8_t *) res.head;
         c->uphead_len = res.head_len;
         c->uphead_off = 0;
+        res.head = NULL;
+        conn_take_values(c, &res);
+        egress_inject_result_clear(&res);
         return 0;
 }
 
@@ -1173,6 +1260,370 @@ static void conn_read_head(conn *c) {
         }
 }
 
+
+/* ------------------------------------------------------ TLS interception */
+
+static void icpt_start(conn *c);
+static void icpt_pump(conn *c);
+
+/* Move ciphertext the SSLs produced into the socket buffers, as far as they
+ * have room; the rest waits in the BIOs. */
+static void icpt_flush(conn *c) {
+        buf *pairs[2] = { &c->u2c, &c->c2u };
+        BIO *bios[2] = { c->tcl_out, c->tup_out };
+        for (int i = 0; i < 2; i++) {
+                buf *b = pairs[i];
+                if (!bios[i] || !b->data)
+                        continue;
+                if (b->off && b->off + b->len >= BUF_SIZE)
+                        buf_compact(b);
+                size_t space = BUF_SIZE - b->off - b->len;
+                if (!space || BIO_ctrl_pending(bios[i]) == 0)
+                        continue;
+                int n = BIO_read(bios[i], b->data + b->off + b->len, (int) MIN(space, (size_t) INT32_MAX));
+                if (n > 0)
+                        b->len += (size_t) n;
+        }
+}
+
+/* Answer the sandbox inside the TLS session (a refusal or an upstream
+ * failure), then close once it is out. */
+static void icpt_answer(conn *c, int status, const char *reason, const char *detail) {
+        c->error_reason = reason;
+        if (detail)
+                snprintf(c->error_detail, sizeof c->error_detail, "%s", detail);
+        if (c->tcl_ready) {
+                char body[512], msg[800];
+                int bl = snprintf(body, sizeof body, "hutch egress proxy: %s%s%s%s\n", reason, detail ? " (" : "",
+                                  detail ? detail : "", detail ? ")" : "");
+                if (bl < 0 || (size_t) bl >= sizeof body)
+                        bl = (int) strlen(body);
+                int ml = snprintf(msg, sizeof msg,
+                                  "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                                  "X-Hutch-Egress: %s\r\nConnection: close\r\n\r\n%s",
+                                  status, status == 403 ? "Forbidden" : status == 400 ? "Bad Request" : "Bad Gateway",
+                                  bl, status == 403 ? "denied" : "error", body);
+                if (ml > 0 && (size_t) ml < sizeof msg)
+                        (void) SSL_write(c->tcl, msg, ml);
+                (void) SSL_shutdown(c->tcl);
+        }
+        c->icpt_failed = true;
+        c->client_eof = true; /* read nothing more from the sandbox */
+        icpt_flush(c);
+}
+
+static void icpt_start(conn *c) {
+        egress_proxy *p = c->site->proxy;
+        SSL_CTX *sctx = NULL;
+        if (tlsmint_server_ctx(p->cfg.mint, c->host.text, &sctx) < 0)
+                return peek_refuse(c, "TLS interception failed", "no certificate for the host");
+        c->tcl = SSL_new(sctx);
+        SSL_CTX_free(sctx);
+        if (!c->tcl || tlsmint_client_ssl(p->cfg.mint, c->host.text, &c->tup) < 0)
+                return peek_refuse(c, "TLS interception failed", "out of memory");
+        c->tcl_in = BIO_new(BIO_s_mem());
+        c->tcl_out = BIO_new(BIO_s_mem());
+        c->tup_in = BIO_new(BIO_s_mem());
+        c->tup_out = BIO_new(BIO_s_mem());
+        if (!c->tcl_in || !c->tcl_out || !c->tup_in || !c->tup_out) {
+                BIO_free(c->tcl_in);
+                BIO_free(c->tcl_out);
+                BIO_free(c->tup_in);
+                BIO_free(c->tup_out);
+                c->tcl_in = c->tcl_out = c->tup_in = c->tup_out = NULL;
+                return peek_refuse(c, "TLS interception failed", "out of memory");
+        }
+        SSL_set_bio(c->tcl, c->tcl_in, c->tcl_out);
+        SSL_set_bio(c->tup, c->tup_in, c->tup_out);
+        SSL_set_accept_state(c->tcl);
+        SSL_set_connect_state(c->tup);
+        c->oreq = malloc(sizeof *c->oreq);
+        if (!c->oreq)
+                return peek_refuse(c, "TLS interception failed", "out of memory");
+        proxyreq_init_origin(c->oreq);
+        /* what the client sent so far (its ClientHello) goes to our server side */
+        if (c->c2u.len)
+                (void) BIO_write(c->tcl_in, c->c2u.data + c->c2u.off, (int) c->c2u.len);
+        c->c2u.off = c->c2u.len = 0;
+        c->icpt = true;
+        c->icpt_phase = ICPT_HEAD;
+        c->peeking = false;
+        c->deadline_ms = now_ms() + PEEK_TIMEOUT_MS; /* until the request head is in */
+        timer_want(p, c->deadline_ms);
+        icpt_pump(c);
+}
+
+/* The request head inside the tunnel is complete: it must be for the
+ * tunnel's host; rewrite it and send it upstream. */
+static void icpt_head_done(conn *c, const uint8_t *rest, size_t rest_len) {
+        proxyreq *r = c->oreq;
+        egress_host hh;
+        if (egress_host_parse_n(r->host, r->host_len, &hh) < 0 || !egress_host_equal(&hh, &c->host) ||
+            (r->port && r->port != c->port))
+                return icpt_answer(c, 400, "the request's Host is not the tunnel's host", NULL);
+        snprintf(c->method, sizeof c->method, "%s", r->method);
+        resolve_ctx rc = { c->site->proxy, c->site->sandbox_id };
+        egress_inject_result res;
+        char why[256] = "";
+        int k = egress_inject_apply(c->site->inject, &c->host, c->port, r, resolve_shim, &rc, &res, why, sizeof why);
+        if (k < 0) {
+                if (k == -EACCES)
+                        c->refused_after_allow = true;
+                return icpt_answer(c, k == -EACCES ? 403 : k == -E2BIG ? 400 : 502,
+                                   k == -EACCES ? "secret placeholder refused" : "credential injection failed", why);
+        }
+        snprintf(c->injected, sizeof c->injected, "%s", res.used);
+        int w = SSL_write(c->tup, res.head, (int) res.head_len);
+        c->bytes_out += res.head_len;
+        conn_take_values(c, &res);
+        egress_inject_result_clear(&res);
+        if (w <= 0)
+                return icpt_answer(c, 502, "upstream TLS write failed", NULL);
+        if (r->chunked) {
+                c->body_chunked = true;
+                c->framer = malloc(sizeof *c->framer);
+                if (!c->framer)
+                        return icpt_answer(c, 502, "out of memory", NULL);
+                chunked_init(c->framer);
+                c->body_done = false;
+        } else {
+                c->body_left = r->has_content_length ? r->content_length : 0;
+                c->body_done = c->body_left == 0;
+        }
+        c->icpt_phase = c->body_done ? ICPT_RESPONSE : ICPT_BODY;
+        c->deadline_ms = 0;
+        if (rest_len && !c->body_done) {
+                /* body bytes that came with the head */
+                size_t take = rest_len;
+                if (c->body_chunked) {
+                        size_t used = 0;
+                        int f = chunked_feed(c->framer, rest, rest_len, &used);
+                        if (f < 0)
+                                return icpt_answer(c, 400, "bad request body framing", c->framer->why);
+                        take = used;
+                        c->body_done = f == CHUNKED_DONE;
+                } else {
+                        take = (size_t) MIN((uint64_t) rest_len, c->body_left);
+                        c->body_left -= take;
+                        c->body_done = c->body_left == 0;
+                }
+                if (take && SSL_write(c->tup, rest, (int) take) <= 0)
+                        return icpt_answer(c, 502, "upstream TLS write failed", NULL);
+                c->bytes_out += take;
+                if (c->body_done)
+                        c->icpt_phase = ICPT_RESPONSE;
+        }
+}
+
+/* Response plaintext to the sandbox, with the secret values masked; the
+ * last mask_max - 1 bytes wait in hold for what follows. */
+static int icpt_respond(conn *c, const uint8_t *pt, size_t n) {
+        if (!c->n_mask)
+                return SSL_write(c->tcl, pt, (int) n) > 0 ? 0 : -EIO;
+        if (!c->hold && !(c->hold = malloc(MASK_VALUE_MAX)))
+                return -ENOMEM;
+        size_t total = c->hold_len + n;
+        uint8_t *tmp = malloc(total);
+        if (!tmp)
+                return -ENOMEM;
+        memcpy(tmp, c->hold, c->hold_len);
+        memcpy(tmp + c->hold_len, pt, n);
+        mask_region(c, tmp, total);
+        size_t keep = MIN(c->mask_max - 1, total);
+        int r = 0;
+        if (total > keep && SSL_write(c->tcl, tmp, (int) (total - keep)) <= 0)
+                r = -EIO;
+        memcpy(c->hold, tmp + total - keep, keep);
+        c->hold_len = keep;
+        explicit_bzero(tmp, total);
+        free(tmp);
+        return r;
+}
+
+static bool icpt_handshake(conn *c, SSL *ssl, bool *ready, const char **ret_err) {
+        if (*ready)
+                return true;
+        ERR_clear_error();
+        int k = SSL_do_handshake(ssl);
+        if (k == 1) {
+                *ready = true;
+                return true;
+        }
+        int e = SSL_get_error(ssl, k);
+        if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE)
+                *ret_err = "handshake failed";
+        return false;
+}
+
+static void icpt_pump(conn *c) {
+        if (c->dead || !c->icpt || c->icpt_failed)
+                return;
+        const char *err = NULL;
+        bool cl_ok = icpt_handshake(c, c->tcl, &c->tcl_ready, &err);
+        if (err) {
+                icpt_flush(c);
+                c->icpt_failed = true;
+                c->client_eof = true;
+                c->error_reason = "TLS handshake with the sandbox failed";
+                return;
+        }
+        const char *uerr = NULL;
+        bool up_ok = icpt_handshake(c, c->tup, &c->tup_ready, &uerr);
+        if (uerr) {
+                long v = SSL_get_verify_result(c->tup);
+                char d[200];
+                snprintf(d, sizeof d, "%s: %s", c->host.text,
+                         v != X509_V_OK ? X509_verify_cert_error_string(v) : "TLS handshake failed");
+                c->tup_error = v != X509_V_OK ? "upstream certificate not trusted" : "upstream TLS failed";
+                c->upstream_eof = true;
+                if (cl_ok)
+                        return icpt_answer(c, 502, c->tup_error, d);
+                snprintf(c->error_detail, sizeof c->error_detail, "%s", d);
+                icpt_flush(c);
+                return; /* answered once the sandbox's handshake completes */
+        }
+        if (c->tup_error && cl_ok)
+                return icpt_answer(c, 502, c->tup_error, c->error_detail);
+        if (!cl_ok || !up_ok) {
+                icpt_flush(c);
+                return;
+        }
+
+        uint8_t pt[READ_CHUNK];
+        /* sandbox -> upstream: the head, then one body */
+        while (c->icpt_phase != ICPT_RESPONSE && BIO_ctrl_pending(c->tup_out) < BUF_SIZE) {
+                int n = SSL_read(c->tcl, pt, sizeof pt);
+                if (n <= 0) {
+                        int e = SSL_get_error(c->tcl, n);
+                        if (e != SSL_ERROR_WANT_READ)
+                                c->client_eof = true;
+                        break;
+                }
+                if (c->icpt_phase == ICPT_HEAD) {
+                        size_t used = 0;
+                        int k = proxyreq_feed(c->oreq, pt, (size_t) n, &used);
+                        if (k < 0)
+                                return icpt_answer(c, 400, "bad request inside the tunnel", c->oreq->why);
+                        if (k == PROXYREQ_DONE) {
+                                icpt_head_done(c, pt + used, (size_t) n - used);
+                                if (c->icpt_failed)
+                                        return;
+                        }
+                        continue;
+                }
+                size_t take = (size_t) n;
+                if (c->body_chunked) {
+                        size_t used = 0;
+                        int f = chunked_feed(c->framer, pt, (size_t) n, &used);
+                        if (f < 0)
+                                return icpt_answer(c, 400, "bad request body framing", c->framer->why);
+                        take = used;
+                        c->body_done = f == CHUNKED_DONE;
+                } else {
+                        take = (size_t) MIN((uint64_t) n, c->body_left);
+                        c->body_left -= take;
+                        c->body_done = c->body_left == 0;
+                }
+                if (take && SSL_write(c->tup, pt, (int) take) <= 0)
+                        return icpt_answer(c, 502, "upstream TLS write failed", NULL);
+                c->bytes_out += take;
+                if (c->body_done)
+                        c->icpt_phase = ICPT_RESPONSE;
+        }
+        /* upstream -> sandbox: the response, verbatim */
+        while (c->icpt_phase != ICPT_HEAD && !c->tup_eof && BIO_ctrl_pending(c->tcl_out) < BUF_SIZE) {
+                int n = SSL_read(c->tup, pt, sizeof pt);
+                if (n <= 0) {
+                        int e = SSL_get_error(c->tup, n);
+                        if (e != SSL_ERROR_WANT_READ)
+                                c->tup_eof = true;
+                        break;
+                }
+                c->bytes_in += (uint64_t) n;
+                if (icpt_respond(c, pt, (size_t) n) < 0) {
+                        c->client_eof = true;
+                        break;
+                }
+        }
+        if (c->tup_eof && !c->icpt_failed) {
+                if (c->hold_len && SSL_write(c->tcl, c->hold, (int) c->hold_len) > 0)
+                        c->hold_len = 0;
+                (void) SSL_shutdown(c->tcl);
+                c->icpt_failed = true; /* nothing more either way: close once flushed */
+        }
+        explicit_bzero(pt, sizeof pt);
+        icpt_flush(c);
+}
+
+/* Socket bytes into the BIOs. */
+static void icpt_read(conn *c, bool from_client) {
+        int fd = from_client ? c->cl.fd : c->up.fd;
+        BIO *in = from_client ? c->tcl_in : c->tup_in;
+        uint8_t tmp[READ_CHUNK];
+        size_t want = site_allowance(c->site, from_client ? 0 : 1, sizeof tmp);
+        if (want == 0) {
+                c->stalled[from_client ? 0 : 1] = true;
+                c->site->proxy->throttled = true;
+                timer_want(c->site->proxy, now_ms() + THROTTLE_MS);
+                return;
+        }
+        ssize_t n = recv(fd, tmp, want, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                return;
+        if (n <= 0) {
+                if (from_client)
+                        c->client_eof = true;
+                else
+                        c->upstream_eof = c->tup_eof = true;
+                return;
+        }
+        site_spend(c->site, from_client ? 0 : 1, (size_t) n);
+        (void) BIO_write(in, tmp, (int) n);
+}
+
+static void icpt_event(conn *c, ev *e, uint32_t revents) {
+        if (e->kind == EV_CLIENT) {
+                if (revents & EPOLLOUT)
+                        conn_write_client(c);
+                if ((revents & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) && !c->client_eof)
+                        icpt_read(c, true);
+        } else {
+                if (revents & EPOLLOUT)
+                        conn_write_upstream(c);
+                if ((revents & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) && !c->upstream_eof)
+                        icpt_read(c, false);
+        }
+        icpt_pump(c);
+        if (c->dead)
+                return;
+        if (c->u2c.len)
+                conn_write_client(c);
+        if (c->c2u.len)
+                conn_write_upstream(c);
+        icpt_flush(c);
+        /* The end: an answer or the response is out, or the sandbox left. */
+        bool out_done = !c->u2c.len && BIO_ctrl_pending(c->tcl_out) == 0;
+        if ((c->icpt_failed && out_done) || (c->client_eof && !c->icpt_failed)) {
+                if (c->client_eof && !c->icpt_failed && !c->error_reason && c->icpt_phase != ICPT_RESPONSE)
+                        c->error_reason = "the sandbox closed the tunnel";
+                return conn_free(c, true);
+        }
+        /* interest: reads while not at an end, writes while ciphertext waits */
+        egress_proxy *p = c->site->proxy;
+        uint32_t cl = 0, up = 0;
+        /* ciphertext waiting in a BIO is bounded like the buffers */
+        if (!c->client_eof && !c->stalled[0] && BIO_ctrl_pending(c->tcl_in) < BUF_SIZE)
+                cl |= EPOLLIN;
+        if (c->u2c.len)
+                cl |= EPOLLOUT;
+        if (!c->upstream_eof && !c->stalled[1] && BIO_ctrl_pending(c->tup_in) < BUF_SIZE)
+                up |= EPOLLIN;
+        if (c->c2u.len)
+                up |= EPOLLOUT;
+        (void) ev_set(p, &c->cl, cl);
+        (void) ev_set(p, &c->up, up);
+}
+
 /* --------------------------------------------------------------- events */
 
 static void conn_event(conn *c, ev *e, uint32_t revents) {
@@ -1200,6 +1651,8 @@ static void conn_event(conn *c, ev *e, uint32_t revents) {
         case S_RELAY:
                 break;
         }
+        if (c->icpt)
+                return icpt_event(c, e, revents);
 
         if (e->kind == EV_CLIENT) {
                 if (revents & EPOLLOUT)
@@ -1304,7 +1757,10 @@ static void proxy_timers(egress_proxy *p) {
                                         break;
                                 case S_RELAY:
                                         c->deadline_ms = 0;
-                                        if (c->peeking)
+                                        if (c->icpt) {
+                                                c->error_reason = "timed out inside the intercepted tunnel";
+                                                conn_free(c, true);
+                                        } else if (c->peeking)
                                                 conn_refuse(c, 0, 0, "timed out waiting for the tunnel's first bytes",
                                                             NULL);
                                         break;

