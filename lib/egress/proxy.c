@@ -1698,6 +1698,10 @@ static void site_accept(egress_site *s) {
                         close(fd);
                         continue;
                 }
+                /* relayed bytes go out as they come: Nagle would hold a
+                 * TLS flight behind the sandbox's delayed ACK */
+                int one = 1;
+                (void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
                 conn *c = calloc(1, sizeof *c);
                 if (!c || buf_alloc(&c->c2u) < 0) {
                         free(c);

@@ -569,6 +569,10 @@ class SinkHandler(socketserver.BaseRequestHandler):
         sink, proto = srv.sink, srv.proto
         sock = self.request
         sock.settimeout(IO_TIMEOUT)
+        # no Nagle: a TLS handshake's several small writes must not wait on
+        # the client's delayed ACK (40 ms each), which would swamp what the
+        # egress benchmark measures
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         STATE.add(sink, proto, "connections")
         sni = alpn = tls_version = None
         if proto == "https":
