@@ -312,6 +312,8 @@ void egress_inject_result_clear(egress_inject_result *r) {
                 free(r->head);
         }
         for (size_t i = 0; i < r->n_values; i++) {
+                if (!r->values[i])
+                        continue; /* taken by the caller */
                 explicit_bzero(r->values[i], r->value_lens[i]);
                 free(r->values[i]);
         }

@@ -526,8 +526,16 @@ static void peek_refuse(conn *c, const char *reason, const char *detail) {
 }
 
 static void conn_peek(conn *c) {
-        if (!c->peeking || !c->c2u.len)
+        if (!c->peeking)
                 return;
+        if (!c->c2u.len) {
+                /* a tunnel closed before its first byte: nothing to judge */
+                if (c->client_eof) {
+                        c->error_reason = "the sandbox closed the tunnel before sending";
+                        conn_free(c, true);
+                }
+                return;
+        }
         tlshello h;
         int k = tlshello_parse(c->c2u.data + c->c2u.off, c->c2u.len, &h);
         if (k == TLSHELLO_NEED_MORE) {

@@ -652,3 +652,53 @@ def test_secret_references_are_checked(env, clean, secrets_made):
         assert b"invalid_argument" in r.body
     finally:
         sd.kill(sb["sandboxID"])
+
+
+# --------------------------------------------------------------------------
+# Caps
+# --------------------------------------------------------------------------
+
+HOLD_MANY = r"""
+import socket, sys, time
+n = int(sys.argv[1])
+socks, ok = [], 0
+for i in range(n):
+    s = socket.create_connection(('127.0.0.1', 3128), timeout=5)
+    socks.append(s)
+for s in socks:
+    try:
+        s.sendall(b'CONNECT ok.example.test:9000 HTTP/1.1\r\nHost: ok.example.test\r\n\r\n')
+        if s.recv(100).startswith(b'HTTP/1.1 200'):
+            ok += 1
+    except OSError:
+        pass
+print(ok)
+for s in socks:
+    s.close()
+time.sleep(0.5)
+s = socket.create_connection(('127.0.0.1', 3128), timeout=5)
+s.sendall(b'CONNECT ok.example.test:9000 HTTP/1.1\r\nHost: ok.example.test\r\n\r\n')
+print(s.recv(100).split(b'\r\n')[0].decode())
+"""
+
+
+def test_connection_cap_per_sandbox(env, sandboxed_hutch, tmp_path_factory, clean):
+    """A second daemon in the same network with egress-connections 3."""
+    net, _ = env
+    root = tmp_path_factory.mktemp("egress-caps")
+    root.chmod(0o755)
+    sd = ServeDaemon(sandboxed_hutch, root / "data",
+                     ["--dns", net.dns_server, "--egress-open", "198.51.100.0/24", "--egress-allow", "*",
+                      "--egress-connections", "3", "--pool-size", "0"],
+                     host=net.api_host, cmd_prefix=net.daemon_cmd_prefix)
+    sd.start()
+    try:
+        sb = sd.create(timeout=120)
+        put(sd, sb, "/tmp/hold.py", HOLD_MANY.encode())
+        code, out, err = sh(sd, sb, "python3 /tmp/hold.py 8")
+        assert code == 0, err
+        lines = out.split()
+        assert lines[0] == "3", out              # the cap, not more
+        assert out.strip().endswith("200 Connection established"), out   # freed again
+    finally:
+        sd.stop()
