@@ -68,6 +68,8 @@ int secrets_setup(server *srv) {
 void secret_placeholder(server *srv, const char *sbx_id, const char *name, char out[EGRESS_PLACEHOLDER_LEN + 1]) {
         char msg[256];
         int n = snprintf(msg, sizeof msg, "secret-placeholder:%s:%s", sbx_id, name);
+        if (n < 0 || (size_t) n >= sizeof msg)
+                n = (int) sizeof msg - 1; /* ids and names are bounded far below this */
         uint8_t mac[32];
         unsigned len = sizeof mac;
         HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac, &len);
@@ -272,12 +274,38 @@ int secrets_build_inject(server *srv, sbx *sb, json_t *rules, egress_inject **re
         return 0;
 }
 
-int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, char **ret, size_t *ret_len) {
+/* A secret bound to hosts goes to those only, whatever a rule says (a rule
+ * naming another host cannot carry it there). */
+static bool secret_allows(const store_secret *s, const egress_host *h, uint16_t port) {
+        json_t *hosts = secret_hosts(s);
+        size_t n = json_array_size(hosts), i;
+        bool ok = n == 0;
+        json_t *v;
+        json_array_foreach(hosts, i, v) {
+                egress_rule r;
+                char why[64];
+                const char *t = json_string_value(v);
+                if (t && egress_rule_parse(t, &r, why, sizeof why) >= 0 && egress_rule_matches_host(&r, h, port))
+                        ok = true;
+        }
+        json_decref(hosts);
+        return ok;
+}
+
+int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, const egress_host *h, uint16_t port,
+                    char **ret, size_t *ret_len) {
         server *srv = userdata;
         sbx *sb = sbx_find(srv, sandbox_id);
         if (!sb)
                 return -ENOENT;
         hutch_error err = { 0 };
+        store_secret meta;
+        if (store_secret_get(srv->store, sb->team_id, name, &meta, &err) < 0)
+                return -ENOENT;
+        bool allowed = secret_allows(&meta, h, port);
+        store_secret_clear(&meta);
+        if (!allowed)
+                return -EACCES;
         int r = store_secret_value(srv->store, sb->team_id, name, ret, ret_len, &err);
         if (r < 0 && r != -ENOENT)
                 log_warning("sandbox %s: secret %s: %s", sandbox_id, name, err.msg);
@@ -460,6 +488,15 @@ static enum MHD_Result secrets_list(server *srv, request *req) {
         return mr;
 }
 
+/* The value was in the request body and in jansson's copy: wipe both. */
+static void wipe_request(request *req, json_t *body, const char *value, size_t vlen) {
+        if (value)
+                OPENSSL_cleanse((char *) value, vlen);
+        json_decref(body);
+        if (req->body)
+                OPENSSL_cleanse(req->body, req->body_len);
+}
+
 static enum MHD_Result secrets_create(server *srv, request *req) {
         json_t *body;
         if (api_parse_body(req, &body) < 0)
@@ -494,7 +531,7 @@ static enum MHD_Result secrets_create(server *srv, request *req) {
         r = store_secret_create(srv->store, req->team, name, value, vlen, hj, mj, &s, &err);
         free(hj);
         free(mj);
-        json_decref(body); /* jansson frees the value; it held the only copy */
+        wipe_request(req, body, value, vlen);
         if (r < 0)
                 return reply_store_error(req, r, &err);
         char detail[200];
@@ -532,7 +569,7 @@ static enum MHD_Result secrets_update(server *srv, request *req, const char *id)
         r = store_secret_update(srv->store, req->team, id, value, vlen, hj, mj, &s, &err);
         free(hj);
         free(mj);
-        json_decref(body);
+        wipe_request(req, body, value, vlen);
         if (r < 0)
                 return reply_store_error(req, r, &err);
         char detail[200];

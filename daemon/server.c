@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -378,6 +379,13 @@ int server_run(const server_config *cfg) {
         int r;
 
         (void) signal(SIGPIPE, SIG_IGN);
+        /* every sandbox's proxy connections are this process's descriptors:
+         * use what the hard limit allows (1024 is systemd's soft default) */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                (void) setrlimit(RLIMIT_NOFILE, &rl);
+        }
         sigset_t mask;
         sigemptyset(&mask);
         sigaddset(&mask, SIGINT);

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "hutch/hutch.h"
+#include "egress/policy.h"
 #include "store/store.h"
 
 #define ENVD_PORT 49983
@@ -359,7 +360,8 @@ int secrets_env_rewrite(server *srv, int64_t team, const char *sbx_id, json_t *e
                         size_t wl);
 int secrets_rules_validate(json_t *rules, struct egress_inject *x, char *why, size_t wl);
 int secrets_build_inject(server *srv, sbx *sb, json_t *rules, struct egress_inject **ret);
-int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, char **ret, size_t *ret_len);
+int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, const egress_host *h, uint16_t port,
+                    char **ret, size_t *ret_len);
 void egress_sbx_refresh_inject(server *srv, sbx *sb);
 /* The deployment CA into the sandbox's trust store. */
 int egress_sbx_install_ca(server *srv, sbx *sb, hutch_error *err);

@@ -320,22 +320,6 @@ void egress_inject_result_clear(egress_inject_result *r) {
         memset(r, 0, sizeof *r);
 }
 
-/* Keep a copy of a value put into the head (for masking the response). */
-static int value_keep(egress_inject_result *ret, const char *v, size_t n) {
-        for (size_t i = 0; i < ret->n_values; i++)
-                if (ret->value_lens[i] == n && memcmp(ret->values[i], v, n) == 0)
-                        return 0;
-        if (ret->n_values == EGRESS_INJECT_VALUES_MAX || n == 0)
-                return 0; /* beyond that many, the first ones are masked */
-        char *c = malloc(n);
-        if (!c)
-                return -ENOMEM;
-        memcpy(c, v, n);
-        ret->values[ret->n_values] = c;
-        ret->value_lens[ret->n_values++] = n;
-        return 0;
-}
-
 static void used_add(egress_inject_result *ret, const char *what) {
         size_t l = strlen(ret->used);
         if (l && l + 2 < sizeof ret->used)
@@ -344,109 +328,180 @@ static void used_add(egress_inject_result *ret, const char *what) {
         snprintf(ret->used + l, sizeof ret->used - l, "%s", what);
 }
 
-/* Emit value with every placeholder (bound to h:port) replaced. */
-static int emit_value(const egress_inject *x, const egress_host *h, uint16_t port, const char *v, size_t vl,
-                      egress_resolve_fn resolve, void *ud, out *o, egress_inject_result *ret, char *why,
-                      size_t whylen) {
+/* The placeholder at v (EGRESS_PLACEHOLDER_LEN bytes available), or NULL. */
+static const placeholder *placeholder_at(const egress_inject *x, const char *v) {
+        for (size_t k = 0; x && k < x->n_p; k++)
+                if (memcmp(v, x->p[k].text, EGRESS_PLACEHOLDER_LEN) == 0)
+                        return &x->p[k];
+        return NULL;
+}
+
+/* The next placeholder of x in v[i..vl), scanning once for its "hsp_"
+ * prefix (cost: the length, not the length times the placeholders). */
+static const placeholder *next_placeholder(const egress_inject *x, const char *v, size_t vl, size_t i,
+                                           size_t *ret_at) {
+        while (x && x->n_p && i + EGRESS_PLACEHOLDER_LEN <= vl) {
+                const char *f = memmem(v + i, vl - i, "hsp_", 4);
+                if (!f || (size_t) (f - v) + EGRESS_PLACEHOLDER_LEN > vl)
+                        return NULL;
+                const placeholder *p = placeholder_at(x, f);
+                if (p) {
+                        *ret_at = (size_t) (f - v);
+                        return p;
+                }
+                i = (size_t) (f - v) + 1;
+        }
+        return NULL;
+}
+
+typedef struct apply_ctx {
+        const egress_inject *x;
+        const egress_host *h;
+        uint16_t port;
+        bool tls;
+        egress_resolve_fn resolve;
+        void *ud;
+        out *o;
+        egress_inject_result *ret;
+        unsigned substitutions;
+        char *why;
+        size_t whylen;
+} apply_ctx;
+
+#define SUBSTITUTIONS_MAX 16
+
+/* A secret's value into the output: resolved once per request (a name seen
+ * before reuses its copy), and only values the proxy can mask. */
+static int emit_secret(apply_ctx *a, const char *name) {
+        egress_inject_result *ret = a->ret;
+        if (++a->substitutions > SUBSTITUTIONS_MAX) {
+                snprintf(a->why, a->whylen, "more than %d secrets in one request", SUBSTITUTIONS_MAX);
+                return -E2BIG;
+        }
+        for (size_t i = 0; i < ret->n_values; i++)
+                if (strcmp(ret->value_names[i], name) == 0) {
+                        out_add(a->o, ret->values[i], ret->value_lens[i]);
+                        return 0;
+                }
+        if (ret->n_values == EGRESS_INJECT_VALUES_MAX) {
+                snprintf(a->why, a->whylen, "more than %d distinct secrets in one request", EGRESS_INJECT_VALUES_MAX);
+                return -E2BIG;
+        }
+        char *val = NULL;
+        size_t len = 0;
+        int r = a->resolve ? a->resolve(a->ud, name, a->h, a->port, &val, &len) : -ENOENT;
+        if (r == -EACCES) {
+                snprintf(a->why, a->whylen, "secret \"%s\" is not bound to %s", name, a->h->text);
+                return -EACCES;
+        }
+        if (r < 0) {
+                snprintf(a->why, a->whylen, "secret \"%s\" does not exist (any more)", name);
+                return -ENOENT;
+        }
+        int k = 0;
+        if (memchr(val, '\r', len) || memchr(val, '\n', len) || memchr(val, 0, len)) {
+                snprintf(a->why, a->whylen, "secret \"%s\" holds CR, LF or NUL", name);
+                k = -EINVAL;
+        } else if (len == 0 || len > EGRESS_MASK_VALUE_MAX) {
+                snprintf(a->why, a->whylen, "secret \"%s\" is empty or longer than %d bytes, which responses "
+                                            "could not be masked against",
+                         name, EGRESS_MASK_VALUE_MAX);
+                k = -E2BIG;
+        } else {
+                out_add(a->o, val, len);
+                ret->values[ret->n_values] = val; /* kept, for masking the response */
+                ret->value_lens[ret->n_values] = len;
+                snprintf(ret->value_names[ret->n_values], sizeof ret->value_names[0], "%s", name);
+                ret->n_values++;
+                used_add(ret, name);
+                return 0;
+        }
+        explicit_bzero(val, len);
+        free(val);
+        return k;
+}
+
+/* Emit value with every placeholder replaced (bound ones, inside TLS). */
+static int emit_value(apply_ctx *a, const char *v, size_t vl) {
         size_t i = 0;
         while (i < vl) {
-                const placeholder *hit = NULL;
                 size_t at = vl;
-                for (size_t k = 0; x && k < x->n_p; k++) {
-                        const char *f = memmem(v + i, vl - i, x->p[k].text, EGRESS_PLACEHOLDER_LEN);
-                        if (f && (size_t) (f - v) < at) {
-                                at = (size_t) (f - v);
-                                hit = &x->p[k];
-                        }
-                }
-                out_add(o, v + i, at - i);
+                const placeholder *hit = next_placeholder(a->x, v, vl, i, &at);
+                out_add(a->o, v + i, (hit ? at : vl) - i);
                 if (!hit)
                         break;
-                if (!placeholder_bound(hit, h, port)) {
-                        snprintf(why, whylen, "the placeholder of secret \"%s\" was sent to %s, which it is not "
-                                              "bound to",
-                                 hit->name, h->text);
+                if (!placeholder_bound(hit, a->h, a->port)) {
+                        snprintf(a->why, a->whylen,
+                                 "the placeholder of secret \"%s\" was sent to %s, which it is not bound to",
+                                 hit->name, a->h->text);
                         return -EACCES;
                 }
-                char *val = NULL;
-                size_t len = 0;
-                int r = resolve ? resolve(ud, hit->name, &val, &len) : -ENOENT;
-                if (r < 0) {
-                        snprintf(why, whylen, "secret \"%s\" does not exist (any more)", hit->name);
-                        return -ENOENT;
+                if (!a->tls) {
+                        snprintf(a->why, a->whylen,
+                                 "the placeholder of secret \"%s\" in plain HTTP: secrets are sent only inside TLS "
+                                 "(use https://)",
+                                 hit->name);
+                        return -EACCES;
                 }
-                bool bad = memchr(val, '\r', len) || memchr(val, '\n', len) || memchr(val, 0, len);
-                if (!bad) {
-                        out_add(o, val, len);
-                        if (value_keep(ret, val, len) < 0)
-                                o->overflow = true;
-                }
-                explicit_bzero(val, len);
-                free(val);
-                if (bad) {
-                        snprintf(why, whylen, "secret \"%s\" holds CR, LF or NUL", hit->name);
-                        return -EINVAL;
-                }
-                used_add(ret, hit->name);
+                int r = emit_secret(a, hit->name);
+                if (r < 0)
+                        return r;
                 i = at + EGRESS_PLACEHOLDER_LEN;
         }
         return 0;
 }
 
 /* Emit a transform's value template with ${e2b.secrets.NAME} resolved. */
-static int emit_template(const char *tpl, egress_resolve_fn resolve, void *ud, out *o, egress_inject_result *ret,
-                         char *why, size_t whylen) {
+static int emit_template(apply_ctx *a, const char *tpl) {
         const char *p = tpl;
         for (;;) {
                 const char *ref = strstr(p, SECRET_REF_OPEN);
                 if (!ref) {
-                        out_str(o, p);
+                        out_str(a->o, p);
                         return 0;
                 }
-                out_add(o, p, (size_t) (ref - p));
+                out_add(a->o, p, (size_t) (ref - p));
                 const char *nm = ref + strlen(SECRET_REF_OPEN), *e = strchr(nm, '}');
                 char name[EGRESS_SECRET_NAME_MAX + 1];
                 snprintf(name, sizeof name, "%.*s", (int) (e - nm), nm);
-                char *val = NULL;
-                size_t len = 0;
-                if (!resolve || resolve(ud, name, &val, &len) < 0) {
-                        snprintf(why, whylen, "secret \"%s\" named by a network rule does not exist", name);
-                        return -ENOENT;
-                }
-                bool bad = memchr(val, '\r', len) || memchr(val, '\n', len) || memchr(val, 0, len);
-                if (!bad) {
-                        out_add(o, val, len);
-                        if (value_keep(ret, val, len) < 0)
-                                o->overflow = true;
-                }
-                explicit_bzero(val, len);
-                free(val);
-                if (bad) {
-                        snprintf(why, whylen, "secret \"%s\" holds CR, LF or NUL", name);
-                        return -EINVAL;
-                }
-                used_add(ret, name);
+                int r = emit_secret(a, name);
+                if (r < 0)
+                        return r;
                 p = e + 1;
         }
 }
 
-int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t port, const proxyreq *r,
+int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t port, bool tls, const proxyreq *r,
                         egress_resolve_fn resolve, void *userdata, egress_inject_result *ret, char *why,
                         size_t whylen) {
         memset(ret, 0, sizeof *ret);
         /* the request target: placeholders may not leave in it */
-        if (x && r->path) {
-                for (size_t k = 0; k < x->n_p; k++)
-                        if (memmem(r->path, r->path_len, x->p[k].text, EGRESS_PLACEHOLDER_LEN) &&
-                            !placeholder_bound(&x->p[k], h, port)) {
-                                snprintf(why, whylen,
-                                         "the placeholder of secret \"%s\" was sent to %s, which it is not bound to",
-                                         x->p[k].name, h->text);
-                                return -EACCES;
-                        }
+        if (r->path) {
+                size_t at;
+                const placeholder *p = next_placeholder(x, r->path, r->path_len, 0, &at);
+                if (p && !placeholder_bound(p, h, port)) {
+                        snprintf(why, whylen, "the placeholder of secret \"%s\" was sent to %s, which it is not bound to",
+                                 p->name, h->text);
+                        return -EACCES;
+                }
         }
-        const transform *t = transform_for(x, h);
+        /* rules apply to HTTPS only (E2B's "outbound HTTPS requests") */
+        const transform *t = tls ? transform_for(x, h) : NULL;
+        bool secret_rule = false;
+        for (size_t j = 0; t && j < t->n_headers; j++)
+                secret_rule |= strstr(t->headers[j].value, SECRET_REF_OPEN) != NULL;
+        bool secret_header = false;
+        for (size_t i = 0; i < r->n_headers && !secret_header; i++) {
+                size_t at;
+                secret_header = next_placeholder(x, r->headers[i].value, r->headers[i].value_len, 0, &at) != NULL;
+        }
+        /* A request that carries a value gets an uncompressed, whole
+         * response, so that the value can be masked where it comes back. */
+        bool plain_response = tls && (secret_rule || secret_header);
+
         out o = { 0 };
+        apply_ctx a = { .x = x, .h = h, .port = port, .tls = tls, .resolve = resolve, .ud = userdata, .o = &o,
+                        .ret = ret, .why = why, .whylen = whylen };
         char hostport[EGRESS_NAME_MAX + 16];
         if (h->kind == EGRESS_HOST_IPV6)
                 snprintf(hostport, sizeof hostport, "[%s]", h->text);
@@ -463,9 +518,12 @@ int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t p
         out_str(&o, hostport);
         out_str(&o, "\r\n");
         int k = 0;
-        for (size_t i = 0; i < r->n_headers && k >= 0; i++) {
+        for (size_t i = 0; i < r->n_headers && k >= 0 && !o.overflow; i++) {
                 const proxyreq_header *hd = &r->headers[i];
                 if (proxyreq_header_is_hop_by_hop(r, i) || strcasecmp(hd->name, "host") == 0)
+                        continue;
+                if (plain_response && (strcasecmp(hd->name, "accept-encoding") == 0 ||
+                                       strcasecmp(hd->name, "range") == 0 || strcasecmp(hd->name, "if-range") == 0))
                         continue;
                 bool replaced = false;
                 for (size_t j = 0; t && j < t->n_headers; j++)
@@ -474,13 +532,13 @@ int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t p
                         continue;
                 out_add(&o, hd->name, hd->name_len);
                 out_str(&o, ": ");
-                k = emit_value(x, h, port, hd->value, hd->value_len, resolve, userdata, &o, ret, why, whylen);
+                k = emit_value(&a, hd->value, hd->value_len);
                 out_str(&o, "\r\n");
         }
-        for (size_t j = 0; t && j < t->n_headers && k >= 0; j++) {
+        for (size_t j = 0; t && j < t->n_headers && k >= 0 && !o.overflow; j++) {
                 out_str(&o, t->headers[j].name);
                 out_str(&o, ": ");
-                k = emit_template(t->headers[j].value, resolve, userdata, &o, ret, why, whylen);
+                k = emit_template(&a, t->headers[j].value);
                 out_str(&o, "\r\n");
         }
         if (k >= 0 && t) {
@@ -490,6 +548,8 @@ int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t p
                 snprintf(tagged, sizeof tagged, "rule:%s", what);
                 used_add(ret, tagged);
         }
+        if (plain_response)
+                out_str(&o, "Accept-Encoding: identity\r\n");
         out_str(&o, "Connection: close\r\n\r\n");
         if (k < 0 || o.overflow) {
                 out_free(&o);

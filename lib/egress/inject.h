@@ -58,8 +58,15 @@ int egress_inject_add_placeholder(egress_inject *x, const char *placeholder, con
  * be opened (TLS interception): some transform or placeholder is for it. */
 bool egress_inject_wants(const egress_inject *x, const egress_host *h, uint16_t port);
 
-/* A secret's value, or -ENOENT. *ret is malloc'ed; the caller wipes it. */
-typedef int (*egress_resolve_fn)(void *userdata, const char *name, char **ret, size_t *ret_len);
+/* A secret's value for a request to h:port, or -ENOENT (no such secret),
+ * -EACCES (the secret is bound to hosts and h:port is not one of them).
+ * *ret is malloc'ed; the caller wipes it. */
+typedef int (*egress_resolve_fn)(void *userdata, const char *name, const egress_host *h, uint16_t port,
+                                 char **ret, size_t *ret_len);
+
+/* The longest value the proxy injects: it must be able to mask it in the
+ * response. */
+#define EGRESS_MASK_VALUE_MAX 8192
 
 /* Why a head was refused: -EACCES (a placeholder for a secret not bound to
  * this host), -ENOENT (a referenced secret does not exist), -E2BIG (the
@@ -75,14 +82,22 @@ typedef struct egress_inject_result {
          * value to the sandbox. Wipe and free with egress_inject_result_clear(). */
         char *values[EGRESS_INJECT_VALUES_MAX];
         size_t value_lens[EGRESS_INJECT_VALUES_MAX];
+        char value_names[EGRESS_INJECT_VALUES_MAX][EGRESS_SECRET_NAME_MAX + 1];
         size_t n_values;
 } egress_inject_result;
 
 void egress_inject_result_clear(egress_inject_result *r);
 
 /* Rewrite request head r (absolute-form or origin-form; proxyreq says) for
- * destination h:port. x may be NULL (no rewriting but the framing ones). */
-int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t port, const proxyreq *r,
+ * destination h:port. x may be NULL (no rewriting but the framing ones).
+ * tls: the request travels inside TLS that the proxy terminated and
+ * re-established with a verified upstream. Secrets are only ever sent then:
+ * in plain HTTP a placeholder refuses the request and rules do not apply.
+ * A request carrying a value asks for an uncompressed, whole response
+ * (Accept-Encoding: identity; Range dropped) so that the proxy can mask the
+ * value where the response echoes it. At most 16 substitutions and 8
+ * distinct secrets (each ≤ EGRESS_MASK_VALUE_MAX bytes) per request. */
+int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t port, bool tls, const proxyreq *r,
                         egress_resolve_fn resolve, void *userdata, egress_inject_result *ret, char *why,
                         size_t whylen);
 

@@ -58,7 +58,7 @@
 #define THROTTLE_MS 20
 #define ACCEPTS_PER_WAKE 32
 #define DNS_ADDRS_TRY 8
-#define MASK_VALUE_MAX 8192   /* secret values longer than this are not masked in responses */
+#define MASK_VALUE_MAX EGRESS_MASK_VALUE_MAX
 
 enum ev_kind { EV_LISTEN = 1, EV_CLIENT, EV_UPSTREAM, EV_DNS, EV_TIMER };
 enum { ICPT_HEAD = 1, ICPT_BODY, ICPT_RESPONSE };
@@ -185,11 +185,14 @@ struct egress_site {
 
 struct egress_proxy {
         egress_proxy_config cfg;
+        bool dispatching;       /* inside egress_proxy_dispatch(): the graveyard waits for the round's end */
         int epfd;
         int self_netns;
         ev timer;
         int64_t timer_armed_ms; /* 0: disarmed */
         egress_site *sites;
+        unsigned n_conns;       /* every site's */
+        int64_t accept_paused_until; /* out of fds: listeners rest until then */
         conn *graveyard;        /* closed connections: an event of this round may still name them */
         bool throttled;         /* some connection waits for tokens */
 };
@@ -333,6 +336,7 @@ static void conn_free(conn *c, bool record) {
         if (c->next)
                 c->next->prev = c->prev;
         s->n_conns--;
+        p->n_conns--;
         /* Its ev structs stay readable (fd -1) until the round ends. */
         c->dead = true;
         c->site = NULL;
@@ -451,13 +455,14 @@ static void conn_arm(conn *c) {
                 up = EPOLLOUT;
                 break;
         case S_RELAY: {
-                bool want_client = !c->client_eof && c->c2u.off + c->c2u.len < BUF_SIZE && !c->stalled[0] &&
+                /* the read functions compact, so what counts is the length */
+                bool want_client = !c->client_eof && c->c2u.len < BUF_SIZE && !c->stalled[0] &&
                                    !(c->kind == EGRESS_KIND_HTTP && c->body_done);
                 if (want_client)
                         cl |= EPOLLIN;
                 if (c->u2c.len > conn_held(c))
                         cl |= EPOLLOUT;
-                if (!c->upstream_eof && c->u2c.off + c->u2c.len < BUF_SIZE && !c->stalled[1])
+                if (!c->upstream_eof && c->u2c.len < BUF_SIZE && !c->stalled[1])
                         up |= EPOLLIN;
                 if (c->uphead_len > c->uphead_off || (c->c2u.len && !c->peeking))
                         up |= EPOLLOUT;
@@ -595,6 +600,9 @@ static int conn_frame_body(conn *c, size_t start, size_t n) {
                 if (k < 0) {
                         snprintf(c->error_detail, sizeof c->error_detail, "%s",
                                  c->framer->why ? c->framer->why : "bad chunked body");
+                        /* none of this read goes anywhere: what follows a
+                         * framing error could be a smuggled request */
+                        c->c2u.len = start - c->c2u.off;
                         return k;
                 }
                 keep = used;
@@ -644,6 +652,8 @@ static size_t conn_held(const conn *c) {
         return MIN(c->mask_max - 1, c->u2c.len);
 }
 
+static void upstream_broken(conn *c);
+
 static void conn_read_client(conn *c) {
         buf *b = &c->c2u;
         if (b->off && b->off + b->len >= BUF_SIZE)
@@ -677,6 +687,7 @@ static void conn_read_client(conn *c) {
                 c->error_reason = "bad request body framing";
                 c->client_eof = true;
                 c->body_done = true;
+                upstream_broken(c); /* the request is cut: the upstream gets nothing more */
         }
 }
 
@@ -1067,11 +1078,12 @@ typedef struct resolve_ctx {
         const char *sandbox_id;
 } resolve_ctx;
 
-static int resolve_shim(void *userdata, const char *name, char **ret, size_t *ret_len) {
+static int resolve_shim(void *userdata, const char *name, const egress_host *h, uint16_t port, char **ret,
+                        size_t *ret_len) {
         resolve_ctx *rc = userdata;
         if (!rc->p->cfg.resolve)
                 return -ENOENT;
-        return rc->p->cfg.resolve(rc->p->cfg.userdata, rc->sandbox_id, name, ret, ret_len);
+        return rc->p->cfg.resolve(rc->p->cfg.userdata, rc->sandbox_id, name, h, port, ret, ret_len);
 }
 
 /* The head sent upstream (inject.c): origin-form request line, Host of the
@@ -1082,7 +1094,7 @@ static int conn_build_uphead(conn *c) {
         resolve_ctx rc = { c->site->proxy, c->site->sandbox_id };
         egress_inject_result res;
         char why[256] = "";
-        int r = egress_inject_apply(c->site->inject, &c->host, c->port, c->req, resolve_shim, &rc, &res, why,
+        int r = egress_inject_apply(c->site->inject, &c->host, c->port, false, c->req, resolve_shim, &rc, &res, why,
                                     sizeof why);
         if (r < 0) {
                 if (r == -EACCES) {
@@ -1373,7 +1385,8 @@ static void icpt_head_done(conn *c, const uint8_t *rest, size_t rest_len) {
         resolve_ctx rc = { c->site->proxy, c->site->sandbox_id };
         egress_inject_result res;
         char why[256] = "";
-        int k = egress_inject_apply(c->site->inject, &c->host, c->port, r, resolve_shim, &rc, &res, why, sizeof why);
+        int k = egress_inject_apply(c->site->inject, &c->host, c->port, true, r, resolve_shim, &rc, &res, why,
+                                    sizeof why);
         if (k < 0) {
                 if (k == -EACCES)
                         c->refused_after_allow = true;
@@ -1683,9 +1696,22 @@ static void conn_event(conn *c, ev *e, uint32_t revents) {
                 conn_write_client(c);
         if (!c->peeking && (c->c2u.len || c->uphead_off < c->uphead_len))
                 conn_write_upstream(c);
-        if (!c->peeking && c->deadline_ms && c->kind != EGRESS_KIND_HTTP)
+        if (!c->peeking && !c->icpt && c->deadline_ms && c->kind != EGRESS_KIND_HTTP)
                 c->deadline_ms = 0;
         conn_maybe_finish(c);
+}
+
+/* Out of descriptors: a level-triggered listener would wake the loop
+ * forever. Every listener rests for a moment; the timer wakes them. */
+static void proxy_pause_accepts(egress_proxy *p) {
+        int64_t now = now_ms();
+        if (p->accept_paused_until > now)
+                return;
+        p->accept_paused_until = now + 100;
+        for (egress_site *s = p->sites; s; s = s->next)
+                (void) ev_set(p, &s->listen, 0);
+        log_warning("egress: out of file descriptors; accepting again in 100 ms (%u connections open)", p->n_conns);
+        timer_want(p, p->accept_paused_until);
 }
 
 static void site_accept(egress_site *s) {
@@ -1693,9 +1719,13 @@ static void site_accept(egress_site *s) {
         unsigned max = p->cfg.max_connections ? p->cfg.max_connections : 256;
         for (int i = 0; i < ACCEPTS_PER_WAKE; i++) {
                 int fd = accept4(s->listen.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd < 0)
+                if (fd < 0) {
+                        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                                proxy_pause_accepts(p);
                         return;
-                if (s->n_conns >= max) {
+                }
+                unsigned total = p->cfg.max_total_connections ? p->cfg.max_total_connections : 8192;
+                if (s->n_conns >= max || p->n_conns >= total) {
                         s->refused_full++;
                         int64_t now = now_ms();
                         if (now - s->refused_full_logged_ms > 60000) {
@@ -1729,6 +1759,7 @@ static void site_accept(egress_site *s) {
                         s->conns->prev = c;
                 s->conns = c;
                 s->n_conns++;
+                p->n_conns++;
                 timer_want(p, c->deadline_ms);
                 conn_arm(c);
         }
@@ -1742,6 +1773,12 @@ static void proxy_timers(egress_proxy *p) {
         bool throttled = p->throttled;
         p->throttled = false;
 
+        if (p->accept_paused_until && p->accept_paused_until <= now) {
+                p->accept_paused_until = 0;
+                for (egress_site *s = p->sites; s; s = s->next)
+                        (void) ev_set(p, &s->listen, EPOLLIN);
+        } else if (p->accept_paused_until)
+                next = p->accept_paused_until;
         for (egress_site *s = p->sites; s; s = s->next) {
                 if (throttled)
                         site_refill(s, now);
@@ -1792,6 +1829,7 @@ static void proxy_timers(egress_proxy *p) {
 
 void egress_proxy_dispatch(egress_proxy *p) {
         struct epoll_event evs[64];
+        p->dispatching = true;
         int n = epoll_wait(p->epfd, evs, ELEMENTSOF(evs), 0);
         for (int i = 0; i < n; i++) {
                 ev *e = evs[i].data.ptr;
@@ -1809,6 +1847,7 @@ void egress_proxy_dispatch(egress_proxy *p) {
                         break;
                 }
         }
+        p->dispatching = false;
         proxy_bury(p);
 }
 
@@ -1934,6 +1973,13 @@ unsigned egress_site_connections(const egress_site *s) {
         return s->n_conns;
 }
 
+static void bury_now(egress_proxy *p) {
+        /* outside a dispatch round nothing can name a closed connection:
+         * free it (with the secret values it holds) at once */
+        if (!p->dispatching)
+                proxy_bury(p);
+}
+
 int egress_site_set_policy(egress_site *s, egress_policy *policy) {
         egress_policy_free(s->policy);
         s->policy = policy;
@@ -1961,6 +2007,7 @@ int egress_site_set_policy(egress_site *s, egress_policy *policy) {
                 }
                 c = nx;
         }
+        bury_now(s->proxy);
         return closed;
 }
 
@@ -1977,6 +2024,7 @@ void egress_site_close(egress_site *s) {
         ev_close(p, &s->listen);
         egress_policy_free(s->policy);
         egress_inject_free(s->inject);
+        bury_now(p);
         if (s->prev)
                 s->prev->next = s->next;
         else

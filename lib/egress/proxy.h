@@ -78,6 +78,7 @@ typedef struct egress_proxy_config {
         size_t n_nameservers;
         uint16_t dns_port;            /* 0: 53 (tests use another) */
         unsigned max_connections;     /* per site, open at once; 0: 256 */
+        unsigned max_total_connections; /* every site together; 0: 8192 */
         uint64_t bandwidth_bytes;     /* per site and direction, bytes/s; 0: unlimited */
         unsigned records_per_second;  /* per site; 0: 50 */
         void (*on_record)(void *userdata, const egress_record *r);
@@ -85,7 +86,8 @@ typedef struct egress_proxy_config {
          * NULL: such tunnels pass untouched (placeholders stay placeholders). */
         struct tlsmint *mint;
         /* A secret's value for a sandbox's request (inject.h); NULL: none. */
-        int (*resolve)(void *userdata, const char *sandbox_id, const char *name, char **ret, size_t *ret_len);
+        int (*resolve)(void *userdata, const char *sandbox_id, const char *name, const egress_host *h, uint16_t port,
+                       char **ret, size_t *ret_len);
         void *userdata;
 } egress_proxy_config;
 

