@@ -128,6 +128,8 @@ struct conn {
         bool peeking;    /* tunnel: hold c2u until the first bytes are judged */
         bool client_eof, upstream_eof;
         bool up_shut, cl_shut;
+        bool fwd;        /* forward semantics: one rewritten request, one framed body, the response
+                            (an http:// request, or plain HTTP inside a tunnel) */
         bool body_done;  /* HTTP: the one request body has been taken */
         bool body_chunked;
         uint64_t body_left;
@@ -457,7 +459,7 @@ static void conn_arm(conn *c) {
         case S_RELAY: {
                 /* the read functions compact, so what counts is the length */
                 bool want_client = !c->client_eof && c->c2u.len < BUF_SIZE && !c->stalled[0] &&
-                                   !(c->kind == EGRESS_KIND_HTTP && c->body_done);
+                                   !(c->fwd && c->body_done);
                 if (want_client)
                         cl |= EPOLLIN;
                 if (c->u2c.len > conn_held(c))
@@ -530,6 +532,94 @@ static void peek_refuse(conn *c, const char *reason, const char *detail) {
         conn_refuse(c, 0, 0, reason, detail);
 }
 
+static int conn_build_uphead(conn *c);
+static int conn_frame_body(conn *c, size_t start, size_t n);
+
+/* Plain HTTP/1.x inside a tunnel (CONNECT host:80, or SOCKS5 carrying
+ * http://) gets the forward proxy's treatment: its Host must be the tunnel's
+ * (no virtual-host fronting on a shared address), it is rewritten
+ * (Connection: close, no secrets in plain HTTP), one body is relayed, and
+ * nothing after it. Returns 0 when the bytes are not HTTP (another
+ * protocol), 1 when waiting for more or when c was handled (refused, or
+ * switched to forward mode). */
+static int tunnel_http(conn *c) {
+        const uint8_t *d = c->c2u.data + c->c2u.off;
+        size_t n = c->c2u.len;
+        if (d[0] < 'A' || d[0] > 'Z')
+                return 0;
+        const uint8_t *eol = memchr(d, '\n', MIN(n, (size_t) 8192));
+        if (!eol) {
+                if (n < 8192 && !c->client_eof)
+                        return 1; /* the request line is not complete yet */
+                return 0;
+        }
+        size_t ll = (size_t) (eol - d);
+        if (ll < 10 || d[ll - 1] != '\r' ||
+            (memcmp(d + ll - 10, " HTTP/1.1\r", 10) != 0 && memcmp(d + ll - 10, " HTTP/1.0\r", 10) != 0))
+                return 0; /* SMTP, IMAP, ...: not HTTP */
+        proxyreq *r = malloc(sizeof *r);
+        if (!r) {
+                peek_refuse(c, "out of memory", NULL);
+                return 1;
+        }
+        proxyreq_init_origin(r);
+        size_t used = 0;
+        int k = proxyreq_feed(r, d, n, &used);
+        if (k == PROXYREQ_NEED_MORE) {
+                free(r);
+                if (n >= BUF_SIZE || c->client_eof) {
+                        peek_refuse(c, "HTTP request head inside the tunnel incomplete", NULL);
+                        return 1;
+                }
+                return 1;
+        }
+        if (k < 0) {
+                char why[128];
+                snprintf(why, sizeof why, "%s", r->why ? r->why : "malformed");
+                free(r);
+                peek_refuse(c, "bad HTTP request inside the tunnel", why);
+                return 1;
+        }
+        egress_host hh;
+        if (egress_host_parse_n(r->host, r->host_len, &hh) < 0 || !egress_host_equal(&hh, &c->host) ||
+            (r->port && r->port != c->port)) {
+                free(r);
+                peek_refuse(c, "the request's Host is not the tunnel's host", NULL);
+                return 1;
+        }
+        /* now a forward request to the tunnel's (already dialled) host */
+        c->fwd = true;
+        c->req = r;
+        snprintf(c->method, sizeof c->method, "%s", r->method);
+        if (r->chunked) {
+                c->body_chunked = true;
+                c->framer = malloc(sizeof *c->framer);
+                if (!c->framer) {
+                        peek_refuse(c, "out of memory", NULL);
+                        return 1;
+                }
+                chunked_init(c->framer);
+        } else {
+                c->body_left = r->has_content_length ? r->content_length : 0;
+                c->body_done = c->body_left == 0;
+        }
+        if (conn_build_uphead(c) < 0)
+                return 1; /* refused (and freed) */
+        free(c->req);
+        c->req = NULL;
+        size_t rest = n - used;
+        memmove(c->c2u.data, d + used, rest);
+        c->c2u.off = 0;
+        c->c2u.len = rest;
+        c->peeking = false;
+        c->deadline_ms = 0;
+        if (conn_frame_body(c, 0, rest) < 0) {
+                peek_refuse(c, "bad request body framing", c->error_detail);
+                return 1;
+        }
+        return 1;
+}
+
 static void conn_peek(conn *c) {
         if (!c->peeking)
                 return;
@@ -552,6 +642,9 @@ static void conn_peek(conn *c) {
                 if (c->port == 443)
                         return peek_refuse(c, "port 443 carries only TLS with SNI",
                                            "the first bytes are not a TLS ClientHello");
+                int h1 = tunnel_http(c);
+                if (h1 != 0)
+                        return; /* waiting for more, refused, or now a forward request */
                 if (egress_inject_has_placeholder(c->site->inject, c->c2u.data + c->c2u.off, c->c2u.len))
                         return peek_refuse(c, "secret placeholder refused",
                                            "a placeholder in a tunnel the proxy does not rewrite");
@@ -587,7 +680,7 @@ static void conn_peek(conn *c) {
 /* Take n client bytes just appended at c2u's end through the HTTP body
  * framing; bytes past the one request are dropped. */
 static int conn_frame_body(conn *c, size_t start, size_t n) {
-        if (c->kind != EGRESS_KIND_HTTP)
+        if (!c->fwd)
                 return 0;
         if (c->body_done) {
                 c->c2u.len = start - c->c2u.off; /* nothing after the body */
@@ -794,7 +887,7 @@ static void conn_write_client(conn *c) {
 static void conn_maybe_finish(conn *c) {
         if (c->dead || c->state != S_RELAY)
                 return;
-        if (c->kind == EGRESS_KIND_HTTP) {
+        if (c->fwd) {
                 if (c->client_eof || (c->upstream_eof && !c->u2c.len))
                         return conn_free(c, true);
                 return conn_arm(c);
@@ -1157,6 +1250,7 @@ static void conn_start_relay(conn *c) {
 static void conn_head_done(conn *c, size_t leftover_at, size_t leftover_len) {
         proxyreq *r = c->req;
         c->kind = r->connect ? EGRESS_KIND_CONNECT : EGRESS_KIND_HTTP;
+        c->fwd = c->kind == EGRESS_KIND_HTTP;
         snprintf(c->method, sizeof c->method, "%s", r->method);
         /* Keep what followed the head: the body's start (HTTP) or early
          * tunnel bytes (CONNECT). */
@@ -1696,7 +1790,7 @@ static void conn_event(conn *c, ev *e, uint32_t revents) {
                 conn_write_client(c);
         if (!c->peeking && (c->c2u.len || c->uphead_off < c->uphead_len))
                 conn_write_upstream(c);
-        if (!c->peeking && !c->icpt && c->deadline_ms && c->kind != EGRESS_KIND_HTTP)
+        if (!c->peeking && !c->icpt && c->deadline_ms && !c->fwd)
                 c->deadline_ms = 0;
         conn_maybe_finish(c);
 }

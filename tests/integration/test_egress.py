@@ -717,3 +717,27 @@ def test_connection_cap_per_sandbox(env, sandboxed_hutch, tmp_path_factory, clea
         assert out.strip().endswith("200 Connection established"), out   # freed again
     finally:
         sd.stop()
+
+
+def test_plain_http_inside_a_tunnel_is_held_to_the_tunnels_host(env, only_ok, clean):
+    """CONNECT ok:80 (or SOCKS5) then a request naming another virtual host on
+    the same address: refused, as the forward proxy would; the tunnel's own
+    host works, and only one request goes through."""
+    net, sd = env
+    raw = ("CONNECT ok.example.test:80 HTTP/1.1\r\nHost: ok.example.test:80\r\n\r\n"
+           "GET /vhost HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+    res = client(sd, only_ok, "raw", raw.encode().hex())
+    assert "200 Connection established" in res["reply"] and "/vhost" not in res["reply"]
+    assert not [x for x in net.requests() if x["path"] == "/vhost"]
+    raw = ("CONNECT ok.example.test:80 HTTP/1.1\r\nHost: ok.example.test:80\r\n\r\n"
+           "GET /mine HTTP/1.1\r\nHost: ok.example.test\r\n\r\nGET /second HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+    res = client(sd, only_ok, "raw", raw.encode().hex())
+    assert '"path": "/mine"' in res["reply"]
+    assert [x["path"] for x in net.requests("ok")] == ["/mine"]
+    # SOCKS5 carrying http:// (curl's socks5h) still works
+    code, out, _ = sh(sd, only_ok, "curl -sS -m 10 --proxy socks5h://127.0.0.1:3128 http://ok.example.test/s5")
+    assert json.loads(out)["path"] == "/s5"
+    # a protocol that is not HTTP passes (the echo server on 9000)
+    raw = "CONNECT ok.example.test:9000 HTTP/1.1\r\nHost: ok.example.test\r\n\r\nEHLO me\r\n"
+    res = client(sd, only_ok, "raw", raw.encode().hex())
+    assert "EHLO me" in res["reply"].split("\r\n\r\n", 1)[1]
