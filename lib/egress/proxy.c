@@ -157,7 +157,8 @@ struct conn {
         bool tcl_ready, tup_ready;
         int icpt_phase;     /* ICPT_HEAD, ICPT_BODY, ICPT_RESPONSE */
         bool icpt_failed;   /* an answer to the client is queued; close once it is out */
-        bool tup_eof;       /* the upstream's response ended */
+        bool tup_eof;       /* the upstream's TLS stream ended (read out to its end) */
+        bool tup_clean;     /* ... with close_notify: the response is whole */
         const char *tup_error;
         proxyreq *oreq;     /* the origin-form head inside the tunnel */
         const char *error_reason; /* set when the proxy refused or failed */
@@ -1650,8 +1651,10 @@ static void icpt_pump(conn *c) {
                 int n = SSL_read(c->tup, pt, sizeof pt);
                 if (n <= 0) {
                         int e = SSL_get_error(c->tup, n);
-                        if (e != SSL_ERROR_WANT_READ)
+                        if (e != SSL_ERROR_WANT_READ) {
                                 c->tup_eof = true;
+                                c->tup_clean = e == SSL_ERROR_ZERO_RETURN;
+                        }
                         break;
                 }
                 c->bytes_in += (uint64_t) n;
@@ -1663,7 +1666,13 @@ static void icpt_pump(conn *c) {
         if (c->tup_eof && !c->icpt_failed) {
                 if (c->hold_len && SSL_write(c->tcl, c->hold, (int) c->hold_len) > 0)
                         c->hold_len = 0;
-                (void) SSL_shutdown(c->tcl);
+                /* close_notify only for a whole response: an upstream that
+                 * just dropped the connection must not look like one that
+                 * finished (the sandbox sees the TCP close without it) */
+                if (c->tup_clean)
+                        (void) SSL_shutdown(c->tcl);
+                else
+                        c->error_reason = "the upstream closed without finishing TLS";
                 c->icpt_failed = true; /* nothing more either way: close once flushed */
         }
         explicit_bzero(pt, sizeof pt);
@@ -1686,10 +1695,13 @@ static void icpt_read(conn *c, bool from_client) {
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
                 return;
         if (n <= 0) {
+                /* the socket ended: the SSL reads what its BIO still holds,
+                 * then sees the end (tup_eof comes from SSL_read) */
+                BIO_set_mem_eof_return(in, 0);
                 if (from_client)
                         c->client_eof = true;
                 else
-                        c->upstream_eof = c->tup_eof = true;
+                        c->upstream_eof = true;
                 return;
         }
         site_spend(c->site, from_client ? 0 : 1, (size_t) n);
