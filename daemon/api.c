@@ -148,7 +148,7 @@ int api_parse_body(request *req, json_t **ret) {
         return 0;
 }
 
-static json_t *sandbox_created_json(sbx *sb) {
+json_t *sandbox_created_json(sbx *sb) {
         return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:n, s:n}", "sandboxID", sb->id, "templateID",
                          sb->template_id, "alias", sb->alias, "clientID", "hutch", "envdVersion", ENVD_VERSION,
                          "envdAccessToken", sb->token, "trafficAccessToken", "domain");
@@ -542,6 +542,10 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         case ROUTE_SECRET_UPDATE:
         case ROUTE_SECRET_DELETE:
                 return secrets_dispatch(srv, req, &rt);
+        case ROUTE_SNAPSHOTS_LIST:
+                return snapshots_list(srv, req);
+        case ROUTE_TEMPLATE_DELETE:
+                return snapshot_delete(srv, req, rt.secret);
         default:
                 break;
         }
@@ -579,6 +583,10 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 return sandbox_network(srv, req, sb);
         case ROUTE_SANDBOX_EGRESS:
                 break; /* above */
+        case ROUTE_SANDBOX_SNAPSHOT:
+                return snapshot_create(srv, req, sb);
+        case ROUTE_SANDBOX_FORK:
+                return sandbox_fork(srv, req, sb);
         }
         return http_reply_error(c, 404, "no route for %s %s", req->method, req->url);
 }

@@ -31,6 +31,8 @@ static const struct {
         { "GET", "metrics", ROUTE_SANDBOX_METRICS },
         { "PUT", "network", ROUTE_SANDBOX_NETWORK },
         { "GET", "egress", ROUTE_SANDBOX_EGRESS },
+        { "POST", "snapshots", ROUTE_SANDBOX_SNAPSHOT },
+        { "POST", "fork", ROUTE_SANDBOX_FORK },
 };
 
 int route_control(const char *method, const char *url, route *ret) {
@@ -50,6 +52,22 @@ int route_control(const char *method, const char *url, route *ret) {
                         r.kind = ROUTE_SANDBOXES_LIST;
                 else
                         return -EPERM;
+                *ret = r;
+                return 0;
+        }
+        if (streq(url, "/snapshots")) {
+                if (!streq(method, "GET"))
+                        return -EPERM;
+                r.kind = ROUTE_SNAPSHOTS_LIST;
+                *ret = r;
+                return 0;
+        }
+        if (startswith(url, "/templates/") && !strchr(url + strlen("/templates/"), '/') &&
+            url[strlen("/templates/")]) {
+                if (!streq(method, "DELETE"))
+                        return -ENOENT; /* templates are not served otherwise */
+                snprintf(r.secret, sizeof r.secret, "%.160s", url + strlen("/templates/"));
+                r.kind = ROUTE_TEMPLATE_DELETE;
                 *ret = r;
                 return 0;
         }

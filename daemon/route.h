@@ -32,6 +32,10 @@ enum {
         ROUTE_SECRET_GET,
         ROUTE_SECRET_UPDATE,
         ROUTE_SECRET_DELETE,
+        ROUTE_SANDBOX_SNAPSHOT,
+        ROUTE_SANDBOX_FORK,
+        ROUTE_SNAPSHOTS_LIST,
+        ROUTE_TEMPLATE_DELETE,
 };
 
 typedef struct route {

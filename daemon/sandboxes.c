@@ -165,9 +165,11 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
 
 /* The engine's sandbox for sb (its limits from sb), its init in the loop,
  * its identity files. On failure nothing of it is left and sb->h is NULL. */
-static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, hutch_error *err) {
+static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, const char *layer_from,
+                            hutch_error *err) {
         hutch_sandbox_config sc = {
                 .template_name = template_name,
+                .layer_from = layer_from,
                 .id = sb->id,
                 .limits = {
                         .memory_bytes = (uint64_t) sb->memory_mb << 20,
@@ -276,7 +278,7 @@ void sbx_pool_fill(server *srv) {
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
-        int r = sbx_engine_start(srv, sb, "host", &err);
+        int r = sbx_engine_start(srv, sb, "host", NULL, &err);
         if (r < 0) {
                 log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
                 srv->pool = sb->next;
@@ -335,7 +337,17 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (r < 0)
                 return hutch_error_set(err, r, "%s", why);
         const char *template_name, *alias;
+        char layer_from[PATH_MAX] = "";
+        store_snapshot snap = { 0 };
         if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
+                template_name = "host";
+                alias = cr.template_id;
+        } else if (snapshot_id_valid(cr.template_id)) {
+                /* from a snapshot: its layer, verified and unsealed now */
+                if ((r = store_snapshot_get(srv->store, team, cr.template_id, &snap, err)) < 0) {
+                        *ret_status = 404;
+                        return hutch_error_set(err, -ENOENT, "template '%s' not found", cr.template_id);
+                }
                 template_name = "host";
                 alias = cr.template_id;
         } else {
@@ -365,19 +377,29 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
 
+        if (snap.id[0]) {
+                r = snapshot_unseal(srv, team, snap.id, &snap, layer_from, sizeof layer_from, err);
+                if (r < 0) {
+                        *ret_status = r == -EBADMSG ? 422 : 500;
+                        json_decref(egress_spec);
+                        return r;
+                }
+        }
         /* a warm sandbox if one is ready: create then only writes a row */
-        sbx *sb = streq(template_name, "host") ? pool_take(srv) : NULL;
+        sbx *sb = streq(template_name, "host") && !snap.id[0] ? pool_take(srv) : NULL;
         if (!sb) {
                 sb = sbx_alloc(srv);
                 if (!sb) {
                         json_decref(egress_spec);
+                        if (layer_from[0])
+                                unlink(layer_from);
                         return hutch_error_set(err, -ENOMEM, "out of memory");
                 }
                 if (hutch_sandbox_id_new(sb->id) < 0)
                         abort(); /* getrandom on a running kernel does not fail */
         }
         sb->team_id = team;
-        snprintf(sb->template_id, sizeof sb->template_id, "%s", template_name);
+        snprintf(sb->template_id, sizeof sb->template_id, "%s", snap.id[0] ? snap.id : template_name);
         snprintf(sb->alias, sizeof sb->alias, "%s", alias);
         sb->metadata = json_is_object(md) ? json_deep_copy(md) : json_object();
         sb->envs = json_is_object(envs) ? json_deep_copy(envs) : json_object();
@@ -394,7 +416,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
-        sb->disk_mb = (int64_t) srv->cfg.disk_mb;
+        sb->disk_mb = snap.id[0] ? snap.disk_mb : (int64_t) srv->cfg.disk_mb;
         sb->started_ms = wall_ms();
         sb->end_ms = sb->started_ms + (int64_t) timeout_s * 1000;
 
@@ -443,7 +465,11 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         if (sb->h)
                 goto ready;
-        r = sbx_engine_start(srv, sb, template_name, err);
+        r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL, err);
+        if (layer_from[0]) {
+                unlink(layer_from); /* the engine copied it into the layer image */
+                layer_from[0] = 0;
+        }
         if (r < 0) {
                 *ret_status = 500;
                 hutch_error e2 = { 0 };
@@ -474,6 +500,8 @@ ready:
         *ret = sb;
         return 0;
 fail:
+        if (layer_from[0])
+                unlink(layer_from);
         json_decref(sb->metadata);
         json_decref(sb->envs);
         json_decref(sb->extra);

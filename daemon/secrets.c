@@ -59,6 +59,7 @@ int secrets_setup(server *srv) {
         } else
                 return log_error_errno(-errno, "%s: %m", path);
         store_set_secrets_key(srv->store, key);
+        memcpy(srv->data_key, key, sizeof key);
         OPENSSL_cleanse(key, sizeof key);
         return 0;
 }

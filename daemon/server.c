@@ -430,6 +430,9 @@ int server_run(const server_config *cfg) {
         r = secrets_setup(srv);
         if (r < 0)
                 goto out;
+        r = snapshots_setup(srv);
+        if (r < 0)
+                goto out;
         r = egress_setup(srv);
         if (r < 0)
                 goto out;

@@ -197,6 +197,7 @@ struct server {
         hutch_ctx *ctx;
         hutch_store *store;
         uint8_t master[32];
+        uint8_t data_key[32];   /* DATA_DIR/secrets.key: seals secrets' team keys and snapshots */
         sbx *sandboxes;
         stream *streams;
         bool quit;
@@ -368,3 +369,17 @@ int egress_sbx_install_ca(server *srv, sbx *sb, hutch_error *err);
 /* Process envs (envd Start): placeholders for secret references, which the
  * sandbox's proxy then honours. */
 int egress_sbx_env_secrets(server *srv, sbx *sb, json_t *env, char *why, size_t wl);
+
+/* -------------------------------------------------------------- snapshots */
+
+json_t *sandbox_created_json(sbx *sb); /* create/connect/fork's Sandbox */
+int snapshots_setup(server *srv);
+bool snapshot_id_valid(const char *s);
+/* Verify and unseal a team's snapshot into a new temporary file (its path
+ * in ret_path; the caller unlinks it). -ENOENT, -EBADMSG (refused). */
+int snapshot_unseal(server *srv, int64_t team, const char *id, store_snapshot *ret_meta, char *ret_path, size_t pathlen,
+                    hutch_error *err);
+enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb);
+enum MHD_Result snapshots_list(server *srv, request *req);
+enum MHD_Result snapshot_delete(server *srv, request *req, const char *id);
+enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb);

@@ -66,6 +66,11 @@ typedef struct hutch_sandbox_config {
         bool network;              /* reserved for the egress proxy; false = loopback only */
         const char *hostname;      /* default "hutch" */
         const char *id;            /* NULL: allocate a random id */
+        /* Start the writable layer from a stream hutch_sandbox_layer_export()
+         * wrote (a file), not empty: the files come back, owned by the same
+         * ids inside the sandbox. Its size replaces limits.disk_bytes. ext4
+         * layers only (-EOPNOTSUPP on tmpfs). */
+        const char *layer_from;
 } hutch_sandbox_config;
 
 #define HUTCH_DEFAULT_MEMORY (512ull << 20)
@@ -128,6 +133,15 @@ typedef struct hutch_stats {
         uint64_t disk_limit;
 } hutch_stats;
 int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err);
+
+/* The writable layer as a stream (the layer image's allocated extents, its
+ * size and the sandbox's id range) to out_fd, for snapshots and forks. The
+ * sandbox must be frozen (hutch_sandbox_freeze) so that nothing writes;
+ * the file system is synced first, so the copy is what a crash at that
+ * instant would leave (ext4 replays its journal when it is mounted again).
+ * Processes are not part of it. ext4 layers only (-EOPNOTSUPP). Returns
+ * the bytes written to *ret_bytes. */
+int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
 
 /* List live sandboxes (ids) found in run_dir. *ret_ids is a NULL-terminated
  * array; free with hutch_strv_free(). */

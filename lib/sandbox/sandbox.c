@@ -642,8 +642,12 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 }
         }
         /* The writable layer, while the child joins its cgroup. */
-        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, &layer_fd, &e)) < 0)
+        uint64_t restored_bytes = 0;
+        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, &layer_fd,
+                                           &restored_bytes, &e)) < 0)
                 step = e.msg;
+        if (r >= 0 && restored_bytes)
+                sb->limits.disk_bytes = restored_bytes; /* the snapshot's size, not the request's */
         if (r >= 0 && (r = idmapped_tree(tpl->rootfs, userns, true, false, &lower_fd)) < 0)
                 step = "id-mapping the template";
         for (size_t i = 0; r >= 0 && i < tpl->n_binds; i++) {
@@ -900,6 +904,21 @@ int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err) {
 
 int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err) {
         return cgroup_thaw(sb->cg, err);
+}
+
+int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        /* sync the layer through the sandbox's own root: an overlay's syncfs
+         * writes back its upper file system */
+        char p[64];
+        snprintf(p, sizeof p, "/proc/%d/root", (int) sb->init_pid);
+        int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return hutch_error_set(err, -errno, "opening the sandbox's root: %m");
+        int r = syncfs(fd) < 0 ? -errno : 0;
+        close(fd);
+        if (r < 0)
+                return hutch_error_set(err, r, "syncing the sandbox's file system: %s", strerror(-r));
+        return storage_export(sb->ctx, sb->id, sb->uid_base, out_fd, ret_bytes, err);
 }
 
 int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {

@@ -204,33 +204,57 @@ static int layer_image_path(hutch_ctx *ctx, const char *id, char *buf, size_t n)
         return snprintf(buf, n, "%s/layers/%s.img", ctx->storage_mnt, id) < (int) n ? 0 : -ENAMETOOLONG;
 }
 
-int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, int *ret_layer_fd,
-                    hutch_error *err) {
+int storage_layer_from(hutch_ctx *ctx, const char *stream_path, const char *img, uint32_t *ret_base,
+                       uint64_t *ret_size, hutch_error *err);
+int storage_shift_owner(int mnt, uid_t from, uid_t to);
+
+int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, const char *layer_from,
+                    int *ret_layer_fd, uint64_t *ret_disk_bytes, hutch_error *err) {
         *ret_layer_fd = -1;
-        if (!streq(ctx->storage_kind, "ext4"))
+        if (!streq(ctx->storage_kind, "ext4")) {
+                if (layer_from)
+                        return hutch_error_set(err, -EOPNOTSUPP,
+                                               "starting from a layer snapshot needs the ext4 layer backend");
                 return 0;
+        }
         char golden[2300], img[2300];
-        /* ext4 cannot hold more inodes than blocks; asking for more would
-         * make mkfs fail, so a small disk gets one inode per 4 KiB block. */
-        uint64_t inodes = MIN(limits->disk_inodes, MAX(limits->disk_bytes / 4096, 64));
-        int r = golden_path(ctx, limits->disk_bytes, inodes, golden, sizeof golden, err);
-        if (r < 0)
-                return r;
+        int r;
         if ((r = layer_image_path(ctx, id, img, sizeof img)) < 0)
                 return hutch_error_set(err, r, "layer path too long");
-
-        _cleanup_close_ int src = open(golden, O_RDONLY | O_CLOEXEC);
-        if (src < 0)
-                return hutch_error_set(err, -errno, "opening %s: %m", golden);
-        _cleanup_close_ int dst = open(img, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (dst < 0)
-                return hutch_error_set(err, -errno, "creating %s: %m", img);
-        _cleanup_close_ int loopfd = -1, fsfd = -1, mnt = -1;
-        r = copy_sparse(src, dst);
-        if (r < 0) {
-                hutch_error_set(err, r, "copying the layer image: %s", strerror(-r));
-                goto fail;
+        uint32_t from_base = 0;
+        _cleanup_close_ int dst = -1;
+        if (layer_from) {
+                uint64_t size = 0;
+                if ((r = storage_layer_from(ctx, layer_from, img, &from_base, &size, err)) < 0)
+                        return r;
+                *ret_disk_bytes = size;
+                dst = open(img, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+                if (dst < 0) {
+                        r = hutch_error_set(err, -errno, "opening %s: %m", img);
+                        unlink(img);
+                        return r;
+                }
+        } else {
+                /* ext4 cannot hold more inodes than blocks; asking for more would
+                 * make mkfs fail, so a small disk gets one inode per 4 KiB block. */
+                uint64_t inodes = MIN(limits->disk_inodes, MAX(limits->disk_bytes / 4096, 64));
+                r = golden_path(ctx, limits->disk_bytes, inodes, golden, sizeof golden, err);
+                if (r < 0)
+                        return r;
+                _cleanup_close_ int src = open(golden, O_RDONLY | O_CLOEXEC);
+                if (src < 0)
+                        return hutch_error_set(err, -errno, "opening %s: %m", golden);
+                dst = open(img, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+                if (dst < 0)
+                        return hutch_error_set(err, -errno, "creating %s: %m", img);
+                r = copy_sparse(src, dst);
+                if (r < 0) {
+                        hutch_error_set(err, r, "copying the layer image: %s", strerror(-r));
+                        unlink(img);
+                        return r;
+                }
         }
+        _cleanup_close_ int loopfd = -1, fsfd = -1, mnt = -1;
         r = loop_attach(dst, &loopfd);
         if (r < 0) {
                 hutch_error_set(err, r, "attaching %s to a loop device: %s", img, strerror(-r));
@@ -251,8 +275,14 @@ int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_lim
                 goto fail;
         }
         /* The loop device and file system hold the image now; the mount fd
-         * is all that is left to hand over. */
-        if (mkdirat(mnt, "upper", 0755) < 0 || mkdirat(mnt, "work", 0700) < 0 ||
+         * is all that is left to hand over. A restored layer's files move to
+         * this sandbox's id range. */
+        if (layer_from && (r = storage_shift_owner(mnt, from_base, owner)) < 0) {
+                hutch_error_set(err, r, "moving the restored layer to the sandbox's ids: %s", strerror(-r));
+                goto fail;
+        }
+        if ((mkdirat(mnt, "upper", 0755) < 0 && (errno != EEXIST || !layer_from)) ||
+            (mkdirat(mnt, "work", 0700) < 0 && (errno != EEXIST || !layer_from)) ||
             fchownat(mnt, "upper", owner, owner, AT_SYMLINK_NOFOLLOW) < 0 ||
             fchownat(mnt, "work", owner, owner, AT_SYMLINK_NOFOLLOW) < 0) {
                 r = hutch_error_set(err, -errno, "preparing the layer: %m");
@@ -315,5 +345,210 @@ int storage_prune(hutch_ctx *ctx, char *const *keep, hutch_error *err) {
                         r = hutch_error_set(err, -errno, "removing stale layer %s: %m", de->d_name);
         }
         closedir(d);
+        return r;
+}
+
+/* ------------------------------------------------- layer export / import */
+
+/* The stream: "HUTCHLY1", u64 image size, u32 the sandbox's uid base, then
+ * extents (u64 offset, u64 length, bytes) in increasing offset order, then
+ * an extent with offset UINT64_MAX and length 0. Little-endian. */
+#define LAYER_MAGIC "HUTCHLY1"
+#define LAYER_SIZE_MAX (1ull << 42)
+
+static int put_u64(int fd, uint64_t v) {
+        uint8_t b[8];
+        for (int i = 0; i < 8; i++)
+                b[i] = (uint8_t) (v >> (8 * i));
+        return fd_write_all(fd, b, sizeof b);
+}
+
+static int get_u64(int fd, uint64_t *ret) {
+        uint8_t b[8];
+        if (fd_read_full(fd, b, sizeof b) != (ssize_t) sizeof b)
+                return -EBADMSG;
+        uint64_t v = 0;
+        for (int i = 0; i < 8; i++)
+                v |= (uint64_t) b[i] << (8 * i);
+        *ret = v;
+        return 0;
+}
+
+int storage_export(hutch_ctx *ctx, const char *id, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
+                return hutch_error_set(err, -EOPNOTSUPP, "layer snapshots need the ext4 layer backend (this host uses %s)",
+                                       ctx->storage_kind ? ctx->storage_kind : "none");
+        char img[2300];
+        if (layer_image_path(ctx, id, img, sizeof img) < 0)
+                return hutch_error_set(err, -ENAMETOOLONG, "layer path too long");
+        _cleanup_close_ int src = open(img, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        if (src < 0 || fstat(src, &st) < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", img);
+        uint64_t total = 0;
+        int r = fd_write_all(out_fd, LAYER_MAGIC, 8);
+        uint8_t base[4] = { (uint8_t) uid_base, (uint8_t) (uid_base >> 8), (uint8_t) (uid_base >> 16),
+                            (uint8_t) (uid_base >> 24) };
+        if (r >= 0)
+                r = put_u64(out_fd, (uint64_t) st.st_size);
+        if (r >= 0)
+                r = fd_write_all(out_fd, base, sizeof base);
+        total += 20;
+        static uint8_t buf[1 << 20];
+        off_t off = 0;
+        while (r >= 0) {
+                off_t data = lseek(src, off, SEEK_DATA);
+                if (data < 0) {
+                        if (errno != ENXIO)
+                                r = -errno;
+                        break;
+                }
+                off_t hole = lseek(src, data, SEEK_HOLE);
+                if (hole < 0) {
+                        r = -errno;
+                        break;
+                }
+                if ((r = put_u64(out_fd, (uint64_t) data)) < 0 || (r = put_u64(out_fd, (uint64_t) (hole - data))) < 0)
+                        break;
+                total += 16;
+                for (off_t p = data; p < hole && r >= 0;) {
+                        size_t want = (size_t) MIN((off_t) sizeof buf, hole - p);
+                        ssize_t n = pread(src, buf, want, p);
+                        if (n <= 0) {
+                                r = n < 0 ? -errno : -EIO;
+                                break;
+                        }
+                        r = fd_write_all(out_fd, buf, (size_t) n);
+                        p += n;
+                        total += (uint64_t) n;
+                }
+                off = hole;
+        }
+        if (r >= 0 && (r = put_u64(out_fd, UINT64_MAX)) >= 0)
+                r = put_u64(out_fd, 0);
+        if (r < 0)
+                return hutch_error_set(err, r, "exporting the layer: %s", strerror(-r));
+        *ret_bytes = total + 16;
+        return 0;
+}
+
+/* Read a stream into a new image file dst (sized, sparse). Everything is
+ * checked: the stream is authenticated by the caller, but a bug must not
+ * write outside the image. */
+static int layer_import(int in_fd, int dst, uint32_t *ret_base, uint64_t *ret_size, hutch_error *err) {
+        char magic[8];
+        if (fd_read_full(in_fd, magic, 8) != 8 || memcmp(magic, LAYER_MAGIC, 8) != 0)
+                return hutch_error_set(err, -EBADMSG, "not a layer stream");
+        uint64_t size;
+        uint8_t b[4];
+        if (get_u64(in_fd, &size) < 0 || fd_read_full(in_fd, b, 4) != 4)
+                return hutch_error_set(err, -EBADMSG, "layer stream cut short");
+        if (size == 0 || size > LAYER_SIZE_MAX || size % 4096)
+                return hutch_error_set(err, -EBADMSG, "layer stream: bad image size");
+        if (ftruncate(dst, (off_t) size) < 0)
+                return hutch_error_set(err, -errno, "sizing the layer image: %m");
+        static uint8_t buf[1 << 20];
+        uint64_t end = 0;
+        for (;;) {
+                uint64_t off, len;
+                if (get_u64(in_fd, &off) < 0 || get_u64(in_fd, &len) < 0)
+                        return hutch_error_set(err, -EBADMSG, "layer stream cut short");
+                if (off == UINT64_MAX && len == 0)
+                        break;
+                if (off < end || len == 0 || off > size || len > size - off)
+                        return hutch_error_set(err, -EBADMSG, "layer stream: an extent out of bounds");
+                end = off + len;
+                while (len > 0) {
+                        size_t want = (size_t) MIN((uint64_t) sizeof buf, len);
+                        if (fd_read_full(in_fd, buf, want) != (ssize_t) want)
+                                return hutch_error_set(err, -EBADMSG, "layer stream cut short");
+                        if (pwrite(dst, buf, want, (off_t) off) != (ssize_t) want)
+                                return hutch_error_set(err, -errno, "writing the layer image: %m");
+                        off += want;
+                        len -= want;
+                }
+        }
+        *ret_base = (uint32_t) b[0] | (uint32_t) b[1] << 8 | (uint32_t) b[2] << 16 | (uint32_t) b[3] << 24;
+        *ret_size = size;
+        return 0;
+}
+
+/* Files that belonged to the ids [from, from + 65536) now belong to the
+ * same ids at `to`: a snapshot restored into another sandbox (another id
+ * range). chown clears set-id bits, so the mode is put back. */
+static int shift_owner_at(int dirfd, const char *name, const struct stat *st, uid_t from, uid_t to) {
+        uid_t u = st->st_uid, g = st->st_gid;
+        if (u >= from && u - from < 65536)
+                u = to + (u - from);
+        if (g >= from && g - from < 65536)
+                g = to + (g - from);
+        if (u == st->st_uid && g == st->st_gid)
+                return 0;
+        if (fchownat(dirfd, name, u, g, AT_SYMLINK_NOFOLLOW) < 0)
+                return -errno;
+        if (!S_ISLNK(st->st_mode) && (st->st_mode & (S_ISUID | S_ISGID)) &&
+            fchmodat(dirfd, name, st->st_mode & 07777, 0) < 0)
+                return -errno;
+        return 0;
+}
+
+static int shift_tree(int dirfd, uid_t from, uid_t to, unsigned depth) {
+        if (depth > 4096)
+                return -ELOOP;
+        int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        DIR *d = fdopendir(fd);
+        if (!d) {
+                close(fd);
+                return -errno;
+        }
+        int r = 0;
+        struct dirent *de;
+        while (r >= 0 && (de = readdir(d))) {
+                if (streq(de->d_name, ".") || streq(de->d_name, ".."))
+                        continue;
+                struct stat st;
+                if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+                        r = -errno;
+                        break;
+                }
+                if (S_ISDIR(st.st_mode)) {
+                        int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        if (sub < 0) {
+                                r = -errno;
+                                break;
+                        }
+                        r = shift_tree(sub, from, to, depth + 1);
+                        close(sub);
+                }
+                if (r >= 0)
+                        r = shift_owner_at(dirfd, de->d_name, &st, from, to);
+        }
+        closedir(d);
+        return r;
+}
+
+int storage_layer_from(hutch_ctx *ctx, const char *stream_path, const char *img, uint32_t *ret_base, uint64_t *ret_size,
+                       hutch_error *err) {
+        _cleanup_close_ int in = open(stream_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (in < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", stream_path);
+        _cleanup_close_ int dst = open(img, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (dst < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", img);
+        int r = layer_import(in, dst, ret_base, ret_size, err);
+        if (r < 0)
+                unlink(img);
+        return r;
+}
+
+int storage_shift_owner(int mnt, uid_t from, uid_t to) {
+        if (from == to)
+                return 0;
+        struct stat st;
+        if (fstat(mnt, &st) < 0)
+                return -errno;
+        int r = shift_tree(mnt, from, to, 0);
         return r;
 }

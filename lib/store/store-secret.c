@@ -27,6 +27,10 @@ void store_set_secrets_key(hutch_store *st, const uint8_t key[32]) {
         st->has_secrets_key = true;
 }
 
+static int need_key(hutch_store *st, hutch_error *err) {
+        return st->has_secrets_key ? 0 : hutch_error_set(err, -ENOKEY, "no secrets key loaded");
+}
+
 static int team_key(hutch_store *st, int64_t team_id, uint8_t key[32], hutch_error *err) {
         if (!st->has_secrets_key)
                 return hutch_error_set(err, -ENOKEY, "no secrets key loaded");
@@ -164,6 +168,8 @@ static int new_id(char id[32]) {
 
 int store_secret_get(hutch_store *st, int64_t team_id, const char *id_or_name, store_secret *ret,
                      hutch_error *err) {
+        if (!st->has_secrets_key)
+                return need_key(st, err);
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, STMT_SECRET_GET,
                            "SELECT " SECRET_COLUMNS " FROM secrets WHERE team_id = ?1 AND deleted_ms = 0"
@@ -186,6 +192,8 @@ int store_secret_get(hutch_store *st, int64_t team_id, const char *id_or_name, s
 
 int store_secret_create(hutch_store *st, int64_t team_id, const char *name, const void *value, size_t len,
                         const char *hosts_json, const char *metadata_json, store_secret *ret, hutch_error *err) {
+        if (!st->has_secrets_key)
+                return need_key(st, err);
         if (len > STORE_SECRET_VALUE_MAX)
                 return hutch_error_set(err, -E2BIG, "a secret value is at most %d bytes", STORE_SECRET_VALUE_MAX);
         char id[32];
@@ -236,6 +244,8 @@ int store_secret_create(hutch_store *st, int64_t team_id, const char *name, cons
 
 int store_secret_update(hutch_store *st, int64_t team_id, const char *id_or_name, const void *value, size_t len,
                         const char *hosts_json, const char *metadata_json, store_secret *ret, hutch_error *err) {
+        if (!st->has_secrets_key)
+                return need_key(st, err);
         if (len > STORE_SECRET_VALUE_MAX)
                 return hutch_error_set(err, -E2BIG, "a secret value is at most %d bytes", STORE_SECRET_VALUE_MAX);
         store_secret cur;
@@ -279,6 +289,8 @@ int store_secret_update(hutch_store *st, int64_t team_id, const char *id_or_name
 }
 
 int store_secret_delete(hutch_store *st, int64_t team_id, const char *id_or_name, hutch_error *err) {
+        if (!st->has_secrets_key)
+                return need_key(st, err);
         store_secret cur;
         int r = store_secret_get(st, team_id, id_or_name, &cur, err);
         if (r < 0)
@@ -298,6 +310,8 @@ int store_secret_delete(hutch_store *st, int64_t team_id, const char *id_or_name
 
 int store_secret_list(hutch_store *st, int64_t team_id, const char *after, unsigned limit, store_secret **ret,
                       size_t *ret_n, hutch_error *err) {
+        if (!st->has_secrets_key)
+                return need_key(st, err);
         if (limit < 1 || limit > 1000)
                 return hutch_error_set(err, -EINVAL, "limit must be 1..1000");
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
@@ -339,6 +353,8 @@ int store_secret_list(hutch_store *st, int64_t team_id, const char *after, unsig
 
 int store_secret_value(hutch_store *st, int64_t team_id, const char *name, char **ret, size_t *ret_len,
                        hutch_error *err) {
+        if (!st->has_secrets_key)
+                return need_key(st, err);
         store_secret cur;
         int r = store_secret_get(st, team_id, name, &cur, err);
         if (r < 0)

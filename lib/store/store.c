@@ -138,6 +138,19 @@ static const char *const migrations[] = {
         "  deleted_ms INTEGER NOT NULL DEFAULT 0"
         ") WITHOUT ROWID;"
         "CREATE UNIQUE INDEX secrets_team_name ON secrets(team_id, name) WHERE deleted_ms = 0;",
+
+        /* 4: snapshots (the sealed files live in DATA_DIR/snapshots) */
+        "CREATE TABLE snapshots ("
+        "  id TEXT PRIMARY KEY NOT NULL,"
+        "  team_id INTEGER NOT NULL REFERENCES teams(id),"
+        "  sandbox_id TEXT NOT NULL,"
+        "  name TEXT NOT NULL DEFAULT '',"
+        "  template_id TEXT NOT NULL,"
+        "  disk_mb INTEGER NOT NULL,"
+        "  bytes INTEGER NOT NULL,"
+        "  created_ms INTEGER NOT NULL"
+        ") WITHOUT ROWID;"
+        "CREATE INDEX snapshots_team ON snapshots(team_id, created_ms);",
 };
 
 int store_schema_version(void) {

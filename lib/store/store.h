@@ -219,3 +219,23 @@ int store_secret_value(hutch_store *st, int64_t team_id, const char *name, char 
                        hutch_error *err);
 void store_secret_clear(store_secret *s);
 void store_secret_array_free(store_secret *v, size_t n);
+
+/* ------------------------------------------------------------- snapshots */
+
+typedef struct store_snapshot {
+        char id[32];          /* "snap_" + 20 [a-z0-9] */
+        int64_t team_id;
+        char sandbox_id[21];  /* the sandbox it was taken from */
+        char name[129];       /* "" when none was given */
+        char template_id[64];
+        int64_t disk_mb, bytes, created_ms;
+} store_snapshot;
+
+int store_snapshot_insert(hutch_store *st, const store_snapshot *s, hutch_error *err);
+/* The team's snapshot by id; -ENOENT otherwise. */
+int store_snapshot_get(hutch_store *st, int64_t team_id, const char *id, store_snapshot *ret, hutch_error *err);
+int store_snapshot_delete(hutch_store *st, int64_t team_id, const char *id, hutch_error *err);
+/* The team's snapshots, newest first, optionally of one sandbox and/or with
+ * one name, created before (before_ms, before_id) for paging; at most limit. */
+int store_snapshot_list(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *name, int64_t before_ms,
+                        const char *before_id, unsigned limit, store_snapshot **ret, size_t *ret_n, hutch_error *err);

@@ -1,0 +1,334 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Snapshots and forks for the namespace backend (issue #5, docs/snapshots.md):
+ * a snapshot is the sandbox's writable layer (hutch_sandbox_layer_export,
+ * taken while the sandbox is frozen), sealed (lib/snapshot/seal.c: AES-256-GCM
+ * per chunk, a key derived per file from DATA_DIR/secrets.key and bound to the
+ * team and the snapshot id, zstd inside) into DATA_DIR/snapshots/<id>.seal.
+ * Creating a sandbox from a snapshot id unseals it (a tampered or foreign file
+ * is refused) and starts a sandbox on that layer. Processes and memory are
+ * not part of a snapshot on this backend: they are what the gVisor backend
+ * adds.
+ *
+ * Everything here runs on the loop, synchronously: a snapshot of a large
+ * layer holds every other request for as long as it takes (docs).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/server.h"
+#include "snapshot/seal.h"
+#include "util/log.h"
+#include "util/macro.h"
+
+#define SNAP_PREFIX "snap_"
+#define RESTORE_MAX_BYTES (1ull << 41) /* what one unsealed layer stream may expand to */
+#define FORK_MAX 16
+
+int snapshots_setup(server *srv) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return log_error_errno(-errno, "%s: %m", dir);
+        return 0;
+}
+
+bool snapshot_id_valid(const char *s) {
+        if (strncmp(s, SNAP_PREFIX, strlen(SNAP_PREFIX)) != 0 || strlen(s) != strlen(SNAP_PREFIX) + 20)
+                return false;
+        for (const char *p = s + strlen(SNAP_PREFIX); *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9')))
+                        return false;
+        return true;
+}
+
+static void snap_id_new(char id[32]) {
+        static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+        strcpy(id, SNAP_PREFIX);
+        size_t n = strlen(SNAP_PREFIX);
+        for (size_t i = 0; i < 20; i++) {
+                uint8_t b;
+                do {
+                        if (RAND_bytes(&b, 1) != 1)
+                                abort();
+                } while (b >= 252);
+                id[n + i] = alphabet[b % 36];
+        }
+        id[n + 20] = 0;
+}
+
+static void snap_path(server *srv, const char *id, char *buf, size_t n) {
+        snprintf(buf, n, "%s/snapshots/%s.seal", srv->cfg.data_dir, id);
+}
+
+static void snap_context(int64_t team, const char *id, char *buf, size_t n) {
+        snprintf(buf, n, "hutch snapshot team:%lld id:%s", (long long) team, id);
+}
+
+/* Seal sb's layer into a new snapshot file; *ret filled. */
+static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot *ret, hutch_error *err) {
+        store_snapshot sn = { 0 };
+        snap_id_new(sn.id);
+        sn.team_id = sb->team_id;
+        snprintf(sn.sandbox_id, sizeof sn.sandbox_id, "%s", sb->id);
+        snprintf(sn.name, sizeof sn.name, "%s", name ? name : "");
+        snprintf(sn.template_id, sizeof sn.template_id, "%s", sb->template_id);
+        sn.created_ms = wall_ms();
+
+        char tmpl[PATH_MAX], final[PATH_MAX], sealtmp[PATH_MAX];
+        snprintf(tmpl, sizeof tmpl, "%s/snapshots/.layer-XXXXXX", srv->cfg.data_dir);
+        int lfd = mkostemp(tmpl, O_CLOEXEC);
+        if (lfd < 0)
+                return hutch_error_set(err, -errno, "temporary file: %m");
+        unlink(tmpl); /* anonymous: gone with the fd whatever happens */
+
+        /* frozen while the layer is read: nothing may write meanwhile */
+        bool was_paused = sb->paused;
+        int r = was_paused ? 0 : hutch_sandbox_freeze(sb->h, err);
+        uint64_t bytes = 0;
+        if (r >= 0) {
+                r = hutch_sandbox_layer_export(sb->h, lfd, &bytes, err);
+                if (!was_paused) {
+                        hutch_error e2 = { 0 };
+                        (void) hutch_sandbox_thaw(sb->h, &e2);
+                }
+        }
+        sbx_mark_dirty(sb);
+        if (r < 0) {
+                close(lfd);
+                return r;
+        }
+        snap_path(srv, sn.id, final, sizeof final);
+        snprintf(sealtmp, sizeof sealtmp, "%s.tmp", final);
+        int sfd = open(sealtmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (sfd < 0) {
+                close(lfd);
+                return hutch_error_set(err, -errno, "%s: %m", sealtmp);
+        }
+        char ctx[160], why[256] = "";
+        snap_context(sn.team_id, sn.id, ctx, sizeof ctx);
+        if (lseek(lfd, 0, SEEK_SET) < 0)
+                r = -errno;
+        else
+                r = seal_write_fd(lfd, sfd, srv->data_key, ctx, true, NULL, why, sizeof why);
+        if (r >= 0 && fsync(sfd) < 0)
+                r = -errno;
+        close(lfd);
+        struct stat st;
+        if (r >= 0 && fstat(sfd, &st) == 0)
+                sn.bytes = st.st_size;
+        close(sfd);
+        if (r >= 0 && rename(sealtmp, final) < 0)
+                r = -errno;
+        if (r < 0) {
+                unlink(sealtmp);
+                return hutch_error_set(err, r, "sealing the snapshot: %s", why[0] ? why : strerror(-r));
+        }
+        sn.disk_mb = sb->disk_mb;
+        if ((r = store_snapshot_insert(srv->store, &sn, err)) < 0) {
+                unlink(final);
+                return r;
+        }
+        *ret = sn;
+        return 0;
+}
+
+int snapshot_unseal(server *srv, int64_t team, const char *id, store_snapshot *ret_meta, char *ret_path, size_t pathlen,
+                    hutch_error *err) {
+        int r = store_snapshot_get(srv->store, team, id, ret_meta, err);
+        if (r < 0)
+                return r;
+        char path[PATH_MAX];
+        snap_path(srv, id, path, sizeof path);
+        int in = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (in < 0)
+                return hutch_error_set(err, -errno, "snapshot %s: its file: %m", id);
+        snprintf(ret_path, pathlen, "%s/snapshots/.restore-XXXXXX", srv->cfg.data_dir);
+        int out = mkostemp(ret_path, O_CLOEXEC);
+        if (out < 0) {
+                r = -errno;
+                close(in);
+                return hutch_error_set(err, r, "temporary file: %s", strerror(-r));
+        }
+        char ctx[160], why[256] = "";
+        snap_context(team, id, ctx, sizeof ctx);
+        r = seal_read_fd(in, out, srv->data_key, ctx, RESTORE_MAX_BYTES, why, sizeof why);
+        close(in);
+        close(out);
+        if (r < 0) {
+                unlink(ret_path);
+                if (r == -EBADMSG || r == -EPERM)
+                        log_warning("snapshot %s: refused: %s", id, why);
+                return hutch_error_set(err, r == -EBADMSG || r == -EPERM ? -EBADMSG : r,
+                                       "snapshot %s cannot be restored: %s", id,
+                                       r == -EBADMSG || r == -EPERM ? "it does not authenticate (damaged or altered)"
+                                                                    : why);
+        }
+        return 0;
+}
+
+static json_t *snapshot_json(const store_snapshot *sn) {
+        json_t *names = json_array();
+        if (sn->name[0])
+                json_array_append_new(names, json_string(sn->name));
+        return json_pack("{s:s, s:o, s:s, s:I, s:I}", "snapshotID", sn->id, "names", names, "sandboxID", sn->sandbox_id,
+                         "sizeBytes", (json_int_t) sn->bytes, "createdAtUnixMs", (json_int_t) sn->created_ms);
+}
+
+/* POST /sandboxes/{id}/snapshots {name?} */
+enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb) {
+        json_t *body;
+        if (api_parse_body(req, &body) < 0)
+                return MHD_YES;
+        json_t *nj = json_object_get(body, "name");
+        const char *name = json_string_value(nj);
+        if ((nj && !json_is_null(nj) && !name) || (name && (strlen(name) > 128 || strchr(name, '/')))) {
+                json_decref(body);
+                return http_reply_error(req->conn, 400, "name must be a string of at most 128 bytes without '/'");
+        }
+        store_snapshot sn;
+        hutch_error err = { 0 };
+        int r = snapshot_take(srv, sb, name, &sn, &err);
+        json_decref(body);
+        if (r < 0) {
+                if (r == -EOPNOTSUPP)
+                        return http_reply_error(req->conn, 409, "%s", err.msg);
+                log_error("sandbox %s: snapshot: %s", sb->id, err.msg);
+                return http_reply_error(req->conn, 500, "%s", err.msg);
+        }
+        char detail[128];
+        snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", sn.id);
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.snapshot", detail, &err);
+        json_t *j = snapshot_json(&sn);
+        return http_reply_json(req->conn, 201, j);
+}
+
+/* GET /snapshots?sandboxID=&name=&limit=&nextToken= */
+enum MHD_Result snapshots_list(server *srv, request *req) {
+        const char *sid = http_query(req->conn, "sandboxID"), *name = http_query(req->conn, "name");
+        const char *l = http_query(req->conn, "limit"), *t = http_query(req->conn, "nextToken");
+        unsigned limit = 100;
+        if (l && *l) {
+                char *x;
+                unsigned long v = strtoul(l, &x, 10);
+                if (*x || v < 1 || v > 100)
+                        return http_reply_error(req->conn, 400, "limit must be 1..100");
+                limit = (unsigned) v;
+        }
+        int64_t before_ms = 0;
+        char before_id[32] = "";
+        if (t && *t) {
+                char *dot = strchr(t, '.'), *x;
+                long long ms = strtoll(t, &x, 10);
+                if (!dot || x != dot || !snapshot_id_valid(dot + 1))
+                        return http_reply_error(req->conn, 400, "invalid nextToken");
+                before_ms = ms;
+                snprintf(before_id, sizeof before_id, "%s", dot + 1);
+        }
+        store_snapshot *v = NULL;
+        size_t n = 0;
+        hutch_error err = { 0 };
+        if (store_snapshot_list(srv->store, req->team, sid, name, before_ms, before_id[0] ? before_id : NULL, limit + 1,
+                                &v, &n, &err) < 0)
+                return http_reply_error(req->conn, 500, "%s", err.msg);
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n && i < limit; i++)
+                json_array_append_new(arr, snapshot_json(&v[i]));
+        char token[64] = "";
+        if (n > limit)
+                snprintf(token, sizeof token, "%lld.%s", (long long) v[limit - 1].created_ms, v[limit - 1].id);
+        free(v);
+        char *s = json_dumps(arr, JSON_COMPACT);
+        json_decref(arr);
+        struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+        if (token[0])
+                MHD_add_response_header(resp, "X-Next-Token", token);
+        enum MHD_Result mr = MHD_queue_response(req->conn, 200, resp);
+        MHD_destroy_response(resp);
+        return mr;
+}
+
+/* DELETE /templates/{snapshotID} */
+enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
+        hutch_error err = { 0 };
+        if (!snapshot_id_valid(id) || store_snapshot_delete(srv->store, req->team, id, &err) < 0)
+                return http_reply_error(req->conn, 404, "template '%s' not found", id);
+        char path[PATH_MAX];
+        snap_path(srv, id, path, sizeof path);
+        if (unlink(path) < 0 && errno != ENOENT)
+                log_warning("snapshot %s: removing %s: %m", id, path);
+        char detail[128];
+        snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", id);
+        (void) store_event_add(srv->store, req->team, NULL, "snapshot.delete", detail, &err);
+        return http_reply_empty(req->conn, 204);
+}
+
+/* POST /sandboxes/{id}/fork {count?, timeout?}: a snapshot of the layer,
+ * then count sandboxes from it, each with the parent's metadata,
+ * environment and network; the snapshot itself is not kept. */
+enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
+        json_t *body;
+        if (api_parse_body(req, &body) < 0)
+                return MHD_YES;
+        json_t *cj = json_object_get(body, "count"), *tj = json_object_get(body, "timeout");
+        json_int_t count = cj && !json_is_null(cj) ? json_integer_value(cj) : 1;
+        if ((cj && !json_is_null(cj) && !json_is_integer(cj)) || count < 1 || count > FORK_MAX ||
+            (tj && !json_is_null(tj) && (!json_is_integer(tj) || json_integer_value(tj) < 0 ||
+                                         (uint64_t) json_integer_value(tj) > srv->cfg.max_timeout_s))) {
+                json_decref(body);
+                return http_reply_error(req->conn, 400, "count must be 1..%d and timeout 0..%llu seconds", FORK_MAX,
+                                        (unsigned long long) srv->cfg.max_timeout_s);
+        }
+        json_int_t timeout = tj && !json_is_null(tj) ? json_integer_value(tj) : 0;
+        json_decref(body);
+        store_snapshot sn;
+        hutch_error err = { 0 };
+        int r = snapshot_take(srv, sb, NULL, &sn, &err);
+        if (r < 0)
+                return http_reply_error(req->conn, r == -EOPNOTSUPP ? 409 : 500, "%s", err.msg);
+        json_t *out = json_array();
+        for (json_int_t i = 0; i < count; i++) {
+                json_t *cb = json_pack("{s:s}", "templateID", sn.id);
+                if (timeout > 0)
+                        json_object_set_new(cb, "timeout", json_integer(timeout));
+                json_object_set(cb, "metadata", sb->metadata);
+                json_object_set(cb, "envVars", sb->envs);
+                json_t *spec = json_object_get(sb->extra, "egress");
+                if (json_is_object(spec)) {
+                        json_t *net = json_object();
+                        const char *keys[] = { "allowOut", "denyOut", "rules" };
+                        for (size_t k = 0; k < ELEMENTSOF(keys); k++) {
+                                json_t *v = json_object_get(spec, keys[k]);
+                                if (v)
+                                        json_object_set(net, keys[k], v);
+                        }
+                        json_object_set_new(cb, "network", net);
+                        json_t *inet = json_object_get(spec, "internet");
+                        if (json_is_boolean(inet))
+                                json_object_set(cb, "allow_internet_access", inet);
+                }
+                sbx *child = NULL;
+                unsigned status = 500;
+                hutch_error e2 = { 0 };
+                int k = sbx_create(srv, sb->team_id, cb, &child, &status, &e2);
+                json_decref(cb);
+                if (k < 0)
+                        json_array_append_new(out, json_pack("{s:{s:i, s:s}}", "error", "code", (int) status, "message",
+                                                             e2.msg));
+                else
+                        json_array_append_new(out, json_pack("{s:o}", "sandbox", sandbox_created_json(child)));
+        }
+        /* the forks have their layers: the snapshot goes */
+        char path[PATH_MAX];
+        snap_path(srv, sn.id, path, sizeof path);
+        unlink(path);
+        (void) store_snapshot_delete(srv->store, sn.team_id, sn.id, &err);
+        return http_reply_json(req->conn, 201, out);
+}
