@@ -126,6 +126,16 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
         close(sfd);
         if (r >= 0 && rename(sealtmp, final) < 0)
                 r = -errno;
+        if (r >= 0) {
+                /* the rename itself must survive a crash: sync the directory */
+                char dir[PATH_MAX];
+                snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
+                int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (dfd >= 0) {
+                        (void) fsync(dfd);
+                        close(dfd);
+                }
+        }
         if (r < 0) {
                 unlink(sealtmp);
                 return hutch_error_set(err, r, "sealing the snapshot: %s", why[0] ? why : strerror(-r));

@@ -320,12 +320,14 @@ void egress_inject_result_clear(egress_inject_result *r) {
         memset(r, 0, sizeof *r);
 }
 
+/* Append an item only whole: a record must never name half a secret. */
 static void used_add(egress_inject_result *ret, const char *what) {
-        size_t l = strlen(ret->used);
-        if (l && l + 2 < sizeof ret->used)
-                strcat(ret->used, ",");
-        l = strlen(ret->used);
-        snprintf(ret->used + l, sizeof ret->used - l, "%s", what);
+        size_t l = strlen(ret->used), w = strlen(what);
+        if (l + (l ? 1 : 0) + w + 1 > sizeof ret->used)
+                return;
+        if (l)
+                ret->used[l++] = ',';
+        memcpy(ret->used + l, what, w + 1);
 }
 
 /* The placeholder at v (EGRESS_PLACEHOLDER_LEN bytes available), or NULL. */
@@ -475,14 +477,22 @@ int egress_inject_apply(const egress_inject *x, const egress_host *h, uint16_t p
                         egress_resolve_fn resolve, void *userdata, egress_inject_result *ret, char *why,
                         size_t whylen) {
         memset(ret, 0, sizeof *ret);
-        /* the request target: placeholders may not leave in it */
-        if (r->path) {
-                size_t at;
-                const placeholder *p = next_placeholder(x, r->path, r->path_len, 0, &at);
-                if (p && !placeholder_bound(p, h, port)) {
-                        snprintf(why, whylen, "the placeholder of secret \"%s\" was sent to %s, which it is not bound to",
-                                 p->name, h->text);
-                        return -EACCES;
+        /* the request target and header names: placeholders may not leave
+         * in them for a host they are not bound to (they are never
+         * substituted there) */
+        for (size_t i = 0; i <= r->n_headers; i++) {
+                const char *v = i == r->n_headers ? r->path : r->headers[i].name;
+                size_t vl = i == r->n_headers ? r->path_len : r->headers[i].name_len;
+                size_t at = 0, from = 0;
+                const placeholder *p;
+                while (v && (p = next_placeholder(x, v, vl, from, &at))) {
+                        if (!placeholder_bound(p, h, port)) {
+                                snprintf(why, whylen,
+                                         "the placeholder of secret \"%s\" was sent to %s, which it is not bound to",
+                                         p->name, h->text);
+                                return -EACCES;
+                        }
+                        from = at + EGRESS_PLACEHOLDER_LEN;
                 }
         }
         /* rules apply to HTTPS only (E2B's "outbound HTTPS requests") */

@@ -75,7 +75,7 @@ typedef int (*egress_resolve_fn)(void *userdata, const char *name, const egress_
 typedef struct egress_inject_result {
         char *head; /* the head to send, malloc'ed: wipe and free it */
         size_t head_len;
-        char used[256]; /* names of the secrets and transforms applied, comma-separated */
+        char used[1024]; /* names of the secrets and transforms applied, comma-separated (whole items only) */
         /* Copies of the distinct secret values put into the head (at most
          * EGRESS_INJECT_VALUES_MAX), so that the proxy can mask them in the
          * response: an upstream that echoes a header must not hand the

@@ -137,7 +137,7 @@ struct conn {
         bool stalled[2]; /* 0: client reads (up), 1: upstream reads (down) */
         uint64_t bytes_out, bytes_in;
 
-        char injected[256];        /* secrets and rules applied */
+        char injected[1024];       /* secrets and rules applied */
         /* Secret values sent upstream on this connection: masked ('*', same
          * length, so framing holds) wherever they come back in the
          * response. The last mask_max - 1 bytes wait until more arrive. */

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The store against a real database in a temporary directory: migrations,
- * keys, sandboxes, templates, events, the master secret, file modes. SQLite
- * is opened directly only to look behind the store's back. */
+ * keys, sandboxes, templates, events, the master secret, file modes, secrets.
+ * SQLite is opened directly only to look behind the store's back. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -49,6 +50,78 @@ static long long raw_int(const char *sql) {
         }
         sqlite3_close(db);
         return v;
+}
+
+/* The raw value blob of a team's live secret (malloc'ed), or NULL. */
+static uint8_t *raw_value(int64_t team, const char *name, size_t *ret_len) {
+        sqlite3 *db = NULL;
+        sqlite3_stmt *s = NULL;
+        uint8_t *v = NULL;
+        if (sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
+            sqlite3_prepare_v2(db, "SELECT value FROM secrets WHERE team_id = ?1 AND name = ?2 AND deleted_ms = 0",
+                               -1, &s, NULL) == SQLITE_OK &&
+            sqlite3_bind_int64(s, 1, team) == SQLITE_OK &&
+            sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW &&
+            sqlite3_column_type(s, 0) == SQLITE_BLOB) {
+                size_t n = (size_t) sqlite3_column_bytes(s, 0);
+                v = malloc(n ? n : 1);
+                if (v) {
+                        memcpy(v, sqlite3_column_blob(s, 0), n);
+                        *ret_len = n;
+                }
+        }
+        sqlite3_finalize(s);
+        sqlite3_close(db);
+        return v;
+}
+
+/* Overwrite the value blob of a team's live secret behind the store's back
+ * (NULL stores SQL NULL). */
+static bool raw_set_value(int64_t team, const char *name, const uint8_t *v, size_t len) {
+        sqlite3 *db = NULL;
+        sqlite3_stmt *s = NULL;
+        bool done = false;
+        if (sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
+            sqlite3_prepare_v2(db, "UPDATE secrets SET value = ?3 WHERE team_id = ?1 AND name = ?2 AND deleted_ms = 0",
+                               -1, &s, NULL) == SQLITE_OK &&
+            sqlite3_bind_int64(s, 1, team) == SQLITE_OK &&
+            sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC) == SQLITE_OK &&
+            (v ? sqlite3_bind_blob(s, 3, v, (int) len, SQLITE_TRANSIENT) : sqlite3_bind_null(s, 3)) == SQLITE_OK &&
+            sqlite3_step(s) == SQLITE_DONE)
+                done = sqlite3_changes(db) == 1;
+        sqlite3_finalize(s);
+        sqlite3_close(db);
+        return done;
+}
+
+/* Whether the file at db_path + suffix holds these bytes anywhere. */
+static bool file_holds(const char *suffix, const void *needle, size_t len) {
+        char p[600];
+        snprintf(p, sizeof p, "%s%s", db_path, suffix);
+        FILE *f = fopen(p, "rbe");
+        if (!f)
+                return false;
+        size_t cap = 1 << 20, n = 0, k;
+        char *buf = malloc(cap);
+        while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+                n += k;
+                if (n == cap) {
+                        char *b = realloc(buf, cap * 2);
+                        if (!b)
+                                break;
+                        buf = b;
+                        cap *= 2;
+                }
+        }
+        fclose(f);
+        bool found = buf && memmem(buf, n, needle, len) != NULL;
+        free(buf);
+        return found;
+}
+
+/* The plaintext is in neither the database nor its WAL. */
+static bool on_disk(const char *plain) {
+        return file_holds("", plain, strlen(plain)) || file_holds("-wal", plain, strlen(plain));
 }
 
 static bool key_wellformed(const char *k) {
@@ -306,6 +379,341 @@ static void test_templates(hutch_store *st, int64_t team) {
         ok(store_template_find(st, "", &r, &err) == -ENOENT, "empty name is ENOENT");
 }
 
+/* ---------------------------------------------------------------- secrets */
+
+static const uint8_t secrets_key[32] = { 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb,
+                                         0xcc, 0xdd, 0xee, 0xff, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07,
+                                         0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x12 };
+
+#define CANARY1 "hutch-canary-plaintext-one-7f3a9c1d"
+#define CANARY2 "hutch-canary-plaintext-two-b81e44a0"
+#define CANARY3 "hutch-canary-plaintext-three-0c5d9e"
+
+static bool id_wellformed(const char *id) {
+        if (strlen(id) != 24 || strncmp(id, "sec_", 4) != 0)
+                return false;
+        for (const char *p = id + 4; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9')))
+                        return false;
+        return true;
+}
+
+/* The current value is exactly want (len bytes). */
+static bool value_is(hutch_store *st, int64_t team, const char *name, const void *want, size_t len) {
+        hutch_error err = { 0 };
+        char *v = NULL;
+        size_t n = 0;
+        if (store_secret_value(st, team, name, &v, &n, &err) < 0)
+                return false;
+        bool same = n == len && memcmp(v, want, len) == 0 && v[n] == 0;
+        free(v);
+        return same;
+}
+
+static int value_code(hutch_store *st, int64_t team, const char *name) {
+        hutch_error err = { 0 };
+        char *v = NULL;
+        size_t n = 0;
+        int r = store_secret_value(st, team, name, &v, &n, &err);
+        free(v);
+        return r;
+}
+
+/* Without store_set_secrets_key(): every call fails with ENOKEY, also for a
+ * secret that exists (name). */
+static void test_secrets_nokey(hutch_store *st, int64_t team, const char *name, const char *what) {
+        hutch_error err = { 0 };
+        store_secret s = { 0 }, *v = NULL;
+        size_t n = 0;
+        char *val = NULL;
+        int r;
+
+        ok(store_secret_create(st, team, "nokey", "x", 1, NULL, NULL, &s, &err) == -ENOKEY,
+           "%s: create is ENOKEY (%s)", what, err.msg);
+        r = store_secret_get(st, team, name, &s, &err);
+        ok(r == -ENOKEY, "%s: get is ENOKEY (got %d)", what, r);
+        if (r == 0)
+                store_secret_clear(&s);
+        ok(store_secret_update(st, team, name, "y", 1, NULL, NULL, &s, &err) == -ENOKEY,
+           "%s: update is ENOKEY (%s)", what, err.msg);
+        r = store_secret_list(st, team, NULL, 10, &v, &n, &err);
+        ok(r == -ENOKEY, "%s: list is ENOKEY (got %d)", what, r);
+        if (r == 0)
+                store_secret_array_free(v, n);
+        r = store_secret_value(st, team, name, &val, &n, &err);
+        ok(r == -ENOKEY, "%s: value is ENOKEY (got %d)", what, r);
+        if (r == 0)
+                free(val);
+        r = store_secret_delete(st, team, name, &err);
+        ok(r == -ENOKEY, "%s: delete is ENOKEY (got %d)", what, r);
+}
+
+static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
+        hutch_error err = { 0 };
+        store_secret a = { 0 }, g = { 0 }, u = { 0 }, x = { 0 };
+        store_secret *v = NULL;
+        size_t n = 0;
+
+        /* create, get by id and by name */
+        ok(store_secret_create(st, team, "GitHub_Token", CANARY1, strlen(CANARY1),
+                               "[\"api.github.test\",\"*.githubusercontent.test\"]", "{\"owner\":\"ci\"}", &a,
+                               &err) == 0,
+           "secret created (%s)", err.msg);
+        ok(id_wellformed(a.id), "id is sec_ + 20 [a-z0-9]: %s", a.id);
+        ok(a.team_id == team && a.name && streq(a.name, "github_token") && a.version == 1,
+           "name stored lowercase, version 1 (%s)", a.name ? a.name : "NULL");
+        ok(a.hosts_json && streq(a.hosts_json, "[\"api.github.test\",\"*.githubusercontent.test\"]") &&
+                   a.metadata_json && streq(a.metadata_json, "{\"owner\":\"ci\"}"),
+           "hosts and metadata as given");
+        ok(a.created_ms > 1600000000000LL && a.updated_ms == a.created_ms, "created = updated, unix ms");
+        ok(store_secret_get(st, team, a.id, &g, &err) == 0 && streq(g.id, a.id) && streq(g.name, "github_token"),
+           "get by id (%s)", err.msg);
+        store_secret_clear(&g);
+        ok(store_secret_get(st, team, "github_token", &g, &err) == 0 && streq(g.id, a.id), "get by name");
+        store_secret_clear(&g);
+        ok(store_secret_get(st, team, "GITHUB_Token", &g, &err) == 0 && streq(g.id, a.id),
+           "get by name is case-insensitive");
+        store_secret_clear(&g);
+        ok(store_secret_get(st, team, "github", &g, &err) == -ENOENT, "a prefix is not a name (%s)", err.msg);
+        ok(store_secret_get(st, team, "sec_aaaaaaaaaaaaaaaaaaaa", &g, &err) == -ENOENT, "unknown id is ENOENT");
+
+        /* defaults, and names */
+        ok(store_secret_create(st, team, "bare", "b", 1, NULL, NULL, &x, &err) == 0 && streq(x.hosts_json, "[]") &&
+                   streq(x.metadata_json, "{}"),
+           "NULL hosts and metadata store [] and {} (%s)", err.msg);
+        store_secret_clear(&x);
+        ok(store_secret_create(st, team, "github_token", "z", 1, NULL, NULL, &x, &err) == -EEXIST,
+           "duplicate name is EEXIST (%s)", err.msg);
+        ok(store_secret_create(st, team, "GITHUB_TOKEN", "z", 1, NULL, NULL, &x, &err) == -EEXIST,
+           "duplicate name in other case is EEXIST");
+        ok(store_secret_create(st, other, "github_token", "other team", 10, NULL, NULL, &x, &err) == 0 &&
+                   !streq(x.id, a.id),
+           "the same name in another team is another secret (%s)", err.msg);
+        store_secret_clear(&x);
+        ok(store_secret_create(st, team, "", "z", 1, NULL, NULL, &x, &err) == -EINVAL, "empty name is EINVAL (%s)",
+           err.msg);
+        char name[200];
+        memset(name, 'n', sizeof name);
+        name[129] = 0;
+        ok(store_secret_create(st, team, name, "z", 1, NULL, NULL, &x, &err) == -EINVAL,
+           "a 129-byte name is EINVAL (%s)", err.msg);
+        name[128] = 0;
+        ok(store_secret_create(st, team, name, "z", 1, NULL, NULL, &x, &err) == 0, "a 128-byte name is taken (%s)",
+           err.msg);
+        store_secret_clear(&x);
+        ok(store_secret_create(st, team, "badmeta", "z", 1, NULL, "[1]", &x, &err) == -EINVAL,
+           "metadata that is not an object is EINVAL (%s)", err.msg);
+        ok(store_secret_create(st, 99999, "ghost", "z", 1, NULL, NULL, &x, &err) == -ENOENT,
+           "a secret for an unknown team is ENOENT (%s)", err.msg);
+
+        /* the value */
+        ok(value_is(st, team, "github_token", CANARY1, strlen(CANARY1)), "the value round-trips");
+        ok(value_is(st, team, "GitHub_TOKEN", CANARY1, strlen(CANARY1)), "... looked up by name in any case");
+        ok(value_is(st, team, a.id, CANARY1, strlen(CANARY1)), "... and by id");
+        static const uint8_t bin[] = { 0, 1, 2, 0xff, 0, '\r', '\n', 0x80 };
+        ok(store_secret_create(st, team, "binary", bin, sizeof bin, NULL, NULL, &x, &err) == 0 &&
+                   value_is(st, team, "binary", bin, sizeof bin),
+           "a binary value with NUL bytes round-trips (%s)", err.msg);
+        store_secret_clear(&x);
+        ok(store_secret_create(st, team, "empty", "", 0, NULL, NULL, &x, &err) == 0 &&
+                   value_is(st, team, "empty", "", 0),
+           "an empty value round-trips (%s)", err.msg);
+        store_secret_clear(&x);
+        ok(!on_disk(CANARY1), "the plaintext is in neither the database file nor its WAL");
+        {
+                size_t bl = 0;
+                _cleanup_free_ uint8_t *blob = raw_value(team, "github_token", &bl);
+                ok(blob && bl == 12 + strlen(CANARY1) + 16, "stored: nonce, ciphertext, tag (%zu bytes)", bl);
+        }
+
+        /* limits */
+        char *big = malloc(STORE_SECRET_VALUE_MAX + 1);
+        memset(big, 'v', STORE_SECRET_VALUE_MAX + 1);
+        ok(store_secret_create(st, team, "toobig", big, STORE_SECRET_VALUE_MAX + 1, NULL, NULL, &x, &err) == -E2BIG,
+           "a value over %d bytes is E2BIG (%s)", STORE_SECRET_VALUE_MAX, err.msg);
+        ok(store_secret_get(st, team, "toobig", &x, &err) == -ENOENT, "... and nothing was stored");
+        ok(store_secret_create(st, team, "max", big, STORE_SECRET_VALUE_MAX, NULL, NULL, &x, &err) == 0 &&
+                   value_is(st, team, "max", big, STORE_SECRET_VALUE_MAX),
+           "a value of exactly %d bytes round-trips", STORE_SECRET_VALUE_MAX);
+        store_secret_clear(&x);
+        ok(store_secret_update(st, team, "max", big, STORE_SECRET_VALUE_MAX + 1, NULL, NULL, &x, &err) == -E2BIG,
+           "an update over %d bytes is E2BIG", STORE_SECRET_VALUE_MAX);
+        free(big);
+
+        /* update: a new version and value; NULL hosts/metadata kept */
+        ok(store_secret_update(st, team, "GITHUB_TOKEN", CANARY2, strlen(CANARY2), NULL, NULL, &u, &err) == 0,
+           "update (%s)", err.msg);
+        ok(streq(u.id, a.id) && u.version == 2 && streq(u.name, "github_token") && u.created_ms == a.created_ms &&
+                   u.updated_ms >= a.updated_ms,
+           "update: same id and created, version 2 (%lld)", (long long) u.version);
+        ok(streq(u.hosts_json, a.hosts_json) && streq(u.metadata_json, a.metadata_json),
+           "update with NULL hosts and metadata keeps them");
+        ok(value_is(st, team, "github_token", CANARY2, strlen(CANARY2)), "update changes the value");
+        store_secret_clear(&u);
+        ok(store_secret_update(st, team, a.id, CANARY3, strlen(CANARY3), "[\"api.github.test\"]", "{}", &u, &err) ==
+                           0 &&
+                   u.version == 3 && streq(u.hosts_json, "[\"api.github.test\"]") && streq(u.metadata_json, "{}"),
+           "update by id replaces hosts and metadata, version 3 (%s)", err.msg);
+        store_secret_clear(&u);
+        ok(store_secret_update(st, team, a.id, "nope", 4, NULL, "[]", &u, &err) == -EINVAL,
+           "update with metadata that is not an object is EINVAL (%s)", err.msg);
+        ok(store_secret_get(st, team, a.id, &g, &err) == 0 && g.version == 3 &&
+                   value_is(st, team, a.id, CANARY3, strlen(CANARY3)),
+           "a refused update changes nothing (version %lld)", (long long) g.version);
+        store_secret_clear(&g);
+        ok(!on_disk(CANARY1) && !on_disk(CANARY2) && !on_disk(CANARY3), "no version's plaintext is on disk");
+        ok(store_secret_update(st, team, "nosuch", "v", 1, NULL, NULL, &u, &err) == -ENOENT,
+           "update of an unknown secret is ENOENT");
+
+        /* list: by name, paged */
+        static const char *const names[] = { "echo", "charlie", "alpha", "delta", "bravo" };
+        for (size_t i = 0; i < ELEMENTSOF(names); i++) {
+                ok(store_secret_create(st, team, names[i], names[i], strlen(names[i]), NULL, NULL, &x, &err) == 0,
+                   "create %s", names[i]);
+                store_secret_clear(&x);
+        }
+        ok(store_secret_list(st, team, NULL, 1000, &v, &n, &err) == 0, "list (%s)", err.msg);
+        bool sorted = n > 0;
+        for (size_t i = 1; i < n; i++)
+                sorted &= strcmp(v[i - 1].name, v[i].name) < 0;
+        bool mine = true;
+        for (size_t i = 0; i < n; i++)
+                mine &= v[i].team_id == team && id_wellformed(v[i].id);
+        ok(sorted && mine && n == 11, "list: the team's 11 live secrets, by name (%zu)", n);
+        ok(n >= 3 && streq(v[0].name, "alpha") && streq(v[1].name, "bare") && streq(v[2].name, "binary"),
+           "list starts alpha, bare, binary");
+        store_secret_array_free(v, n);
+        ok(store_secret_list(st, team, NULL, 2, &v, &n, &err) == 0 && n == 2 && streq(v[0].name, "alpha") &&
+                   streq(v[1].name, "bare"),
+           "first page of 2");
+        store_secret_array_free(v, n);
+        ok(store_secret_list(st, team, "bare", 3, &v, &n, &err) == 0 && n == 3 && streq(v[0].name, "binary") &&
+                   streq(v[1].name, "bravo") && streq(v[2].name, "charlie"),
+           "next page after \"bare\"");
+        store_secret_array_free(v, n);
+        ok(store_secret_list(st, team, "bravo", 1, &v, &n, &err) == 0 && n == 1 && streq(v[0].name, "charlie"),
+           "a page of 1 after \"bravo\"");
+        store_secret_array_free(v, n);
+        ok(store_secret_list(st, team, "zzz", 10, &v, &n, &err) == 0 && n == 0, "after the last: empty");
+        store_secret_array_free(v, n);
+        ok(store_secret_list(st, team, NULL, 0, &v, &n, &err) == -EINVAL &&
+                   store_secret_list(st, team, NULL, 1001, &v, &n, &err) == -EINVAL,
+           "limit 0 and 1001 are EINVAL");
+        ok(store_secret_list(st, other, NULL, 10, &v, &n, &err) == 0 && n == 1 && v[0].team_id == other,
+           "the other team lists only its own");
+        store_secret_array_free(v, n);
+
+        /* delete */
+        store_secret c = { 0 };
+        ok(store_secret_get(st, team, "charlie", &c, &err) == 0, "get charlie");
+        ok(store_secret_delete(st, team, "CHARLIE", &err) == 0, "delete by name (%s)", err.msg);
+        ok(store_secret_get(st, team, "charlie", &g, &err) == -ENOENT &&
+                   store_secret_get(st, team, c.id, &g, &err) == -ENOENT,
+           "deleted: ENOENT by name and by id");
+        ok(value_code(st, team, "charlie") == -ENOENT, "deleted: no value");
+        ok(store_secret_update(st, team, c.id, "v", 1, NULL, NULL, &u, &err) == -ENOENT,
+           "deleted: update is ENOENT");
+        ok(store_secret_delete(st, team, c.id, &err) == -ENOENT, "delete twice is ENOENT");
+        ok(store_secret_list(st, team, "bravo", 1, &v, &n, &err) == 0 && n == 1 && streq(v[0].name, "delta"),
+           "deleted: not listed");
+        store_secret_array_free(v, n);
+        {
+                char q[160];
+                snprintf(q, sizeof q, "SELECT count(*) FROM secrets WHERE id = '%s' AND deleted_ms > 0 AND value IS NULL",
+                         c.id);
+                ok(raw_int(q) == 1, "a deleted secret keeps its row, without its value");
+        }
+        ok(store_secret_create(st, team, "charlie", "again", 5, NULL, NULL, &x, &err) == 0 && !streq(x.id, c.id) &&
+                   x.version == 1 && value_is(st, team, "charlie", "again", 5),
+           "the name can be created again: a new id (%s)", err.msg);
+        store_secret_clear(&x);
+        store_secret_clear(&c);
+
+        /* another team cannot reach it */
+        ok(store_secret_get(st, other, a.id, &g, &err) == -ENOENT, "other team: get by id is ENOENT");
+        ok(store_secret_get(st, other, "alpha", &g, &err) == -ENOENT, "other team: get by name is ENOENT");
+        ok(store_secret_update(st, other, a.id, "stolen", 6, NULL, NULL, &u, &err) == -ENOENT,
+           "other team: update is ENOENT");
+        ok(store_secret_delete(st, other, a.id, &err) == -ENOENT && store_secret_delete(st, other, "alpha", &err) ==
+                                                                           -ENOENT,
+           "other team: delete is ENOENT");
+        ok(value_code(st, other, a.id) == -ENOENT && value_code(st, other, "alpha") == -ENOENT,
+           "other team: value is ENOENT");
+        ok(value_is(st, other, "github_token", "other team", 10), "other team: its own secret of that name");
+        ok(value_is(st, team, a.id, CANARY3, strlen(CANARY3)) && store_secret_get(st, team, a.id, &g, &err) == 0 &&
+                   g.version == 3,
+           "... and ours is untouched");
+        store_secret_clear(&g);
+
+        /* tampering behind the store's back */
+        size_t al = 0, bl = 0;
+        uint8_t *alpha = raw_value(team, "alpha", &al), *bravo = raw_value(team, "bravo", &bl);
+        ok(alpha && bravo, "raw values read");
+        ok(alpha && raw_set_value(team, "bravo", alpha, al) && value_code(st, team, "bravo") == -EBADMSG,
+           "a value copied into another row does not authenticate: EBADMSG");
+        ok(value_is(st, team, "alpha", "alpha", 5), "the row it came from still does");
+        ok(bravo && raw_set_value(team, "bravo", bravo, bl) && value_is(st, team, "bravo", "bravo", 5),
+           "restored, it authenticates again");
+        {
+                size_t tl = 0;
+                _cleanup_free_ uint8_t *theirs = raw_value(other, "github_token", &tl);
+                size_t ml = 0;
+                _cleanup_free_ uint8_t *ours = raw_value(team, "github_token", &ml);
+                ok(theirs && raw_set_value(team, "github_token", theirs, tl) &&
+                           value_code(st, team, "github_token") == -EBADMSG,
+                   "another team's value copied in does not authenticate: EBADMSG");
+                ok(ours && raw_set_value(team, "github_token", ours, ml) &&
+                           value_is(st, team, "github_token", CANARY3, strlen(CANARY3)),
+                   "restored");
+        }
+        static const struct {
+                const char *what;
+                size_t at; /* from the start; SIZE_MAX: the last byte */
+        } flips[] = { { "nonce", 0 }, { "ciphertext", 14 }, { "tag", SIZE_MAX } };
+        for (size_t i = 0; bravo && i < ELEMENTSOF(flips); i++) {
+                _cleanup_free_ uint8_t *t = malloc(bl);
+                memcpy(t, bravo, bl);
+                t[flips[i].at == SIZE_MAX ? bl - 1 : flips[i].at] ^= 0x01;
+                ok(raw_set_value(team, "bravo", t, bl) && value_code(st, team, "bravo") == -EBADMSG,
+                   "a flipped %s byte: EBADMSG", flips[i].what);
+        }
+        ok(bravo && raw_set_value(team, "bravo", bravo, bl - 1) && value_code(st, team, "bravo") == -EBADMSG,
+           "a truncated value: EBADMSG");
+        ok(raw_set_value(team, "bravo", bravo, 27) && value_code(st, team, "bravo") == -EBADMSG,
+           "shorter than nonce + tag: EBADMSG");
+        ok(raw_set_value(team, "bravo", NULL, 0) && value_code(st, team, "bravo") < 0, "no value at all: refused");
+        ok(raw_set_value(team, "bravo", bravo, bl) && value_is(st, team, "bravo", "bravo", 5), "restored");
+        {
+                char q[160];
+                snprintf(q, sizeof q, "UPDATE secrets SET version = 2 WHERE id = '%s'", a.id);
+                ok(raw_int(q) == 1 && value_code(st, team, a.id) == -EBADMSG,
+                   "the version rolled back: EBADMSG");
+                snprintf(q, sizeof q, "UPDATE secrets SET version = 3 WHERE id = '%s'", a.id);
+                ok(raw_int(q) == 1 && value_is(st, team, a.id, CANARY3, strlen(CANARY3)), "restored");
+        }
+        free(alpha);
+        free(bravo);
+
+        /* another handle: with another key nothing decrypts, without one
+         * nothing works, with the same key everything does */
+        hutch_store *st2 = NULL;
+        ok(store_open(db_path, &st2, &err) == 0, "second handle (%s)", err.msg);
+        if (st2) {
+                test_secrets_nokey(st2, team, "bare", "a handle without the key, the secret present");
+                ok(value_is(st, team, "bare", "b", 1), "the secret the keyless calls named is still there");
+                uint8_t k2[32];
+                memcpy(k2, secrets_key, sizeof k2);
+                k2[31] ^= 0x80;
+                store_set_secrets_key(st2, k2);
+                ok(value_code(st2, team, "github_token") == -EBADMSG && value_code(st2, team, "alpha") == -EBADMSG,
+                   "another secrets key: EBADMSG");
+                store_set_secrets_key(st2, secrets_key);
+                ok(value_is(st2, team, "github_token", CANARY3, strlen(CANARY3)), "the same key: the value");
+                store_close(st2);
+        }
+        store_secret_clear(&a);
+}
+
 int main(void) {
         char tmpl[] = "/tmp/hutch-storetest-XXXXXX";
         char *dir = mkdtemp(tmpl);
@@ -367,6 +775,10 @@ int main(void) {
         test_keys(st, team, other, key);
         test_sandboxes(st, team, other);
         test_templates(st, team);
+
+        test_secrets_nokey(st, team, "keyed", "no secrets key");
+        store_set_secrets_key(st, secrets_key);
+        test_secrets(st, team, other);
 
         ok(store_event_add(st, team, "ccccccccccccccccccc3", "sandbox.created",
                            "{\"template\":\"base\"}", &err) == 0,
