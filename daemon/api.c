@@ -296,15 +296,7 @@ static enum MHD_Result sandboxes_list(server *srv, request *req, bool v2) {
         if (i < n && i > start)
                 snprintf(token, sizeof token, "%ld.%s", (long) v[i - 1]->started_ms, v[i - 1]->id);
         free(v);
-        char *s = json_dumps(arr, JSON_COMPACT);
-        json_decref(arr);
-        struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-        MHD_add_response_header(resp, "Content-Type", "application/json");
-        if (token[0])
-                MHD_add_response_header(resp, "X-Next-Token", token);
-        enum MHD_Result r = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        return r;
+        return http_reply_json_page(c, arr, token);
 }
 
 static int body_timeout(request *req, json_t *body, const char *field, bool required, uint64_t def, uint64_t *ret) {

@@ -54,6 +54,22 @@ enum MHD_Result http_reply_text(struct MHD_Connection *c, unsigned status, const
         return queue(c, status, resp);
 }
 
+enum MHD_Result http_reply_json_page(struct MHD_Connection *c, json_t *body, const char *next_token) {
+        char *s = json_dumps(body, JSON_COMPACT);
+        json_decref(body);
+        if (!s)
+                return MHD_NO;
+        struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+                free(s);
+                return MHD_NO;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        if (next_token && next_token[0])
+                MHD_add_response_header(resp, "X-Next-Token", next_token);
+        return queue(c, 200, resp);
+}
+
 enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body) {
         char *s = json_dumps(body, JSON_COMPACT);
         json_decref(body);

@@ -62,11 +62,17 @@ int route_control(const char *method, const char *url, route *ret) {
                 *ret = r;
                 return 0;
         }
-        if (startswith(url, "/templates/") && !strchr(url + strlen("/templates/"), '/') &&
-            url[strlen("/templates/")]) {
+        if (startswith(url, "/templates/")) {
+                /* DELETE /templates/{id}: one path segment, bounded */
+                const char *p = url + strlen("/templates/");
+                size_t n = 0;
+                for (; *p && *p != '/' && n + 1 < sizeof r.secret; p++)
+                        r.secret[n++] = *p;
+                r.secret[n] = 0;
+                if (*p || n == 0)
+                        return -ENOENT;
                 if (!streq(method, "DELETE"))
                         return -ENOENT; /* templates are not served otherwise */
-                snprintf(r.secret, sizeof r.secret, "%.160s", url + strlen("/templates/"));
                 r.kind = ROUTE_TEMPLATE_DELETE;
                 *ret = r;
                 return 0;

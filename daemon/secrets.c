@@ -83,16 +83,6 @@ void secret_placeholder(server *srv, const char *sbx_id, const char *name, char 
         out[EGRESS_PLACEHOLDER_LEN] = 0;
 }
 
-static bool name_ok(const char *n, size_t len) {
-        if (len == 0 || len > EGRESS_SECRET_NAME_MAX)
-                return false;
-        for (size_t i = 0; i < len; i++) {
-                unsigned char c = (unsigned char) n[i];
-                if (c < 0x20 || c == 0x7f || c == '{' || c == '}')
-                        return false;
-        }
-        return true;
-}
 
 /* The hosts a secret is bound to, as strings (its hosts_json). */
 static json_t *secret_hosts(const store_secret *s) {
@@ -126,7 +116,7 @@ int secrets_env_rewrite(server *srv, int64_t team, const char *sbx_id, json_t *e
                         if (!ref)
                                 break;
                         const char *nm = ref + strlen(SECRET_REF_OPEN), *e = strchr(nm, '}');
-                        if (!e || !name_ok(nm, (size_t) (e - nm))) {
+                        if (!e || !egress_secret_name_valid(nm, (size_t) (e - nm))) {
                                 snprintf(why, wl, "envVars.%s: a malformed ${e2b.secrets.NAME} reference", k);
                                 free(out);
                                 return -EINVAL;
@@ -478,15 +468,7 @@ static enum MHD_Result secrets_list(server *srv, request *req) {
                         snprintf(token + 2 * i, 3, "%02x", (unsigned char) last[i]);
         }
         store_secret_array_free(v, n);
-        char *s = json_dumps(arr, JSON_COMPACT);
-        json_decref(arr);
-        struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-        MHD_add_response_header(resp, "Content-Type", "application/json");
-        if (token[0])
-                MHD_add_response_header(resp, "X-Next-Token", token);
-        enum MHD_Result mr = MHD_queue_response(req->conn, 200, resp);
-        MHD_destroy_response(resp);
-        return mr;
+        return http_reply_json_page(req->conn, arr, token);
 }
 
 /* The value was in the request body and in jansson's copy: wipe both. */
@@ -510,7 +492,7 @@ static enum MHD_Result secrets_create(server *srv, request *req) {
         bool given;
         json_t *hosts = NULL;
         int r = 0;
-        if (!name || !name_ok(name, strlen(name)) || strncasecmp(name, "sec_", 4) == 0) {
+        if (!name || !egress_secret_name_valid(name, strlen(name)) || strncasecmp(name, "sec_", 4) == 0) {
                 snprintf(why, sizeof why,
                          "name must be 1..128 bytes without '{', '}' or control characters, not starting with sec_");
                 r = -EINVAL;

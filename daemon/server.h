@@ -241,6 +241,8 @@ struct request {
 };
 
 enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
+/* 200 with a list page: X-Next-Token when next_token is not empty. */
+enum MHD_Result http_reply_json_page(struct MHD_Connection *c, json_t *body, const char *next_token);
 enum MHD_Result http_reply_error(struct MHD_Connection *c, unsigned status, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 enum MHD_Result http_reply_empty(struct MHD_Connection *c, unsigned status);

@@ -254,15 +254,7 @@ enum MHD_Result snapshots_list(server *srv, request *req) {
         if (n > limit)
                 snprintf(token, sizeof token, "%lld.%s", (long long) v[limit - 1].created_ms, v[limit - 1].id);
         free(v);
-        char *s = json_dumps(arr, JSON_COMPACT);
-        json_decref(arr);
-        struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-        MHD_add_response_header(resp, "Content-Type", "application/json");
-        if (token[0])
-                MHD_add_response_header(resp, "X-Next-Token", token);
-        enum MHD_Result mr = MHD_queue_response(req->conn, 200, resp);
-        MHD_destroy_response(resp);
-        return mr;
+        return http_reply_json_page(req->conn, arr, token);
 }
 
 /* DELETE /templates/{snapshotID} */

@@ -77,8 +77,7 @@ static bool value_ok(const char *v) {
         return true;
 }
 
-/* A secret name as E2B allows it: 1..128 bytes, no '{', '}' or controls. */
-static bool secret_name_ok(const char *n, size_t len) {
+bool egress_secret_name_valid(const char *n, size_t len) {
         if (len == 0 || len > EGRESS_SECRET_NAME_MAX)
                 return false;
         for (size_t i = 0; i < len; i++) {
@@ -94,7 +93,7 @@ static bool refs_ok(const char *v) {
         for (const char *p = strstr(v, SECRET_REF_OPEN); p; p = strstr(p, SECRET_REF_OPEN)) {
                 p += strlen(SECRET_REF_OPEN);
                 const char *e = strchr(p, '}');
-                if (!e || !secret_name_ok(p, (size_t) (e - p)))
+                if (!e || !egress_secret_name_valid(p, (size_t) (e - p)))
                         return false;
                 p = e + 1;
         }
@@ -174,7 +173,7 @@ int egress_inject_add_transform(egress_inject *x, const char *host, const char *
 
 int egress_inject_add_placeholder(egress_inject *x, const char *text, const char *name,
                                   const char *const *hosts, size_t n_hosts, char *why, size_t whylen) {
-        if (strlen(text) != EGRESS_PLACEHOLDER_LEN || !secret_name_ok(name, strlen(name))) {
+        if (strlen(text) != EGRESS_PLACEHOLDER_LEN || !egress_secret_name_valid(name, strlen(name))) {
                 snprintf(why, whylen, "bad placeholder or secret name");
                 return -EINVAL;
         }

@@ -38,6 +38,10 @@
 
 typedef struct egress_inject egress_inject;
 
+/* A secret name as E2B allows it: 1..128 bytes, no '{', '}' or control
+ * characters (it is interpolated into ${e2b.secrets.NAME}). */
+bool egress_secret_name_valid(const char *n, size_t len);
+
 int egress_inject_new(egress_inject **ret);
 egress_inject *egress_inject_free(egress_inject *x); /* returns NULL */
 bool egress_inject_empty(const egress_inject *x);     /* NULL counts as empty */

@@ -748,20 +748,28 @@ static size_t conn_held(const conn *c) {
 
 static void upstream_broken(conn *c);
 
-static void conn_read_client(conn *c) {
-        buf *b = &c->c2u;
+/* How much direction d (0: from the client into c2u, 1: from the upstream
+ * into u2c) may read now, after compacting its buffer; 0 with the
+ * connection stalled when the site's bandwidth tokens ran out. */
+static size_t conn_read_room(conn *c, int d) {
+        buf *b = d ? &c->u2c : &c->c2u;
         if (b->off && b->off + b->len >= BUF_SIZE)
                 buf_compact(b);
         size_t space = BUF_SIZE - b->off - b->len;
-        size_t want = site_allowance(c->site, 0, MIN(space, (size_t) READ_CHUNK));
-        if (want == 0) {
-                if (space) {
-                        c->stalled[0] = true;
-                        c->site->proxy->throttled = true;
-                        timer_want(c->site->proxy, now_ms() + THROTTLE_MS);
-                }
-                return;
+        size_t want = site_allowance(c->site, d, MIN(space, (size_t) READ_CHUNK));
+        if (want == 0 && space) {
+                c->stalled[d] = true;
+                c->site->proxy->throttled = true;
+                timer_want(c->site->proxy, now_ms() + THROTTLE_MS);
         }
+        return want;
+}
+
+static void conn_read_client(conn *c) {
+        buf *b = &c->c2u;
+        size_t want = conn_read_room(c, 0);
+        if (want == 0)
+                return;
         ssize_t n = recv(c->cl.fd, b->data + b->off + b->len, want, MSG_DONTWAIT);
         if (n < 0) {
                 if (errno == EAGAIN || errno == EINTR)
@@ -787,18 +795,9 @@ static void conn_read_client(conn *c) {
 
 static void conn_read_upstream(conn *c) {
         buf *b = &c->u2c;
-        if (b->off && b->off + b->len >= BUF_SIZE)
-                buf_compact(b);
-        size_t space = BUF_SIZE - b->off - b->len;
-        size_t want = site_allowance(c->site, 1, MIN(space, (size_t) READ_CHUNK));
-        if (want == 0) {
-                if (space) {
-                        c->stalled[1] = true;
-                        c->site->proxy->throttled = true;
-                        timer_want(c->site->proxy, now_ms() + THROTTLE_MS);
-                }
+        size_t want = conn_read_room(c, 1);
+        if (want == 0)
                 return;
-        }
         ssize_t n = recv(c->up.fd, b->data + b->off + b->len, want, MSG_DONTWAIT);
         if (n < 0) {
                 if (errno == EAGAIN || errno == EINTR)
