@@ -397,8 +397,9 @@ static json_t *parse_hosts(json_t *body, json_t *md, bool *ret_given, char *why,
 static int check_value(json_t *v, const char **ret, size_t *ret_len, char *why, size_t wl) {
         const char *s = json_string_value(v);
         size_t n = s ? json_string_length(v) : 0;
-        if (!s || n == 0 || n > STORE_SECRET_VALUE_MAX) {
-                snprintf(why, wl, "value must be a string of 1..%d bytes", STORE_SECRET_VALUE_MAX);
+        /* the proxy sends only values it can mask in responses */
+        if (!s || n == 0 || n > EGRESS_MASK_VALUE_MAX) {
+                snprintf(why, wl, "value must be a string of 1..%d bytes", EGRESS_MASK_VALUE_MAX);
                 return -EINVAL;
         }
         if (memchr(s, '\r', n) || memchr(s, '\n', n) || memchr(s, 0, n)) {

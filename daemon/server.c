@@ -58,6 +58,8 @@ static const struct cfg_entry {
         { "egress-deny", CFG_LIST, S(egress_deny), 0, 0, "", "destinations no sandbox may reach, whatever it asks (rules, comma-separated)" },
         { "egress-open", CFG_LIST, S(egress_open), 0, 0, "", "reserved ranges (private, link-local, ...) to open, comma-separated CIDRs" },
         { "dns", CFG_LIST, S(dns), 0, 0, "", "nameservers the egress proxy asks (comma-separated IPs; empty: /etc/resolv.conf's)" },
+        { "max-snapshots-per-team", CFG_U64, U(max_snapshots_per_team), 1, 1000000, "100", "snapshots a team may keep (429 beyond)" },
+        { "snapshot-reserve", CFG_SIZE, U(snapshot_reserve_bytes), 0, 1ull << 50, "1G", "free disk a snapshot must leave on the data dir's file system (507 otherwise)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },

@@ -53,6 +53,8 @@ typedef struct server_config {
         uint64_t egress_connections; /* per sandbox, open at once */
         uint64_t egress_bandwidth;   /* per sandbox and direction, bytes/s; 0: unlimited */
         uint64_t egress_records;     /* decisions recorded per sandbox per second */
+        uint64_t max_snapshots_per_team;
+        uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
 } server_config;
 
 int server_config_defaults(server_config *c);

@@ -13,8 +13,10 @@
  * Everything here runs on the loop, synchronously: a snapshot of a large
  * layer holds every other request for as long as it takes (docs).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,14 +30,47 @@
 #include "util/macro.h"
 
 #define SNAP_PREFIX "snap_"
-#define RESTORE_MAX_BYTES (1ull << 41) /* what one unsealed layer stream may expand to */
+#define RESTORE_MAX_BYTES ((1ull << 42) + (1ull << 30)) /* the largest layer stream (storage.c) and its framing */
 #define FORK_MAX 16
+
+/* What a crash can leave: temporary files (one of them an unsealed layer),
+ * sealed files without a row, rows without a file. Swept at every start. */
+static void snapshots_sweep(server *srv, const char *dir) {
+        DIR *d = opendir(dir);
+        if (!d)
+                return;
+        struct dirent *de;
+        unsigned removed = 0;
+        while ((de = readdir(d))) {
+                const char *n = de->d_name;
+                if (streq(n, ".") || streq(n, ".."))
+                        continue;
+                bool drop = n[0] == '.';
+                size_t l = strlen(n);
+                if (!drop && l > 4 && streq(n + l - 4, ".tmp"))
+                        drop = true;
+                if (!drop && l > 5 && streq(n + l - 5, ".seal")) {
+                        char id[64];
+                        snprintf(id, sizeof id, "%.*s", (int) MIN(l - 5, sizeof id - 1), n);
+                        store_snapshot sn;
+                        hutch_error e = { 0 };
+                        drop = !snapshot_id_valid(id) || store_snapshot_find(srv->store, id, &sn, &e) < 0;
+                }
+                if (drop && unlinkat(dirfd(d), n, 0) == 0)
+                        removed++;
+        }
+        closedir(d);
+        int rows = store_snapshot_prune_missing(srv->store, dir);
+        if (removed || rows > 0)
+                log_info("snapshots: removed %u leftover file(s) and %d row(s) without a file", removed, MAX(rows, 0));
+}
 
 int snapshots_setup(server *srv) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
                 return log_error_errno(-errno, "%s: %m", dir);
+        snapshots_sweep(srv, dir);
         return 0;
 }
 
@@ -74,6 +109,25 @@ static void snap_context(int64_t team, const char *id, char *buf, size_t n) {
 /* Seal sb's layer into a new snapshot file; *ret filled. */
 static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot *ret, hutch_error *err) {
         store_snapshot sn = { 0 };
+        /* bounded: per team, and never into the host's last free space
+         * (layers, the database and other tenants share this disk) */
+        int64_t have = 0;
+        if (store_snapshot_count(srv->store, sb->team_id, &have, err) < 0)
+                return -EIO;
+        if ((uint64_t) have >= srv->cfg.max_snapshots_per_team)
+                return hutch_error_set(err, -EDQUOT, "the team has %lld snapshots, its limit (delete some first)",
+                                       (long long) have);
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
+        struct statvfs vfs;
+        uint64_t used = 0;
+        hutch_stats stt;
+        hutch_error e0 = { 0 };
+        if (hutch_sandbox_stats(sb->h, &stt, &e0) >= 0)
+                used = stt.disk_used;
+        if (statvfs(dir, &vfs) == 0 &&
+            (uint64_t) vfs.f_bavail * vfs.f_frsize < used * 2 + (uint64_t) srv->cfg.snapshot_reserve_bytes)
+                return hutch_error_set(err, -ENOSPC, "not enough free disk for a snapshot of this sandbox");
         snap_id_new(sn.id);
         sn.team_id = sb->team_id;
         snprintf(sn.sandbox_id, sizeof sn.sandbox_id, "%s", sb->id);
@@ -96,7 +150,8 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                 r = hutch_sandbox_layer_export(sb->h, lfd, &bytes, err);
                 if (!was_paused) {
                         hutch_error e2 = { 0 };
-                        (void) hutch_sandbox_thaw(sb->h, &e2);
+                        if (hutch_sandbox_thaw(sb->h, &e2) < 0)
+                                log_error("sandbox %s: thawing after a snapshot failed: %s", sb->id, e2.msg);
                 }
         }
         sbx_mark_dirty(sb);
@@ -128,8 +183,6 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                 r = -errno;
         if (r >= 0) {
                 /* the rename itself must survive a crash: sync the directory */
-                char dir[PATH_MAX];
-                snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
                 int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
                 if (dfd >= 0) {
                         (void) fsync(dfd);
@@ -191,6 +244,18 @@ static json_t *snapshot_json(const store_snapshot *sn) {
                          "sizeBytes", (json_int_t) sn->bytes, "createdAtUnixMs", (json_int_t) sn->created_ms);
 }
 
+/* An answer that says what the client can act on, never a host path. */
+static enum MHD_Result snapshot_error(request *req, sbx *sb, int r, const hutch_error *err) {
+        if (r == -EOPNOTSUPP)
+                return http_reply_error(req->conn, 409, "%s", err->msg);
+        if (r == -EDQUOT)
+                return http_reply_error(req->conn, 429, "%s", err->msg);
+        if (r == -ENOSPC)
+                return http_reply_error(req->conn, 507, "%s", err->msg);
+        log_error("sandbox %s: snapshot: %s", sb->id, err->msg);
+        return http_reply_error(req->conn, 500, "the snapshot failed (the daemon's log has why)");
+}
+
 /* POST /sandboxes/{id}/snapshots {name?} */
 enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb) {
         json_t *body;
@@ -206,12 +271,8 @@ enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb) {
         hutch_error err = { 0 };
         int r = snapshot_take(srv, sb, name, &sn, &err);
         json_decref(body);
-        if (r < 0) {
-                if (r == -EOPNOTSUPP)
-                        return http_reply_error(req->conn, 409, "%s", err.msg);
-                log_error("sandbox %s: snapshot: %s", sb->id, err.msg);
-                return http_reply_error(req->conn, 500, "%s", err.msg);
-        }
+        if (r < 0)
+                return snapshot_error(req, sb, r, &err);
         char detail[128];
         snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", sn.id);
         (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.snapshot", detail, &err);
@@ -260,7 +321,9 @@ enum MHD_Result snapshots_list(server *srv, request *req) {
 /* DELETE /templates/{snapshotID} */
 enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
         hutch_error err = { 0 };
-        if (!snapshot_id_valid(id) || store_snapshot_delete(srv->store, req->team, id, &err) < 0)
+        if (!snapshot_id_valid(id))
+                return http_reply_error(req->conn, 404, "template not found");
+        if (store_snapshot_delete(srv->store, req->team, id, &err) < 0)
                 return http_reply_error(req->conn, 404, "template '%s' not found", id);
         char path[PATH_MAX];
         snap_path(srv, id, path, sizeof path);
@@ -290,18 +353,49 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
         }
         json_int_t timeout = tj && !json_is_null(tj) ? json_integer_value(tj) : 0;
         json_decref(body);
+        /* the team limit first: no snapshot for forks that cannot be made */
+        if ((uint64_t) sbx_live_count(srv, sb->team_id) + (uint64_t) count > srv->cfg.max_sandboxes_per_team)
+                return http_reply_error(req->conn, 429, "%lld forks would exceed the team's limit of %llu live sandboxes",
+                                        (long long) count, (unsigned long long) srv->cfg.max_sandboxes_per_team);
         store_snapshot sn;
         hutch_error err = { 0 };
         int r = snapshot_take(srv, sb, NULL, &sn, &err);
         if (r < 0)
-                return http_reply_error(req->conn, r == -EOPNOTSUPP ? 409 : 500, "%s", err.msg);
+                return snapshot_error(req, sb, r, &err);
+        /* The parent's environment holds its own placeholders: the forks get
+         * the secret references back, and so placeholders of their own. */
+        json_t *envs = json_deep_copy(sb->envs);
+        json_t *refs = json_object_get(sb->extra, "secretRefs");
+        const char *ek;
+        json_t *ev;
+        json_object_foreach(envs, ek, ev) {
+                const char *val = json_string_value(ev);
+                size_t ri;
+                json_t *rn;
+                json_array_foreach(refs, ri, rn) {
+                        const char *name = json_string_value(rn);
+                        char ph[45];
+                        if (!name || !val)
+                                continue;
+                        secret_placeholder(srv, sb->id, name, ph);
+                        const char *at = strstr(val, ph);
+                        if (!at)
+                                continue;
+                        char *nv = NULL;
+                        if (asprintf(&nv, "%.*s${e2b.secrets.%s}%s", (int) (at - val), val, name, at + 44) < 0)
+                                continue;
+                        json_object_set_new(envs, ek, json_string(nv));
+                        free(nv);
+                        val = json_string_value(json_object_get(envs, ek));
+                }
+        }
         json_t *out = json_array();
         for (json_int_t i = 0; i < count; i++) {
                 json_t *cb = json_pack("{s:s}", "templateID", sn.id);
                 if (timeout > 0)
                         json_object_set_new(cb, "timeout", json_integer(timeout));
                 json_object_set(cb, "metadata", sb->metadata);
-                json_object_set(cb, "envVars", sb->envs);
+                json_object_set(cb, "envVars", envs);
                 json_t *spec = json_object_get(sb->extra, "egress");
                 if (json_is_object(spec)) {
                         json_t *net = json_object();
@@ -321,16 +415,23 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                 hutch_error e2 = { 0 };
                 int k = sbx_create(srv, sb->team_id, cb, &child, &status, &e2);
                 json_decref(cb);
-                if (k < 0)
+                if (k < 0) {
+                        if (status >= 500)
+                                log_error("sandbox %s: fork: %s", sb->id, e2.msg);
                         json_array_append_new(out, json_pack("{s:{s:i, s:s}}", "error", "code", (int) status, "message",
-                                                             e2.msg));
+                                                             status >= 500 ? "the fork failed (the daemon's log has why)"
+                                                                           : e2.msg));
+                }
                 else
                         json_array_append_new(out, json_pack("{s:o}", "sandbox", sandbox_created_json(child)));
         }
-        /* the forks have their layers: the snapshot goes */
+        json_decref(envs);
+        /* the forks have their layers: the snapshot goes (the row first: a
+         * crash then leaves a file the next start sweeps, never a row
+         * without its file) */
         char path[PATH_MAX];
         snap_path(srv, sn.id, path, sizeof path);
-        unlink(path);
         (void) store_snapshot_delete(srv->store, sn.team_id, sn.id, &err);
+        unlink(path);
         return http_reply_json(req->conn, 201, out);
 }

@@ -137,8 +137,8 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err);
 /* The writable layer as a stream (the layer image's allocated extents, its
  * size and the sandbox's id range) to out_fd, for snapshots and forks. The
  * sandbox must be frozen (hutch_sandbox_freeze) so that nothing writes;
- * the file system is synced first, so the copy is what a crash at that
- * instant would leave (ext4 replays its journal when it is mounted again).
+ * its file system is synced first (layers have no journal: the copy is
+ * consistent because nothing writes and everything was written back).
  * Processes are not part of it. ext4 layers only (-EOPNOTSUPP). Returns
  * the bytes written to *ret_bytes. */
 int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);

@@ -914,6 +914,11 @@ int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_byte
         int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0)
                 return hutch_error_set(err, -errno, "opening the sandbox's root: %m");
+        /* still our init, not a process that got its pid after it died */
+        if (sb->init_pidfd >= 0 && syscall(SYS_pidfd_send_signal, sb->init_pidfd, 0, NULL, 0) < 0) {
+                close(fd);
+                return hutch_error_set(err, -ESRCH, "the sandbox's init is gone");
+        }
         int r = syncfs(fd) < 0 ? -errno : 0;
         close(fd);
         if (r < 0)

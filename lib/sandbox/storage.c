@@ -508,6 +508,10 @@ static int shift_tree(int dirfd, uid_t from, uid_t to, unsigned depth) {
         while (r >= 0 && (de = readdir(d))) {
                 if (streq(de->d_name, ".") || streq(de->d_name, ".."))
                         continue;
+                if (strchr(de->d_name, '/')) { /* only a corrupted file system says so */
+                        r = -EUCLEAN;
+                        break;
+                }
                 struct stat st;
                 if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
                         r = -errno;

@@ -34,8 +34,10 @@ static int need_key(hutch_store *st, hutch_error *err) {
 static int team_key(hutch_store *st, int64_t team_id, uint8_t key[32], hutch_error *err) {
         if (!st->has_secrets_key)
                 return hutch_error_set(err, -ENOKEY, "no secrets key loaded");
-        uint8_t msg[32];
+        uint8_t msg[64];
         int n = snprintf((char *) msg, sizeof msg, "hutch secret v1 %lld", (long long) team_id);
+        if (n < 0 || (size_t) n >= sizeof msg)
+                return hutch_error_set(err, -EIO, "deriving the team's secrets key failed");
         unsigned len = 32;
         if (!HMAC(EVP_sha256(), st->secrets_key, 32, msg, (size_t) n, key, &len) || len != 32)
                 return hutch_error_set(err, -EIO, "deriving the team's secrets key failed");
@@ -229,7 +231,7 @@ int store_secret_create(hutch_store *st, int64_t team_id, const char *name, cons
                                 r = store_fail(st, rc, err, "binding");
                         else {
                                 rc = sqlite3_step(s);
-                                if (rc == SQLITE_CONSTRAINT)
+                                if (rc == SQLITE_CONSTRAINT_UNIQUE)
                                         r = hutch_error_set(err, -EEXIST, "a secret named \"%s\" exists", name);
                                 else if (rc != SQLITE_DONE)
                                         r = store_fail(st, rc, err, "creating a secret");

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "store/store-internal.h"
 
@@ -131,4 +132,65 @@ int store_snapshot_list(hutch_store *st, int64_t team_id, const char *sandbox_id
         *ret = v;
         *ret_n = n;
         return 0;
+}
+
+int store_snapshot_find(hutch_store *st, const char *id, store_snapshot *ret, hutch_error *err) {
+        sqlite3_stmt *s = NULL;
+        int rc = sqlite3_prepare_v2(st->db, "SELECT " SNAP_COLUMNS " FROM snapshots WHERE id = ?1", -1, &s, NULL);
+        if (rc == SQLITE_OK)
+                rc = store_bind_text(s, 1, id);
+        if (rc != SQLITE_OK) {
+                sqlite3_finalize(s);
+                return store_fail(st, rc, err, "reading a snapshot");
+        }
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW)
+                from_row(s, ret);
+        sqlite3_finalize(s);
+        return rc == SQLITE_ROW ? 0 : hutch_error_set(err, -ENOENT, "snapshot %s not found", id);
+}
+
+int store_snapshot_count(hutch_store *st, int64_t team_id, int64_t *ret, hutch_error *err) {
+        sqlite3_stmt *s = NULL;
+        int rc = sqlite3_prepare_v2(st->db, "SELECT count(*) FROM snapshots WHERE team_id = ?1", -1, &s, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_bind_int64(s, 1, team_id);
+        if (rc == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW) {
+                *ret = sqlite3_column_int64(s, 0);
+                sqlite3_finalize(s);
+                return 0;
+        }
+        sqlite3_finalize(s);
+        return store_fail(st, rc == SQLITE_OK ? SQLITE_ERROR : rc, err, "counting snapshots");
+}
+
+int store_snapshot_prune_missing(hutch_store *st, const char *dir) {
+        sqlite3_stmt *s = NULL;
+        if (sqlite3_prepare_v2(st->db, "SELECT id FROM snapshots", -1, &s, NULL) != SQLITE_OK)
+                return -EIO;
+        char (*gone)[32] = NULL;
+        size_t n = 0;
+        while (sqlite3_step(s) == SQLITE_ROW) {
+                const unsigned char *id = sqlite3_column_text(s, 0);
+                char path[4096];
+                snprintf(path, sizeof path, "%s/%s.seal", dir, id ? (const char *) id : "");
+                if (id && access(path, F_OK) < 0 && errno == ENOENT) {
+                        char(*g)[32] = realloc(gone, (n + 1) * sizeof *gone);
+                        if (!g)
+                                break;
+                        gone = g;
+                        snprintf(gone[n++], 32, "%s", (const char *) id);
+                }
+        }
+        sqlite3_finalize(s);
+        int removed = 0;
+        for (size_t i = 0; i < n; i++) {
+                sqlite3_stmt *d = NULL;
+                if (sqlite3_prepare_v2(st->db, "DELETE FROM snapshots WHERE id = ?1", -1, &d, NULL) == SQLITE_OK &&
+                    store_bind_text(d, 1, gone[i]) == SQLITE_OK && sqlite3_step(d) == SQLITE_DONE)
+                        removed++;
+                sqlite3_finalize(d);
+        }
+        free(gone);
+        return removed;
 }

@@ -582,6 +582,7 @@ void store_close(hutch_store *st) {
         /* v2: a statement we failed to finalize cannot leak the handle */
         (void) sqlite3_close_v2(st->db);
         OPENSSL_cleanse(st->master, sizeof st->master);
+        OPENSSL_cleanse(st->secrets_key, sizeof st->secrets_key);
         free(st);
 }
 

@@ -235,6 +235,11 @@ int store_snapshot_insert(hutch_store *st, const store_snapshot *s, hutch_error 
 /* The team's snapshot by id; -ENOENT otherwise. */
 int store_snapshot_get(hutch_store *st, int64_t team_id, const char *id, store_snapshot *ret, hutch_error *err);
 int store_snapshot_delete(hutch_store *st, int64_t team_id, const char *id, hutch_error *err);
+/* By id whatever the team (the start-up sweep). */
+int store_snapshot_find(hutch_store *st, const char *id, store_snapshot *ret, hutch_error *err);
+int store_snapshot_count(hutch_store *st, int64_t team_id, int64_t *ret, hutch_error *err);
+/* Delete the rows whose file dir/<id>.seal is gone; returns how many. */
+int store_snapshot_prune_missing(hutch_store *st, const char *dir);
 /* The team's snapshots, newest first, optionally of one sandbox and/or with
  * one name, created before (before_ms, before_id) for paging; at most limit. */
 int store_snapshot_list(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *name, int64_t before_ms,

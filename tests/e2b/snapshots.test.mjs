@@ -103,3 +103,25 @@ test('another team sees none of it', async (t) => {
   assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, { apiKey: other }), false)
   assert.deepEqual(await Sandbox.listSnapshots({ apiKey: other }).nextItems(), [])
 })
+
+test('a fork gets placeholders of its own for the parent\'s secrets', async (t) => {
+  const { Secret } = await import('e2b')
+  const name = uniqueTag('fsec')
+  await Secret.create(name, 'v-' + uniqueTag(), { metadata: { hosts: 'api.example.com' } })
+  t.after(() => Secret.destroy(name).catch(() => {}))
+  const sbx = await createSandbox(t, { envs: { TOK: Secret.fill(name), PLAIN: 'x' } })
+  const mine = (await sbx.commands.run('echo $TOK')).stdout.trim()
+  const [f] = await Sandbox.fork(sbx.sandboxId, { count: 1 })
+  t.after(() => f.kill().catch(() => {}))
+  const theirs = (await f.commands.run('echo $TOK $PLAIN')).stdout.trim().split(' ')
+  assert.match(theirs[0], /^hsp_[0-9a-f]{40}$/)
+  assert.notEqual(theirs[0], mine)
+  assert.equal(theirs[1], 'x')
+})
+
+test('fork beyond the team limit is refused before any snapshot', async (t) => {
+  const sbx = await createSandbox(t)
+  await assert.rejects(Sandbox.fork(sbx.sandboxId, { count: 17 }), (e) => /400/.test(String(e.message)))
+  const left = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+  assert.deepEqual(left, [])
+})
