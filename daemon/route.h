@@ -36,6 +36,7 @@ enum {
         ROUTE_SANDBOX_FORK,
         ROUTE_SNAPSHOTS_LIST,
         ROUTE_TEMPLATE_DELETE,
+        _ROUTE_MAX, /* not a route: one past the last */
 };
 
 typedef struct route {

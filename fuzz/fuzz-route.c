@@ -5,6 +5,7 @@
  * NUL-separated fields (method, url, host, metadata query, token).
  */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,9 +33,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 }
         route r;
         if (route_control(field[0], field[1], &r) == 0) {
-                if (r.kind < ROUTE_HEALTH || r.kind > ROUTE_SANDBOX_NETWORK)
+                if (r.kind < ROUTE_HEALTH || r.kind >= _ROUTE_MAX)
                         abort();
                 if (r.id[0] && !route_sandbox_id_valid(r.id))
+                        abort();
+                /* a secret or template id: one non-empty path segment, no NUL */
+                bool named = r.kind == ROUTE_SECRET_GET || r.kind == ROUTE_SECRET_UPDATE ||
+                             r.kind == ROUTE_SECRET_DELETE || r.kind == ROUTE_TEMPLATE_DELETE;
+                if (named && (!r.secret[0] || strchr(r.secret, '/') || strlen(r.secret) >= sizeof r.secret))
                         abort();
         }
         unsigned port;
