@@ -377,7 +377,11 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
 
-        if (snap.id[0]) {
+        bool borrowed = false; /* a fork's stream, unsealed once for all its sandboxes */
+        if (snap.id[0] && srv->fork_stream[0] && streq(srv->fork_snapshot, snap.id)) {
+                snprintf(layer_from, sizeof layer_from, "%s", srv->fork_stream);
+                borrowed = true;
+        } else if (snap.id[0]) {
                 r = snapshot_unseal(srv, team, snap.id, &snap, layer_from, sizeof layer_from, err);
                 if (r < 0) {
                         *ret_status = r == -EBADMSG ? 422 : 500;
@@ -391,7 +395,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 sb = sbx_alloc(srv);
                 if (!sb) {
                         json_decref(egress_spec);
-                        if (layer_from[0])
+                        if (layer_from[0] && !borrowed)
                                 unlink(layer_from);
                         return hutch_error_set(err, -ENOMEM, "out of memory");
                 }
@@ -467,7 +471,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 goto ready;
         r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL, err);
         if (layer_from[0]) {
-                unlink(layer_from); /* the engine copied it into the layer image */
+                if (!borrowed)
+                        unlink(layer_from); /* the engine copied it into the layer image */
                 layer_from[0] = 0;
         }
         if (r < 0) {
@@ -500,7 +505,7 @@ ready:
         *ret = sb;
         return 0;
 fail:
-        if (layer_from[0])
+        if (layer_from[0] && !borrowed)
                 unlink(layer_from);
         json_decref(sb->metadata);
         json_decref(sb->envs);

@@ -200,6 +200,8 @@ struct server {
         hutch_store *store;
         uint8_t master[32];
         uint8_t data_key[32];   /* DATA_DIR/secrets.key: seals secrets' team keys and snapshots */
+        char fork_snapshot[32]; /* during a fork: its snapshot, unsealed once into fork_stream */
+        char fork_stream[4096];
         sbx *sandboxes;
         stream *streams;
         bool quit;

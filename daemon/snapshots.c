@@ -389,6 +389,12 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                         val = json_string_value(json_object_get(envs, ek));
                 }
         }
+        /* unsealed once: every fork's create reads the same verified stream */
+        store_snapshot meta;
+        if (snapshot_unseal(srv, sn.team_id, sn.id, &meta, srv->fork_stream, sizeof srv->fork_stream, &err) >= 0)
+                snprintf(srv->fork_snapshot, sizeof srv->fork_snapshot, "%s", sn.id);
+        else
+                srv->fork_stream[0] = 0;
         json_t *out = json_array();
         for (json_int_t i = 0; i < count; i++) {
                 json_t *cb = json_pack("{s:s}", "templateID", sn.id);
@@ -426,6 +432,9 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                         json_array_append_new(out, json_pack("{s:o}", "sandbox", sandbox_created_json(child)));
         }
         json_decref(envs);
+        if (srv->fork_stream[0])
+                unlink(srv->fork_stream);
+        srv->fork_stream[0] = srv->fork_snapshot[0] = 0;
         /* the forks have their layers: the snapshot goes (the row first: a
          * crash then leaves a file the next start sweeps, never a row
          * without its file) */
