@@ -536,6 +536,50 @@ static void peek_refuse(conn *c, const char *reason, const char *detail) {
 static int conn_build_uphead(conn *c);
 static int conn_frame_body(conn *c, size_t start, size_t n);
 
+/* The framing of the one request body relayed after head r: chunked, or
+ * Content-Length (none: no body). -ENOMEM. */
+static int body_begin(conn *c, const proxyreq *r) {
+        if (r->chunked) {
+                c->body_chunked = true;
+                c->framer = malloc(sizeof *c->framer);
+                if (!c->framer)
+                        return -ENOMEM;
+                chunked_init(c->framer);
+                c->body_done = false;
+        } else {
+                c->body_left = r->has_content_length ? r->content_length : 0;
+                c->body_done = c->body_left == 0;
+        }
+        return 0;
+}
+
+/* How many of the n bytes at d still belong to the body (*ret_take; what
+ * follows is never relayed); sets body_done at its end. A framing error is
+ * negative, with error_detail set. */
+static int body_take(conn *c, const uint8_t *d, size_t n, size_t *ret_take) {
+        if (c->body_done) {
+                *ret_take = 0;
+                return 0;
+        }
+        if (c->body_chunked) {
+                size_t used = 0;
+                int k = chunked_feed(c->framer, d, n, &used);
+                if (k < 0) {
+                        snprintf(c->error_detail, sizeof c->error_detail, "%s",
+                                 c->framer->why ? c->framer->why : "bad chunked body");
+                        return k;
+                }
+                c->body_done = k == CHUNKED_DONE;
+                *ret_take = used;
+                return 0;
+        }
+        size_t take = (size_t) MIN((uint64_t) n, c->body_left);
+        c->body_left -= take;
+        c->body_done = c->body_left == 0;
+        *ret_take = take;
+        return 0;
+}
+
 /* Plain HTTP/1.x inside a tunnel (CONNECT host:80, or SOCKS5 carrying
  * http://) gets the forward proxy's treatment: its Host must be the tunnel's
  * (no virtual-host fronting on a shared address), it is rewritten
@@ -592,17 +636,9 @@ static int tunnel_http(conn *c) {
         c->fwd = true;
         c->req = r;
         snprintf(c->method, sizeof c->method, "%s", r->method);
-        if (r->chunked) {
-                c->body_chunked = true;
-                c->framer = malloc(sizeof *c->framer);
-                if (!c->framer) {
-                        peek_refuse(c, "out of memory", NULL);
-                        return 1;
-                }
-                chunked_init(c->framer);
-        } else {
-                c->body_left = r->has_content_length ? r->content_length : 0;
-                c->body_done = c->body_left == 0;
+        if (body_begin(c, r) < 0) {
+                peek_refuse(c, "out of memory", NULL);
+                return 1;
         }
         if (conn_build_uphead(c) < 0)
                 return 1; /* refused (and freed) */
@@ -683,33 +719,12 @@ static void conn_peek(conn *c) {
 static int conn_frame_body(conn *c, size_t start, size_t n) {
         if (!c->fwd)
                 return 0;
-        if (c->body_done) {
-                c->c2u.len = start - c->c2u.off; /* nothing after the body */
-                return 0;
-        }
-        size_t keep = n;
-        if (c->body_chunked) {
-                size_t used = 0;
-                int k = chunked_feed(c->framer, c->c2u.data + start, n, &used);
-                if (k < 0) {
-                        snprintf(c->error_detail, sizeof c->error_detail, "%s",
-                                 c->framer->why ? c->framer->why : "bad chunked body");
-                        /* none of this read goes anywhere: what follows a
-                         * framing error could be a smuggled request */
-                        c->c2u.len = start - c->c2u.off;
-                        return k;
-                }
-                keep = used;
-                if (k == CHUNKED_DONE)
-                        c->body_done = true;
-        } else {
-                keep = (size_t) MIN((uint64_t) n, c->body_left);
-                c->body_left -= keep;
-                if (c->body_left == 0)
-                        c->body_done = true;
-        }
-        c->c2u.len = start + keep - c->c2u.off;
-        return 0;
+        size_t keep = 0;
+        int k = body_take(c, c->c2u.data + start, n, &keep);
+        /* after an error none of this read goes anywhere: what follows a
+         * framing error could be a smuggled request */
+        c->c2u.len = start + (k < 0 ? 0 : keep) - c->c2u.off;
+        return k;
 }
 
 /* Take the values an injection used (res keeps the rest). */
@@ -1258,16 +1273,8 @@ static void conn_head_done(conn *c, size_t leftover_at, size_t leftover_len) {
         c->c2u.off = 0;
         c->c2u.len = leftover_len;
         if (c->kind == EGRESS_KIND_HTTP) {
-                if (r->chunked) {
-                        c->body_chunked = true;
-                        c->framer = malloc(sizeof *c->framer);
-                        if (!c->framer)
-                                return conn_refuse(c, 502, 0, "out of memory", NULL);
-                        chunked_init(c->framer);
-                } else {
-                        c->body_left = r->has_content_length ? r->content_length : 0;
-                        c->body_done = c->body_left == 0;
-                }
+                if (body_begin(c, r) < 0)
+                        return conn_refuse(c, 502, 0, "out of memory", NULL);
                 if (conn_frame_body(c, 0, leftover_len) < 0)
                         return conn_refuse(c, 400, 0, "bad request body framing", c->error_detail);
         }
@@ -1467,6 +1474,19 @@ static void icpt_start(conn *c) {
         icpt_pump(c);
 }
 
+/* Request body bytes inside the tunnel: what belongs to the one body goes
+ * upstream; at its end only the response is left. */
+static void icpt_body(conn *c, const uint8_t *d, size_t n) {
+        size_t take = 0;
+        if (body_take(c, d, n, &take) < 0)
+                return icpt_answer(c, 400, "bad request body framing", c->error_detail);
+        if (take && SSL_write(c->tup, d, (int) take) <= 0)
+                return icpt_answer(c, 502, "upstream TLS write failed", NULL);
+        c->bytes_out += take;
+        if (c->body_done)
+                c->icpt_phase = ICPT_RESPONSE;
+}
+
 /* The request head inside the tunnel is complete: it must be for the
  * tunnel's host; rewrite it and send it upstream. */
 static void icpt_head_done(conn *c, const uint8_t *rest, size_t rest_len) {
@@ -1494,40 +1514,12 @@ static void icpt_head_done(conn *c, const uint8_t *rest, size_t rest_len) {
         egress_inject_result_clear(&res);
         if (w <= 0)
                 return icpt_answer(c, 502, "upstream TLS write failed", NULL);
-        if (r->chunked) {
-                c->body_chunked = true;
-                c->framer = malloc(sizeof *c->framer);
-                if (!c->framer)
-                        return icpt_answer(c, 502, "out of memory", NULL);
-                chunked_init(c->framer);
-                c->body_done = false;
-        } else {
-                c->body_left = r->has_content_length ? r->content_length : 0;
-                c->body_done = c->body_left == 0;
-        }
+        if (body_begin(c, r) < 0)
+                return icpt_answer(c, 502, "out of memory", NULL);
         c->icpt_phase = c->body_done ? ICPT_RESPONSE : ICPT_BODY;
         c->deadline_ms = 0;
-        if (rest_len && !c->body_done) {
-                /* body bytes that came with the head */
-                size_t take = rest_len;
-                if (c->body_chunked) {
-                        size_t used = 0;
-                        int f = chunked_feed(c->framer, rest, rest_len, &used);
-                        if (f < 0)
-                                return icpt_answer(c, 400, "bad request body framing", c->framer->why);
-                        take = used;
-                        c->body_done = f == CHUNKED_DONE;
-                } else {
-                        take = (size_t) MIN((uint64_t) rest_len, c->body_left);
-                        c->body_left -= take;
-                        c->body_done = c->body_left == 0;
-                }
-                if (take && SSL_write(c->tup, rest, (int) take) <= 0)
-                        return icpt_answer(c, 502, "upstream TLS write failed", NULL);
-                c->bytes_out += take;
-                if (c->body_done)
-                        c->icpt_phase = ICPT_RESPONSE;
-        }
+        if (rest_len)
+                icpt_body(c, rest, rest_len); /* body bytes that came with the head */
 }
 
 /* Response plaintext to the sandbox, with the secret values masked; the
@@ -1626,24 +1618,9 @@ static void icpt_pump(conn *c) {
                         }
                         continue;
                 }
-                size_t take = (size_t) n;
-                if (c->body_chunked) {
-                        size_t used = 0;
-                        int f = chunked_feed(c->framer, pt, (size_t) n, &used);
-                        if (f < 0)
-                                return icpt_answer(c, 400, "bad request body framing", c->framer->why);
-                        take = used;
-                        c->body_done = f == CHUNKED_DONE;
-                } else {
-                        take = (size_t) MIN((uint64_t) n, c->body_left);
-                        c->body_left -= take;
-                        c->body_done = c->body_left == 0;
-                }
-                if (take && SSL_write(c->tup, pt, (int) take) <= 0)
-                        return icpt_answer(c, 502, "upstream TLS write failed", NULL);
-                c->bytes_out += take;
-                if (c->body_done)
-                        c->icpt_phase = ICPT_RESPONSE;
+                icpt_body(c, pt, (size_t) n);
+                if (c->icpt_failed)
+                        return;
         }
         /* upstream -> sandbox: the response, verbatim */
         while (c->icpt_phase != ICPT_HEAD && !c->tup_eof && BIO_ctrl_pending(c->tcl_out) < BUF_SIZE) {
@@ -2140,6 +2117,25 @@ void egress_site_close(egress_site *s) {
 }
 
 /* ------------------------------------------------------- set-up helpers */
+
+int egress_ceiling_add_list(egress_ceiling *c, const char *list,
+                            int (*add)(egress_ceiling *, const char *, char *, size_t), char *why, size_t whylen) {
+        char *copy = strdup(list), *save = NULL;
+        if (!copy)
+                return -ENOMEM;
+        int r = 0;
+        for (char *tok = strtok_r(copy, ",", &save); tok && r >= 0; tok = strtok_r(NULL, ",", &save)) {
+                while (*tok == ' ')
+                        tok++;
+                size_t l = strlen(tok);
+                while (l && tok[l - 1] == ' ')
+                        tok[--l] = 0;
+                if (*tok)
+                        r = add(c, tok, why, whylen);
+        }
+        free(copy);
+        return r;
+}
 
 int egress_ceiling_add_host_addresses(egress_ceiling *c) {
         struct ifaddrs *ifa = NULL;
