@@ -293,11 +293,10 @@ int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, co
         store_secret meta;
         if (store_secret_get(srv->store, sb->team_id, name, &meta, &err) < 0)
                 return -ENOENT;
-        bool allowed = secret_allows(&meta, h, port);
+        int r = secret_allows(&meta, h, port) ? store_secret_value_of(srv->store, &meta, ret, ret_len, &err) : -EACCES;
         store_secret_clear(&meta);
-        if (!allowed)
-                return -EACCES;
-        int r = store_secret_value(srv->store, sb->team_id, name, ret, ret_len, &err);
+        if (r == -EACCES)
+                return r;
         if (r < 0 && r != -ENOENT)
                 log_warning("sandbox %s: secret %s: %s", sandbox_id, name, err.msg);
         return r;
@@ -481,17 +480,46 @@ static void wipe_request(request *req, json_t *body, const char *value, size_t v
                 OPENSSL_cleanse(req->body, req->body_len);
 }
 
+/* What create and update take: value, metadata, hosts, all checked. */
+typedef struct secret_body {
+        const char *value; /* in the request's JSON */
+        size_t vlen;
+        char *hosts_json;    /* canonical rules, or NULL when the body names none */
+        char *metadata_json; /* or NULL when the body has none */
+} secret_body;
+
+static void secret_body_clear(secret_body *b) {
+        free(b->hosts_json);
+        free(b->metadata_json);
+        b->hosts_json = b->metadata_json = NULL;
+}
+
+static int secret_body_parse(json_t *body, secret_body *ret, char *why, size_t wl) {
+        secret_body b = { 0 };
+        json_t *md = json_object_get(body, "metadata");
+        bool given = false;
+        json_t *hosts = NULL;
+        int r = check_value(json_object_get(body, "value"), &b.value, &b.vlen, why, wl);
+        if (r >= 0)
+                r = check_metadata(md, why, wl);
+        if (r >= 0 && !(hosts = parse_hosts(body, md, &given, why, wl)))
+                r = -EINVAL;
+        if (r < 0)
+                return r;
+        b.hosts_json = given ? json_dumps(hosts, JSON_COMPACT) : NULL;
+        b.metadata_json = md && !json_is_null(md) ? json_dumps(md, JSON_COMPACT) : NULL;
+        json_decref(hosts);
+        *ret = b;
+        return 0;
+}
+
 static enum MHD_Result secrets_create(server *srv, request *req) {
         json_t *body;
         if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         char why[256];
         const char *name = json_string_value(json_object_get(body, "name"));
-        const char *value;
-        size_t vlen;
-        json_t *md = json_object_get(body, "metadata");
-        bool given;
-        json_t *hosts = NULL;
+        secret_body b;
         int r = 0;
         if (!name || !egress_secret_name_valid(name, strlen(name)) || strncasecmp(name, "sec_", 4) == 0) {
                 snprintf(why, sizeof why,
@@ -499,23 +527,16 @@ static enum MHD_Result secrets_create(server *srv, request *req) {
                 r = -EINVAL;
         }
         if (r >= 0)
-                r = check_value(json_object_get(body, "value"), &value, &vlen, why, sizeof why);
-        if (r >= 0)
-                r = check_metadata(md, why, sizeof why);
-        if (r >= 0 && !(hosts = parse_hosts(body, md, &given, why, sizeof why)))
-                r = -EINVAL;
+                r = secret_body_parse(body, &b, why, sizeof why);
         if (r < 0) {
                 json_decref(body);
                 return http_reply_error(req->conn, 400, "%s", why);
         }
-        char *hj = json_dumps(hosts, JSON_COMPACT), *mj = md && !json_is_null(md) ? json_dumps(md, JSON_COMPACT) : NULL;
-        json_decref(hosts);
         store_secret s;
         hutch_error err = { 0 };
-        r = store_secret_create(srv->store, req->team, name, value, vlen, hj, mj, &s, &err);
-        free(hj);
-        free(mj);
-        wipe_request(req, body, value, vlen);
+        r = store_secret_create(srv->store, req->team, name, b.value, b.vlen, b.hosts_json, b.metadata_json, &s, &err);
+        secret_body_clear(&b);
+        wipe_request(req, body, b.value, b.vlen);
         if (r < 0)
                 return reply_store_error(req, r, &err);
         char detail[200];
@@ -531,29 +552,18 @@ static enum MHD_Result secrets_update(server *srv, request *req, const char *id)
         if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         char why[256];
-        const char *value;
-        size_t vlen;
-        json_t *md = json_object_get(body, "metadata");
-        bool given = false;
-        json_t *hosts = NULL;
-        int r = check_value(json_object_get(body, "value"), &value, &vlen, why, sizeof why);
-        if (r >= 0)
-                r = check_metadata(md, why, sizeof why);
-        if (r >= 0 && !(hosts = parse_hosts(body, md, &given, why, sizeof why)))
-                r = -EINVAL;
+        secret_body b;
+        int r = secret_body_parse(body, &b, why, sizeof why);
         if (r < 0) {
                 json_decref(body);
                 return http_reply_error(req->conn, 400, "%s", why);
         }
-        char *hj = given ? json_dumps(hosts, JSON_COMPACT) : NULL;
-        char *mj = md && !json_is_null(md) ? json_dumps(md, JSON_COMPACT) : NULL;
-        json_decref(hosts);
+        bool given = b.hosts_json != NULL;
         store_secret s;
         hutch_error err = { 0 };
-        r = store_secret_update(srv->store, req->team, id, value, vlen, hj, mj, &s, &err);
-        free(hj);
-        free(mj);
-        wipe_request(req, body, value, vlen);
+        r = store_secret_update(srv->store, req->team, id, b.value, b.vlen, b.hosts_json, b.metadata_json, &s, &err);
+        secret_body_clear(&b);
+        wipe_request(req, body, b.value, b.vlen);
         if (r < 0)
                 return reply_store_error(req, r, &err);
         char detail[200];

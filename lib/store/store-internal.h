@@ -44,6 +44,7 @@ enum store_stmt {
         STMT_SECRET_UPDATE,
         STMT_SECRET_DELETE,
         STMT_SECRET_LIST,
+        STMT_SECRET_VALUE,
         STMT_SNAP_INSERT,
         STMT_SNAP_GET,
         STMT_SNAP_DELETE,

@@ -353,6 +353,30 @@ int store_secret_list(hutch_store *st, int64_t team_id, const char *after, unsig
         return 0;
 }
 
+int store_secret_value_of(hutch_store *st, const store_secret *meta, char **ret, size_t *ret_len,
+                          hutch_error *err) {
+        if (!st->has_secrets_key)
+                return need_key(st, err);
+        /* the value of exactly that version */
+        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+        int r = store_stmt(st, STMT_SECRET_VALUE,
+                           "SELECT value FROM secrets WHERE id = ?1 AND version = ?2 AND deleted_ms = 0", &q, err);
+        if (r < 0)
+                return r;
+        int rc = store_bind_text(q, 1, meta->id);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_bind_int64(q, 2, meta->version);
+        if (rc != SQLITE_OK)
+                return store_fail(st, rc, err, "reading a secret");
+        r = store_step_row(st, q, err, "reading a secret");
+        if (r < 0)
+                return r;
+        if (r == 0 || sqlite3_column_type(q, 0) != SQLITE_BLOB)
+                return hutch_error_set(err, -ENOENT, "secret %s has no value", meta->id);
+        return open_sealed(st, meta->team_id, meta->id, meta->version, sqlite3_column_blob(q, 0),
+                           (size_t) sqlite3_column_bytes(q, 0), ret, ret_len, err);
+}
+
 int store_secret_value(hutch_store *st, int64_t team_id, const char *name, char **ret, size_t *ret_len,
                        hutch_error *err) {
         if (!st->has_secrets_key)
@@ -361,27 +385,7 @@ int store_secret_value(hutch_store *st, int64_t team_id, const char *name, char 
         int r = store_secret_get(st, team_id, name, &cur, err);
         if (r < 0)
                 return r;
-        /* the value of exactly that version */
-        sqlite3_stmt *q = NULL;
-        int rc = sqlite3_prepare_v2(st->db, "SELECT value FROM secrets WHERE id = ?1 AND version = ?2", -1, &q, NULL);
-        if (rc == SQLITE_OK)
-                rc = store_bind_text(q, 1, cur.id);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_bind_int64(q, 2, cur.version);
-        if (rc != SQLITE_OK) {
-                sqlite3_finalize(q);
-                store_secret_clear(&cur);
-                return store_fail(st, rc, err, "reading a secret");
-        }
-        rc = sqlite3_step(q);
-        if (rc != SQLITE_ROW || sqlite3_column_type(q, 0) != SQLITE_BLOB) {
-                sqlite3_finalize(q);
-                store_secret_clear(&cur);
-                return hutch_error_set(err, -ENOENT, "secret %s has no value", name);
-        }
-        r = open_sealed(st, team_id, cur.id, cur.version, sqlite3_column_blob(q, 0),
-                        (size_t) sqlite3_column_bytes(q, 0), ret, ret_len, err);
-        sqlite3_finalize(q);
+        r = store_secret_value_of(st, &cur, ret, ret_len, err);
         store_secret_clear(&cur);
         return r;
 }

@@ -217,6 +217,9 @@ int store_secret_list(hutch_store *st, int64_t team_id, const char *after, unsig
  * authenticate. */
 int store_secret_value(hutch_store *st, int64_t team_id, const char *name, char **ret, size_t *ret_len,
                        hutch_error *err);
+/* The same for a secret already looked up (store_secret_get). */
+int store_secret_value_of(hutch_store *st, const store_secret *meta, char **ret, size_t *ret_len,
+                          hutch_error *err);
 void store_secret_clear(store_secret *s);
 void store_secret_array_free(store_secret *v, size_t n);
 
