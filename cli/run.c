@@ -295,17 +295,9 @@ static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
                 return r;
         if ((r = egress_ceiling_add_allow(c, "*", why, sizeof why)) < 0)
                 return log_error("%s", why), r;
-        if (o->net_open) {
-                char *copy = strdup(o->net_open), *save = NULL;
-                if (!copy)
-                        return -ENOMEM;
-                for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
-                        if ((r = egress_ceiling_allow_private(c, t, why, sizeof why)) < 0) {
-                                free(copy);
-                                return log_error("invalid --net-open: %s", why), r;
-                        }
-                free(copy);
-        }
+        if (o->net_open && (r = egress_ceiling_add_list(c, o->net_open, egress_ceiling_allow_private, why,
+                                                        sizeof why)) < 0)
+                return log_error("invalid --net-open: %s", r == -ENOMEM ? "out of memory" : why), r;
         if ((r = egress_ceiling_add_host_addresses(c)) < 0)
                 return log_error_errno(r, "getifaddrs: %m");
 

@@ -31,26 +31,10 @@
 
 static int add_list(server *srv, const char *list, int (*add)(egress_ceiling *, const char *, char *, size_t),
                     const char *setting) {
-        char *copy = strdup(list), *save = NULL;
-        if (!copy)
-                return -ENOMEM;
-        int r = 0;
-        for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                while (*tok == ' ')
-                        tok++;
-                size_t l = strlen(tok);
-                while (l && tok[l - 1] == ' ')
-                        tok[--l] = 0;
-                if (!*tok)
-                        continue;
-                char why[256];
-                r = add(srv->egress_ceiling, tok, why, sizeof why);
-                if (r < 0) {
-                        log_error("%s: %s", setting, why);
-                        break;
-                }
-        }
-        free(copy);
+        char why[256];
+        int r = egress_ceiling_add_list(srv->egress_ceiling, list, add, why, sizeof why);
+        if (r < 0)
+                log_error("%s: %s", setting, r == -ENOMEM ? "out of memory" : why);
         return r;
 }
 

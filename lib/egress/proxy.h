@@ -116,6 +116,12 @@ void egress_site_close(egress_site *s);
 
 /* ------------------------------------------------------- set-up helpers */
 
+/* Add each comma-separated item of list (spaces around items ignored,
+ * empty items skipped) with add (egress_ceiling_add_allow, _add_deny or
+ * _allow_private). Stops at the first refused item: its error, with why. */
+int egress_ceiling_add_list(egress_ceiling *c, const char *list,
+                            int (*add)(egress_ceiling *, const char *, char *, size_t), char *why, size_t whylen);
+
 /* Add every address of every interface of the calling process's netns to
  * c as a host address (never a destination). Returns how many. */
 int egress_ceiling_add_host_addresses(egress_ceiling *c);
