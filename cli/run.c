@@ -29,6 +29,8 @@ static void run_usage(FILE *f) {
         fputs("usage: hutch run [OPTIONS] -- CMD [ARG...]\n"
               "\n"
               "  --template NAME      template for the root filesystem (default: host)\n"
+              "  --backend ns|gvisor  isolation: namespaces around the host kernel (ns, the default:\n"
+              "                       $HUTCH_BACKEND) or runsc's user-space kernel (gvisor)\n"
               "  --memory SIZE        memory limit, swap off (default: 512M)\n"
               "  --pids N             process/thread limit (default: 512)\n"
               "  --cpus N             CPU quota, fractions allowed (default: 2)\n"
@@ -54,6 +56,7 @@ static void run_usage(FILE *f) {
 
 enum {
         OPT_TEMPLATE = 256,
+        OPT_BACKEND,
         OPT_MEMORY,
         OPT_PIDS,
         OPT_CPUS,
@@ -123,6 +126,7 @@ typedef struct run_opts {
 static int parse_args(int argc, char **argv, run_opts *o) {
         static const struct option longopts[] = {
                 { "template", required_argument, NULL, OPT_TEMPLATE },
+                { "backend", required_argument, NULL, OPT_BACKEND },
                 { "memory", required_argument, NULL, OPT_MEMORY },
                 { "pids", required_argument, NULL, OPT_PIDS },
                 { "cpus", required_argument, NULL, OPT_CPUS },
@@ -143,12 +147,23 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         };
         const char *user = "user";
         int c, r;
+        const char *env_backend = getenv("HUTCH_BACKEND");
+        if (env_backend && *env_backend) {
+                if ((r = hutch_backend_from_name(env_backend)) < 0)
+                        return log_error("invalid HUTCH_BACKEND '%s' (expected ns or gvisor)", env_backend), -EINVAL;
+                o->sb.backend = r;
+        }
         opterr = 0;
         optind = 1;
         while ((c = getopt_long(argc, argv, "+e:u:w:h", longopts, NULL)) != -1) {
                 switch (c) {
                 case OPT_TEMPLATE:
                         o->sb.template_name = optarg;
+                        break;
+                case OPT_BACKEND:
+                        if ((r = hutch_backend_from_name(optarg)) < 0)
+                                return log_error("invalid --backend '%s' (expected ns or gvisor)", optarg), -EINVAL;
+                        o->sb.backend = r;
                         break;
                 case OPT_MEMORY:
                         if (parse_size(optarg, &o->sb.limits.memory_bytes) < 0 || o->sb.limits.memory_bytes == 0)

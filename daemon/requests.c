@@ -111,6 +111,19 @@ int create_request_parse(json_t *body, uint64_t default_timeout_s, uint64_t max_
                         return fail(why, whylen, -EINVAL, "lifecycle.autoResume must be a boolean");
                 r.auto_resume = json_is_true(ar);
         }
+        json_t *bj = req_field(body, "backend", NULL);
+        json_t *bm = json_is_object(r.metadata) ? json_object_get(r.metadata, "hutch.backend") : NULL;
+        if (bj && !json_is_string(bj))
+                return fail(why, whylen, -EINVAL, "backend must be a string");
+        if (bj && bm && !json_equal(bj, bm))
+                return fail(why, whylen, -EINVAL, "backend and metadata[\"hutch.backend\"] disagree");
+        if (!bj)
+                bj = bm;
+        if (bj) {
+                r.backend = json_string_value(bj);
+                if (!streq(r.backend, "ns") && !streq(r.backend, "gvisor"))
+                        return fail(why, whylen, -EINVAL, "backend must be \"ns\" or \"gvisor\"");
+        }
         json_t *apm = req_field(body, "autoPauseMemory", NULL);
         if (apm && !json_is_boolean(apm))
                 return fail(why, whylen, -EINVAL, "autoPauseMemory must be a boolean");

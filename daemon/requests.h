@@ -27,6 +27,10 @@ typedef struct create_request {
         bool on_timeout_pause;   /* autoPause, lifecycle.onTimeout == "pause" */
         bool auto_resume;        /* lifecycle.autoResume, autoResume.enabled */
         bool pause_keep_memory;  /* autoPauseMemory (default true): false = a timeout pause reboots at resume */
+        /* hutch's extension: the isolation backend, "ns" or "gvisor", from
+         * the body's "backend" or metadata "hutch.backend" (the one an
+         * unmodified SDK can send); NULL: the operator's default */
+        const char *backend;
 } create_request;
 
 /* 0, or -EINVAL / -EOPNOTSUPP with a message for a 400. */

@@ -132,6 +132,7 @@ static json_t *extra_json(sbx *sb, json_t *body) {
         json_object_set_new(e, "autoResume", json_boolean(sb->auto_resume));
         json_object_set_new(e, "autoPauseMemory", json_boolean(sb->pause_keep_memory));
         json_object_set_new(e, "coldResume", json_boolean(sb->cold_resume));
+        json_object_set_new(e, "backend", json_string(hutch_backend_name(sb->backend)));
         if (body) {
                 json_t *net = json_object_get(body, "network");
                 if (net)
@@ -171,6 +172,8 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, con
                 .template_name = template_name,
                 .layer_from = layer_from,
                 .id = sb->id,
+                .backend = sb->backend,
+                .egress_port = (uint16_t) srv->cfg.egress_port,
                 .limits = {
                         .memory_bytes = (uint64_t) sb->memory_mb << 20,
                         .cpu_millis = (uint64_t) sb->cpu_count * 1000,
@@ -267,6 +270,7 @@ void sbx_pool_fill(server *srv) {
                 return;
         if (hutch_sandbox_id_new(sb->id) < 0)
                 abort(); /* getrandom on a running kernel does not fail */
+        sb->backend = hutch_backend_from_name(srv->cfg.backend);
         sb->pooled = true;
         /* listed before it exists: a crash in between leaves an id to clean */
         sb->next = srv->pool;
@@ -390,7 +394,19 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 }
         }
         /* a warm sandbox if one is ready: create then only writes a row */
-        sbx *sb = streq(template_name, "host") && !snap.id[0] ? pool_take(srv) : NULL;
+        int backend = hutch_backend_from_name(cr.backend ? cr.backend : srv->cfg.backend);
+        if (backend == HUTCH_BACKEND_GVISOR && snap.id[0]) {
+                *ret_status = 409;
+                json_decref(egress_spec);
+                if (layer_from[0] && !borrowed)
+                        unlink(layer_from);
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "a snapshot keeps a namespace sandbox's files; it cannot start a gvisor sandbox");
+        }
+        /* the pool holds sandboxes of the operator's default backend */
+        bool poolable = streq(template_name, "host") && !snap.id[0] &&
+                        backend == hutch_backend_from_name(srv->cfg.backend);
+        sbx *sb = poolable ? pool_take(srv) : NULL;
         if (!sb) {
                 sb = sbx_alloc(srv);
                 if (!sb) {
@@ -401,6 +417,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 }
                 if (hutch_sandbox_id_new(sb->id) < 0)
                         abort(); /* getrandom on a running kernel does not fail */
+                sb->backend = backend;
         }
         sb->team_id = team;
         snprintf(sb->template_id, sizeof sb->template_id, "%s", snap.id[0] ? snap.id : template_name);
@@ -902,6 +919,7 @@ static int readopt_one(server *srv, const store_sandbox *row) {
                 return 0;
         }
         sb->team_id = row->team_id;
+        sb->backend = hutch_sandbox_backend(sb->h);
         snprintf(sb->template_id, sizeof sb->template_id, "%s", row->template_id);
         snprintf(sb->alias, sizeof sb->alias, "%s", row->alias);
         sb->started_ms = row->started_ms;

@@ -61,6 +61,9 @@ static const struct cfg_entry {
         { "max-snapshots-per-team", CFG_U64, U(max_snapshots_per_team), 1, 1000000, "100", "snapshots a team may keep (429 beyond)" },
         { "snapshot-reserve", CFG_SIZE, U(snapshot_reserve_bytes), 0, 1ull << 50, "1G", "free disk a snapshot must leave on the data dir's file system (507 otherwise)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
+        { "backend", CFG_STR, S(backend), 0, 0, "ns", "isolation backend of sandboxes whose create names none: ns (namespaces) or gvisor (runsc)" },
+        { "runsc", CFG_STR, S(runsc), 0, 0, "auto", "runsc of the gvisor backend (auto: /usr/bin/runsc, /usr/local/bin/runsc)" },
+        { "gvisor-platform", CFG_STR, S(gvisor_platform), 0, 0, "ptrace", "runsc --platform: ptrace, systrap or kvm" },
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
@@ -422,7 +425,14 @@ int server_run(const server_config *cfg) {
         if (new_key && (r = write_api_key(srv, key)) < 0)
                 goto out;
 
-        hutch_ctx_config cc = { .run_dir = srv->cfg.run_dir, .data_dir = srv->cfg.data_dir };
+        if (hutch_backend_from_name(srv->cfg.backend) < 0) {
+                log_error("backend must be ns or gvisor, not '%s'", srv->cfg.backend);
+                r = -EINVAL;
+                goto out;
+        }
+        hutch_ctx_config cc = { .run_dir = srv->cfg.run_dir, .data_dir = srv->cfg.data_dir,
+                                .runsc = streq(srv->cfg.runsc, "auto") ? NULL : srv->cfg.runsc,
+                                .gvisor_platform = srv->cfg.gvisor_platform };
         r = hutch_ctx_new(&cc, &srv->ctx, &err);
         if (r < 0) {
                 log_error_errno(r, "%s", err.msg);

@@ -50,6 +50,9 @@ typedef struct server_config {
         char dns[256];               /* nameservers; empty: /etc/resolv.conf */
         char egress_upstream_ca[1024]; /* extra CAs trusted for intercepted upstreams */
         uint64_t egress_port;
+        char backend[16];            /* ns or gvisor: sandboxes whose create names none */
+        char runsc[1024];            /* "auto" or a path */
+        char gvisor_platform[16];
         uint64_t egress_connections; /* per sandbox, open at once */
         uint64_t egress_bandwidth;   /* per sandbox and direction, bytes/s; 0: unlimited */
         uint64_t egress_records;     /* decisions recorded per sandbox per second */
@@ -149,6 +152,7 @@ struct sbx {
         char id[HUTCH_ID_LEN + 1];
         int64_t team_id;
         char template_id[64];
+        int backend;            /* HUTCH_BACKEND_* */
         char alias[64];
         hutch_sandbox *h;
         watcher w;              /* init's control socket */

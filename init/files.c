@@ -21,6 +21,7 @@
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <time.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "hutch/hutch.h"
@@ -28,7 +29,27 @@
 
 /* ------------------------------------------------------- fs credentials */
 
+/* gVisor keeps no separate fs ids (setfsuid does not change them): there
+ * the effective ids switch instead, with the real and saved ids left at 0
+ * to come back. init is single-threaded, and while its effective uid is
+ * not 0 nobody else gains a way to signal it (kill checks real/saved). */
+bool fsuser_use_euid;
+
+static int euser_enter(uid_t uid, gid_t gid, fsuser *ret_saved) {
+        fsuser saved = { .uid = geteuid(), .gid = getegid() };
+        if (saved.uid != 0 && syscall(SYS_setresuid, -1, 0, -1) < 0)
+                return negative_errno();
+        if (syscall(SYS_setresgid, -1, gid, -1) < 0 || syscall(SYS_setresuid, -1, uid, -1) < 0) {
+                fsuser_restore(&saved);
+                return -EPERM;
+        }
+        *ret_saved = saved;
+        return 0;
+}
+
 int fsuser_enter(uid_t uid, gid_t gid, fsuser *ret_saved) {
+        if (fsuser_use_euid)
+                return euser_enter(uid, gid, ret_saved);
         /* setfsuid() cannot fail visibly: it returns the previous value
          * either way. Asking with an invalid id (-1) reads the current. */
         fsuser saved = {
@@ -46,6 +67,13 @@ int fsuser_enter(uid_t uid, gid_t gid, fsuser *ret_saved) {
 }
 
 void fsuser_restore(const fsuser *saved) {
+        if (fsuser_use_euid) {
+                /* back to euid 0 first: it may set any gid, then any uid */
+                (void) syscall(SYS_setresuid, -1, 0, -1);
+                (void) syscall(SYS_setresgid, -1, saved->gid, -1);
+                (void) syscall(SYS_setresuid, -1, saved->uid, -1);
+                return;
+        }
         /* uid first: back at fsuid 0 the kernel gives the fs capabilities
          * back, whatever the order, but gid may need them. */
         setfsuid(saved->uid);
@@ -688,7 +716,9 @@ typedef struct file_write {
 static file_write *writes;
 static unsigned n_writes;
 static uint32_t next_write_id = 1;
-static bool splice_unusable;
+/* also set under gVisor, whose non-blocking splice from an empty pipe
+ * returns 0 as at EOF */
+bool splice_unusable;
 
 static void write_release(source *s) {
         file_write *w = (file_write *) s;

@@ -45,6 +45,7 @@
 typedef struct source {
         int fd;
         bool dead;
+        bool registered; /* in the epoll set (events != 0) */
         uint32_t events; /* currently registered */
         void (*dispatch)(struct source *s, uint32_t events);
         void (*release)(struct source *s);
@@ -89,6 +90,21 @@ extern conn *all_conns;
 static inline bool conn_alive(const conn *c) {
         return c && !c->src.dead;
 }
+
+/* A connection over fd (creator: it sets the token with its HELLO). */
+int conn_new(int fd, bool creator);
+
+/* The loop (main.c): create the epoll set, then run it forever. */
+int loop_init(void);
+_noreturn_ void loop_run(void);
+
+/* Under gVisor (guest.c): the relay's connections, process streams and the
+ * egress listener over the mux on fd GUEST_STREAM_FD. */
+#define GUEST_STREAM_FD 3
+int guest_setup(int stream_fd, uint16_t egress_port);
+
+/* The host relay of a gVisor sandbox (relay.c); argv[0] is "--gvisor-relay". */
+int relay_main(int argc, char **argv);
 
 /* One outgoing frame is built at a time, in this writer. */
 initproto_writer *msg_begin(uint16_t type, uint16_t flags, uint32_t id);
@@ -164,6 +180,8 @@ typedef struct fsuser {
         gid_t gid;
 } fsuser;
 int fsuser_enter(uid_t uid, gid_t gid, fsuser *ret_saved);
+extern bool splice_unusable; /* file writes copy with read/write */
+extern bool fsuser_use_euid; /* under gVisor: switch effective ids, not fs ids */
 void fsuser_restore(const fsuser *saved);
 /* Read T_UID/T_GID (default 1000/1000) and refuse (uid_t)-1, which the
  * set*id calls read as "leave unchanged". */

@@ -61,30 +61,32 @@ void log_debug(const char *fmt, ...) {
 
 /* ------------------------------------------------------------ event loop */
 
-int source_add(source *s, uint32_t events) {
-        struct epoll_event ev = { .events = events, .data.ptr = s };
-
-        if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, s->fd, &ev) < 0)
-                return negative_errno();
-        s->events = events;
-        return 0;
-}
-
+/* No events means out of the set: a hung-up descriptor nobody wants to
+ * hear from would otherwise report EPOLLHUP on every wait. */
 int source_set_events(source *s, uint32_t events) {
         struct epoll_event ev = { .events = events, .data.ptr = s };
 
-        if (s->fd < 0 || s->events == events)
+        if (s->fd < 0 || (s->registered && s->events == events) || (!s->registered && !events))
                 return 0;
-        if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, s->fd, &ev) < 0)
+        int op = !events ? EPOLL_CTL_DEL : s->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+        if (epoll_ctl(epoll_fd, op, s->fd, op == EPOLL_CTL_DEL ? NULL : &ev) < 0)
                 return negative_errno();
         s->events = events;
+        s->registered = events != 0;
         return 0;
+}
+
+int source_add(source *s, uint32_t events) {
+        s->registered = false;
+        return source_set_events(s, events);
 }
 
 void source_remove(source *s) {
         if (s->fd < 0)
                 return;
-        (void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s->fd, NULL);
+        if (s->registered)
+                (void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s->fd, NULL);
+        s->registered = false;
         s->fd = safe_close(s->fd);
 }
 
@@ -607,7 +609,7 @@ static void conn_dispatch(source *s, uint32_t events) {
         conn_update_events(c);
 }
 
-static int conn_new(int fd, bool creator) {
+int conn_new(int fd, bool creator) {
         conn *c = calloc(1, sizeof *c);
         if (!c)
                 return -ENOMEM;
@@ -704,6 +706,14 @@ static int set_cloexec_nonblock(int fd) {
         return 0;
 }
 
+static bool gvisor;
+static uint16_t gvisor_egress_port;
+
+int loop_init(void) {
+        epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+        return epoll_fd < 0 ? negative_errno() : 0;
+}
+
 static int setup(void) {
         sigset_t mask;
         int r;
@@ -740,15 +750,29 @@ static int setup(void) {
                 (void) setrlimit(RLIMIT_NOFILE, &rl);
         }
 
-        ensure_stdio();
-        /* Nothing but fds 3 and 4 should have been inherited; make sure. */
-        if (syscall(SYS_close_range, CREATOR_FD + 1, ~0U, 0) < 0)
-                for (int fd = CREATOR_FD + 1; fd < 1024; fd++)
+        if (gvisor) {
+                /* The mux stream is runsc's stdin and stdout: keep it out of
+                 * 0-2, which children inherit, and out of their reach. */
+                if (dup3(0, GUEST_STREAM_FD, O_CLOEXEC) < 0 || dup3(1, GUEST_STREAM_FD + 1, O_CLOEXEC) < 0)
+                        return negative_errno();
+                /* stderr stays runsc's (the relay's log) only for debugging */
+                for (int fd = 0; fd <= (debug ? 1 : 2); fd++)
                         close(fd);
+                if (syscall(SYS_close_range, (unsigned long) GUEST_STREAM_FD + 2, (unsigned long) ~0U, 0ul) < 0)
+                        for (int fd = GUEST_STREAM_FD + 2; fd < 1024; fd++)
+                                close(fd);
+                ensure_stdio();
+        } else {
+                ensure_stdio();
+                /* Nothing but fds 3 and 4 should have been inherited; make sure. */
+                if (syscall(SYS_close_range, CREATOR_FD + 1, ~0U, 0) < 0)
+                        for (int fd = CREATOR_FD + 1; fd < 1024; fd++)
+                                close(fd);
+        }
 
-        epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-        if (epoll_fd < 0)
-                return negative_errno();
+        r = loop_init();
+        if (r < 0)
+                return r;
 
         sigemptyset(&mask);
         sigaddset(&mask, SIGCHLD);
@@ -760,6 +784,11 @@ static int setup(void) {
         r = source_add(&sigchld, EPOLLIN);
         if (r < 0)
                 return r;
+
+        /* Under gVisor no descriptor crosses the sandbox's edge: the
+         * relay's connections arrive over the mux on fd 0 (guest.c). */
+        if (gvisor)
+                return guest_setup(GUEST_STREAM_FD, gvisor_egress_port);
 
         r = set_cloexec_nonblock(CREATOR_FD);
         if (r < 0)
@@ -777,16 +806,8 @@ static int setup(void) {
         return 0;
 }
 
-int main(int argc, char **argv) {
+void loop_run(void) {
         struct epoll_event events[64];
-        int r;
-
-        r = setup();
-        if (r < 0) {
-                fprintf(stderr, "hutch-init: setup failed: %s\n", strerror(-r));
-                return EXIT_FAILURE;
-        }
-        log_debug("ready, pid %d", (int) getpid());
 
         for (;;) {
                 int n = epoll_wait(epoll_fd, events, (int) ELEMENTSOF(events), -1);
@@ -806,4 +827,33 @@ int main(int argc, char **argv) {
                 }
                 graveyard_flush();
         }
+}
+
+/* hutch-init                      PID 1 of a namespace sandbox (fds 3, 4)
+ * hutch-init --gvisor-guest PORT  PID 1 under gVisor, the mux on fd 0
+ * hutch-init --gvisor-relay ...   the host relay of a gVisor sandbox (relay.c) */
+int main(int argc, char **argv) {
+        int r;
+
+        if (argc >= 2 && streq(argv[1], "--gvisor-relay"))
+                return relay_main(argc - 1, argv + 1);
+        if (argc >= 3 && streq(argv[1], "--gvisor-guest")) {
+                char *end;
+                unsigned long port = strtoul(argv[2], &end, 10);
+                if (*end || port > 65535) {
+                        fprintf(stderr, "hutch-init: bad egress port '%s'\n", argv[2]);
+                        return EXIT_FAILURE;
+                }
+                gvisor = true;
+                gvisor_egress_port = (uint16_t) port;
+                fsuser_use_euid = true;
+                splice_unusable = true;
+        }
+        r = setup();
+        if (r < 0) {
+                fprintf(stderr, "hutch-init: setup failed: %s\n", strerror(-r));
+                return EXIT_FAILURE;
+        }
+        log_debug("ready, pid %d", (int) getpid());
+        loop_run();
 }

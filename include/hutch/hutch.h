@@ -35,6 +35,8 @@ typedef struct hutch_ctx_config {
         uint32_t uid_base;       /* first host uid handed to sandboxes; default 0x40000000 */
         uint32_t uid_slots;      /* number of 65536-id ranges; default 4096 */
         const char *storage;     /* "auto" (default), "ext4" or "tmpfs": how writable layers are limited */
+        const char *runsc;       /* the gvisor backend's runsc; default $HUTCH_RUNSC, else /usr/bin/runsc, ... */
+        const char *gvisor_platform; /* runsc --platform: "ptrace" (default, $HUTCH_GVISOR_PLATFORM), "systrap", "kvm" */
 } hutch_ctx_config;
 
 int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error *err);
@@ -59,6 +61,23 @@ typedef struct hutch_limits {
         uint64_t nofile;         /* RLIMIT_NOFILE for every process */
 } hutch_limits;
 
+/* Isolation backends. ns: namespaces, seccomp and cgroups around the host
+ * kernel (a hardened container). gvisor: the same root, limits and
+ * protocol, with the processes on runsc's user-space kernel, for
+ * multi-tenant untrusted code. */
+enum {
+        HUTCH_BACKEND_NS = 0,
+        HUTCH_BACKEND_GVISOR = 1,
+};
+/* "ns" or "gvisor" to HUTCH_BACKEND_*, -EINVAL otherwise; and back. */
+int hutch_backend_from_name(const char *name);
+const char *hutch_backend_name(int backend);
+
+/* Whether the gvisor backend can run here: runsc's path and version in
+ * ret_info ("/usr/bin/runsc 0.0~20221219.0, platform ptrace"), -errno with
+ * the reason otherwise. Starts nothing. */
+int hutch_gvisor_probe(hutch_ctx *ctx, char *ret_info, size_t n, hutch_error *err);
+
 typedef struct hutch_sandbox_config {
         const char *template_name; /* default "host" */
         hutch_limits limits;       /* zero fields take the defaults below */
@@ -71,6 +90,10 @@ typedef struct hutch_sandbox_config {
          * ids inside the sandbox. Its size replaces limits.disk_bytes. ext4
          * layers only (-EOPNOTSUPP on tmpfs). */
         const char *layer_from;
+        int backend;               /* HUTCH_BACKEND_* */
+        /* gvisor: the port the sandbox's 127.0.0.1 proxy address has (the
+         * daemon's egress port); 0 = 3128. */
+        uint16_t egress_port;
 } hutch_sandbox_config;
 
 #define HUTCH_DEFAULT_MEMORY (512ull << 20)
@@ -103,6 +126,7 @@ hutch_sandbox *hutch_sandbox_ref(hutch_sandbox *sb);
 
 const char *hutch_sandbox_id(const hutch_sandbox *sb);
 const char *hutch_sandbox_template(const hutch_sandbox *sb);
+int hutch_sandbox_backend(const hutch_sandbox *sb); /* HUTCH_BACKEND_* */
 pid_t hutch_sandbox_init_pid(const hutch_sandbox *sb); /* host pid of hutch-init */
 uid_t hutch_sandbox_uid_base(const hutch_sandbox *sb);
 const hutch_limits *hutch_sandbox_limits(const hutch_sandbox *sb);

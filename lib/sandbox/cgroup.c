@@ -837,3 +837,24 @@ int cgroup_prune(cgroup_version v, const char *mount_point, const char *root_nam
         }
         return hutch_error_set(err, -EINVAL, "unknown cgroup version %d", (int) v);
 }
+
+int cgroup_signal_others(hutch_cgroup *cg, pid_t keep, int sig) {
+        const char *dir = NULL;
+        if (cg->version == CGROUP_V2)
+                dir = cg->dir;
+        else
+                for (int c = 0; c < _CGROUP_V1_MAX && !dir; c++)
+                        dir = cg->v1_dir[c];
+        if (!dir)
+                return -ENOENT;
+        _cleanup_free_ pid_t *pids = NULL;
+        size_t n = 0;
+        int r = cgroup_read_pids(dir, &pids, &n, NULL);
+        if (r < 0)
+                return r;
+        int count = 0;
+        for (size_t i = 0; i < n; i++)
+                if (pids[i] != keep && (kill(pids[i], sig) == 0 || errno != ESRCH))
+                        count++;
+        return count;
+}

@@ -58,6 +58,9 @@ int cgroup_is_frozen(hutch_cgroup *cg);
 /* SIGKILL every process in the cgroup and wait (bounded) until it is empty.
  * v2: cgroup.kill where present; v1: freeze, kill each pid, thaw, repeat. */
 int cgroup_kill_all(hutch_cgroup *cg, hutch_error *err);
+/* Send sig to every process in the cgroup but keep; returns how many
+ * were signalled (0: keep is alone). Not recursive. */
+int cgroup_signal_others(hutch_cgroup *cg, pid_t keep, int sig);
 /* rmdir the cgroup (every controller on v1). The cgroup must be empty. */
 int cgroup_destroy(hutch_cgroup *cg, hutch_error *err);
 /* Number of processes in the cgroup, or -errno. */

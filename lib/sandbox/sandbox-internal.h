@@ -26,6 +26,8 @@ struct hutch_ctx {
         char *storage_kind; /* "auto" until storage_init(), then "ext4" or "tmpfs" */
         char *storage_mnt;  /* data_dir/storage, set by storage_init() */
         int init_memfd;     /* sealed memfd holding hutch-init, created lazily */
+        char *runsc;        /* configured runsc path, "" to search */
+        char *gvisor_platform;
 };
 
 /* A queued unsolicited event from init. */
@@ -65,7 +67,24 @@ struct hutch_sandbox {
         uint64_t watch_events_dropped;
         initproto_writer *tx;
         bool destroyed;
+        int backend;       /* HUTCH_BACKEND_*; gvisor: init_pid is the relay's */
 };
+
+/* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
+ * threads (sentry, gofer, ptrace stubs) and memory come on top of what the
+ * sandbox's processes are given. */
+#define GVISOR_MEMORY_OVERHEAD (160ull << 20)
+#define GVISOR_PIDS_OVERHEAD 384
+#define GVISOR_READY_TIMEOUT_MS 30000
+
+/* gvisor.c */
+struct hutch_template;
+int gvisor_runsc_path(const hutch_ctx *ctx, char *buf, size_t n);
+int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t n);
+int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *hostname, uint16_t egress_port,
+                 int timeout_ms, hutch_error *err);
+int gvisor_kill_runtime(hutch_sandbox *sb);
+int sandbox_init_memfd(hutch_ctx *ctx, hutch_error *err);
 
 /* uidrange.c: one 65536-id host range per live sandbox, never host uid 0. */
 int uidrange_alloc(hutch_ctx *ctx, const char *id, uint32_t *ret_slot, hutch_error *err);

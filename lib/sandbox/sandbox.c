@@ -56,10 +56,13 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
         ctx->data_dir = dup_or(cfg->data_dir, "HUTCH_DATA_DIR", "/var/lib/hutch");
         ctx->cgroup_root = dup_or(cfg->cgroup_root, "HUTCH_CGROUP_ROOT", "hutch");
         ctx->storage_kind = dup_or(cfg->storage, "HUTCH_STORAGE", "auto");
+        ctx->runsc = dup_or(cfg->runsc, "HUTCH_RUNSC", "");
+        ctx->gvisor_platform = dup_or(cfg->gvisor_platform, "HUTCH_GVISOR_PLATFORM", "ptrace");
         ctx->uid_base = cfg->uid_base ? cfg->uid_base : 0x40000000u;
         ctx->uid_slots = cfg->uid_slots ? cfg->uid_slots : 4096;
         int r;
-        if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind) {
+        if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind || !ctx->runsc ||
+            !ctx->gvisor_platform) {
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
         }
@@ -70,6 +73,16 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
         }
         if (!streq(ctx->storage_kind, "auto") && !streq(ctx->storage_kind, "ext4") && !streq(ctx->storage_kind, "tmpfs")) {
                 r = hutch_error_set(err, -EINVAL, "storage must be auto, ext4 or tmpfs, not '%s'", ctx->storage_kind);
+                goto fail;
+        }
+        if (!streq(ctx->gvisor_platform, "ptrace") && !streq(ctx->gvisor_platform, "systrap") &&
+            !streq(ctx->gvisor_platform, "kvm")) {
+                r = hutch_error_set(err, -EINVAL, "gvisor platform must be ptrace, systrap or kvm, not '%s'",
+                                    ctx->gvisor_platform);
+                goto fail;
+        }
+        if (*ctx->runsc && (ctx->runsc[0] != '/' || strlen(ctx->runsc) > 1024)) {
+                r = hutch_error_set(err, -EINVAL, "runsc must be an absolute path, not '%s'", ctx->runsc);
                 goto fail;
         }
         /* The uid ranges must stay clear of host uid 0 and of (uid_t)-1. */
@@ -97,6 +110,8 @@ hutch_ctx *hutch_ctx_free(hutch_ctx *ctx) {
         free(ctx->cg_mount);
         free(ctx->storage_kind);
         free(ctx->storage_mnt);
+        free(ctx->runsc);
+        free(ctx->gvisor_platform);
         safe_close(ctx->init_memfd);
         free(ctx);
         return NULL;
@@ -118,7 +133,7 @@ static int ctx_ensure_storage(hutch_ctx *ctx, hutch_error *err) {
 
 /* hutch-init's bytes in a sealed memfd: executing it never touches a host
  * file a sandbox could reach or replace (CVE-2019-5736). */
-static int ctx_init_memfd(hutch_ctx *ctx, hutch_error *err) {
+int sandbox_init_memfd(hutch_ctx *ctx, hutch_error *err) {
         if (ctx->init_memfd >= 0)
                 return ctx->init_memfd;
 #ifndef MFD_EXEC
@@ -257,11 +272,12 @@ static int state_write(hutch_sandbox *sb, hutch_error *err) {
                          "id=%s\ntemplate=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
                          "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
                          "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
-                         "cgroup_mount=%s\n",
+                         "cgroup_mount=%s\nbackend=%s\n",
                          sb->id, sb->template_name, sb->init_pid, sb->init_starttime, sb->uid_slot,
                          (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
                          sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
-                         sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount);
+                         sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
+                         hutch_backend_name(sb->backend));
         int r = write_file_atomic(path, buf, (size_t) n, 0600);
         if (r < 0)
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
@@ -315,6 +331,8 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         sb->cg_version = streq(v, "v2") ? CGROUP_V2 : CGROUP_V1;
                 else if (streq(k, "cgroup_mount"))
                         snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", v);
+                else if (streq(k, "backend"))
+                        sb->backend = streq(v, "gvisor") ? HUTCH_BACKEND_GVISOR : HUTCH_BACKEND_NS;
         }
         if (!have_pid || sb->uid_slot >= sb->ctx->uid_slots)
                 return hutch_error_set(err, -EBADMSG, "sandbox %s: state file is damaged", sb->id);
@@ -335,6 +353,13 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
          * waiting for init is waiting for all of them. The cgroup kill then
          * only has work when something is left, e.g. init was already gone. */
         bool init_reaped = false;
+        if (sb->backend == HUTCH_BACKEND_GVISOR && sb->init_pidfd >= 0) {
+                /* runsc first, so that the relay reaps its orphans; it then
+                 * exits by itself */
+                (void) gvisor_kill_runtime(sb);
+                struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
+                (void) poll(&p, 1, 5000);
+        }
         /* ESRCH: already dead (hutch_sandbox_kill_begin ran first): still
          * wait for the pidfd and reap it below */
         if (sb->init_pidfd >= 0 &&
@@ -365,6 +390,14 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->is_parent && !init_reaped && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
+        if (sb->backend == HUTCH_BACKEND_GVISOR) {
+                char scratch[PATH_MAX];
+                if (gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch) == 0) {
+                        k = rm_rf_at(AT_FDCWD, scratch);
+                        if (k < 0 && k != -ENOENT && r == 0)
+                                r = hutch_error_set(err, k, "removing %s: %s", scratch, strerror(-k));
+                }
+        }
         if (ctx->storage_mnt) {
                 k = storage_remove(ctx, sb->id, &e);
                 if (k < 0 && r == 0)
@@ -480,6 +513,16 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         }
 
+        sb->backend = cfg->backend;
+        if (sb->backend != HUTCH_BACKEND_NS && sb->backend != HUTCH_BACKEND_GVISOR) {
+                r = hutch_error_set(err, -EINVAL, "unknown backend %d", sb->backend);
+                goto fail;
+        }
+        if (sb->backend == HUTCH_BACKEND_GVISOR && cfg->layer_from) {
+                r = hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot start from a file snapshot");
+                goto fail;
+        }
+
         r = template_resolve(ctx->data_dir, cfg->template_name, &tpl, err);
         if (r < 0)
                 goto fail;
@@ -531,16 +574,34 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
 
         sb->cg_version = ctx->cg_version;
         snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", ctx->cg_mount ? ctx->cg_mount : "");
-        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &sb->limits, &sb->cg, &e)) < 0) {
+        hutch_limits cg_limits = sb->limits;
+        if (sb->backend == HUTCH_BACKEND_GVISOR) {
+                cg_limits.memory_bytes += GVISOR_MEMORY_OVERHEAD;
+                cg_limits.pids += GVISOR_PIDS_OVERHEAD;
+        }
+        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits, &sb->cg, &e)) < 0) {
                 hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
                 goto fail;
+        }
+        if (sb->backend == HUTCH_BACKEND_GVISOR) {
+                r = gvisor_start(sb, tpl, hostname, cfg->egress_port ? cfg->egress_port : 3128, GVISOR_READY_TIMEOUT_MS,
+                                 err);
+                if (r >= 0 && (r = proc_starttime(sb->init_pid, &sb->init_starttime)) < 0)
+                        hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
+                if (r >= 0)
+                        r = state_write(sb, err);
+                if (r < 0)
+                        goto fail;
+                template_free(tpl);
+                *ret = sb;
+                return 0;
         }
         if ((r = ctx_ensure_storage(ctx, err)) < 0)
                 goto fail;
         const struct sock_fprog *prog;
         if ((r = seccomp_filter_get(&prog, err)) < 0)
                 goto fail;
-        int memfd = ctx_init_memfd(ctx, err);
+        int memfd = sandbox_init_memfd(ctx, err);
         if (memfd < 0) {
                 r = memfd;
                 goto fail;
@@ -843,6 +904,13 @@ int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err) {
                 return hutch_error_set(err, -ESRCH, "sandbox already destroyed");
         if (sb->init_pidfd < 0)
                 return hutch_error_set(err, -ESRCH, "sandbox %s: its init is not known", sb->id);
+        /* gvisor: runsc goes first and the relay, which reaps it, exits by
+         * itself; its pidfd is readable once that happened */
+        if (sb->backend == HUTCH_BACKEND_GVISOR) {
+                (void) gvisor_kill_runtime(sb);
+                sb->conn = safe_close(sb->conn);
+                return sb->init_pidfd;
+        }
         /* as in teardown: PID 1 dying takes every process of the sandbox */
         if (sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH)
                 return hutch_error_set(err, -errno, "sandbox %s: killing init: %m", sb->id);
@@ -885,6 +953,19 @@ const char *hutch_sandbox_id(const hutch_sandbox *sb) {
 const char *hutch_sandbox_template(const hutch_sandbox *sb) {
         return sb->template_name;
 }
+int hutch_sandbox_backend(const hutch_sandbox *sb) {
+        return sb->backend;
+}
+int hutch_backend_from_name(const char *name) {
+        if (name && streq(name, "ns"))
+                return HUTCH_BACKEND_NS;
+        if (name && streq(name, "gvisor"))
+                return HUTCH_BACKEND_GVISOR;
+        return -EINVAL;
+}
+const char *hutch_backend_name(int backend) {
+        return backend == HUTCH_BACKEND_GVISOR ? "gvisor" : "ns";
+}
 pid_t hutch_sandbox_init_pid(const hutch_sandbox *sb) {
         return sb->init_pid;
 }
@@ -907,6 +988,10 @@ int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err) {
 }
 
 int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        if (sb->backend == HUTCH_BACKEND_GVISOR)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "snapshots of gvisor sandboxes are not available: their files live in "
+                                       "the sandbox's memory, which this hutch cannot checkpoint yet");
         /* sync the layer through the sandbox's own root: an overlay's syncfs
          * writes back its upper file system */
         char p[64];

@@ -1,0 +1,925 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host relay of a gVisor sandbox: hutch-init's binary started by the
+ * engine as
+ *
+ *   hutch-init --gvisor-relay UID MAX_FILE SCRATCH_DIR EGRESS_PORT -- RUNSC ARGS...
+ *
+ * with fd 3 a listening SOCK_SEQPACKET socket (the sandbox's sock/init.sock)
+ * and fd 4 the creator's connection, in the sandbox's cgroup and its own
+ * network namespace. It starts runsc (as root, with the mux socket as the
+ * container's stdin and stdout), then drops to UID for good and relays: each
+ * host client is a mux channel to init inside; each stream a MSG declares
+ * becomes a host object the relay makes itself: a pipe (OUT, IN), a pty
+ * (PTY) or an unlinked file filled to EOF before the reply is passed on
+ * (FILE). The engine and the daemon see what the namespace backend gives
+ * them: frames with SCM_RIGHTS descriptors.
+ *
+ * Every byte from the guest is hostile: a malformed frame ends the relay
+ * (and with it the sandbox's reachability); DATA beyond a stream's window or
+ * a file beyond MAX_FILE resets the stream. The relay holds at most
+ * RELAY_CHAN_QUEUE_MAX per channel for a client that does not read.
+ *
+ * The relay exits when runsc does: the sandbox is over.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "init.h"
+#include "mux.h"
+
+#define RELAY_LISTEN_FD 3
+#define RELAY_CREATOR_FD 4
+#define RELAY_MAX_CLIENTS 64
+#define RELAY_MAX_STREAMS 4096
+#define RELAY_TX_HIGH (1024 * 1024)
+#define RELAY_CHAN_QUEUE_MAX (4 * 1024 * 1024)
+
+typedef struct rbuf {
+        struct rbuf *next;
+        size_t len, off;
+        uint8_t data[];
+} rbuf;
+
+/* A reply from init on its way to a client: held until its files are whole. */
+typedef struct rmsg {
+        struct rmsg *next;
+        size_t len;
+        int fds[MUX_MAX_STREAMS_PER_MSG];
+        size_t n_fds;
+        unsigned files_pending;
+        uint8_t data[];
+} rmsg;
+
+typedef struct rchan {
+        source src;
+        uint32_t id;
+        rmsg *q, **q_tail;
+        size_t q_bytes;
+        struct rchan *next;
+} rchan;
+
+typedef struct rstream {
+        source src;        /* not registered for FILE streams */
+        uint32_t id;
+        uint8_t kind;      /* MUX_K_*, 0: an egress connection */
+        uint32_t credit;   /* bytes we may still send to the guest */
+        rbuf *q, **q_tail; /* guest → fd */
+        size_t q_bytes;
+        uint32_t unacked;
+        bool in_eof, out_eof, connecting;
+        uint64_t file_bytes;
+        rmsg *msg;         /* FILE: the reply waiting for us */
+        rchan *chan;
+        struct rstream *next;
+} rstream;
+
+static mux_link mlink;
+static source mlink_src, listener, sigchld;
+static rchan *chans;
+static rstream *streams;
+static unsigned n_clients, n_streams;
+static uint32_t next_chan_id = 1;
+static pid_t runsc_pid;
+static uint64_t max_file;
+static int scratch_fd = -1;
+static uint16_t egress_port;
+
+static void link_update(void);
+
+_noreturn_ static void relay_exit(const char *why, int r) {
+        log_debug("relay: %s: %s", why, strerror(-r));
+        /* runsc (and the sandbox) go too: nothing could reach them. */
+        if (runsc_pid > 0)
+                (void) kill(runsc_pid, SIGKILL);
+        _exit(r < 0 ? 1 : 0);
+}
+
+static void link_send(int r) {
+        if (r < 0)
+                relay_exit("queueing on the link", r);
+        link_update();
+}
+
+static void rbufs_free(rbuf *b) {
+        while (b) {
+                rbuf *n = b->next;
+                free(b);
+                b = n;
+        }
+}
+
+static void rmsg_free(rmsg *m) {
+        for (size_t i = 0; i < m->n_fds; i++)
+                safe_close(m->fds[i]);
+        free(m);
+}
+
+/* ---------------------------------------------------------------- channels */
+
+static rchan *chan_find(uint32_t id) {
+        for (rchan *c = chans; c; c = c->next)
+                if (c->id == id)
+                        return c;
+        return NULL;
+}
+
+static void chan_release(source *src) {
+        rchan *c = (rchan *) src;
+        while (c->q) {
+                rmsg *m = c->q;
+                c->q = m->next;
+                rmsg_free(m);
+        }
+        free(c);
+}
+
+static void stream_drop(rstream *s);
+
+static void chan_drop(rchan *c, bool tell) {
+        for (rchan **p = &chans; *p; p = &(*p)->next)
+                if (*p == c) {
+                        *p = c->next;
+                        break;
+                }
+        n_clients--;
+        /* FILE streams of held replies go with them; other streams stay:
+         * the client may still hold their host ends */
+        for (rstream *s = streams; s;) {
+                rstream *n = s->next;
+                if (s->chan == c && s->kind == MUX_K_FILE) {
+                        if (!s->out_eof)
+                                link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                        stream_drop(s);
+                }
+                s = n;
+        }
+        if (tell)
+                link_send(mux_link_send(&mlink, MUX_CLOSE, c->id, NULL, 0));
+        source_kill(&c->src);
+}
+
+static int send_with_fds(int fd, const void *data, size_t len, const int *fds, size_t n_fds) {
+        union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(int) * MUX_MAX_STREAMS_PER_MSG)];
+        } control;
+        struct iovec iov = { .iov_base = (void *) data, .iov_len = len };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+        if (n_fds) {
+                memset(&control, 0, sizeof control);
+                mh.msg_control = control.buf;
+                mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
+                struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+                cm->cmsg_level = SOL_SOCKET;
+                cm->cmsg_type = SCM_RIGHTS;
+                cm->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+                memcpy(CMSG_DATA(cm), fds, sizeof(int) * n_fds);
+        }
+        for (;;) {
+                if (sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
+                        return 0;
+                if (errno != EINTR)
+                        return -errno;
+        }
+}
+
+/* Pass on the replies at the head that are whole. */
+static void chan_flush(rchan *c) {
+        while (c->q && c->q->files_pending == 0) {
+                rmsg *m = c->q;
+                int r = send_with_fds(c->src.fd, m->data, m->len, m->fds, m->n_fds);
+                if (r == -EAGAIN)
+                        break;
+                if (r < 0) {
+                        chan_drop(c, true);
+                        return;
+                }
+                c->q = m->next;
+                if (!c->q)
+                        c->q_tail = &c->q;
+                c->q_bytes -= m->len;
+                rmsg_free(m); /* our copies; the client has its own now */
+        }
+}
+
+static void chan_update(rchan *c) {
+        uint32_t ev = 0;
+        if (c->src.dead)
+                return;
+        if (mlink.tx_bytes < RELAY_TX_HIGH)
+                ev |= EPOLLIN;
+        if (c->q && c->q->files_pending == 0)
+                ev |= EPOLLOUT;
+        if (source_set_events(&c->src, ev) < 0)
+                chan_drop(c, true);
+}
+
+static int chan_read_one(rchan *c) {
+        static uint8_t buf[INITPROTO_MAX_FRAME];
+        union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(int) * INITPROTO_MAX_FDS)];
+        } control;
+        struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                             .msg_controllen = sizeof control.buf };
+        ssize_t n;
+        do
+                n = recvmsg(c->src.fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        if (n < 0)
+                return errno == EAGAIN ? 0 : -errno;
+        /* clients send no descriptors */
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+                        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                        for (size_t i = 0; i < k; i++) {
+                                int fd;
+                                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+                                close(fd);
+                        }
+                }
+        if (n == 0)
+                return -ECONNRESET;
+        initproto_msg m;
+        if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || initproto_parse(buf, (size_t) n, &m) < 0)
+                return -EBADMSG;
+        link_send(mux_link_send(&mlink, MUX_MSG, c->id, buf, (size_t) n));
+        return 1;
+}
+
+static void chan_dispatch(source *src, uint32_t events) {
+        rchan *c = (rchan *) src;
+        if (events & EPOLLOUT)
+                chan_flush(c);
+        if (c->src.dead)
+                return;
+        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                for (unsigned i = 0; i < 16 && mlink.tx_bytes < RELAY_TX_HIGH; i++) {
+                        int r = chan_read_one(c);
+                        if (r < 0) {
+                                chan_drop(c, true);
+                                return;
+                        }
+                        if (r == 0)
+                                break;
+                }
+        }
+        chan_update(c);
+}
+
+static int chan_new(int fd, bool creator) {
+        rchan *c = calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->src = (source) { .fd = fd, .dispatch = chan_dispatch, .release = chan_release };
+        c->q_tail = &c->q;
+        do
+                c->id = next_chan_id++;
+        while (c->id == 0 || chan_find(c->id));
+        int r = source_add(&c->src, EPOLLIN);
+        if (r < 0) {
+                free(c);
+                return r;
+        }
+        c->next = chans;
+        chans = c;
+        n_clients++;
+        uint8_t cr = creator ? 1 : 0;
+        link_send(mux_link_send(&mlink, MUX_OPEN, c->id, &cr, 1));
+        return 0;
+}
+
+static void listener_dispatch(source *s, uint32_t events) {
+        for (unsigned i = 0; i < 16; i++) {
+                int fd = accept4(s->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0)
+                        return;
+                if (n_clients >= RELAY_MAX_CLIENTS || chan_new(fd, false) < 0)
+                        close(fd);
+        }
+}
+
+/* ----------------------------------------------------------------- streams */
+
+static rstream *stream_find(uint32_t id) {
+        for (rstream *s = streams; s; s = s->next)
+                if (s->id == id)
+                        return s;
+        return NULL;
+}
+
+static void stream_release(source *src) {
+        rstream *s = (rstream *) src;
+        rbufs_free(s->q);
+        free(s);
+}
+
+static void stream_drop(rstream *s) {
+        for (rstream **p = &streams; *p; p = &(*p)->next)
+                if (*p == s) {
+                        *p = s->next;
+                        break;
+                }
+        n_streams--;
+        if (s->kind == MUX_K_FILE) {
+                /* the descriptor belongs to the held reply */
+                s->src.fd = -1;
+                free(s);
+                return;
+        }
+        source_kill(&s->src);
+}
+
+static bool stream_reads(const rstream *s) {
+        /* what the host side writes, we read and send to the guest */
+        return s->kind == MUX_K_IN || s->kind == MUX_K_PTY || s->kind == 0;
+}
+
+static bool stream_writes(const rstream *s) {
+        return s->kind == MUX_K_OUT || s->kind == MUX_K_PTY || s->kind == 0;
+}
+
+static void stream_update(rstream *s) {
+        if (s->src.dead || s->kind == MUX_K_FILE)
+                return;
+        uint32_t ev = 0;
+        if (s->connecting)
+                ev = EPOLLOUT;
+        else {
+                if (stream_reads(s) && !s->out_eof && s->credit > 0 && mlink.tx_bytes < RELAY_TX_HIGH)
+                        ev |= EPOLLIN;
+                if (s->q)
+                        ev |= EPOLLOUT;
+        }
+        if (source_set_events(&s->src, ev) < 0) {
+                link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                stream_drop(s);
+        }
+}
+
+static void stream_maybe_done(rstream *s) {
+        bool in_done = !stream_writes(s) || (s->in_eof && !s->q);
+        bool out_done = !stream_reads(s) || s->out_eof;
+        if (in_done && out_done)
+                stream_drop(s);
+}
+
+static void stream_reset(rstream *s) {
+        link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+        stream_drop(s);
+}
+
+static void stream_read(rstream *s) {
+        static uint8_t buf[MUX_MAX_DATA];
+        size_t want = s->credit < sizeof buf ? s->credit : sizeof buf;
+        ssize_t n = read(s->src.fd, buf, want);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                return;
+        if (n < 0 && s->kind == MUX_K_PTY) {
+                /* EIO: every copy of the master is closed; the process
+                 * keeps its terminal inside, as when a client detaches */
+                stream_reset(s);
+                return;
+        }
+        if (n <= 0) {
+                s->out_eof = true;
+                link_send(mux_link_send(&mlink, MUX_EOF, s->id, NULL, 0));
+                stream_maybe_done(s);
+                return;
+        }
+        s->credit -= (uint32_t) n;
+        link_send(mux_link_send(&mlink, MUX_DATA, s->id, buf, (size_t) n));
+}
+
+static void stream_write(rstream *s) {
+        uint32_t wrote = 0;
+        while (s->q) {
+                rbuf *b = s->q;
+                ssize_t n = write(s->src.fd, b->data + b->off, b->len - b->off);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno == EAGAIN)
+                                break;
+                        stream_reset(s); /* EPIPE: the client closed its end */
+                        return;
+                }
+                b->off += (size_t) n;
+                s->q_bytes -= (size_t) n;
+                wrote += (uint32_t) n;
+                if (b->off == b->len) {
+                        s->q = b->next;
+                        if (!s->q)
+                                s->q_tail = &s->q;
+                        free(b);
+                }
+        }
+        s->unacked += wrote;
+        if (s->unacked >= MUX_WINDOW_BYTES / 4 || (!s->q && s->unacked)) {
+                link_send(mux_link_send_u32(&mlink, MUX_WINDOW, s->id, s->unacked));
+                s->unacked = 0;
+        }
+        if (!s->q && s->in_eof) {
+                if (s->kind == MUX_K_OUT || s->kind == MUX_K_PTY) {
+                        /* closing the write end (or the pty slave) is the EOF */
+                        stream_drop(s);
+                        return;
+                }
+                if (s->kind == 0)
+                        (void) shutdown(s->src.fd, SHUT_WR);
+        }
+        stream_maybe_done(s);
+}
+
+static void stream_dispatch(source *src, uint32_t events) {
+        rstream *s = (rstream *) src;
+        if (s->connecting) {
+                int err = 0;
+                socklen_t len = sizeof err;
+                if (getsockopt(s->src.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
+                        stream_reset(s);
+                        return;
+                }
+                s->connecting = false;
+                events |= EPOLLOUT;
+        }
+        if (events & EPOLLOUT)
+                stream_write(s);
+        if (s->src.dead)
+                return;
+        if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && stream_reads(s) && !s->out_eof && s->credit > 0)
+                stream_read(s);
+        else if ((events & (EPOLLHUP | EPOLLERR)) && !stream_reads(s) && !(events & EPOLLOUT)) {
+                stream_reset(s);
+                return;
+        }
+        if (!s->src.dead)
+                stream_update(s);
+}
+
+static rstream *stream_new(uint32_t id, uint8_t kind, int fd) {
+        if (n_streams >= RELAY_MAX_STREAMS || stream_find(id))
+                return NULL;
+        rstream *s = calloc(1, sizeof *s);
+        if (!s)
+                return NULL;
+        s->src = (source) { .fd = fd, .dispatch = stream_dispatch, .release = stream_release };
+        s->id = id;
+        s->kind = kind;
+        s->credit = MUX_WINDOW_BYTES;
+        s->q_tail = &s->q;
+        if (kind != MUX_K_FILE && source_add(&s->src, 0) < 0) {
+                free(s);
+                return NULL;
+        }
+        s->next = streams;
+        streams = s;
+        n_streams++;
+        return s;
+}
+
+/* The host side of a declared stream: *ret_ours is what the relay pumps,
+ * *ret_theirs what the client gets. */
+static int host_ends(uint8_t kind, int *ret_ours, int *ret_theirs) {
+        int p[2];
+        switch (kind) {
+        case MUX_K_OUT:
+                if (pipe2(p, O_CLOEXEC) < 0)
+                        return negative_errno();
+                *ret_theirs = p[0];
+                *ret_ours = p[1];
+                break;
+        case MUX_K_IN:
+                if (pipe2(p, O_CLOEXEC) < 0)
+                        return negative_errno();
+                *ret_theirs = p[1];
+                *ret_ours = p[0];
+                break;
+        case MUX_K_PTY: {
+                int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+                char name[64];
+                if (m < 0)
+                        return negative_errno();
+                if (unlockpt(m) < 0 || ptsname_r(m, name, sizeof name) != 0) {
+                        close(m);
+                        return -EIO;
+                }
+                int sl = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+                struct termios t;
+                if (sl < 0 || tcgetattr(sl, &t) < 0) {
+                        if (sl >= 0)
+                                close(sl);
+                        close(m);
+                        return -EIO;
+                }
+                /* the terminal that matters is inside: this one passes bytes */
+                cfmakeraw(&t);
+                (void) tcsetattr(sl, TCSANOW, &t);
+                *ret_theirs = m;
+                *ret_ours = sl;
+                break;
+        }
+        case MUX_K_FILE: {
+                int f = openat(scratch_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+                if (f < 0)
+                        return negative_errno();
+                *ret_theirs = f;
+                *ret_ours = f;
+                break;
+        }
+        default:
+                return -EBADMSG;
+        }
+        if (kind != MUX_K_FILE) {
+                int fl = fcntl(*ret_ours, F_GETFL);
+                (void) fcntl(*ret_ours, F_SETFL, fl | O_NONBLOCK);
+        }
+        return 0;
+}
+
+/* A reply from init: its streams made on this side, then queued (and
+ * passed on once its files are whole). */
+static void on_msg(rchan *c, const mux_frame *f) {
+        mux_stream_decl decl[MUX_MAX_STREAMS_PER_MSG];
+        const uint8_t *frame;
+        size_t frame_len;
+        int n = mux_msg_split(f->payload, f->payload_len, decl, &frame, &frame_len);
+        initproto_msg im;
+        if (n < 0 || initproto_parse(frame, frame_len, &im) < 0)
+                relay_exit("a malformed reply from the guest", -EBADMSG);
+        rmsg *m = calloc(1, sizeof *m + frame_len);
+        if (!m)
+                relay_exit("out of memory", -ENOMEM);
+        m->len = frame_len;
+        memcpy(m->data, frame, frame_len);
+        for (int i = 0; i < n; i++) {
+                int ours = -1, theirs = -1;
+                rstream *s = NULL;
+                if (host_ends(decl[i].kind, &ours, &theirs) < 0 || !(s = stream_new(decl[i].id, decl[i].kind, ours))) {
+                        if (ours >= 0)
+                                close(ours);
+                        if (theirs >= 0 && theirs != ours)
+                                close(theirs);
+                        /* the reply goes on with fewer descriptors than it
+                         * promises: the engine refuses it */
+                        link_send(mux_link_send(&mlink, MUX_RESET, decl[i].id, NULL, 0));
+                        continue;
+                }
+                s->chan = c;
+                if (decl[i].kind == MUX_K_FILE) {
+                        s->msg = m;
+                        m->files_pending++;
+                }
+                m->fds[m->n_fds++] = theirs;
+                stream_update(s);
+        }
+        if (c->q_bytes + frame_len > RELAY_CHAN_QUEUE_MAX) {
+                rmsg_free(m);
+                chan_drop(c, true);
+                return;
+        }
+        *c->q_tail = m;
+        c->q_tail = &m->next;
+        c->q_bytes += frame_len;
+        chan_flush(c);
+        if (!c->src.dead)
+                chan_update(c);
+}
+
+static void file_done(rstream *s, bool ok) {
+        rmsg *m = s->msg;
+        rchan *c = s->chan;
+        if (!ok) {
+                /* Too large or unwritable: the reply becomes an error with
+                 * the request's id, and nothing of the file is passed on. */
+                initproto_msg im;
+                (void) initproto_parse(m->data, m->len, &im);
+                initproto_writer *w = msg_begin(INITPROTO_ERROR, 0, im.id);
+                initproto_put_u64(w, T_ERRNO, EFBIG);
+                initproto_put_str(w, T_MESSAGE, "the file is larger than the relay passes on (the sandbox's disk limit)");
+                int len = initproto_finish(w);
+                for (size_t i = 0; i < m->n_fds; i++)
+                        m->fds[i] = safe_close(m->fds[i]);
+                m->n_fds = 0;
+                if (len > 0 && (size_t) len <= m->len) {
+                        memcpy(m->data, w->buf, (size_t) len);
+                        m->len = (size_t) len;
+                }
+        } else {
+                for (size_t i = 0; i < m->n_fds; i++)
+                        if (m->fds[i] == s->src.fd)
+                                (void) lseek(m->fds[i], 0, SEEK_SET);
+        }
+        m->files_pending--;
+        stream_drop(s);
+        chan_flush(c);
+        if (!c->src.dead)
+                chan_update(c);
+}
+
+static void on_file_data(rstream *s, const mux_frame *f) {
+        if (s->file_bytes + f->payload_len > max_file) {
+                link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                file_done(s, false);
+                return;
+        }
+        size_t off = 0;
+        while (off < f->payload_len) {
+                ssize_t n = write(s->src.fd, f->payload + off, f->payload_len - off);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0) {
+                        link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                        file_done(s, false);
+                        return;
+                }
+                off += (size_t) n;
+        }
+        s->file_bytes += f->payload_len;
+        link_send(mux_link_send_u32(&mlink, MUX_WINDOW, s->id, f->payload_len));
+}
+
+static void on_net(uint32_t id) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(egress_port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        rstream *s = NULL;
+        if (fd >= 0 && egress_port) {
+                int one = 1;
+                (void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                if (connect(fd, (struct sockaddr *) &sa, sizeof sa) == 0 || errno == EINPROGRESS)
+                        s = stream_new(id, 0, fd);
+        }
+        if (!s) {
+                if (fd >= 0)
+                        close(fd);
+                link_send(mux_link_send(&mlink, MUX_RESET, id, NULL, 0));
+                return;
+        }
+        s->connecting = true;
+        stream_update(s);
+}
+
+/* -------------------------------------------------------------- the link */
+
+static bool guest_said_hello;
+
+static int on_frame(const mux_frame *f, void *userdata) {
+        rchan *c;
+        rstream *s;
+
+        if (!guest_said_hello && f->type != MUX_HELLO)
+                return -EPROTO;
+        switch (f->type) {
+        case MUX_HELLO:
+                if (guest_said_hello || mux_get_u32(f->payload) != MUX_VERSION)
+                        return -EPROTO;
+                guest_said_hello = true;
+                return 0;
+        case MUX_CLOSE:
+                if ((c = chan_find(f->id)))
+                        chan_drop(c, false);
+                return 0;
+        case MUX_MSG:
+                if ((c = chan_find(f->id)))
+                        on_msg(c, f);
+                else {
+                        /* a reply for a client that left: make and drop its
+                         * streams so the guest stops pumping them */
+                        mux_stream_decl decl[MUX_MAX_STREAMS_PER_MSG];
+                        const uint8_t *frame;
+                        size_t frame_len;
+                        int n = mux_msg_split(f->payload, f->payload_len, decl, &frame, &frame_len);
+                        if (n < 0)
+                                return -EBADMSG;
+                        for (int i = 0; i < n; i++)
+                                link_send(mux_link_send(&mlink, MUX_RESET, decl[i].id, NULL, 0));
+                }
+                return 0;
+        case MUX_DATA:
+                if (!(s = stream_find(f->id)) || s->in_eof || (!stream_writes(s) && s->kind != MUX_K_FILE))
+                        return 0;
+                if (s->kind == MUX_K_FILE) {
+                        on_file_data(s, f);
+                        return 0;
+                }
+                if (s->q_bytes + f->payload_len > MUX_WINDOW_BYTES) {
+                        stream_reset(s); /* past its window */
+                        return 0;
+                }
+                rbuf *b = malloc(sizeof *b + f->payload_len);
+                if (!b)
+                        relay_exit("out of memory", -ENOMEM);
+                b->next = NULL;
+                b->len = f->payload_len;
+                b->off = 0;
+                memcpy(b->data, f->payload, f->payload_len);
+                *s->q_tail = b;
+                s->q_tail = &b->next;
+                s->q_bytes += b->len;
+                if (!s->connecting)
+                        stream_write(s);
+                if (!s->src.dead)
+                        stream_update(s);
+                return 0;
+        case MUX_EOF:
+                if (!(s = stream_find(f->id)))
+                        return 0;
+                if (s->kind == MUX_K_FILE) {
+                        file_done(s, true);
+                        return 0;
+                }
+                s->in_eof = true;
+                if (!s->connecting)
+                        stream_write(s);
+                if (!s->src.dead)
+                        stream_update(s);
+                return 0;
+        case MUX_WINDOW:
+                if (!(s = stream_find(f->id)) || s->kind == MUX_K_FILE)
+                        return 0;
+                uint32_t add = mux_get_u32(f->payload);
+                s->credit = add > MUX_WINDOW_BYTES - s->credit ? MUX_WINDOW_BYTES : s->credit + add;
+                stream_update(s);
+                return 0;
+        case MUX_RESET:
+                if ((s = stream_find(f->id))) {
+                        if (s->kind == MUX_K_FILE)
+                                file_done(s, false);
+                        else
+                                stream_drop(s);
+                }
+                return 0;
+        case MUX_NET:
+                on_net(f->id);
+                return 0;
+        default:
+                return -EPROTO; /* OPEN only goes the other way */
+        }
+}
+
+static void link_update(void) {
+        static bool in_update;
+        if (in_update)
+                return;
+        in_update = true;
+        int r = mux_link_flush(&mlink);
+        if (r < 0)
+                relay_exit("writing to the guest", r);
+        (void) source_set_events(&mlink_src, EPOLLIN | (mlink.txq ? EPOLLOUT : 0));
+        /* Crossing the mark starts or stops every reader that feeds the link;
+         * between crossings each one's own update gets it right. */
+        static bool was_high;
+        bool high = mlink.tx_bytes >= RELAY_TX_HIGH;
+        if (high != was_high) {
+                was_high = high;
+                for (rchan *c = chans; c;) {
+                        rchan *n = c->next;
+                        chan_update(c);
+                        c = n;
+                }
+                for (rstream *s = streams; s;) {
+                        rstream *n = s->next;
+                        stream_update(s);
+                        s = n;
+                }
+        }
+        in_update = false;
+}
+
+static void link_dispatch(source *src, uint32_t events) {
+        if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                int r = mux_link_read(&mlink, on_frame, NULL, 64);
+                if (r < 0)
+                        relay_exit("reading from the guest", r);
+        }
+        link_update();
+}
+
+static void sigchld_dispatch(source *s, uint32_t events) {
+        struct signalfd_siginfo si[8];
+        while (read(s->fd, si, sizeof si) > 0)
+                ;
+        /* we are a subreaper: runsc's orphans come to us too */
+        for (;;) {
+                int st;
+                pid_t p = waitpid(-1, &st, WNOHANG);
+                if (p <= 0)
+                        break;
+                if (p == runsc_pid) {
+                        runsc_pid = 0;
+                        log_debug("relay: runsc exited (%d)", st);
+                        _exit(0);
+                }
+        }
+}
+
+static void noop_release(source *s) {
+}
+
+/* ----------------------------------------------------------------- start */
+
+static int parse_u64(const char *s, uint64_t *ret) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno || *end || end == s)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
+int relay_main(int argc, char **argv) {
+        uint64_t uid, port;
+        if (argc < 7 || !streq(argv[5], "--") || parse_u64(argv[1], &uid) < 0 || uid == 0 || uid > 0xfffffffeu ||
+            parse_u64(argv[2], &max_file) < 0 || parse_u64(argv[4], &port) < 0 || port > 65535) {
+                fprintf(stderr, "usage: hutch-init --gvisor-relay UID MAX_FILE SCRATCH_DIR EGRESS_PORT -- RUNSC ARGS...\n");
+                return 2;
+        }
+        egress_port = (uint16_t) port;
+        (void) prctl(PR_SET_NAME, "hutch-relay", 0, 0, 0);
+        if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+                return 1;
+        signal(SIGPIPE, SIG_IGN);
+        scratch_fd = open(argv[3], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (scratch_fd < 0) {
+                fprintf(stderr, "hutch-relay: %s: %s\n", argv[3], strerror(errno));
+                return 1;
+        }
+
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGCHLD);
+        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                return 1;
+
+        int sp[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+                return 1;
+        runsc_pid = fork();
+        if (runsc_pid < 0)
+                return 1;
+        if (runsc_pid == 0) {
+                /* runsc: the mux is the container's stdin and stdout; its
+                 * stderr (runsc's own messages) stays where ours goes */
+                sigset_t none;
+                sigemptyset(&none);
+                sigprocmask(SIG_SETMASK, &none, NULL);
+                (void) prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+                if (dup2(sp[1], 0) < 0 || dup2(sp[1], 1) < 0)
+                        _exit(127);
+                execv(argv[6], argv + 6);
+                fprintf(stderr, "hutch-relay: executing %s: %s\n", argv[6], strerror(errno));
+                _exit(127);
+        }
+        close(sp[1]);
+
+        /* From here on nothing needs root: drop to the sandbox's host uid for
+         * good (no capabilities survive a switch of every uid away from 0). */
+        if (setgroups(0, NULL) < 0 || setresgid((gid_t) uid, (gid_t) uid, (gid_t) uid) < 0 ||
+            setresuid((uid_t) uid, (uid_t) uid, (uid_t) uid) < 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
+            prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+                relay_exit("dropping privileges", negative_errno());
+
+        int r = loop_init();
+        if (r < 0)
+                relay_exit("epoll", r);
+        sigchld = (source) { .fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK), .dispatch = sigchld_dispatch,
+                             .release = noop_release };
+        if (sigchld.fd < 0 || source_add(&sigchld, EPOLLIN) < 0)
+                relay_exit("signalfd", -EIO);
+        int fl = fcntl(sp[0], F_GETFL);
+        if (fl < 0 || fcntl(sp[0], F_SETFL, fl | O_NONBLOCK) < 0 || mux_link_init(&mlink, sp[0], sp[0]) < 0)
+                relay_exit("the link", -EIO);
+        mlink_src = (source) { .fd = sp[0], .dispatch = link_dispatch, .release = noop_release };
+        if (source_add(&mlink_src, EPOLLIN) < 0)
+                relay_exit("the link", -EIO);
+        fl = fcntl(RELAY_CREATOR_FD, F_GETFL);
+        if (fl < 0 || fcntl(RELAY_CREATOR_FD, F_SETFL, fl | O_NONBLOCK) < 0 ||
+            fcntl(RELAY_CREATOR_FD, F_SETFD, FD_CLOEXEC) < 0 || chan_new(RELAY_CREATOR_FD, true) < 0)
+                relay_exit("the creator's connection", -EBADF);
+        fl = fcntl(RELAY_LISTEN_FD, F_GETFL);
+        if (fl >= 0 && fcntl(RELAY_LISTEN_FD, F_SETFL, fl | O_NONBLOCK) >= 0) {
+                (void) fcntl(RELAY_LISTEN_FD, F_SETFD, FD_CLOEXEC);
+                listener = (source) { .fd = RELAY_LISTEN_FD, .dispatch = listener_dispatch, .release = noop_release };
+                if (source_add(&listener, EPOLLIN) < 0)
+                        listener.fd = -1;
+        }
+        link_update();
+        loop_run();
+}

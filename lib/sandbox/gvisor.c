@@ -1,0 +1,459 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The gVisor backend: the sandbox's processes run on runsc's user-space
+ * kernel (the sentry), not on the host's. What is shared with the namespace
+ * backend: the state dir, the uid range, the cgroup (sized for the sentry's
+ * own threads and memory), the template as the read-only lower layer, and
+ * hutch-init as PID 1 speaking the same protocol. What differs:
+ *
+ *  - the root is the template under runsc's in-memory overlay
+ *    (--overlay2=root:memory): writes live in the sandbox's memory and
+ *    count against its memory limit; the template's host files are never
+ *    written;
+ *  - no descriptor crosses the sandbox's edge, so hutch-init talks over a
+ *    mux on its stdin/stdout to a relay on the host (init/relay.c, the same
+ *    binary), which gives the engine the namespace backend's connection:
+ *    frames with pipes, ptys and files as SCM_RIGHTS;
+ *  - the network is runsc's --network=none (loopback only); hutch-init
+ *    listens on 127.0.0.1:<egress port> inside, and the relay connects each
+ *    of those connections to the same port in its own network namespace,
+ *    where the daemon's egress proxy listens as for any sandbox.
+ *
+ * Process tree: the engine forks the relay (root until runsc is started,
+ * then the sandbox's host uid, no capabilities) into the sandbox's cgroup
+ * and a new network namespace; the relay forks `runsc run`, which starts
+ * the sentry and the gofer. The relay is a subreaper: it reaps runsc's
+ * orphans and exits when none is left.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sandbox-internal.h"
+#include "template/template.h"
+#include "util/fdutil.h"
+#include "util/fsutil.h"
+#include "util/error.h"
+#include "util/macro.h"
+
+extern const unsigned char hutch_init_start[];
+extern const unsigned char hutch_init_end[];
+
+static const char *const runsc_candidates[] = { "/usr/bin/runsc", "/usr/local/bin/runsc", "/usr/sbin/runsc", NULL };
+
+int gvisor_runsc_path(const hutch_ctx *ctx, char *buf, size_t n) {
+        if (ctx->runsc && *ctx->runsc) {
+                if (access(ctx->runsc, X_OK) < 0)
+                        return -errno;
+                snprintf(buf, n, "%s", ctx->runsc);
+                return 0;
+        }
+        for (const char *const *p = runsc_candidates; *p; p++)
+                if (access(*p, X_OK) == 0) {
+                        snprintf(buf, n, "%s", *p);
+                        return 0;
+                }
+        return -ENOENT;
+}
+
+/* ------------------------------------------------------------ the spec */
+
+typedef struct jbuf {
+        char *p;
+        size_t len, cap;
+        bool oom;
+} jbuf;
+
+static void jraw(jbuf *b, const char *s, size_t n) {
+        if (b->oom)
+                return;
+        if (b->len + n + 1 > b->cap) {
+                size_t cap = (b->cap ? b->cap * 2 : 4096) + n;
+                char *np = realloc(b->p, cap);
+                if (!np) {
+                        b->oom = true;
+                        return;
+                }
+                b->p = np;
+                b->cap = cap;
+        }
+        memcpy(b->p + b->len, s, n);
+        b->len += n;
+        b->p[b->len] = 0;
+}
+
+static void jput(jbuf *b, const char *s) {
+        jraw(b, s, strlen(s));
+}
+
+static void jstr(jbuf *b, const char *s) {
+        jraw(b, "\"", 1);
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+                char e[8];
+                if (*p == '"' || *p == '\\') {
+                        e[0] = '\\';
+                        e[1] = (char) *p;
+                        jraw(b, e, 2);
+                } else if (*p < 0x20) {
+                        snprintf(e, sizeof e, "\\u%04x", *p);
+                        jraw(b, e, 6);
+                } else
+                        jraw(b, (const char *) p, 1);
+        }
+        jraw(b, "\"", 1);
+}
+
+static void jmount(jbuf *b, const char *dst, const char *type, const char *src, const char *const *opts) {
+        jput(b, ",{\"destination\":");
+        jstr(b, dst);
+        jput(b, ",\"type\":");
+        jstr(b, type);
+        jput(b, ",\"source\":");
+        jstr(b, src);
+        jput(b, ",\"options\":[");
+        for (size_t i = 0; opts[i]; i++) {
+                if (i)
+                        jput(b, ",");
+                jstr(b, opts[i]);
+        }
+        jput(b, "]}");
+}
+
+/* Root in the sandbox holds these inside the sentry (as in a container);
+ * none of them is a host capability. */
+static const char *const guest_caps[] = {
+        "CAP_CHOWN",        "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER",     "CAP_FSETID",
+        "CAP_KILL",         "CAP_SETGID",       "CAP_SETUID",          "CAP_SETPCAP",    "CAP_NET_BIND_SERVICE",
+        "CAP_SYS_CHROOT",   "CAP_SYS_PTRACE",   "CAP_AUDIT_WRITE",     "CAP_SETFCAP",    "CAP_MKNOD",
+        "CAP_SYS_NICE",     "CAP_SYS_RESOURCE", "CAP_IPC_LOCK",        "CAP_LEASE",      NULL,
+};
+
+static void jcaps(jbuf *b) {
+        jput(b, "[");
+        for (size_t i = 0; guest_caps[i]; i++) {
+                if (i)
+                        jput(b, ",");
+                jstr(b, guest_caps[i]);
+        }
+        jput(b, "]");
+}
+
+static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *hostname, const char *init_path,
+                      uint16_t egress_port, hutch_error *err) {
+        jbuf b = { 0 };
+        char num[64];
+        jput(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,\"gid\":0},\"args\":[");
+        jstr(&b, "/run/hutch/init");
+        jput(&b, ",\"--gvisor-guest\",");
+        snprintf(num, sizeof num, "\"%u\"", (unsigned) egress_port);
+        jput(&b, num);
+        jput(&b, "],\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"");
+        if (getenv("HUTCH_INIT_DEBUG"))
+                jput(&b, ",\"HUTCH_INIT_DEBUG=1\"");
+        jput(&b, "],\"cwd\":\"/\",\"noNewPrivileges\":");
+        jput(&b, sb->no_new_privs ? "true" : "false");
+        jput(&b, ",\"capabilities\":{\"bounding\":");
+        jcaps(&b);
+        jput(&b, ",\"effective\":");
+        jcaps(&b);
+        jput(&b, ",\"permitted\":");
+        jcaps(&b);
+        jput(&b, "},\"rlimits\":[{\"type\":\"RLIMIT_NOFILE\",");
+        snprintf(num, sizeof num, "\"hard\":%" PRIu64 ",\"soft\":%" PRIu64 "}", sb->limits.nofile, sb->limits.nofile);
+        jput(&b, num);
+        jput(&b, ",{\"type\":\"RLIMIT_CORE\",\"hard\":0,\"soft\":0}]},\"root\":{\"path\":");
+        jstr(&b, tpl->rootfs);
+        jput(&b, ",\"readonly\":false},\"hostname\":");
+        jstr(&b, hostname);
+        jput(&b, ",\"mounts\":[{\"destination\":\"/proc\",\"type\":\"proc\",\"source\":\"proc\"}");
+        static const char *const dev_opts[] = { "nosuid", "strictatime", "mode=755", "size=65536k", NULL };
+        static const char *const pts_opts[] = { "nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5", NULL };
+        static const char *const shm_opts[] = { "nosuid", "noexec", "nodev", "mode=1777", "size=65536k", NULL };
+        static const char *const sys_opts[] = { "nosuid", "noexec", "nodev", "ro", NULL };
+        static const char *const ro_bind[] = { "rbind", "ro", "nosuid", "nodev", NULL };
+        jmount(&b, "/dev", "tmpfs", "tmpfs", dev_opts);
+        jmount(&b, "/dev/pts", "devpts", "devpts", pts_opts);
+        jmount(&b, "/dev/shm", "tmpfs", "shm", shm_opts);
+        jmount(&b, "/sys", "sysfs", "sysfs", sys_opts);
+        for (size_t i = 0; i < tpl->n_binds; i++)
+                jmount(&b, tpl->binds[i], "bind", tpl->binds[i], ro_bind);
+        jmount(&b, "/run/hutch/init", "bind", init_path, ro_bind);
+        jput(&b, "],\"linux\":{\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},"
+                 "{\"type\":\"mount\"},{\"type\":\"network\"}]}}\n");
+        if (b.oom) {
+                free(b.p);
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        }
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/bundle/config.json", sb->dir);
+        int r = write_file_atomic(path, b.p, b.len, 0600);
+        free(b.p);
+        if (r < 0)
+                return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
+        return 0;
+}
+
+/* hutch-init's bytes as a read-only host file the spec binds in: runsc
+ * can only start a file of the container's tree. Written once per run dir
+ * (and again when this build's binary differs). */
+static int guest_init_file(hutch_ctx *ctx, char *path, size_t n, hutch_error *err) {
+        size_t len = (size_t) (hutch_init_end - hutch_init_start);
+        snprintf(path, n, "%s/hutch-init.gvisor", ctx->run_dir);
+        struct stat st;
+        _cleanup_free_ char *have = NULL;
+        if (stat(path, &st) == 0 && (size_t) st.st_size == len && st.st_uid == 0 && (st.st_mode & 0222) == 0) {
+                _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                have = fd < 0 ? NULL : malloc(len);
+                if (have && fd_read_full(fd, have, len) == (ssize_t) len && memcmp(have, hutch_init_start, len) == 0)
+                        return 0;
+        }
+        int r = mkdir_p(ctx->run_dir, 0711);
+        if (r >= 0)
+                r = write_file_atomic(path, hutch_init_start, len, 0555);
+        if (r < 0)
+                return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
+        return 0;
+}
+
+/* The tail of the relay's log (runsc's own complaints), for an error message. */
+static void log_tail(const char *dir, char *buf, size_t n) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/relay.log", dir);
+        buf[0] = 0;
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+                return;
+        off_t end = lseek(fd, 0, SEEK_END);
+        off_t from = end > (off_t) n - 1 ? end - (off_t) n + 1 : 0;
+        ssize_t k = pread(fd, buf, n - 1, from);
+        buf[k > 0 ? k : 0] = 0;
+        for (char *p = buf; *p; p++)
+                if (*p == '\n' && p[1])
+                        *p = ' ';
+        size_t l = strlen(buf);
+        while (l && (buf[l - 1] == '\n' || buf[l - 1] == ' '))
+                buf[--l] = 0;
+}
+
+int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t n) {
+        return snprintf(buf, n, "%s/gvisor/%s", ctx->data_dir, id) >= (int) n ? -ENAMETOOLONG : 0;
+}
+
+int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostname, uint16_t egress_port,
+                 int timeout_ms, hutch_error *err) {
+        hutch_ctx *ctx = sb->ctx;
+        char runsc[PATH_MAX], init_path[PATH_MAX], scratch[PATH_MAX], p[PATH_MAX];
+        int r;
+
+        if (gvisor_runsc_path(ctx, runsc, sizeof runsc) < 0)
+                return hutch_error_set(err, -ENOPKG,
+                                       "the gvisor backend needs runsc (apt install runsc), not found%s%s",
+                                       ctx->runsc ? " at " : "", ctx->runsc ? ctx->runsc : "");
+        if ((r = guest_init_file(ctx, init_path, sizeof init_path, err)) < 0)
+                return r;
+        snprintf(p, sizeof p, "%s/bundle", sb->dir);
+        if (mkdir(p, 0700) < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", p);
+        snprintf(p, sizeof p, "%s/runsc", sb->dir);
+        if (mkdir(p, 0700) < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", p);
+        if ((r = write_spec(sb, tpl, hostname, init_path, egress_port, err)) < 0)
+                return r;
+        /* The relay's scratch space (whole files on their way out) on the
+         * data dir's disk, owned by the relay's uid. */
+        snprintf(p, sizeof p, "%s/gvisor", ctx->data_dir);
+        if ((r = mkdir_p(p, 0711)) < 0)
+                return hutch_error_set(err, r, "creating %s: %s", p, strerror(-r));
+        if ((r = gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch)) < 0)
+                return hutch_error_set(err, r, "data dir path too long");
+        (void) rm_rf_at(AT_FDCWD, scratch);
+        if (mkdir(scratch, 0700) < 0 || chown(scratch, sb->uid_base, sb->uid_base) < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", scratch);
+
+        /* The control socket at the namespace backend's path, so attach
+         * works the same; the relay accepts on it. */
+        _cleanup_close_ int lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        _cleanup_close_pair_ int conn[2] = { -1, -1 };
+        if (lsock < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, conn) < 0)
+                return hutch_error_set(err, -errno, "socket: %m");
+        {
+                snprintf(p, sizeof p, "%s/sock", sb->dir);
+                _cleanup_close_ int sd = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                if (sd < 0)
+                        return hutch_error_set(err, -errno, "opening %s: %m", p);
+                snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/init.sock", sd);
+                if (bind(lsock, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(lsock, 16) < 0)
+                        return hutch_error_set(err, -errno, "binding the control socket: %m");
+        }
+        snprintf(p, sizeof p, "%s/relay.log", sb->dir);
+        _cleanup_close_ int logfd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (logfd < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", p);
+        int memfd = sandbox_init_memfd(ctx, err);
+        if (memfd < 0)
+                return memfd;
+        int procs[8];
+        r = cgroup_procs_fds(sb->cg, procs, ELEMENTSOF(procs), err);
+        if (r < 0)
+                return r;
+        size_t n_procs = (size_t) r;
+
+        /* argv, built before the fork: the child only makes syscalls */
+        char a_uid[16], a_max[24], a_port[8], a_root[PATH_MAX + 8], a_plat[80], a_bundle[PATH_MAX];
+        snprintf(a_uid, sizeof a_uid, "%u", (unsigned) sb->uid_base);
+        snprintf(a_max, sizeof a_max, "%" PRIu64, sb->limits.disk_bytes);
+        snprintf(a_port, sizeof a_port, "%u", (unsigned) egress_port);
+        snprintf(a_root, sizeof a_root, "--root=%s/runsc", sb->dir);
+        snprintf(a_plat, sizeof a_plat, "--platform=%s", ctx->gvisor_platform);
+        snprintf(a_bundle, sizeof a_bundle, "%s/bundle", sb->dir);
+        char *argv[] = { (char *) "hutch-relay", (char *) "--gvisor-relay", a_uid, a_max, scratch, a_port,
+                         (char *) "--", runsc, a_root, (char *) "--network=none", a_plat,
+                         (char *) "--overlay2=root:memory", (char *) "--ignore-cgroups", (char *) "run",
+                         (char *) "--bundle", a_bundle, sb->id, NULL };
+        static char *const envp[] = { (char *) "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+        char *const *envv = envp;
+        char *dbg_env[] = { (char *) "PATH=/usr/sbin:/usr/bin:/sbin:/bin", (char *) "HUTCH_INIT_DEBUG=1", NULL };
+        if (getenv("HUTCH_INIT_DEBUG"))
+                envv = dbg_env;
+
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pid_t pid = fork();
+        if (pid == 0) {
+                /* the cgroup first (its limits cover everything from here),
+                 * then a network namespace of our own with loopback up */
+                for (size_t i = 0; i < n_procs; i++)
+                        if (write(procs[i], "0", 1) != 1)
+                                _exit(120);
+                if (unshare(CLONE_NEWNET) < 0)
+                        _exit(121);
+                int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+                struct ifreq ifr = { .ifr_name = "lo" };
+                if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+                        _exit(122);
+                ifr.ifr_flags |= IFF_UP;
+                if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+                        _exit(122);
+                int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+                int hl = fcntl(lsock, F_DUPFD_CLOEXEC, 64), hc = fcntl(conn[1], F_DUPFD_CLOEXEC, 64),
+                    hm = fcntl(memfd, F_DUPFD_CLOEXEC, 64), hg = fcntl(logfd, F_DUPFD_CLOEXEC, 64);
+                if (devnull < 0 || hl < 0 || hc < 0 || hm < 0 || hg < 0 || dup2(devnull, 0) < 0 ||
+                    dup2(devnull, 1) < 0 || dup2(hg, 2) < 0 || dup2(hl, 3) < 0 || dup2(hc, 4) < 0 ||
+                    dup3(hm, 5, O_CLOEXEC) < 0 || syscall(SYS_close_range, 6, ~0U, 0) < 0)
+                        _exit(123);
+                for (int sig = 1; sig < _NSIG; sig++)
+                        if (sig != SIGKILL && sig != SIGSTOP)
+                                (void) signal(sig, SIG_DFL);
+                sigset_t none;
+                sigemptyset(&none);
+                (void) sigprocmask(SIG_SETMASK, &none, NULL);
+                syscall(SYS_execveat, 5, "", argv, envv, AT_EMPTY_PATH);
+                _exit(124);
+        }
+        int fork_errno = errno;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        for (size_t i = 0; i < n_procs; i++)
+                safe_close(procs[i]);
+        if (pid < 0)
+                return hutch_error_set(err, -fork_errno, "fork: %s", strerror(fork_errno));
+        sb->init_pid = pid;
+        sb->is_parent = true;
+        sb->init_pidfd = sys_pidfd_open(pid, 0);
+        if (sb->init_pidfd < 0)
+                return hutch_error_set(err, -errno, "pidfd_open: %m");
+        conn[1] = safe_close(conn[1]);
+        sb->conn = TAKE_FD(conn[0]);
+
+        r = initconn_hello(sb, timeout_ms, err);
+        if (r < 0) {
+                char tail[600], why[sizeof err->msg];
+                snprintf(why, sizeof why, "%s", err ? err->msg : strerror(-r));
+                log_tail(sb->dir, tail, sizeof tail);
+                int st = 0;
+                bool exited = waitpid(pid, &st, WNOHANG) == pid;
+                if (exited)
+                        sb->is_parent = false; /* reaped here */
+                return hutch_error_set(err, r, "starting the gVisor sandbox: %s%s%s", why,
+                                       *tail ? "; runsc: " : "", tail);
+        }
+        return 0;
+}
+
+/* Kill what runs in the sandbox's cgroup except the relay, which reaps
+ * runsc's orphans as they die and then exits itself (killing it first
+ * would leave them to a host init that may never reap). */
+int gvisor_kill_runtime(hutch_sandbox *sb) {
+        if (!sb->cg || sb->init_pid <= 0)
+                return 0;
+        if (cgroup_is_frozen(sb->cg) == 1)
+                (void) cgroup_thaw(sb->cg, NULL);
+        for (unsigned round = 0; round < 4; round++) {
+                int n = cgroup_signal_others(sb->cg, sb->init_pid, SIGKILL);
+                if (n <= 0)
+                        return n;
+        }
+        return 0;
+}
+
+int hutch_gvisor_probe(hutch_ctx *ctx, char *ret_info, size_t n, hutch_error *err) {
+        char runsc[PATH_MAX];
+        if (gvisor_runsc_path(ctx, runsc, sizeof runsc) < 0)
+                return hutch_error_set(err, -ENOPKG, "runsc not found%s%s (apt install runsc)",
+                                       *ctx->runsc ? " at " : "", ctx->runsc);
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return hutch_error_set(err, -errno, "pipe: %m");
+        pid_t pid = fork();
+        if (pid == 0) {
+                int devnull = open("/dev/null", O_RDWR);
+                if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(p[1], 1) < 0 || dup2(devnull, 2) < 0)
+                        _exit(127);
+                execl(runsc, runsc, "--version", (char *) NULL);
+                _exit(127);
+        }
+        close(p[1]);
+        if (pid < 0) {
+                close(p[0]);
+                return hutch_error_set(err, -errno, "fork: %m");
+        }
+        char out[256] = "";
+        size_t got = 0;
+        struct pollfd pf = { .fd = p[0], .events = POLLIN };
+        while (got < sizeof out - 1 && poll(&pf, 1, 5000) == 1) {
+                ssize_t k = read(p[0], out + got, sizeof out - 1 - got);
+                if (k <= 0)
+                        break;
+                got += (size_t) k;
+        }
+        out[got] = 0;
+        close(p[0]);
+        (void) kill(pid, SIGKILL);
+        int st = 0;
+        (void) waitpid(pid, &st, 0);
+        /* "runsc version 0.0~20221219.0\nspec: 1.0.2-dev\n" */
+        const char *v = strstr(out, "runsc version ");
+        if (!v)
+                return hutch_error_set(err, -ENOEXEC, "%s --version did not answer as runsc does", runsc);
+        v += strlen("runsc version ");
+        size_t vl = strcspn(v, "\n");
+        snprintf(ret_info, n, "%s %.*s, platform %s", runsc, (int) vl, v, ctx->gvisor_platform);
+        return 0;
+}
