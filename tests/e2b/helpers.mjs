@@ -137,7 +137,8 @@ export async function restartDaemon() {
   await waitFor(() => !alive(old), { timeoutMs: 10_000, what: `old daemon ${old} to die` })
   const log = openSync(env.log, 'a')
   appendFileSync(env.log, `\n===== restartDaemon(): killed ${old} with SIGKILL, starting again =====\n`)
-  const child = spawn(env.bin, ['serve', '--listen', env.listen, '--data-dir', env.dataDir, '--run-dir', env.runDir], {
+  const child = spawn(env.bin, ['serve', '--listen', env.listen, '--data-dir', env.dataDir, '--run-dir', env.runDir,
+    '--backend', process.env.HUTCH_E2B_BACKEND || 'ns'], {
     detached: true,
     stdio: ['ignore', log, log],
   })

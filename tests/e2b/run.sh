@@ -133,7 +133,10 @@ trap 'status=130; exit' INT
 trap 'status=143; exit' TERM
 
 # --- start the daemon
-"$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" >>"$log" 2>&1 &
+# HUTCH_E2B_BACKEND=gvisor runs the whole suite against sandboxes on gVisor
+# (the daemon's default backend; the tests themselves do not change).
+export HUTCH_E2B_BACKEND="${HUTCH_E2B_BACKEND:-ns}"
+"$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" >>"$log" 2>&1 &
 first_pid=$!
 echo "$first_pid" >"$pidfile"
 
