@@ -532,6 +532,7 @@ int verb_run(int argc, char **argv) {
                                 exited = true;
                         } else if (r < 0 && r != -ETIMEDOUT) {
                                 killed_outside = true; /* init went away: someone destroyed the sandbox */
+                                log_debug("control connection: %s", err.msg);
                                 break;
                         }
                         if (exited)

@@ -213,3 +213,4 @@ typedef struct mkdir_owner {
 int mkdir_parents(const char *path, const mkdir_owner *give, bool *ret_created);
 
 void log_debug(const char *fmt, ...) _printf_(1, 2);
+void log_debug_enable(bool on);

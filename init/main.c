@@ -47,6 +47,10 @@ static char token[INITPROTO_MAX_STRING + 1];
 static size_t token_len;
 static bool token_set;
 
+void log_debug_enable(bool on) {
+        debug = on;
+}
+
 void log_debug(const char *fmt, ...) {
         va_list ap;
 

@@ -101,7 +101,7 @@ static uint16_t egress_port;
 static void link_update(void);
 
 _noreturn_ static void relay_exit(const char *why, int r) {
-        log_debug("relay: %s: %s", why, strerror(-r));
+        fprintf(stderr, "hutch-relay: %s: %s\n", why, strerror(-r));
         /* runsc (and the sandbox) go too: nothing could reach them. */
         if (runsc_pid > 0)
                 (void) kill(runsc_pid, SIGKILL);
@@ -852,6 +852,7 @@ int relay_main(int argc, char **argv) {
                 return 2;
         }
         egress_port = (uint16_t) port;
+        log_debug_enable(getenv("HUTCH_INIT_DEBUG") != NULL);
         (void) prctl(PR_SET_NAME, "hutch-relay", 0, 0, 0);
         if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
                 return 1;

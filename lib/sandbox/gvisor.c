@@ -177,6 +177,11 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         jput(&b, "},\"rlimits\":[{\"type\":\"RLIMIT_NOFILE\",");
         snprintf(num, sizeof num, "\"hard\":%" PRIu64 ",\"soft\":%" PRIu64 "}", sb->limits.nofile, sb->limits.nofile);
         jput(&b, num);
+        /* the sandbox's pids limit, enforced by the sentry for every uid
+         * but root's (as Linux does) */
+        snprintf(num, sizeof num, ",{\"type\":\"RLIMIT_NPROC\",\"hard\":%" PRIu64 ",\"soft\":%" PRIu64 "}",
+                 sb->limits.pids, sb->limits.pids);
+        jput(&b, num);
         jput(&b, ",{\"type\":\"RLIMIT_CORE\",\"hard\":0,\"soft\":0}]},\"root\":{\"path\":");
         jstr(&b, tpl->rootfs);
         jput(&b, ",\"readonly\":false},\"hostname\":");

@@ -71,10 +71,15 @@ struct hutch_sandbox {
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
- * threads (sentry, gofer, ptrace stubs) and memory come on top of what the
- * sandbox's processes are given. */
-#define GVISOR_MEMORY_OVERHEAD (160ull << 20)
-#define GVISOR_PIDS_OVERHEAD 384
+ * threads and memory come on top of what the sandbox's processes are given.
+ * Inside, the sandbox's pids limit is RLIMIT_NPROC, which the sentry
+ * enforces; on the host each application process costs a ptrace stub and
+ * sentry threads, measured here at about 22 host pids per process, so the
+ * cgroup allows GVISOR_PIDS_PER_PROC per allowed process plus the idle
+ * runtime (about 60). */
+#define GVISOR_MEMORY_OVERHEAD (128ull << 20)
+#define GVISOR_PIDS_PER_PROC 32
+#define GVISOR_PIDS_OVERHEAD 512
 #define GVISOR_READY_TIMEOUT_MS 30000
 
 /* gvisor.c */

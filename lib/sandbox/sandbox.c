@@ -211,6 +211,10 @@ static int proc_starttime(pid_t pid, uint64_t *ret) {
         if (!p)
                 return -EIO;
         p++;
+        /* a zombie is gone for us: its parent (a killed `hutch run`) may be
+         * an init that reaps late or never */
+        if (p[0] == ' ' && (p[1] == 'Z' || p[1] == 'X'))
+                return -ESRCH;
         for (int field = 3; field < 22; field++) {
                 p = strchr(p + 1, ' ');
                 if (!p)
@@ -577,7 +581,9 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         hutch_limits cg_limits = sb->limits;
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
                 cg_limits.memory_bytes += GVISOR_MEMORY_OVERHEAD;
-                cg_limits.pids += GVISOR_PIDS_OVERHEAD;
+                cg_limits.pids = cg_limits.pids > (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
+                                         ? UINT64_MAX
+                                         : cg_limits.pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
         }
         if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits, &sb->cg, &e)) < 0) {
                 hutch_error_set(err, r, "creating the cgroup: %s", e.msg);

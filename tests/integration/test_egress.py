@@ -476,6 +476,26 @@ def test_hutch_run_net_rules(env, sandboxed_hutch, clean):
     assert total(net, "evil") == ZERO
 
 
+@pytest.mark.skipif(not os.access("/usr/bin/runsc", os.X_OK), reason="runsc is not installed")
+def test_hutch_run_net_on_gvisor(env, sandboxed_hutch, clean):
+    """The same proxy and policy for a sandbox on gVisor: its 127.0.0.1:3128
+    is hutch-init's listener inside runsc's network stack, each connection
+    relayed to the proxy; nothing else has a way out (--network=none)."""
+    net, _ = env
+    base = [*net.daemon_cmd_prefix, str(sandboxed_hutch), "run", "--backend", "gvisor", "--dns", net.dns_server,
+            "--net-open", "198.51.100.0/24"]
+    script = ("curl -sS -m 10 http://ok.example.test/gv; echo; curl -sS -m 10 http://evil.test/; echo; "
+              "curl -sS -m 5 --noproxy '*' http://ok.example.test/direct >/dev/null 2>&1; echo direct=$?; "
+              "curl -sS -m 5 --noproxy '*' http://198.51.100.10/ >/dev/null 2>&1; echo ip=$?")
+    p = subprocess.run([*base, "--net", "ok.example.test,!evil.test", "--net-log", "--", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=120)
+    assert '"sink": "ok"' in p.stdout and "denied" in p.stdout, p
+    assert "direct=0" not in p.stdout and "ip=0" not in p.stdout, p
+    lines = [json.loads(l)["egress"] for l in p.stderr.splitlines() if l.startswith('{"egress"')]
+    assert [(l["host"], l["decision"]) for l in lines] == [("ok.example.test", "allow"), ("evil.test", "deny")]
+    assert total(net, "evil") == ZERO
+
+
 # --------------------------------------------------------------------------
 # Credentials that never enter the sandbox
 # --------------------------------------------------------------------------

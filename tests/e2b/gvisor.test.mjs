@@ -1,0 +1,116 @@
+// Sandboxes on the gvisor backend through the stock SDK, chosen per sandbox
+// with metadata hutch.backend (the daemon's default stays ns). The whole
+// suite also runs on gvisor with HUTCH_E2B_BACKEND=gvisor (docs/gvisor.md).
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
+import { Sandbox } from 'e2b'
+import { createSandbox, env, sleep, textCollector, waitFor } from './helpers.mjs'
+
+const GV = { metadata: { 'hutch.backend': 'gvisor' } }
+const haveRunsc = existsSync('/usr/bin/runsc') || existsSync('/usr/local/bin/runsc')
+const opt = { skip: haveRunsc ? false : 'runsc is not installed' }
+
+function hostCmdlines() {
+  const out = []
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue
+    try { out.push(readFileSync(`/proc/${d}/cmdline`, 'latin1').replaceAll('\0', ' ')) } catch {}
+  }
+  return out
+}
+
+test('commands, output streams and exit codes run on the user-space kernel', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  const r = await sbx.commands.run('echo out; echo err >&2; dmesg | head -1; id -un; exit 0')
+  assert.match(r.stdout, /^out\n.*gVisor.*\nuser\n$/s)
+  assert.equal(r.stderr, 'err\n')
+  await assert.rejects(sbx.commands.run('exit 3'), (e) => e.exitCode === 3)
+  const root = await sbx.commands.run('id -u', { user: 'root' })
+  assert.equal(root.stdout, '0\n')
+  const info = await sbx.getInfo()
+  assert.equal(info.metadata['hutch.backend'], 'gvisor')
+})
+
+test('files: write, read back (small and 5 MB), list, remove, stdin to a background command', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  await sbx.files.write('/home/user/a.txt', 'hello')
+  assert.equal(await sbx.files.read('/home/user/a.txt'), 'hello')
+  const big = Buffer.alloc(5 << 20)
+  for (let i = 0; i < big.length; i++) big[i] = (i * 7 + (i >> 11)) & 255
+  await sbx.files.write('/tmp/big.bin', big)
+  const back = Buffer.from(await sbx.files.read('/tmp/big.bin', { format: 'bytes' }))
+  assert.ok(back.equals(big), 'the 5 MB file came back whole')
+  const names = (await sbx.files.list('/home/user')).map((e) => e.name)
+  assert.ok(names.includes('a.txt'))
+  await sbx.files.remove('/home/user/a.txt')
+  assert.equal(await sbx.files.exists('/home/user/a.txt'), false)
+  const h = await sbx.commands.run('cat > /tmp/in.txt', { background: true, stdin: true })
+  await sbx.commands.sendStdin(h.pid, 'through stdin\n')
+  await sbx.commands.closeStdin(h.pid)
+  await h.wait()
+  assert.equal(await sbx.files.read('/tmp/in.txt'), 'through stdin\n')
+})
+
+test('pty: output, input and exit', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  const out = textCollector()
+  const h = await sbx.pty.create({ cols: 80, rows: 24, onData: out.onData })
+  await sbx.pty.sendInput(h.pid, new TextEncoder().encode('stty size; echo pty-$((6*7))\n'))
+  await waitFor(() => out.text.includes('pty-42'), { what: 'pty output' })
+  assert.match(out.text, /24 80/)
+  await sbx.pty.sendInput(h.pid, new TextEncoder().encode('exit 0\n'))
+  await h.wait()
+})
+
+test('watch reports a file written inside', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  await sbx.files.makeDir('/home/user/w')
+  const seen = []
+  const w = await sbx.files.watchDir('/home/user/w', (e) => seen.push(e.name))
+  await sbx.commands.run('echo x > /home/user/w/f1')
+  await waitFor(() => seen.includes('f1'), { what: 'a watch event for f1' })
+  await w.stop()
+})
+
+test('pause keeps a process and its memory; resume continues counting', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  await sbx.commands.run(`bash -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/c; sleep 0.2; done'`, { background: true })
+  await waitFor(async () => Number((await sbx.files.read('/tmp/c')).trim()) >= 3, { what: 'the counter to start' })
+  await sbx.pause()
+  await sleep(1500)
+  await sbx.connect()
+  const c1 = Number((await sbx.files.read('/tmp/c')).trim())
+  await sleep(1000)
+  const c2 = Number((await sbx.files.read('/tmp/c')).trim())
+  assert.ok(c1 >= 3 && c2 > c1, `counter went on from memory: ${c1} -> ${c2}`)
+})
+
+test('kill leaves no runsc process, relay or state behind', opt, async (t) => {
+  const sbx = await Sandbox.create(GV)
+  const id = sbx.sandboxId
+  assert.ok(hostCmdlines().some((c) => c.includes(id) && c.startsWith('runsc-sandbox')), 'a sentry runs for it')
+  await sbx.kill()
+  await waitFor(() => !hostCmdlines().some((c) => c.includes(id)), { what: `no host process mentions ${id}` })
+  assert.equal(existsSync(`${env.runDir}/sandboxes/${id}`), false)
+  assert.equal(existsSync(`${env.dataDir}/gvisor/${id}`), false)
+})
+
+test('snapshot and fork of a gvisor sandbox are refused with a clear 409; a bad backend is a 400', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  await assert.rejects(sbx.createSnapshot(), (e) => /409|gvisor/i.test(String(e.message)))
+  await assert.rejects(Sandbox.fork(sbx.sandboxId, { count: 2 }), (e) => /409|gvisor/i.test(String(e.message)))
+  const res = await fetch(`${env.apiUrl}/sandboxes`, {
+    method: 'POST',
+    headers: { 'X-API-KEY': env.apiKey, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ templateID: 'base', backend: 'firecracker' }),
+  })
+  assert.equal(res.status, 400)
+  assert.match(await res.text(), /backend must be/)
+  const both = await fetch(`${env.apiUrl}/sandboxes`, {
+    method: 'POST',
+    headers: { 'X-API-KEY': env.apiKey, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ templateID: 'base', backend: 'ns', metadata: { 'hutch.backend': 'gvisor' } }),
+  })
+  assert.equal(both.status, 400)
+})

@@ -1,0 +1,193 @@
+"""The gvisor backend through `hutch run --backend gvisor`: the sandbox's
+processes run on runsc's user-space kernel, reached through hutch-init's mux
+and the host relay. What the host must see: the sentry and the gofer (never
+the sandbox's own programs), the sentry under seccomp as an unprivileged user,
+the relay as the sandbox's host uid, and nothing of any of them after the end.
+
+Skipped when runsc is not installed (`make test` installs it)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import hutchtest
+from hutchtest import parse_json_summary
+
+RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
+pytestmark = pytest.mark.skipif(not os.access(RUNSC, os.X_OK), reason="runsc is not installed")
+
+GV = ["--backend", "gvisor"]
+
+
+def _procs():
+    """(pid, ppid, uid, state, cmdline, name) of every host process."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            st = Path(f"/proc/{d}/status").read_text()
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        uid = int(re.search(r"^Uid:\s+(\d+)", st, re.M).group(1))
+        ppid = int(re.search(r"^PPid:\s+(\d+)", st, re.M).group(1))
+        state = re.search(r"^State:\s+(\S)", st, re.M).group(1)
+        name = re.search(r"^Name:\s+(.*)$", st, re.M).group(1)
+        out.append((int(d), ppid, uid, state, cmd, name))
+    return out
+
+
+def _of_sandbox(sid):
+    return [p for p in _procs() if sid in p[4]]
+
+
+def _status(pid):
+    return dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+
+
+@pytest.fixture
+def gvrun(warm):
+    def run(args, cmd, **kw):
+        return hutchtest.run_sandbox([*GV, *args], cmd, **kw)
+    return run
+
+
+def test_runs_on_the_user_space_kernel(gvrun):
+    cp = gvrun(["--json"], ["sh", "-c", "echo out; echo err >&2; dmesg 2>/dev/null | head -1; uname -r; id -u; exit 7"])
+    assert cp.returncode == 7, cp.stderr
+    lines = cp.stdout.decode().splitlines()
+    assert lines[0] == "out"
+    assert "gVisor" in lines[1]          # the sentry's own boot log
+    assert lines[2] != os.uname().release  # not the host's kernel
+    assert lines[3] == "1000"
+    assert b"err\n" in cp.stderr
+    assert parse_json_summary(cp)[1]["exit_code"] == 7
+
+
+def test_stdin_and_large_output(gvrun):
+    data = os.urandom(3 << 20)
+    cp = gvrun([], ["sh", "-c", "cat; head -c 5000000 /dev/zero | tr '\\0' x"], stdin=data, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout[: len(data)] == data
+    assert cp.stdout[len(data):] == b"x" * 5000000
+
+
+def test_the_host_never_runs_the_sandboxes_programs(gvrun, baseline):
+    """While a marked program runs inside, no host process has its command
+    line; the sentry runs as nobody under seccomp in a user namespace of its own, the
+    gofer and the relay are the only other processes, the relay as the
+    sandbox's host uid without capabilities."""
+    marker = f"hutch-gvisor-marker-{os.getpid()}"
+    proc = subprocess.Popen([str(hutchtest.hutch_path()), "run", *GV, "--json", "--", "bash", "-c",
+                             f"exec -a {marker} sleep 30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 60
+        relay = None
+        while time.time() < deadline and not relay:
+            relay = [p for p in _procs() if p[4].startswith("hutch-relay ") and p[1] == proc.pid]
+            time.sleep(0.2)
+        assert relay, "no relay process"
+        sid = relay[0][4].split()[-1]
+        time.sleep(2)  # the marker program runs inside by now
+        assert not [p for p in _procs() if p[4].startswith(marker)], "a sandbox program is a host process"
+        mine = _of_sandbox(sid)
+        kinds = {p[4].split()[0] for p in mine}
+        assert kinds <= {"hutch-relay", RUNSC, "runsc-gofer", "runsc-sandbox"}, kinds
+        sentry = [p for p in mine if p[4].startswith("runsc-sandbox")]
+        assert len(sentry) == 1, mine
+        st = _status(sentry[0][0])
+        assert st["Seccomp"].strip() == "2"
+        assert st["Uid"].split()[0] == "65534"
+        # what capabilities it keeps are its own user namespace's, not the host's
+        assert (int(st["CapEff"], 16) == 0 or
+                os.readlink(f"/proc/{sentry[0][0]}/ns/user") != os.readlink("/proc/self/ns/user"))
+        rel = _status(relay[0][0])
+        assert int(rel["Uid"].split()[0]) >= hutchtest.UID_BASE
+        assert int(rel["CapEff"], 16) == 0 and int(rel["CapPrm"], 16) == 0
+        assert rel["NoNewPrivs"].strip() == "1"
+        # the relay lives in a network namespace of its own (the proxy's)
+        assert os.readlink(f"/proc/{relay[0][0]}/ns/net") != os.readlink("/proc/self/ns/net")
+    finally:
+        proc.kill()
+        proc.wait()
+    # a SIGKILLed `hutch run` takes its sandbox with it (init's connection)
+    deadline = time.time() + 30
+    while time.time() < deadline and _of_sandbox(sid):
+        time.sleep(0.2)
+    assert not _of_sandbox(sid)
+    subprocess.run([str(hutchtest.hutch_path()), "gc"], capture_output=True, timeout=60)
+    hutchtest.assert_no_leak(baseline)
+
+
+def test_nothing_left_after_the_end(gvrun, baseline):
+    def zombies():
+        return [p for p in _procs() if p[3] == "Z" and (p[5].startswith(("runsc", "hutch-relay", "exe")))]
+    before = zombies()
+    cp = gvrun(["--json"], ["sh", "-c", "sleep 100 & sleep 100 & echo started"])
+    assert cp.returncode == 0, cp.stderr
+    sid = parse_json_summary(cp)[1]["sandbox_id"]
+    assert not _of_sandbox(sid)
+    assert not (hutchtest.STATE_DIR / sid).exists()
+    assert not (hutchtest.DATA_DIR / "gvisor" / sid).exists()
+    # runsc's processes are reaped by the relay (a subreaper), the relay by
+    # hutch: none is left to a host init that may never reap
+    deadline = time.time() + 10
+    while time.time() < deadline and len(zombies()) > len(before):
+        time.sleep(0.2)
+    assert len(zombies()) <= len(before), zombies()
+    hutchtest.assert_no_leak(baseline)
+
+
+def test_the_template_is_never_written(gvrun):
+    tpl = (hutchtest.DATA_DIR / "templates" / "host").resolve() / "rootfs"
+    before = sorted(os.listdir(tpl / "etc"))
+    cp = gvrun(["--user", "root"], ["sh", "-c", "echo x > /etc/hutch-gvisor-probe && rm -f /etc/hosts && "
+                                    "echo y > /usr/hutch-probe; cat /etc/hutch-gvisor-probe"])
+    assert b"x\n" in cp.stdout
+    assert b"Read-only file system" in cp.stderr  # /usr is a read-only bind
+    assert sorted(os.listdir(tpl / "etc")) == before
+    assert not Path("/usr/hutch-probe").exists()
+
+
+def test_files_written_inside_count_against_memory(gvrun):
+    """The writable layer is the sentry's memory: a file larger than the
+    sandbox's memory cannot be written."""
+    cp = gvrun(["--memory", "64M", "--json"], ["sh", "-c", "head -c 400000000 /dev/zero > /tmp/big; echo rc=$?"],
+               timeout=120)
+    summary = parse_json_summary(cp)[1]
+    assert b"rc=0" not in cp.stdout or summary["oom_killed"] or cp.returncode != 0
+
+
+def test_pids_limit_is_the_applications(gvrun):
+    """--pids is RLIMIT_NPROC inside (the sentry enforces it), and the host
+    cgroup allows runsc's threads and a ptrace stub per process on top: a
+    fork loop meets the limit as EAGAIN and the sandbox survives it."""
+    cp = gvrun(["--pids", "64", "--json"], ["sh", "-c", "for i in $(seq 200); do sleep 3 & done; echo never"],
+               timeout=120)
+    summary = parse_json_summary(cp)[1]
+    assert b"Cannot fork" in cp.stderr, cp.stderr
+    assert summary["exit_code"] == 2, cp.stderr  # dash gives up at the failed fork
+    assert b"destroyed" not in cp.stderr
+
+
+def test_bad_backend_is_a_usage_error(warm):
+    cp = hutchtest.run_sandbox(["--backend", "firecracker"], ["true"])
+    assert cp.returncode == 2
+    assert b"--backend" in cp.stderr
+
+
+def test_missing_runsc_is_a_clear_error(warm, baseline):
+    env = dict(os.environ, HUTCH_RUNSC="/nonexistent/runsc")
+    cp = hutchtest.run_sandbox(GV, ["true"], env=env)
+    assert cp.returncode == 125
+    assert b"runsc" in cp.stderr
+    hutchtest.assert_no_leak(baseline)
