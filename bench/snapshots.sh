@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # bench/snapshots.mjs against a fresh `hutch serve` (part of `make bench`).
 #   SNAP_N=5 bench/snapshots.sh
+# BENCH_MJS (a bench/*.mjs) and SERVE_ARGS run another client the same way
+# (bench/backends.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${HUTCH_BUILD_DIR:-build}
@@ -22,9 +24,9 @@ cleanup() {
         rm -rf "$work"
 }
 trap cleanup EXIT
-"$HUTCH" serve --listen 127.0.0.1:$port --data-dir "$work/data" --run-dir "$work/run" >"$work/serve.log" 2>&1 &
+"$HUTCH" serve --listen 127.0.0.1:$port --data-dir "$work/data" --run-dir "$work/run" ${SERVE_ARGS:-} >"$work/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do curl -sf -o /dev/null http://127.0.0.1:$port/health && break; sleep 0.1; done
 export E2B_API_URL=http://127.0.0.1:$port E2B_SANDBOX_URL=http://127.0.0.1:$port
 export E2B_API_KEY=$(cat "$work/data/api-key")
-cd tests/e2b && node ../../bench/snapshots.mjs
+cd tests/e2b && node ../../bench/${BENCH_MJS:-snapshots.mjs}
