@@ -111,6 +111,11 @@ static int register_init(server *srv, sbx *sb) {
         return loop_add(srv, &sb->w, hutch_sandbox_fd(sb->h), EPOLLIN);
 }
 
+int sbx_reregister_init(server *srv, sbx *sb) {
+        loop_del(srv, &sb->w);
+        return register_init(srv, sb);
+}
+
 static sbx *sbx_alloc(server *srv) {
         sbx *sb = calloc(1, sizeof *sb);
         if (!sb)
@@ -167,10 +172,11 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
 /* The engine's sandbox for sb (its limits from sb), its init in the loop,
  * its identity files. On failure nothing of it is left and sb->h is NULL. */
 static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, const char *layer_from,
-                            hutch_error *err) {
+                            bool checkpoint, hutch_error *err) {
         hutch_sandbox_config sc = {
                 .template_name = template_name,
-                .layer_from = layer_from,
+                .layer_from = checkpoint ? NULL : layer_from,
+                .checkpoint_from = checkpoint ? layer_from : NULL,
                 .id = sb->id,
                 .backend = sb->backend,
                 .egress_port = (uint16_t) srv->cfg.egress_port,
@@ -282,7 +288,7 @@ void sbx_pool_fill(server *srv) {
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
-        int r = sbx_engine_start(srv, sb, "host", NULL, &err);
+        int r = sbx_engine_start(srv, sb, "host", NULL, false, &err);
         if (r < 0) {
                 log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
                 srv->pool = sb->next;
@@ -394,14 +400,26 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 }
         }
         /* a warm sandbox if one is ready: create then only writes a row */
-        int backend = hutch_backend_from_name(cr.backend ? cr.backend : srv->cfg.backend);
-        if (backend == HUTCH_BACKEND_GVISOR && snap.id[0]) {
+        /* a snapshot says which backend it is for: a gvisor one is a memory
+         * checkpoint (it starts where it was), a namespace one a layer */
+        bool checkpoint = false;
+        if (layer_from[0]) {
+                char magic[8];
+                int fd = open(layer_from, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                checkpoint = fd >= 0 && read(fd, magic, 8) == 8 && memcmp(magic, "HUTCHGV1", 8) == 0;
+                if (fd >= 0)
+                        close(fd);
+        }
+        int backend = hutch_backend_from_name(cr.backend ? cr.backend
+                                              : snap.id[0] ? (checkpoint ? "gvisor" : "ns")
+                                                           : srv->cfg.backend);
+        if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
                 *ret_status = 409;
                 json_decref(egress_spec);
                 if (layer_from[0] && !borrowed)
                         unlink(layer_from);
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "a snapshot keeps a namespace sandbox's files; it cannot start a gvisor sandbox");
+                return hutch_error_set(err, -EOPNOTSUPP, "snapshot %s is of a %s sandbox; it cannot start a %s one",
+                                       snap.id, checkpoint ? "gvisor" : "namespace (ns)", hutch_backend_name(backend));
         }
         /* the pool holds sandboxes of the operator's default backend */
         bool poolable = streq(template_name, "host") && !snap.id[0] &&
@@ -486,7 +504,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         if (sb->h)
                 goto ready;
-        r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL, err);
+        r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL, checkpoint, err);
         if (layer_from[0]) {
                 if (!borrowed)
                         unlink(layer_from); /* the engine copied it into the layer image */

@@ -295,6 +295,9 @@ json_t *sbx_to_json(sbx *sb, bool detail);
 void sbx_free_all(server *srv);
 /* Warm pool: top it up by at most one sandbox (called once per loop turn);
  * clean what a previous run left in it; destroy it at shutdown. */
+/* After the engine replaced a sandbox's control connection (a gvisor
+ * sandbox restored after its own checkpoint): watch the new one. */
+int sbx_reregister_init(server *srv, sbx *sb);
 void sbx_pool_fill(server *srv);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);

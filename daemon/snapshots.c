@@ -142,11 +142,21 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                 return hutch_error_set(err, -errno, "temporary file: %m");
         unlink(tmpl); /* anonymous: gone with the fd whatever happens */
 
-        /* frozen while the layer is read: nothing may write meanwhile */
+        /* gvisor: a memory checkpoint (processes, memory, files), taken
+         * while the sandbox runs on; ns: frozen while the layer is read,
+         * nothing may write meanwhile */
         bool was_paused = sb->paused;
-        int r = was_paused ? 0 : hutch_sandbox_freeze(sb->h, err);
+        bool gv = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
+        int r = was_paused || gv ? 0 : hutch_sandbox_freeze(sb->h, err);
         uint64_t bytes = 0;
-        if (r >= 0) {
+        if (gv) {
+                r = hutch_sandbox_checkpoint(sb->h, lfd, &bytes, err);
+                /* the sandbox goes on through a new relay: a new control
+                 * connection, and the old one's streams have ended */
+                if (hutch_sandbox_fd(sb->h) >= 0 && sbx_reregister_init(srv, sb) < 0)
+                        log_error("sandbox %s: watching its control connection again failed", sb->id);
+        }
+        else if (r >= 0) {
                 r = hutch_sandbox_layer_export(sb->h, lfd, &bytes, err);
                 if (!was_paused) {
                         hutch_error e2 = { 0 };

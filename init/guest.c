@@ -66,6 +66,8 @@ static gstream *streams;
 static unsigned n_streams, n_net;
 static uint32_t next_stream_id = 1;
 static source net_listener = { .fd = -1 };
+/* SYNC asked: produce nothing more; SYNCED goes out once the queue is empty */
+static bool sync_asked, synced_sent;
 
 static void link_update(void);
 
@@ -131,7 +133,7 @@ static void stream_read(gstream *s);
 /* A regular file cannot be polled: read it while the window and the link
  * allow; the relay's WINDOW (or the link draining) brings us back. */
 static void file_pump(gstream *s) {
-        while (!s->src.dead && !s->out_eof && s->credit > 0 && mlink.tx_bytes < GUEST_TX_HIGH)
+        while (!s->src.dead && !s->out_eof && s->credit > 0 && mlink.tx_bytes < GUEST_TX_HIGH && !sync_asked)
                 stream_read(s);
 }
 
@@ -143,9 +145,10 @@ static void stream_update(gstream *s) {
                 file_pump(s);
                 return;
         }
-        if (stream_reads(s) && !s->out_eof && s->credit > 0 && mlink.tx_bytes < GUEST_TX_HIGH)
+        if (stream_reads(s) && !s->out_eof && s->credit > 0 && mlink.tx_bytes < GUEST_TX_HIGH && !sync_asked)
                 ev |= EPOLLIN;
-        if (s->q)
+        /* writing a stream sends WINDOW credits: not while synced */
+        if (s->q && !sync_asked)
                 ev |= EPOLLOUT;
         if (source_set_events(&s->src, ev) < 0)
                 stream_drop(s);
@@ -312,7 +315,7 @@ static void chan_drop(gchan *c, bool tell) {
 
 static void chan_update(gchan *c) {
         uint32_t ev = 0;
-        if (mlink.tx_bytes < GUEST_TX_HIGH)
+        if (mlink.tx_bytes < GUEST_TX_HIGH && !sync_asked)
                 ev |= EPOLLIN;
         if (c->q)
                 ev |= EPOLLOUT;
@@ -458,7 +461,7 @@ static int chan_open(uint32_t id, bool creator) {
 /* ------------------------------------------------------------ egress */
 
 static void net_dispatch(source *src, uint32_t events) {
-        for (unsigned i = 0; i < 16; i++) {
+        for (unsigned i = 0; i < 16 && !sync_asked; i++) {
                 int fd = accept4(src->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
                 if (fd < 0)
                         return;
@@ -491,6 +494,20 @@ static void gbuf_push(gbuf **head, gbuf ***tail, size_t *bytes, const uint8_t *p
         **tail = b;
         *tail = &b->next;
         *bytes += n;
+}
+
+static void guest_update_all(void) {
+        for (gchan *c = chans; c;) {
+                gchan *n = c->next;
+                chan_update(c);
+                c = n;
+        }
+        for (gstream *s = streams; s;) {
+                gstream *n = s->next;
+                stream_update(s);
+                s = n;
+        }
+        (void) source_set_events(&net_listener, sync_asked ? 0 : EPOLLIN);
 }
 
 static int on_frame(const mux_frame *f, void *userdata) {
@@ -545,6 +562,32 @@ static int on_frame(const mux_frame *f, void *userdata) {
                 if ((s = stream_find(f->id)))
                         stream_drop(s);
                 return 0;
+        case MUX_SYNC:
+                sync_asked = true;
+                synced_sent = false;
+                guest_update_all();
+                return 0;
+        case MUX_UNSYNC:
+                sync_asked = synced_sent = false;
+                guest_update_all();
+                return 0;
+        case MUX_RESYNC:
+                /* restored from a checkpoint, talking to a new relay: what
+                 * the old one had is gone. Processes keep running; their
+                 * output waits in init's pipes for an ATTACH. */
+                while (chans)
+                        chan_drop(chans, false);
+                while (streams)
+                        stream_drop(streams);
+                sync_asked = synced_sent = false;
+                /* the link's host descriptors are new since the restore:
+                 * register them with epoll again, or their readiness may
+                 * never be reported */
+                (void) source_set_events(&mlink_src, 0);
+                (void) source_set_events(&mlink_src, EPOLLIN);
+                (void) source_set_events(&wlink_src, 0);
+                link_send(mux_link_send_u32(&mlink, MUX_HELLO, 0, MUX_VERSION));
+                return 0;
         default:
                 return 0; /* NET and HELLO only go the other way */
         }
@@ -560,6 +603,11 @@ static void link_update(void) {
         int r = mux_link_flush(&mlink);
         if (r < 0)
                 fatal_link(r);
+        if (sync_asked && !synced_sent && !mlink.txq) {
+                synced_sent = true;
+                if ((r = mux_link_send(&mlink, MUX_SYNCED, 0, NULL, 0)) < 0 || (r = mux_link_flush(&mlink)) < 0)
+                        fatal_link(r);
+        }
         (void) source_set_events(&mlink_src, EPOLLIN);
         (void) source_set_events(&wlink_src, mlink.txq ? EPOLLOUT : 0);
         /* Crossing the mark starts or stops every reader that feeds the mlink;

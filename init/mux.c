@@ -25,6 +25,10 @@ static bool payload_ok(uint8_t type, uint32_t n) {
         case MUX_EOF:
         case MUX_RESET:
         case MUX_NET:
+        case MUX_SYNC:
+        case MUX_SYNCED:
+        case MUX_UNSYNC:
+        case MUX_RESYNC:
                 return n == 0;
         case MUX_DATA:
                 return n >= 1 && n <= MUX_MAX_DATA;

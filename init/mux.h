@@ -52,7 +52,18 @@ enum {
         MUX_WINDOW = 6, /* either way: payload u32, bytes delivered (credit back) */
         MUX_RESET = 7,  /* either way: the stream is gone; drop it */
         MUX_NET = 8,    /* guest → relay: a new connection to the egress proxy, as stream id */
-        MUX_HELLO = 9,  /* guest → relay, once: the guest is up; payload u32 version */
+        MUX_HELLO = 9,  /* guest → relay, once (again after RESYNC): the guest is up; payload u32 version */
+        /* Checkpoints (runsc checkpoint) need the link at a frame boundary
+         * both ways: the relay sends SYNC and holds everything after it;
+         * the guest stops producing, empties its queue and answers SYNCED
+         * as its last frame. UNSYNC lets both go on. A copy restored from
+         * that checkpoint meets a new relay, whose first frame is RESYNC:
+         * the guest drops every channel and stream (they were the old
+         * relay's), goes on, and says HELLO. */
+        MUX_SYNC = 10,   /* relay → guest */
+        MUX_SYNCED = 11, /* guest → relay */
+        MUX_UNSYNC = 12, /* relay → guest */
+        MUX_RESYNC = 13, /* relay → guest */
         _MUX_TYPE_MAX,
 };
 
@@ -138,3 +149,6 @@ int mux_link_flush(mux_link *l);
  * on_frame returned when negative. */
 int mux_link_read(mux_link *l, int (*on_frame)(const mux_frame *f, void *userdata), void *userdata, unsigned max_frames);
 int mux_link_init(mux_link *l, int fd, int wfd);
+/* Move every frame queued on from (never written: its head is whole) to
+ * the end of to's queue. */
+void mux_link_append(mux_link *to, mux_link *from);

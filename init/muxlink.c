@@ -118,3 +118,14 @@ int mux_link_read(mux_link *l, int (*on_frame)(const mux_frame *f, void *userdat
                 l->rx_len += (size_t) n;
         }
 }
+
+void mux_link_append(mux_link *to, mux_link *from) {
+        if (!from->txq)
+                return;
+        *to->txq_tail = from->txq;
+        to->txq_tail = from->txq_tail;
+        to->tx_bytes += from->tx_bytes;
+        from->txq = NULL;
+        from->txq_tail = &from->txq;
+        from->tx_bytes = 0;
+}

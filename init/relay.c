@@ -97,8 +97,18 @@ static pid_t runsc_pid;
 static uint64_t max_file;
 static int scratch_fd = -1;
 static uint16_t egress_port;
+/* started by `runsc restore`: the guest still has the old relay's state */
+static bool restored;
+/* RELAY_SYNC in progress or done: frames for the guest wait in heldq */
+static bool holding;
+static mux_link heldq;
+static rchan *sync_chan;
+static uint32_t sync_id;
 
 static void link_update(void);
+
+/* Where a frame for the guest goes: the link, or held during a SYNC. */
+#define GL (holding ? &heldq : &mlink)
 
 _noreturn_ static void relay_exit(const char *why, int r) {
         fprintf(stderr, "hutch-relay: %s: %s\n", why, strerror(-r));
@@ -148,6 +158,7 @@ static void chan_release(source *src) {
 }
 
 static void stream_drop(rstream *s);
+static void relay_unsync(void);
 
 static void chan_drop(rchan *c, bool tell) {
         for (rchan **p = &chans; *p; p = &(*p)->next)
@@ -156,19 +167,22 @@ static void chan_drop(rchan *c, bool tell) {
                         break;
                 }
         n_clients--;
+        /* a checkpoint's client gone mid-way: never leave the sandbox quiet */
+        if (sync_chan == c)
+                relay_unsync();
         /* FILE streams of held replies go with them; other streams stay:
          * the client may still hold their host ends */
         for (rstream *s = streams; s;) {
                 rstream *n = s->next;
                 if (s->chan == c && s->kind == MUX_K_FILE) {
                         if (!s->out_eof)
-                                link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                                link_send(mux_link_send(GL, MUX_RESET, s->id, NULL, 0));
                         stream_drop(s);
                 }
                 s = n;
         }
         if (tell)
-                link_send(mux_link_send(&mlink, MUX_CLOSE, c->id, NULL, 0));
+                link_send(mux_link_send(GL, MUX_CLOSE, c->id, NULL, 0));
         source_kill(&c->src);
 }
 
@@ -228,6 +242,65 @@ static void chan_update(rchan *c) {
                 chan_drop(c, true);
 }
 
+/* A reply of the relay's own (RELAY_SYNC, RELAY_UNSYNC), queued like init's. */
+static void chan_reply(rchan *c, uint32_t id, int err, const char *msg) {
+        initproto_writer *w = msg_begin(err ? INITPROTO_ERROR : INITPROTO_OK, 0, id);
+        if (err) {
+                initproto_put_u64(w, T_ERRNO, (uint64_t) err);
+                initproto_put_str(w, T_MESSAGE, msg);
+        }
+        int len = initproto_finish(w);
+        if (len < 0)
+                return;
+        rmsg *m = calloc(1, sizeof *m + (size_t) len);
+        if (!m)
+                relay_exit("out of memory", -ENOMEM);
+        m->len = (size_t) len;
+        memcpy(m->data, w->buf, (size_t) len);
+        *c->q_tail = m;
+        c->q_tail = &m->next;
+        c->q_bytes += m->len;
+        chan_flush(c);
+        if (!c->src.dead)
+                chan_update(c);
+}
+
+static void relay_unsync(void) {
+        if (!holding)
+                return;
+        int r = mux_link_send(&mlink, MUX_UNSYNC, 0, NULL, 0);
+        if (r < 0)
+                relay_exit("queueing on the link", r);
+        holding = false;
+        sync_chan = NULL;
+        mux_link_append(&mlink, &heldq);
+        link_update();
+}
+
+/* RELAY_SYNC and RELAY_UNSYNC are the relay's: 1 when m was one of them. */
+static int relay_request(rchan *c, const initproto_msg *m) {
+        if (m->type == INITPROTO_RELAY_SYNC) {
+                if (holding) {
+                        chan_reply(c, m->id, EBUSY, "a checkpoint of this sandbox is already in progress");
+                        return 1;
+                }
+                int r = mux_link_send(&mlink, MUX_SYNC, 0, NULL, 0);
+                if (r < 0)
+                        relay_exit("queueing on the link", r);
+                holding = true;
+                sync_chan = c;
+                sync_id = m->id;
+                link_update();
+                return 1;
+        }
+        if (m->type == INITPROTO_RELAY_UNSYNC) {
+                relay_unsync();
+                chan_reply(c, m->id, 0, NULL);
+                return 1;
+        }
+        return 0;
+}
+
 static int chan_read_one(rchan *c) {
         static uint8_t buf[INITPROTO_MAX_FRAME];
         union {
@@ -258,7 +331,9 @@ static int chan_read_one(rchan *c) {
         initproto_msg m;
         if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || initproto_parse(buf, (size_t) n, &m) < 0)
                 return -EBADMSG;
-        link_send(mux_link_send(&mlink, MUX_MSG, c->id, buf, (size_t) n));
+        if (relay_request(c, &m))
+                return 1;
+        link_send(mux_link_send(GL, MUX_MSG, c->id, buf, (size_t) n));
         return 1;
 }
 
@@ -300,7 +375,7 @@ static int chan_new(int fd, bool creator) {
         chans = c;
         n_clients++;
         uint8_t cr = creator ? 1 : 0;
-        link_send(mux_link_send(&mlink, MUX_OPEN, c->id, &cr, 1));
+        link_send(mux_link_send(GL, MUX_OPEN, c->id, &cr, 1));
         return 0;
 }
 
@@ -367,7 +442,7 @@ static void stream_update(rstream *s) {
                         ev |= EPOLLOUT;
         }
         if (source_set_events(&s->src, ev) < 0) {
-                link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                link_send(mux_link_send(GL, MUX_RESET, s->id, NULL, 0));
                 stream_drop(s);
         }
 }
@@ -380,7 +455,7 @@ static void stream_maybe_done(rstream *s) {
 }
 
 static void stream_reset(rstream *s) {
-        link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+        link_send(mux_link_send(GL, MUX_RESET, s->id, NULL, 0));
         stream_drop(s);
 }
 
@@ -398,12 +473,12 @@ static void stream_read(rstream *s) {
         }
         if (n <= 0) {
                 s->out_eof = true;
-                link_send(mux_link_send(&mlink, MUX_EOF, s->id, NULL, 0));
+                link_send(mux_link_send(GL, MUX_EOF, s->id, NULL, 0));
                 stream_maybe_done(s);
                 return;
         }
         s->credit -= (uint32_t) n;
-        link_send(mux_link_send(&mlink, MUX_DATA, s->id, buf, (size_t) n));
+        link_send(mux_link_send(GL, MUX_DATA, s->id, buf, (size_t) n));
 }
 
 static void stream_write(rstream *s) {
@@ -431,7 +506,7 @@ static void stream_write(rstream *s) {
         }
         s->unacked += wrote;
         if (s->unacked >= MUX_WINDOW_BYTES / 4 || (!s->q && s->unacked)) {
-                link_send(mux_link_send_u32(&mlink, MUX_WINDOW, s->id, s->unacked));
+                link_send(mux_link_send_u32(GL, MUX_WINDOW, s->id, s->unacked));
                 s->unacked = 0;
         }
         if (!s->q && s->in_eof) {
@@ -577,7 +652,7 @@ static void on_msg(rchan *c, const mux_frame *f) {
                                 close(theirs);
                         /* the reply goes on with fewer descriptors than it
                          * promises: the engine refuses it */
-                        link_send(mux_link_send(&mlink, MUX_RESET, decl[i].id, NULL, 0));
+                        link_send(mux_link_send(GL, MUX_RESET, decl[i].id, NULL, 0));
                         continue;
                 }
                 s->chan = c;
@@ -634,7 +709,7 @@ static void file_done(rstream *s, bool ok) {
 
 static void on_file_data(rstream *s, const mux_frame *f) {
         if (s->file_bytes + f->payload_len > max_file) {
-                link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                link_send(mux_link_send(GL, MUX_RESET, s->id, NULL, 0));
                 file_done(s, false);
                 return;
         }
@@ -644,14 +719,14 @@ static void on_file_data(rstream *s, const mux_frame *f) {
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0) {
-                        link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                        link_send(mux_link_send(GL, MUX_RESET, s->id, NULL, 0));
                         file_done(s, false);
                         return;
                 }
                 off += (size_t) n;
         }
         s->file_bytes += f->payload_len;
-        link_send(mux_link_send_u32(&mlink, MUX_WINDOW, s->id, f->payload_len));
+        link_send(mux_link_send_u32(GL, MUX_WINDOW, s->id, f->payload_len));
 }
 
 static void on_net(uint32_t id) {
@@ -668,7 +743,7 @@ static void on_net(uint32_t id) {
         if (!s) {
                 if (fd >= 0)
                         close(fd);
-                link_send(mux_link_send(&mlink, MUX_RESET, id, NULL, 0));
+                link_send(mux_link_send(GL, MUX_RESET, id, NULL, 0));
                 return;
         }
         s->connecting = true;
@@ -708,7 +783,7 @@ static int on_frame(const mux_frame *f, void *userdata) {
                         if (n < 0)
                                 return -EBADMSG;
                         for (int i = 0; i < n; i++)
-                                link_send(mux_link_send(&mlink, MUX_RESET, decl[i].id, NULL, 0));
+                                link_send(mux_link_send(GL, MUX_RESET, decl[i].id, NULL, 0));
                 }
                 return 0;
         case MUX_DATA:
@@ -767,6 +842,14 @@ static int on_frame(const mux_frame *f, void *userdata) {
                 return 0;
         case MUX_NET:
                 on_net(f->id);
+                return 0;
+        case MUX_SYNCED:
+                /* the guest is quiet and its queue is empty: the client may
+                 * checkpoint now */
+                if (holding && sync_chan) {
+                        rchan *sc = sync_chan;
+                        chan_reply(sc, sync_id, 0, NULL);
+                }
                 return 0;
         default:
                 return -EPROTO; /* OPEN only goes the other way */
@@ -846,11 +929,14 @@ static int parse_u64(const char *s, uint64_t *ret) {
 
 int relay_main(int argc, char **argv) {
         uint64_t uid, port;
-        if (argc < 7 || !streq(argv[5], "--") || parse_u64(argv[1], &uid) < 0 || uid == 0 || uid > 0xfffffffeu ||
-            parse_u64(argv[2], &max_file) < 0 || parse_u64(argv[4], &port) < 0 || port > 65535) {
-                fprintf(stderr, "usage: hutch-init --gvisor-relay UID MAX_FILE SCRATCH_DIR EGRESS_PORT -- RUNSC ARGS...\n");
+        if (argc < 8 || !streq(argv[6], "--") || (!streq(argv[5], "run") && !streq(argv[5], "restore")) ||
+            parse_u64(argv[1], &uid) < 0 || uid == 0 || uid > 0xfffffffeu || parse_u64(argv[2], &max_file) < 0 ||
+            parse_u64(argv[4], &port) < 0 || port > 65535) {
+                fprintf(stderr, "usage: hutch-init --gvisor-relay UID MAX_FILE SCRATCH_DIR EGRESS_PORT run|restore -- "
+                                "RUNSC ARGS...\n");
                 return 2;
         }
+        restored = streq(argv[5], "restore");
         egress_port = (uint16_t) port;
         log_debug_enable(getenv("HUTCH_INIT_DEBUG") != NULL);
         (void) prctl(PR_SET_NAME, "hutch-relay", 0, 0, 0);
@@ -884,8 +970,8 @@ int relay_main(int argc, char **argv) {
                 (void) prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
                 if (dup2(sp[1], 0) < 0 || dup2(sp[1], 1) < 0)
                         _exit(127);
-                execv(argv[6], argv + 6);
-                fprintf(stderr, "hutch-relay: executing %s: %s\n", argv[6], strerror(errno));
+                execv(argv[7], argv + 7);
+                fprintf(stderr, "hutch-relay: executing %s: %s\n", argv[7], strerror(errno));
                 _exit(127);
         }
         close(sp[1]);
@@ -910,6 +996,11 @@ int relay_main(int argc, char **argv) {
         mlink_src = (source) { .fd = sp[0], .dispatch = link_dispatch, .release = noop_release };
         if (source_add(&mlink_src, EPOLLIN) < 0)
                 relay_exit("the link", -EIO);
+        if (mux_link_init(&heldq, -1, -1) < 0)
+                relay_exit("out of memory", -ENOMEM);
+        /* a restored guest first forgets the old relay's channels and streams */
+        if (restored && (r = mux_link_send(&mlink, MUX_RESYNC, 0, NULL, 0)) < 0)
+                relay_exit("queueing on the link", r);
         fl = fcntl(RELAY_CREATOR_FD, F_GETFL);
         if (fl < 0 || fcntl(RELAY_CREATOR_FD, F_SETFL, fl | O_NONBLOCK) < 0 ||
             fcntl(RELAY_CREATOR_FD, F_SETFD, FD_CLOEXEC) < 0 || chan_new(RELAY_CREATOR_FD, true) < 0)

@@ -91,6 +91,10 @@ typedef struct hutch_sandbox_config {
          * layers only (-EOPNOTSUPP on tmpfs). */
         const char *layer_from;
         int backend;               /* HUTCH_BACKEND_* */
+        /* gvisor: restore a stream hutch_sandbox_checkpoint() wrote (a
+         * file) instead of booting: its processes, their memory and its
+         * files go on in the new sandbox. */
+        const char *checkpoint_from;
         /* gvisor: the port the sandbox's 127.0.0.1 proxy address has (the
          * daemon's egress port); 0 = 3128. */
         uint16_t egress_port;
@@ -166,6 +170,13 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err);
  * Processes are not part of it. ext4 layers only (-EOPNOTSUPP). Returns
  * the bytes written to *ret_bytes. */
 int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+
+/* gvisor: a checkpoint of the running sandbox (runsc checkpoint
+ * --leave-running: processes, memory and the in-memory writable layer) as
+ * a stream to out_fd, for snapshots and forks; the sandbox goes on. A
+ * paused sandbox is thawed for it and paused again. Returns the image's
+ * bytes in *ret_bytes. -EOPNOTSUPP on the ns backend. */
+int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
 
 /* List live sandboxes (ids) found in run_dir. *ret_ids is a NULL-terminated
  * array; free with hutch_strv_free(). */

@@ -43,6 +43,7 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "sandbox-internal.h"
@@ -260,37 +261,21 @@ int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t 
         return snprintf(buf, n, "%s/gvisor/%s", ctx->data_dir, id) >= (int) n ? -ENAMETOOLONG : 0;
 }
 
-int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostname, uint16_t egress_port,
-                 int timeout_ms, hutch_error *err) {
+/* Start the relay (and through it runsc run, or runsc restore from
+ * image_dir) for a sandbox whose bundle exists, connect to it, HELLO. Also
+ * what brings a sandbox back after its own checkpoint. */
+static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_ms, hutch_error *err) {
         hutch_ctx *ctx = sb->ctx;
-        char runsc[PATH_MAX], init_path[PATH_MAX], scratch[PATH_MAX], p[PATH_MAX];
+        char runsc[PATH_MAX], scratch[PATH_MAX], p[PATH_MAX];
         int r;
+        uint16_t egress_port = sb->egress_port ? sb->egress_port : 3128;
 
         if (gvisor_runsc_path(ctx, runsc, sizeof runsc) < 0)
                 return hutch_error_set(err, -ENOPKG,
                                        "the gvisor backend needs runsc (apt install runsc), not found%s%s",
-                                       ctx->runsc ? " at " : "", ctx->runsc ? ctx->runsc : "");
-        if ((r = guest_init_file(ctx, init_path, sizeof init_path, err)) < 0)
-                return r;
-        snprintf(p, sizeof p, "%s/bundle", sb->dir);
-        if (mkdir(p, 0700) < 0)
-                return hutch_error_set(err, -errno, "creating %s: %m", p);
-        snprintf(p, sizeof p, "%s/runsc", sb->dir);
-        if (mkdir(p, 0700) < 0)
-                return hutch_error_set(err, -errno, "creating %s: %m", p);
-        if ((r = write_spec(sb, tpl, hostname, init_path, egress_port, err)) < 0)
-                return r;
-        /* The relay's scratch space (whole files on their way out) on the
-         * data dir's disk, owned by the relay's uid. */
-        snprintf(p, sizeof p, "%s/gvisor", ctx->data_dir);
-        if ((r = mkdir_p(p, 0711)) < 0)
-                return hutch_error_set(err, r, "creating %s: %s", p, strerror(-r));
+                                       *ctx->runsc ? " at " : "", ctx->runsc);
         if ((r = gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch)) < 0)
                 return hutch_error_set(err, r, "data dir path too long");
-        (void) rm_rf_at(AT_FDCWD, scratch);
-        if (mkdir(scratch, 0700) < 0 || chown(scratch, sb->uid_base, sb->uid_base) < 0)
-                return hutch_error_set(err, -errno, "creating %s: %m", scratch);
-
         /* The control socket at the namespace backend's path, so attach
          * works the same; the relay accepts on it. */
         _cleanup_close_ int lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -304,11 +289,12 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostn
                 if (sd < 0)
                         return hutch_error_set(err, -errno, "opening %s: %m", p);
                 snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/init.sock", sd);
+                (void) unlinkat(sd, "init.sock", 0); /* a relay's before a checkpoint */
                 if (bind(lsock, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(lsock, 16) < 0)
                         return hutch_error_set(err, -errno, "binding the control socket: %m");
         }
         snprintf(p, sizeof p, "%s/relay.log", sb->dir);
-        _cleanup_close_ int logfd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        _cleanup_close_ int logfd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (logfd < 0)
                 return hutch_error_set(err, -errno, "creating %s: %m", p);
         int memfd = sandbox_init_memfd(ctx, err);
@@ -321,17 +307,20 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostn
         size_t n_procs = (size_t) r;
 
         /* argv, built before the fork: the child only makes syscalls */
-        char a_uid[16], a_max[24], a_port[8], a_root[PATH_MAX + 8], a_plat[80], a_bundle[PATH_MAX];
+        char a_uid[16], a_max[24], a_port[8], a_root[PATH_MAX + 8], a_plat[80], a_bundle[PATH_MAX],
+                a_img[PATH_MAX + 16];
         snprintf(a_uid, sizeof a_uid, "%u", (unsigned) sb->uid_base);
         snprintf(a_max, sizeof a_max, "%" PRIu64, sb->limits.disk_bytes);
         snprintf(a_port, sizeof a_port, "%u", (unsigned) egress_port);
         snprintf(a_root, sizeof a_root, "--root=%s/runsc", sb->dir);
         snprintf(a_plat, sizeof a_plat, "--platform=%s", ctx->gvisor_platform);
         snprintf(a_bundle, sizeof a_bundle, "%s/bundle", sb->dir);
+        snprintf(a_img, sizeof a_img, "--image-path=%s", image_dir ? image_dir : "");
         char *argv[] = { (char *) "hutch-relay", (char *) "--gvisor-relay", a_uid, a_max, scratch, a_port,
-                         (char *) "--", runsc, a_root, (char *) "--network=none", a_plat,
-                         (char *) "--overlay2=root:memory", (char *) "--ignore-cgroups", (char *) "run",
-                         (char *) "--bundle", a_bundle, sb->id, NULL };
+                         (char *) (image_dir ? "restore" : "run"), (char *) "--", runsc, a_root,
+                         (char *) "--network=none", a_plat, (char *) "--overlay2=root:memory",
+                         (char *) "--ignore-cgroups", (char *) (image_dir ? "restore" : "run"), (char *) "--bundle",
+                         a_bundle, image_dir ? a_img : sb->id, image_dir ? sb->id : NULL, NULL };
         static char *const envp[] = { (char *) "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
         char *const *envv = envp;
         char *dbg_env[] = { (char *) "PATH=/usr/sbin:/usr/bin:/sbin:/bin", (char *) "HUTCH_INIT_DEBUG=1", NULL };
@@ -381,11 +370,14 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostn
                 return hutch_error_set(err, -fork_errno, "fork: %s", strerror(fork_errno));
         sb->init_pid = pid;
         sb->is_parent = true;
+        safe_close(sb->init_pidfd);
         sb->init_pidfd = sys_pidfd_open(pid, 0);
         if (sb->init_pidfd < 0)
                 return hutch_error_set(err, -errno, "pidfd_open: %m");
         conn[1] = safe_close(conn[1]);
+        safe_close(sb->conn);
         sb->conn = TAKE_FD(conn[0]);
+        initconn_events_free(sb); /* the old relay's, if any */
 
         r = initconn_hello(sb, timeout_ms, err);
         if (r < 0) {
@@ -400,6 +392,36 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostn
                                        *tail ? "; runsc: " : "", tail);
         }
         return 0;
+}
+
+int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostname, uint16_t egress_port,
+                 const char *image_dir, int timeout_ms, hutch_error *err) {
+        hutch_ctx *ctx = sb->ctx;
+        char init_path[PATH_MAX], scratch[PATH_MAX], p[PATH_MAX];
+        int r;
+
+        sb->egress_port = egress_port;
+        if ((r = guest_init_file(ctx, init_path, sizeof init_path, err)) < 0)
+                return r;
+        snprintf(p, sizeof p, "%s/bundle", sb->dir);
+        if (mkdir(p, 0700) < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", p);
+        snprintf(p, sizeof p, "%s/runsc", sb->dir);
+        if (mkdir(p, 0700) < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", p);
+        if ((r = write_spec(sb, tpl, hostname, init_path, egress_port, err)) < 0)
+                return r;
+        /* The relay's scratch space (whole files on their way out) on the
+         * data dir's disk, owned by the relay's uid. */
+        snprintf(p, sizeof p, "%s/gvisor", ctx->data_dir);
+        if ((r = mkdir_p(p, 0711)) < 0)
+                return hutch_error_set(err, r, "creating %s: %s", p, strerror(-r));
+        if ((r = gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch)) < 0)
+                return hutch_error_set(err, r, "data dir path too long");
+        (void) rm_rf_at(AT_FDCWD, scratch);
+        if (mkdir(scratch, 0700) < 0 || chown(scratch, sb->uid_base, sb->uid_base) < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", scratch);
+        return gvisor_launch(sb, image_dir, timeout_ms, err);
 }
 
 /* Kill what runs in the sandbox's cgroup except the relay, which reaps
@@ -460,5 +482,229 @@ int hutch_gvisor_probe(hutch_ctx *ctx, char *ret_info, size_t n, hutch_error *er
         v += strlen("runsc version ");
         size_t vl = strcspn(v, "\n");
         snprintf(ret_info, n, "%s %.*s, platform %s", runsc, (int) vl, v, ctx->gvisor_platform);
+        return 0;
+}
+
+/* ------------------------------------------------------- checkpoints */
+
+/* The stream hutch_sandbox_checkpoint writes and create's checkpoint_from
+ * reads (sealed at rest by the daemon):
+ *   "HUTCHGV1", u32 token length, the token (init's, which the restored
+ *   init still holds), u32 file count, then per file of runsc's image
+ *   directory: u16 name length, name, u64 size, the bytes. */
+#define CKPT_MAGIC "HUTCHGV1"
+#define CKPT_MAX_FILES 64
+
+static int runsc_wait(pid_t pid, int timeout_ms) {
+        int pfd = sys_pidfd_open(pid, 0);
+        if (pfd >= 0) {
+                struct pollfd p = { .fd = pfd, .events = POLLIN };
+                int k;
+                do
+                        k = poll(&p, 1, timeout_ms);
+                while (k < 0 && errno == EINTR);
+                close(pfd);
+                if (k == 0) {
+                        (void) kill(pid, SIGKILL);
+                        (void) waitpid(pid, NULL, 0);
+                        return -ETIMEDOUT;
+                }
+        }
+        int st = 0;
+        if (waitpid(pid, &st, 0) < 0)
+                return -errno;
+        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
+}
+
+static int relay_call(hutch_sandbox *sb, uint16_t type, hutch_error *err) {
+        (void) initconn_begin(sb, type);
+        return initconn_call(sb, NULL, 0, NULL, NULL, 30000, err);
+}
+
+static int put(int fd, const void *p, size_t n) {
+        return fd_write_all(fd, p, n);
+}
+
+int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        if (sb->backend != HUTCH_BACKEND_GVISOR)
+                return hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
+        hutch_ctx *ctx = sb->ctx;
+        char runsc[PATH_MAX], dir[PATH_MAX];
+        if (gvisor_runsc_path(ctx, runsc, sizeof runsc) < 0)
+                return hutch_error_set(err, -ENOPKG, "runsc not found");
+        snprintf(dir, sizeof dir, "%s/gvisor/.ckpt-%s-XXXXXX", ctx->data_dir, sb->id);
+        if (!mkdtemp(dir))
+                return hutch_error_set(err, -errno, "creating a checkpoint directory: %m");
+        /* the sentry saves itself: it must run; a paused sandbox is thawed
+         * for the checkpoint and frozen again */
+        bool frozen = sb->cg && cgroup_is_frozen(sb->cg) == 1;
+        int r = frozen ? cgroup_thaw(sb->cg, err) : 0;
+        bool synced = false;
+        if (r >= 0 && (r = relay_call(sb, INITPROTO_RELAY_SYNC, err)) >= 0)
+                synced = true;
+        if (r >= 0) {
+                char a_root[PATH_MAX + 8], a_plat[80], a_img[PATH_MAX + 16];
+                snprintf(a_root, sizeof a_root, "--root=%s/runsc", sb->dir);
+                snprintf(a_plat, sizeof a_plat, "--platform=%s", ctx->gvisor_platform);
+                snprintf(a_img, sizeof a_img, "--image-path=%s", dir);
+                /* not --leave-running: this runsc implements it as a kill and
+                 * an in-place restore, which cannot keep our stdio; the
+                 * sandbox is restored below, by a new relay */
+                char *argv[] = { runsc, a_root, (char *) "--network=none", a_plat, (char *) "--overlay2=root:memory",
+                                 (char *) "--ignore-cgroups", (char *) "checkpoint", a_img, sb->id, NULL };
+                /* runsc reaches the sentry through an abstract socket,
+                 * which lives in the relay's network namespace */
+                char nsp[64];
+                snprintf(nsp, sizeof nsp, "/proc/%d/ns/net", (int) sb->init_pid);
+                int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
+                pid_t pid = nsfd < 0 ? -1 : fork();
+                if (pid == 0) {
+                        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+                        if (setns(nsfd, CLONE_NEWNET) < 0 || devnull < 0 || dup2(devnull, 0) < 0 ||
+                            dup2(devnull, 1) < 0)
+                                _exit(127);
+                        execv(runsc, argv);
+                        _exit(127);
+                }
+                if (nsfd >= 0)
+                        close(nsfd);
+                if (pid < 0)
+                        r = hutch_error_set(err, -errno, "starting runsc checkpoint: %m");
+                else if ((r = runsc_wait(pid, 120000)) < 0)
+                        hutch_error_set(err, r, "runsc checkpoint %s", r == -ETIMEDOUT ? "timed out" : "failed");
+        }
+        bool stopped = false;
+        if (r >= 0) {
+                /* the sentry is gone; the relay reaps runsc and exits */
+                struct pollfd pf = { .fd = sb->init_pidfd, .events = POLLIN };
+                (void) poll(&pf, 1, 10000);
+                (void) waitpid(sb->init_pid, NULL, WNOHANG);
+                stopped = true;
+        } else if (synced) {
+                /* the checkpoint failed and the sandbox still runs: let it go on */
+                hutch_error e2 = { 0 };
+                (void) relay_call(sb, INITPROTO_RELAY_UNSYNC, &e2);
+        }
+        uint64_t total = 0;
+        _cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *d = r >= 0 && dfd >= 0 ? fdopendir(dup(dfd)) : NULL;
+        if (r >= 0 && !d)
+                r = hutch_error_set(err, -errno, "reading the checkpoint: %m");
+        if (r >= 0) {
+                /* header; the file count is patched in after the walk */
+                uint32_t tl = (uint32_t) strlen(sb->token), nf = 0;
+                r = put(out_fd, CKPT_MAGIC, 8) < 0 || put(out_fd, &tl, 4) < 0 || put(out_fd, sb->token, tl) < 0
+                            ? -EIO
+                            : 0;
+                off_t count_at = lseek(out_fd, 0, SEEK_CUR);
+                if (r >= 0 && (count_at < 0 || put(out_fd, &nf, 4) < 0))
+                        r = -EIO;
+                for (struct dirent *de; r >= 0 && (de = readdir(d));) {
+                        if (de->d_name[0] == '.')
+                                continue;
+                        int f = openat(dfd, de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                        struct stat st;
+                        if (f < 0 || fstat(f, &st) < 0 || !S_ISREG(st.st_mode) || nf >= CKPT_MAX_FILES) {
+                                if (f >= 0)
+                                        close(f);
+                                r = -EIO;
+                                break;
+                        }
+                        uint16_t nl = (uint16_t) strlen(de->d_name);
+                        uint64_t sz = (uint64_t) st.st_size;
+                        if (put(out_fd, &nl, 2) < 0 || put(out_fd, de->d_name, nl) < 0 || put(out_fd, &sz, 8) < 0)
+                                r = -EIO;
+                        static char buf[1 << 16];
+                        for (uint64_t left = sz; r >= 0 && left > 0;) {
+                                ssize_t k = read(f, buf, left < sizeof buf ? left : sizeof buf);
+                                if (k <= 0 || put(out_fd, buf, (size_t) k) < 0)
+                                        r = -EIO;
+                                else
+                                        left -= (uint64_t) k;
+                        }
+                        close(f);
+                        total += sz;
+                        nf++;
+                }
+                if (r >= 0 && pwrite(out_fd, &nf, 4, count_at) != 4)
+                        r = -EIO;
+                if (r < 0)
+                        hutch_error_set(err, r, "writing the checkpoint stream");
+        }
+        if (d)
+                closedir(d);
+        if (stopped) {
+                /* the sandbox goes on from its own checkpoint: same id,
+                 * token, cgroup and files; its connections and process
+                 * streams were the old relay's and have ended */
+                hutch_error e2 = { 0 };
+                int k = gvisor_launch(sb, dir, GVISOR_READY_TIMEOUT_MS, &e2);
+                if (k >= 0)
+                        k = gvisor_after_launch(sb, &e2);
+                if (k < 0 && r >= 0)
+                        r = hutch_error_set(err, k, "restoring the sandbox after its checkpoint: %s", e2.msg);
+                if (k >= 0 && frozen)
+                        (void) cgroup_freeze(sb->cg, &e2);
+        } else if (frozen) {
+                hutch_error e2 = { 0 };
+                (void) cgroup_freeze(sb->cg, &e2);
+        }
+        (void) rm_rf_at(AT_FDCWD, dir);
+        if (r < 0)
+                return r;
+        if (ret_bytes)
+                *ret_bytes = total;
+        return 0;
+}
+
+/* Unpack a checkpoint stream into dir (created here, root only), and the
+ * token its init holds into ret_token. */
+int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err) {
+        _cleanup_close_ int in = open(stream, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (in < 0)
+                return hutch_error_set(err, -errno, "opening the checkpoint: %m");
+        char magic[8];
+        uint32_t tl = 0, nf = 0;
+        if (fd_read_full(in, magic, 8) != 8 || memcmp(magic, CKPT_MAGIC, 8) != 0 || fd_read_full(in, &tl, 4) != 4 ||
+            tl != HUTCH_TOKEN_LEN || fd_read_full(in, ret_token, tl) != (ssize_t) tl)
+                return hutch_error_set(err, -EBADMSG, "not a gvisor checkpoint");
+        ret_token[tl] = 0;
+        for (size_t i = 0; i < tl; i++)
+                if (!((ret_token[i] >= '0' && ret_token[i] <= '9') || (ret_token[i] >= 'a' && ret_token[i] <= 'f')))
+                        return hutch_error_set(err, -EBADMSG, "not a gvisor checkpoint");
+        if (fd_read_full(in, &nf, 4) != 4 || nf == 0 || nf > CKPT_MAX_FILES)
+                return hutch_error_set(err, -EBADMSG, "a damaged gvisor checkpoint");
+        (void) rm_rf_at(AT_FDCWD, dir);
+        if (mkdir(dir, 0700) < 0)
+                return hutch_error_set(err, -errno, "creating %s: %m", dir);
+        _cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", dir);
+        static char buf[1 << 16];
+        for (uint32_t i = 0; i < nf; i++) {
+                uint16_t nl = 0;
+                uint64_t sz = 0;
+                char name[256];
+                if (fd_read_full(in, &nl, 2) != 2 || nl == 0 || nl > 255 || fd_read_full(in, name, nl) != nl ||
+                    fd_read_full(in, &sz, 8) != 8)
+                        return hutch_error_set(err, -EBADMSG, "a damaged gvisor checkpoint");
+                name[nl] = 0;
+                for (size_t k = 0; k < nl; k++)
+                        if (!((name[k] >= 'a' && name[k] <= 'z') || (name[k] >= 'A' && name[k] <= 'Z') ||
+                              (name[k] >= '0' && name[k] <= '9') || name[k] == '.' || name[k] == '_' || name[k] == '-') ||
+                            name[0] == '.')
+                                return hutch_error_set(err, -EBADMSG, "a gvisor checkpoint with a bad file name");
+                _cleanup_close_ int out = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+                if (out < 0)
+                        return hutch_error_set(err, -errno, "writing the checkpoint: %m");
+                for (uint64_t left = sz; left > 0;) {
+                        ssize_t k = read(in, buf, left < sizeof buf ? left : sizeof buf);
+                        if (k <= 0)
+                                return hutch_error_set(err, -EBADMSG, "a truncated gvisor checkpoint");
+                        if (fd_write_all(out, buf, (size_t) k) < 0)
+                                return hutch_error_set(err, -EIO, "writing the checkpoint: %m");
+                        left -= (uint64_t) k;
+                }
+        }
         return 0;
 }

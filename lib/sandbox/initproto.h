@@ -95,6 +95,12 @@ enum {
                                           the watch lives with the connection */
         INITPROTO_FS_WATCH_REMOVE = 50, /* T_WATCH_ID → OK */
 
+        /* the gvisor backend's relay answers these itself (hutch-init does
+         * not know them): bring the mux to a frame boundary both ways for a
+         * checkpoint, and let it go on (init/mux.h, MUX_SYNC) */
+        INITPROTO_RELAY_SYNC = 60,   /* → OK once the guest is quiet */
+        INITPROTO_RELAY_UNSYNC = 61, /* → OK */
+
         /* unsolicited events (id 0) */
         INITPROTO_EV_EXIT = 80,   /* T_PID, T_EXIT_CODE, T_SIGNAL, T_CORE */
         INITPROTO_EV_WATCH = 81,  /* T_WATCH_ID, T_PATH (full path), T_EVENT (INITPROTO_WEV_*);

@@ -68,6 +68,7 @@ struct hutch_sandbox {
         initproto_writer *tx;
         bool destroyed;
         int backend;       /* HUTCH_BACKEND_*; gvisor: init_pid is the relay's */
+        uint16_t egress_port; /* gvisor: where hutch-init listens for the proxy */
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
@@ -87,8 +88,11 @@ struct hutch_template;
 int gvisor_runsc_path(const hutch_ctx *ctx, char *buf, size_t n);
 int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t n);
 int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *hostname, uint16_t egress_port,
-                 int timeout_ms, hutch_error *err);
+                 const char *image_dir, int timeout_ms, hutch_error *err);
+int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err);
 int gvisor_kill_runtime(hutch_sandbox *sb);
+/* sandbox.c: after a (re)launch, the relay's start time and the state file */
+int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err);
 int sandbox_init_memfd(hutch_ctx *ctx, hutch_error *err);
 
 /* uidrange.c: one 65536-id host range per live sandbox, never host uid 0. */

@@ -276,12 +276,12 @@ static int state_write(hutch_sandbox *sb, hutch_error *err) {
                          "id=%s\ntemplate=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
                          "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
                          "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
-                         "cgroup_mount=%s\nbackend=%s\n",
+                         "cgroup_mount=%s\nbackend=%s\negress_port=%u\n",
                          sb->id, sb->template_name, sb->init_pid, sb->init_starttime, sb->uid_slot,
                          (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
                          sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
                          sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
-                         hutch_backend_name(sb->backend));
+                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port);
         int r = write_file_atomic(path, buf, (size_t) n, 0600);
         if (r < 0)
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
@@ -335,6 +335,8 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         sb->cg_version = streq(v, "v2") ? CGROUP_V2 : CGROUP_V1;
                 else if (streq(k, "cgroup_mount"))
                         snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", v);
+                else if (streq(k, "egress_port"))
+                        sb->egress_port = (uint16_t) strtoul(v, NULL, 10);
                 else if (streq(k, "backend"))
                         sb->backend = streq(v, "gvisor") ? HUTCH_BACKEND_GVISOR : HUTCH_BACKEND_NS;
         }
@@ -526,6 +528,10 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot start from a file snapshot");
                 goto fail;
         }
+        if (sb->backend != HUTCH_BACKEND_GVISOR && cfg->checkpoint_from) {
+                r = hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
+                goto fail;
+        }
 
         r = template_resolve(ctx->data_dir, cfg->template_name, &tpl, err);
         if (r < 0)
@@ -590,12 +596,24 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         }
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                r = gvisor_start(sb, tpl, hostname, cfg->egress_port ? cfg->egress_port : 3128, GVISOR_READY_TIMEOUT_MS,
-                                 err);
-                if (r >= 0 && (r = proc_starttime(sb->init_pid, &sb->init_starttime)) < 0)
-                        hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
+                char img[PATH_MAX] = "";
+                if (cfg->checkpoint_from) {
+                        /* the restored init holds the checkpointed one's token */
+                        char parent[PATH_MAX];
+                        snprintf(parent, sizeof parent, "%s/gvisor", ctx->data_dir);
+                        snprintf(img, sizeof img, "%s/.restore-%s", parent, sb->id);
+                        (void) mkdir_p(parent, 0711);
+                        if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, err)) < 0) {
+                                (void) rm_rf_at(AT_FDCWD, img);
+                                goto fail;
+                        }
+                }
+                r = gvisor_start(sb, tpl, hostname, cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
+                                 GVISOR_READY_TIMEOUT_MS, err);
+                if (img[0])
+                        (void) rm_rf_at(AT_FDCWD, img); /* runsc has read it, or failed */
                 if (r >= 0)
-                        r = state_write(sb, err);
+                        r = gvisor_after_launch(sb, err);
                 if (r < 0)
                         goto fail;
                 template_free(tpl);
@@ -784,6 +802,13 @@ fail:
                 munmap(stack, CHILD_STACK_SIZE); /* else the child may live on: leak it, never reuse it */
         hutch_sandbox_unref(sb);
         return r;
+}
+
+int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err) {
+        int r = proc_starttime(sb->init_pid, &sb->init_starttime);
+        if (r < 0)
+                return hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
+        return state_write(sb, err);
 }
 
 /* --------------------------------------------------------------- attach */

@@ -96,10 +96,58 @@ test('kill leaves no runsc process, relay or state behind', opt, async (t) => {
   assert.equal(existsSync(`${env.dataDir}/gvisor/${id}`), false)
 })
 
-test('snapshot and fork of a gvisor sandbox are refused with a clear 409; a bad backend is a 400', opt, async (t) => {
+const COUNTER = `bash -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/c; sleep 0.2; done'`
+const counter = async (sbx) => Number((await sbx.files.read('/tmp/c')).trim())
+
+test('snapshot keeps running processes and memory: a sandbox created from it goes on counting', opt, async (t) => {
   const sbx = await createSandbox(t, GV)
-  await assert.rejects(sbx.createSnapshot(), (e) => /409|gvisor/i.test(String(e.message)))
-  await assert.rejects(Sandbox.fork(sbx.sandboxId, { count: 2 }), (e) => /409|gvisor/i.test(String(e.message)))
+  await sbx.commands.run(COUNTER, { background: true })
+  await sbx.commands.run('echo parent > /home/user/who')
+  await waitFor(async () => (await counter(sbx)) >= 3, { what: 'the counter to start' })
+  const snap = await sbx.createSnapshot()
+  t.after(() => Sandbox.deleteSnapshot(snap.snapshotId).catch(() => {}))
+  // the parent goes on after its checkpoint
+  const p0 = await counter(sbx)
+  await sleep(800)
+  assert.ok((await counter(sbx)) > p0, 'the parent counts on after its snapshot')
+  const copy = await Sandbox.create(snap.snapshotId)
+  t.after(() => copy.kill().catch(() => {}))
+  assert.notEqual(copy.sandboxId, sbx.sandboxId)
+  const c0 = await counter(copy)
+  assert.ok(c0 >= 3, `the copy starts from the parent's count (${c0})`)
+  await sleep(800)
+  assert.ok((await counter(copy)) > c0, 'the copy runs the counting process it was given')
+  assert.equal(await copy.files.read('/home/user/who'), 'parent\n')
+  assert.match((await copy.commands.run('dmesg | head -1')).stdout, /gVisor/)
+  // a gvisor snapshot cannot start a namespace sandbox
+  const res = await fetch(`${env.apiUrl}/sandboxes`, {
+    method: 'POST',
+    headers: { 'X-API-KEY': env.apiKey, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ templateID: snap.snapshotId, backend: 'ns' }),
+  })
+  assert.equal(res.status, 409)
+})
+
+test('fork ×3: running processes come along, writes diverge', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  await sbx.commands.run(COUNTER, { background: true })
+  await waitFor(async () => (await counter(sbx)) >= 2, { what: 'the counter to start' })
+  const forks = await Sandbox.fork(sbx.sandboxId, { count: 3 })
+  t.after(() => Promise.all(forks.map((f) => f.kill().catch(() => {}))))
+  assert.equal(forks.length, 3)
+  const ids = new Set([sbx.sandboxId, ...forks.map((f) => f.sandboxId)])
+  assert.equal(ids.size, 4)
+  for (const f of forks) await f.files.write('/home/user/me', f.sandboxId)
+  for (const f of forks) {
+    assert.equal(await f.files.read('/home/user/me'), f.sandboxId)
+    const a = await counter(f)
+    await sleep(600)
+    assert.ok((await counter(f)) > a, `fork ${f.sandboxId} counts`)
+  }
+  assert.equal(await sbx.files.exists('/home/user/me'), false)
+})
+
+test('a bad backend is a 400', opt, async (t) => {
   const res = await fetch(`${env.apiUrl}/sandboxes`, {
     method: 'POST',
     headers: { 'X-API-KEY': env.apiKey, 'Content-Type': 'application/json' },
