@@ -51,6 +51,12 @@ for (const b of backends) {
     add('pause (freeze, memory kept)', b, tp)
     const [tu] = await time(async () => { await parent.connect(); await parent.commands.run('true') })
     add('resume (connect) → first output', b, tu)
+    const [ts, snap] = await time(() => parent.createSnapshot())
+    add('snapshot (ns: the layer; gvisor: memory checkpoint)', b, ts)
+    const [tr, copy] = await time(async () => { const c = await Sandbox.create(snap.snapshotId); await c.commands.run('true'); return c })
+    add('create from snapshot → first output', b, tr)
+    await copy.kill()
+    await Sandbox.deleteSnapshot(snap.snapshotId)
     try {
       const [tf, forks] = await time(() => Sandbox.fork(parent.sandboxId, { count: 3 }))
       add('fork ×3', b, tf)

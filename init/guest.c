@@ -128,7 +128,7 @@ static bool stream_writes(const gstream *s) {
         return s->kind == MUX_K_IN || s->kind == MUX_K_PTY || s->kind == 0;
 }
 
-static void stream_read(gstream *s);
+static int stream_read(gstream *s);
 
 /* A regular file cannot be polled: read it while the window and the link
  * allow; the relay's WINDOW (or the link draining) brings us back. */
@@ -162,12 +162,13 @@ static void stream_maybe_done(gstream *s) {
                 stream_drop(s);
 }
 
-static void stream_read(gstream *s) {
+/* 1 when data went out, 0 otherwise (nothing there, EOF, dropped). */
+static int stream_read(gstream *s) {
         static uint8_t buf[MUX_MAX_DATA];
         size_t want = s->credit < sizeof buf ? s->credit : sizeof buf;
         ssize_t n = read(s->src.fd, buf, want);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
-                return;
+                return 0;
         if (n <= 0) {
                 /* EOF, or EIO from a pty master whose processes are gone */
                 s->out_eof = true;
@@ -175,10 +176,24 @@ static void stream_read(gstream *s) {
                 if (s->kind == 0)
                         (void) shutdown(s->src.fd, SHUT_RD);
                 stream_maybe_done(s);
-                return;
+                return 0;
         }
         s->credit -= (uint32_t) n;
         link_send(mux_link_send(&mlink, MUX_DATA, s->id, buf, (size_t) n));
+        return 1;
+}
+
+/* What processes wrote before init reports their exit goes out first: a
+ * reader that sees the exit then finds the output already on its way, as
+ * with the namespace backend's pipes. Bounded by the windows. */
+static void drain_out_streams(void) {
+        for (gstream *s = streams; s;) {
+                gstream *n = s->next;
+                if ((s->kind == MUX_K_OUT || s->kind == MUX_K_PTY) && !s->src.dead)
+                        while (!s->src.dead && !s->out_eof && s->credit > 0 && stream_read(s) > 0)
+                                ;
+                s = n;
+        }
 }
 
 static void stream_write(gstream *s) {
@@ -360,6 +375,9 @@ static int chan_read_one(gchan *c) {
                 return -ECONNRESET;
         }
 
+        /* an exit event: the output before it first */
+        if (n >= 6 && (buf[4] | buf[5] << 8) == INITPROTO_EV_EXIT && !sync_asked)
+                drain_out_streams();
         uint8_t head[1 + MUX_MAX_STREAMS_PER_MSG * 5];
         gstream *made[INITPROTO_MAX_FDS];
         head[0] = 0;
