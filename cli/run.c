@@ -350,6 +350,11 @@ static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
                 egress_proxy_free(px);
                 return log_error_errno(r, "egress proxy in the sandbox: %m");
         }
+        hutch_error err = { 0 };
+        if ((r = hutch_sandbox_set_network(sb, true, &err)) < 0) {
+                egress_proxy_free(px);
+                return log_error_errno(r, "egress proxy in the sandbox: %s", err.msg);
+        }
         *ret_proxy = px;
         return 0;
 }

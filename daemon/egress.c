@@ -301,13 +301,21 @@ int egress_sbx_start(server *srv, sbx *sb) {
                 log_error("sandbox %s: network spec: %s", sb->id, why);
                 return r;
         }
-        if (!p)
+        hutch_error e = { 0 };
+        if (!p) {
+                /* network off: a gvisor sandbox restored from one with it on
+                 * must not keep listening */
+                (void) hutch_sandbox_set_network(sb->h, false, &e);
                 return 0;
+        }
         r = site_open(srv, sb, p);
         if (r < 0)
                 log_error("sandbox %s: egress proxy: %s", sb->id, strerror(-r));
-        else
+        else {
                 egress_sbx_refresh_inject(srv, sb);
+                if (hutch_sandbox_set_network(sb->h, true, &e) < 0)
+                        log_error("sandbox %s: opening its way to the egress proxy: %s", sb->id, e.msg);
+        }
         return r;
 }
 
@@ -426,10 +434,15 @@ int egress_sbx_update(server *srv, sbx *sb, json_t *body, unsigned *ret_closed, 
                 return r;
         }
         *ret_closed = 0;
+        hutch_error e = { 0 };
         if (!p) {
                 if (sb->egress)
                         *ret_closed = egress_site_connections(sb->egress);
                 egress_sbx_stop(srv, sb);
+                /* gvisor: the sandbox's listener goes too (not while paused:
+                 * a frozen init cannot answer) */
+                if (!sb->paused)
+                        (void) hutch_sandbox_set_network(sb->h, false, &e);
         } else if (sb->egress) {
                 int k = egress_site_set_policy(sb->egress, p);
                 *ret_closed = k > 0 ? (unsigned) k : 0;
@@ -437,7 +450,8 @@ int egress_sbx_update(server *srv, sbx *sb, json_t *body, unsigned *ret_closed, 
                 json_decref(spec);
                 snprintf(why, wl, "cannot open the sandbox's egress proxy: %s", strerror(-r));
                 return r;
-        }
+        } else if (!sb->paused && hutch_sandbox_set_network(sb->h, true, &e) < 0)
+                log_error("sandbox %s: opening its way to the egress proxy: %s", sb->id, e.msg);
         json_object_set_new(sb->extra, "egress", spec);
         egress_sbx_refresh_inject(srv, sb);
         return 0;

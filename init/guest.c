@@ -66,6 +66,7 @@ static gstream *streams;
 static unsigned n_streams, n_net;
 static uint32_t next_stream_id = 1;
 static source net_listener = { .fd = -1 };
+static uint16_t net_port;
 /* SYNC asked: produce nothing more; SYNCED goes out once the queue is empty */
 static bool sync_asked, synced_sent;
 
@@ -659,6 +660,33 @@ static void link_dispatch(source *src, uint32_t events) {
         link_update();
 }
 
+int guest_net_listen(bool on) {
+        if (!on) {
+                /* connections already made stay: the proxy decides about those */
+                source_remove(&net_listener);
+                return 0;
+        }
+        if (net_listener.fd >= 0 || !net_port)
+                return 0;
+        int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(net_port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        int one = 1;
+        if (l < 0)
+                return negative_errno();
+        (void) setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(l, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(l, 128) < 0) {
+                int r = negative_errno();
+                close(l);
+                return r;
+        }
+        net_listener = (source) { .fd = l, .dispatch = net_dispatch, .release = noop_release };
+        int r = source_add(&net_listener, sync_asked ? 0 : EPOLLIN);
+        if (r < 0)
+                net_listener.fd = safe_close(l);
+        return r;
+}
+
 int guest_setup(int stream_fd, uint16_t egress_port) {
         /* runsc imports the container's stdin read-only: read the mux from
          * there, write it to stdout (the same host socket) */
@@ -678,23 +706,7 @@ int guest_setup(int stream_fd, uint16_t egress_port) {
         if ((r = source_add(&wlink_src, 0)) < 0)
                 return r;
 
-        if (egress_port) {
-                int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-                struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(egress_port),
-                                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-                int one = 1;
-                if (l >= 0)
-                        (void) setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-                if (l < 0 || bind(l, (struct sockaddr *) &sa, sizeof sa) < 0 || listen(l, 128) < 0) {
-                        log_debug("egress listener on port %u: %s", egress_port, strerror(errno));
-                        if (l >= 0)
-                                close(l);
-                } else {
-                        net_listener = (source) { .fd = l, .dispatch = net_dispatch, .release = noop_release };
-                        if (source_add(&net_listener, EPOLLIN) < 0)
-                                net_listener.fd = safe_close(l);
-                }
-        }
+        net_port = egress_port;
         link_send(mux_link_send_u32(&mlink, MUX_HELLO, 0, MUX_VERSION));
         return 0;
 }

@@ -102,6 +102,9 @@ _noreturn_ void loop_run(void);
  * egress listener over the mux on fd GUEST_STREAM_FD. */
 #define GUEST_STREAM_FD 3
 int guest_setup(int stream_fd, uint16_t egress_port);
+/* Open (on) or close the 127.0.0.1:egress_port listener; closed at start,
+ * so that with the network off a connection is refused, as on ns. */
+int guest_net_listen(bool on);
 
 /* The host relay of a gVisor sandbox (relay.c); argv[0] is "--gvisor-relay". */
 int relay_main(int argc, char **argv);

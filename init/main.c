@@ -41,6 +41,9 @@ static source *graveyard;
 static bool debug;
 
 conn *all_conns;
+/* PID 1 under gVisor (--gvisor-guest): the mux, and the proxy's port */
+static bool gvisor;
+static uint16_t gvisor_egress_port;
 static unsigned n_clients; /* accepted ones; the creator is not counted */
 
 static char token[INITPROTO_MAX_STRING + 1];
@@ -531,6 +534,17 @@ static void handle_message(conn *c, const initproto_msg *m) {
         case INITPROTO_FS_WATCH_REMOVE:
                 watch_handle(c, &r);
                 break;
+        case INITPROTO_NET_LISTEN:
+                if (!gvisor) {
+                        reply_error(c, m->id, EOPNOTSUPP, "net-listen is the gvisor backend's");
+                        break;
+                }
+                k = guest_net_listen(req_u64(&r, T_FLAGS, 0) == 1);
+                if (k < 0)
+                        reply_error(c, m->id, k, "listening on 127.0.0.1:%u", (unsigned) gvisor_egress_port);
+                else
+                        reply_ok(c, r.id);
+                break;
         default:
                 reply_error(c, m->id, EOPNOTSUPP, "message type %u", m->type);
                 break;
@@ -709,9 +723,6 @@ static int set_cloexec_nonblock(int fd) {
                 return negative_errno();
         return 0;
 }
-
-static bool gvisor;
-static uint16_t gvisor_egress_port;
 
 int loop_init(void) {
         epoll_fd = epoll_create1(EPOLL_CLOEXEC);

@@ -178,6 +178,13 @@ int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_byte
  * bytes in *ret_bytes. -EOPNOTSUPP on the ns backend. */
 int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
 
+/* The sandbox's way to the egress proxy at 127.0.0.1:<egress port>. ns:
+ * nothing to do (the proxy listens inside the sandbox's netns itself, or
+ * nothing does). gvisor: hutch-init's listener inside the sentry, which
+ * relays to the proxy; closed until this opens it, so that with the network
+ * off a connection is refused as on ns. */
+int hutch_sandbox_set_network(hutch_sandbox *sb, bool on, hutch_error *err);
+
 /* List live sandboxes (ids) found in run_dir. *ret_ids is a NULL-terminated
  * array; free with hutch_strv_free(). */
 int hutch_sandbox_list(hutch_ctx *ctx, char ***ret_ids, hutch_error *err);

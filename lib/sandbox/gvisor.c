@@ -708,3 +708,11 @@ int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKE
         }
         return 0;
 }
+
+int hutch_sandbox_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
+        if (sb->backend != HUTCH_BACKEND_GVISOR)
+                return 0;
+        initproto_writer *w = initconn_begin(sb, INITPROTO_NET_LISTEN);
+        initproto_put_u64(w, T_FLAGS, on ? 1 : 0);
+        return initconn_call(sb, NULL, 0, NULL, NULL, 10000, err);
+}

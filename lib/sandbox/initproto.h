@@ -100,6 +100,9 @@ enum {
          * checkpoint, and let it go on (init/mux.h, MUX_SYNC) */
         INITPROTO_RELAY_SYNC = 60,   /* → OK once the guest is quiet */
         INITPROTO_RELAY_UNSYNC = 61, /* → OK */
+        /* under gVisor only: T_FLAGS 1 opens hutch-init's 127.0.0.1 listener
+         * (the sandbox's way to the egress proxy), 0 closes it → OK */
+        INITPROTO_NET_LISTEN = 62,
 
         /* unsolicited events (id 0) */
         INITPROTO_EV_EXIT = 80,   /* T_PID, T_EXIT_CODE, T_SIGNAL, T_CORE */
