@@ -76,12 +76,18 @@ build: deps
 	$(call configure,build,--buildtype=debugoptimized)
 	$(call compile,build)
 
+GVISOR_E2B_FILES ?= commands.test.mjs files.test.mjs pty.test.mjs watch.test.mjs egress.test.mjs \
+	upstream-commands.test.mjs upstream-files.test.mjs
+
 test: deps-test
 	$(call configure,build-test,--buildtype=debugoptimized $(TEST_OPTS))
 	$(call compile,build-test)
 	$(MESON) test -C build-test --print-errorlogs
 	$(call pytest,build-test)
 	HUTCH_BIN=build-test/hutch tests/e2b/run.sh
+	@# the backend matrix: the core SDK files again with gvisor as the daemon's
+	@# default (the whole suite: HUTCH_E2B_BACKEND=gvisor tests/e2b/run.sh)
+	HUTCH_E2B_BACKEND=gvisor HUTCH_BIN=build-test/hutch tests/e2b/run.sh $(GVISOR_E2B_FILES)
 
 asan: deps-test
 	$(call configure,build-asan,--buildtype=debugoptimized $(ASAN_OPTS))

@@ -526,6 +526,9 @@ ready:
                 sbx_kill(srv, sb, "create failed");
                 return r;
         }
+        /* restored from a memory checkpoint: its processes run; find them */
+        if (checkpoint)
+                proc_readopt(srv, sb);
         if (srv->pool_dirty) {
                 srv->pool_dirty = false;
                 pool_save(srv);
@@ -601,6 +604,16 @@ static void on_init_gone(server *srv, watcher *w, uint32_t revents) {
         sbx *sb = w->data;
         if (sb->dying)
                 sbx_finish_destroy(srv, sb);
+}
+
+void sbx_procs_reattach(server *srv, sbx *sb) {
+        sbx_detach_all(srv, sb);
+        while (sb->procs) {
+                proc *p = sb->procs;
+                sb->procs = p->next;
+                proc_free(p);
+        }
+        proc_readopt(srv, sb);
 }
 
 int sbx_kill(server *srv, sbx *sb, const char *reason) {

@@ -298,6 +298,9 @@ void sbx_free_all(server *srv);
 /* After the engine replaced a sandbox's control connection (a gvisor
  * sandbox restored after its own checkpoint): watch the new one. */
 int sbx_reregister_init(server *srv, sbx *sb);
+/* The same, for its processes: drop the daemon's handles on them (their
+ * streams end) and attach to what init runs now. */
+void sbx_procs_reattach(server *srv, sbx *sb);
 void sbx_pool_fill(server *srv);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);

@@ -26,6 +26,16 @@ export const env = {
   get pidFile() { return required('HUTCH_SERVE_PIDFILE') },
 }
 
+/** The backend the daemon under test gives sandboxes (run.sh's HUTCH_E2B_BACKEND). */
+export const backend = process.env.HUTCH_E2B_BACKEND || 'ns'
+
+/**
+ * node:test options for a test that cannot pass on the gvisor backend for a
+ * documented reason (docs/gvisor.md, "Differences"): skipped there, and
+ * reported as skipped with the reason; run everywhere else.
+ */
+export const notOnGvisor = (why) => (backend === 'gvisor' ? { skip: `gvisor: ${why}` } : {})
+
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 /** A tag unique to this run, for metadata filters. */

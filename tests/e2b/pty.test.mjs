@@ -2,11 +2,11 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { CommandExitError } from 'e2b'
-import { createSandbox, errName, textCollector, waitFor } from './helpers.mjs'
+import { createSandbox, errName, textCollector, waitFor, notOnGvisor } from './helpers.mjs'
 
 const enc = (s) => new TextEncoder().encode(s)
 
-test('pty: size 80x24, resize to 100x30, a real tty, exit ends the session', async (t) => {
+test('pty: size 80x24, resize to 100x30, a real tty, exit ends the session', notOnGvisor('the pty of this runsc does not raise SIGINT for Ctrl-C'), async (t) => {
   const sbx = await createSandbox(t)
   const out = textCollector()
   const h = await sbx.pty.create({ cols: 80, rows: 24, onData: out.onData, timeoutMs: 60_000 })

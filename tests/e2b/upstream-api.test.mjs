@@ -10,7 +10,7 @@ import {
   SandboxNotFoundError,
   InvalidArgumentError,
 } from 'e2b'
-import { createSandbox, errName, sleep, uniqueTag } from './helpers.mjs'
+import { createSandbox, errName, sleep, uniqueTag, notOnGvisor } from './helpers.mjs'
 
 const firstPage = (query, extra = {}) => Sandbox.list({ query, ...extra }).nextItems()
 // id@startedAt of each listed/created sandbox, for assertion messages
@@ -306,7 +306,7 @@ test('lifecycle onTimeout pause + autoResume:false: paused at timeout, connect w
   assert.equal(await sbx.isRunning(), true)
 })
 
-test('lifecycle pause keepMemory:false: files survive, connect cold-boots (boot_id changes)', async (t) => {
+test('lifecycle pause keepMemory:false: files survive, connect cold-boots (boot_id changes)', notOnGvisor('the sentry has no /proc/sys/kernel/random/boot_id'), async (t) => {
   const sbx = await createSandbox(t, { timeoutMs: 3_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
   await sbx.files.write('/home/user/auto-pause-marker.txt', 'marker-fs-only')
   const bootBefore = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
