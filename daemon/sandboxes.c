@@ -111,11 +111,6 @@ static int register_init(server *srv, sbx *sb) {
         return loop_add(srv, &sb->w, hutch_sandbox_fd(sb->h), EPOLLIN);
 }
 
-int sbx_reregister_init(server *srv, sbx *sb) {
-        loop_del(srv, &sb->w);
-        return register_init(srv, sb);
-}
-
 static sbx *sbx_alloc(server *srv) {
         sbx *sb = calloc(1, sizeof *sb);
         if (!sb)
@@ -606,14 +601,17 @@ static void on_init_gone(server *srv, watcher *w, uint32_t revents) {
                 sbx_finish_destroy(srv, sb);
 }
 
-void sbx_procs_reattach(server *srv, sbx *sb) {
-        sbx_detach_all(srv, sb);
+int sbx_reattach(server *srv, sbx *sb) {
+        sbx_detach_all(srv, sb); /* streams cut, process and init watchers gone */
         while (sb->procs) {
                 proc *p = sb->procs;
                 sb->procs = p->next;
                 proc_free(p);
         }
-        proc_readopt(srv, sb);
+        int r = register_init(srv, sb);
+        if (r >= 0)
+                proc_readopt(srv, sb);
+        return r;
 }
 
 int sbx_kill(server *srv, sbx *sb, const char *reason) {

@@ -296,11 +296,10 @@ void sbx_free_all(server *srv);
 /* Warm pool: top it up by at most one sandbox (called once per loop turn);
  * clean what a previous run left in it; destroy it at shutdown. */
 /* After the engine replaced a sandbox's control connection (a gvisor
- * sandbox restored after its own checkpoint): watch the new one. */
-int sbx_reregister_init(server *srv, sbx *sb);
-/* The same, for its processes: drop the daemon's handles on them (their
- * streams end) and attach to what init runs now. */
-void sbx_procs_reattach(server *srv, sbx *sb);
+ * sandbox restored after its own checkpoint): drop the daemon's handles on
+ * the old one and its processes (their streams end), watch the new one and
+ * attach to the processes init runs now. */
+int sbx_reattach(server *srv, sbx *sb);
 void sbx_pool_fill(server *srv);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);

@@ -153,10 +153,8 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                 r = hutch_sandbox_checkpoint(sb->h, lfd, &bytes, err);
                 /* the sandbox goes on through a new relay: a new control
                  * connection, and the old one's streams have ended */
-                if (hutch_sandbox_fd(sb->h) >= 0 && sbx_reregister_init(srv, sb) < 0)
+                if (hutch_sandbox_fd(sb->h) >= 0 && sbx_reattach(srv, sb) < 0)
                         log_error("sandbox %s: watching its control connection again failed", sb->id);
-                else if (hutch_sandbox_fd(sb->h) >= 0)
-                        sbx_procs_reattach(srv, sb);
         }
         else if (r >= 0) {
                 r = hutch_sandbox_layer_export(sb->h, lfd, &bytes, err);

@@ -106,10 +106,13 @@ test('snapshot keeps running processes and memory: a sandbox created from it goe
   await waitFor(async () => (await counter(sbx)) >= 3, { what: 'the counter to start' })
   const snap = await sbx.createSnapshot()
   t.after(() => Sandbox.deleteSnapshot(snap.snapshotId).catch(() => {}))
-  // the parent goes on after its checkpoint
+  // the parent goes on after its checkpoint: its processes, and new commands
   const p0 = await counter(sbx)
   await sleep(800)
   assert.ok((await counter(sbx)) > p0, 'the parent counts on after its snapshot')
+  assert.equal((await sbx.commands.run('echo after')).stdout, 'after\n')
+  assert.ok((await sbx.commands.list()).some((p) => p.args.join(' ').includes('while true')),
+    'the counting process is listed again')
   const copy = await Sandbox.create(snap.snapshotId)
   t.after(() => copy.kill().catch(() => {}))
   assert.notEqual(copy.sandboxId, sbx.sandboxId)
