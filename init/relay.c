@@ -47,6 +47,10 @@
 #define RELAY_MAX_STREAMS 4096
 #define RELAY_TX_HIGH (1024 * 1024)
 #define RELAY_CHAN_QUEUE_MAX (4 * 1024 * 1024)
+/* Host ptys are a host-wide budget (kernel.pty.max) and whole files take
+ * host disk: a sandbox gets this many at a time. */
+#define RELAY_MAX_PTYS 64
+#define RELAY_MAX_FILES 16
 
 typedef struct rbuf {
         struct rbuf *next;
@@ -91,7 +95,7 @@ static mux_link mlink;
 static source mlink_src, listener, sigchld;
 static rchan *chans;
 static rstream *streams;
-static unsigned n_clients, n_streams;
+static unsigned n_clients, n_streams, n_ptys, n_files;
 static uint32_t next_chan_id = 1;
 static pid_t runsc_pid;
 static uint64_t max_file;
@@ -411,6 +415,10 @@ static void stream_drop(rstream *s) {
                         break;
                 }
         n_streams--;
+        if (s->kind == MUX_K_PTY)
+                n_ptys--;
+        if (s->kind == MUX_K_FILE)
+                n_files--;
         if (s->kind == MUX_K_FILE) {
                 /* the descriptor belongs to the held reply */
                 s->src.fd = -1;
@@ -550,6 +558,8 @@ static void stream_dispatch(source *src, uint32_t events) {
 static rstream *stream_new(uint32_t id, uint8_t kind, int fd) {
         if (n_streams >= RELAY_MAX_STREAMS || stream_find(id))
                 return NULL;
+        if ((kind == MUX_K_PTY && n_ptys >= RELAY_MAX_PTYS) || (kind == MUX_K_FILE && n_files >= RELAY_MAX_FILES))
+                return NULL;
         rstream *s = calloc(1, sizeof *s);
         if (!s)
                 return NULL;
@@ -565,6 +575,8 @@ static rstream *stream_new(uint32_t id, uint8_t kind, int fd) {
         s->next = streams;
         streams = s;
         n_streams++;
+        n_ptys += kind == MUX_K_PTY;
+        n_files += kind == MUX_K_FILE;
         return s;
 }
 
@@ -645,7 +657,10 @@ static void on_msg(rchan *c, const mux_frame *f) {
         for (int i = 0; i < n; i++) {
                 int ours = -1, theirs = -1;
                 rstream *s = NULL;
-                if (host_ends(decl[i].kind, &ours, &theirs) < 0 || !(s = stream_new(decl[i].id, decl[i].kind, ours))) {
+                bool capped = (decl[i].kind == MUX_K_PTY && n_ptys >= RELAY_MAX_PTYS) ||
+                              (decl[i].kind == MUX_K_FILE && n_files >= RELAY_MAX_FILES);
+                if (capped || host_ends(decl[i].kind, &ours, &theirs) < 0 ||
+                    !(s = stream_new(decl[i].id, decl[i].kind, ours))) {
                         if (ours >= 0)
                                 close(ours);
                         if (theirs >= 0 && theirs != ours)
