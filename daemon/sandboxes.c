@@ -773,6 +773,11 @@ int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         sb->n_pending_aborts = 0;
         for (proc *p = sb->procs; p; p = p->next)
                 proc_maybe_unthrottle(srv, p);
+        /* a network change while paused reaches a gvisor sandbox's listener
+         * now (its frozen init could not answer then; ns: nothing to do) */
+        hutch_error e3 = { 0 };
+        if (hutch_sandbox_set_network(sb->h, sb->egress != NULL, &e3) < 0)
+                log_warning("sandbox %s: its way to the egress proxy: %s", sb->id, e3.msg);
         if (sb->procs_pending) {
                 sb->procs_pending = false;
                 proc_readopt(srv, sb);
