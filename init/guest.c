@@ -51,8 +51,7 @@ typedef struct gstream {
         uint32_t id;
         uint8_t kind;      /* MUX_K_*, or 0 for an egress connection */
         uint32_t credit;   /* bytes we may still send */
-        gbuf *q, **q_tail; /* relay → fd */
-        size_t q_bytes;
+        mux_bufq q;        /* relay → fd */
         uint32_t unacked;  /* delivered, not yet credited back */
         bool in_eof;       /* the relay's side ended: close after the queue */
         bool out_eof;      /* our reading side ended */
@@ -105,7 +104,7 @@ static void gbufs_free(gbuf *b) {
 
 static void stream_release(source *src) {
         gstream *s = (gstream *) src;
-        gbufs_free(s->q);
+        mux_bufq_clear(&s->q);
         free(s);
 }
 
@@ -149,7 +148,7 @@ static void stream_update(gstream *s) {
         if (stream_reads(s) && !s->out_eof && s->credit > 0 && mlink.tx_bytes < GUEST_TX_HIGH && !sync_asked)
                 ev |= EPOLLIN;
         /* writing a stream sends WINDOW credits: not while synced */
-        if (s->q && !sync_asked)
+        if (s->q.head && !sync_asked)
                 ev |= EPOLLOUT;
         if (source_set_events(&s->src, ev) < 0)
                 stream_drop(s);
@@ -157,7 +156,7 @@ static void stream_update(gstream *s) {
 
 /* Both directions done: forget it. */
 static void stream_maybe_done(gstream *s) {
-        bool in_done = !stream_writes(s) || (s->in_eof && !s->q);
+        bool in_done = !stream_writes(s) || (s->in_eof && !s->q.head);
         bool out_done = !stream_reads(s) || s->out_eof;
         if (in_done && out_done)
                 stream_drop(s);
@@ -199,35 +198,18 @@ static void drain_out_streams(void) {
 
 static void stream_write(gstream *s) {
         uint32_t wrote = 0;
-        while (s->q) {
-                gbuf *b = s->q;
-                ssize_t n = write(s->src.fd, b->data + b->off, b->len - b->off);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        if (errno == EAGAIN)
-                                break;
-                        /* the reader is gone: tell the relay to stop */
-                        link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
-                        stream_drop(s);
-                        return;
-                }
-                b->off += (size_t) n;
-                s->q_bytes -= (size_t) n;
-                wrote += (uint32_t) n;
-                if (b->off == b->len) {
-                        s->q = b->next;
-                        if (!s->q)
-                                s->q_tail = &s->q;
-                        free(b);
-                }
+        if (mux_bufq_write(&s->q, s->src.fd, &wrote) < 0) {
+                /* the reader is gone: tell the relay to stop */
+                link_send(mux_link_send(&mlink, MUX_RESET, s->id, NULL, 0));
+                stream_drop(s);
+                return;
         }
         s->unacked += wrote;
-        if (s->unacked >= MUX_WINDOW_BYTES / 4 || (!s->q && s->unacked)) {
+        if (s->unacked >= MUX_WINDOW_BYTES / 4 || (!s->q.head && s->unacked)) {
                 link_send(mux_link_send_u32(&mlink, MUX_WINDOW, s->id, s->unacked));
                 s->unacked = 0;
         }
-        if (!s->q && s->in_eof) {
+        if (!s->q.head && s->in_eof) {
                 if (s->kind == MUX_K_IN) {
                         stream_drop(s); /* closing our write end is the EOF */
                         return;
@@ -270,7 +252,7 @@ static gstream *stream_new(int fd, uint8_t kind) {
         s->src = (source) { .fd = fd, .dispatch = stream_dispatch, .release = stream_release };
         s->kind = kind;
         s->credit = MUX_WINDOW_BYTES;
-        s->q_tail = &s->q;
+        mux_bufq_init(&s->q);
         do
                 s->id = next_stream_id++;
         while (s->id == 0 || stream_find(s->id));
@@ -342,34 +324,14 @@ static void chan_update(gchan *c) {
 /* One frame (and its descriptors) from init: out as a MSG. */
 static int chan_read_one(gchan *c) {
         static uint8_t buf[INITPROTO_MAX_FRAME];
-        union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(int) * INITPROTO_MAX_FDS)];
-        } control;
-        struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                             .msg_controllen = sizeof control.buf };
         int fds[INITPROTO_MAX_FDS];
         size_t n_fds = 0;
 
-        ssize_t n;
-        do
-                n = recvmsg(c->src.fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        while (n < 0 && errno == EINTR);
+        ssize_t n = mux_recv_msg(c->src.fd, buf, sizeof buf, fds, INITPROTO_MAX_FDS, &n_fds);
+        if (n == -EAGAIN)
+                return 0;
         if (n < 0)
-                return errno == EAGAIN ? 0 : -errno;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-                        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                        for (size_t i = 0; i < k; i++) {
-                                int fd;
-                                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-                                if (n_fds < INITPROTO_MAX_FDS)
-                                        fds[n_fds++] = fd;
-                                else
-                                        close(fd);
-                        }
-                }
+                return (int) n;
         if (n == 0) {
                 for (size_t i = 0; i < n_fds; i++)
                         close(fds[i]);
@@ -557,7 +519,8 @@ static int on_frame(const mux_frame *f, void *userdata) {
         case MUX_DATA:
                 if (!(s = stream_find(f->id)) || !stream_writes(s) || s->in_eof)
                         return 0;
-                gbuf_push(&s->q, &s->q_tail, &s->q_bytes, f->payload, f->payload_len);
+                if (mux_bufq_push(&s->q, f->payload, f->payload_len) < 0)
+                        fatal_link(-ENOMEM);
                 stream_write(s);
                 if (!s->src.dead)
                         stream_update(s);

@@ -33,6 +33,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define MUX_HEADER_SIZE 12
 #define MUX_MAX_DATA (32 * 1024)
@@ -152,3 +153,24 @@ int mux_link_init(mux_link *l, int fd, int wfd);
 /* Move every frame queued on from (never written: its head is whole) to
  * the end of to's queue. */
 void mux_link_append(mux_link *to, mux_link *from);
+
+/* A queue of bytes on their way to a descriptor (a stream's pipe, pty or
+ * socket), shared by both ends. */
+typedef struct mux_chunk mux_chunk;
+typedef struct mux_bufq {
+        mux_chunk *head, **tail;
+        size_t bytes;
+} mux_bufq;
+
+void mux_bufq_init(mux_bufq *q);
+int mux_bufq_push(mux_bufq *q, const void *p, size_t n); /* 0 or -ENOMEM */
+/* Write from the front until the queue is empty or fd is full; the bytes
+ * written go to *ret_wrote. 0, or -errno when fd failed (EPIPE: its reader
+ * is gone). */
+int mux_bufq_write(mux_bufq *q, int fd, uint32_t *ret_wrote);
+void mux_bufq_clear(mux_bufq *q);
+
+/* recvmsg of one SOCK_SEQPACKET message and up to max_fds descriptors
+ * (close-on-exec; more are closed). Returns the length, 0 at EOF, -EAGAIN,
+ * -EMSGSIZE when the message or its descriptors were cut, or -errno. */
+ssize_t mux_recv_msg(int fd, void *buf, size_t n, int *fds, size_t max_fds, size_t *ret_nfds);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "mux.h"
@@ -128,4 +129,103 @@ void mux_link_append(mux_link *to, mux_link *from) {
         from->txq = NULL;
         from->txq_tail = &from->txq;
         from->tx_bytes = 0;
+}
+
+struct mux_chunk {
+        mux_chunk *next;
+        size_t len, off;
+        uint8_t data[];
+};
+
+void mux_bufq_init(mux_bufq *q) {
+        q->head = NULL;
+        q->tail = &q->head;
+        q->bytes = 0;
+}
+
+int mux_bufq_push(mux_bufq *q, const void *p, size_t n) {
+        mux_chunk *c = malloc(sizeof *c + n);
+        if (!c)
+                return -ENOMEM;
+        c->next = NULL;
+        c->len = n;
+        c->off = 0;
+        memcpy(c->data, p, n);
+        *q->tail = c;
+        q->tail = &c->next;
+        q->bytes += n;
+        return 0;
+}
+
+int mux_bufq_write(mux_bufq *q, int fd, uint32_t *ret_wrote) {
+        uint32_t wrote = 0;
+        int r = 0;
+        while (q->head) {
+                mux_chunk *c = q->head;
+                ssize_t n = write(fd, c->data + c->off, c->len - c->off);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (errno != EAGAIN)
+                                r = -errno;
+                        break;
+                }
+                c->off += (size_t) n;
+                q->bytes -= (size_t) n;
+                wrote += (uint32_t) n;
+                if (c->off == c->len) {
+                        q->head = c->next;
+                        if (!q->head)
+                                q->tail = &q->head;
+                        free(c);
+                }
+        }
+        *ret_wrote = wrote;
+        return r;
+}
+
+void mux_bufq_clear(mux_bufq *q) {
+        while (q->head) {
+                mux_chunk *c = q->head;
+                q->head = c->next;
+                free(c);
+        }
+        mux_bufq_init(q);
+}
+
+ssize_t mux_recv_msg(int fd, void *buf, size_t n, int *fds, size_t max_fds, size_t *ret_nfds) {
+        union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(int) * 8)];
+        } control;
+        struct iovec iov = { .iov_base = buf, .iov_len = n };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                             .msg_controllen = sizeof control.buf };
+        ssize_t k;
+        do
+                k = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        while (k < 0 && errno == EINTR);
+        if (k < 0)
+                return -errno;
+        size_t nf = 0;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+                        size_t m = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                        for (size_t i = 0; i < m; i++) {
+                                int f;
+                                memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
+                                if (nf < max_fds)
+                                        fds[nf++] = f;
+                                else
+                                        close(f);
+                        }
+                }
+        *ret_nfds = nf;
+        if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+                for (size_t i = 0; i < nf; i++)
+                        close(fds[i]);
+                *ret_nfds = 0;
+                return -EMSGSIZE;
+        }
+        return k;
 }

@@ -52,12 +52,6 @@
 #define RELAY_MAX_PTYS 64
 #define RELAY_MAX_FILES 16
 
-typedef struct rbuf {
-        struct rbuf *next;
-        size_t len, off;
-        uint8_t data[];
-} rbuf;
-
 /* A reply from init on its way to a client: held until its files are whole. */
 typedef struct rmsg {
         struct rmsg *next;
@@ -81,8 +75,7 @@ typedef struct rstream {
         uint32_t id;
         uint8_t kind;      /* MUX_K_*, 0: an egress connection */
         uint32_t credit;   /* bytes we may still send to the guest */
-        rbuf *q, **q_tail; /* guest → fd */
-        size_t q_bytes;
+        mux_bufq q;        /* guest → fd */
         uint32_t unacked;
         bool in_eof, out_eof, connecting;
         uint64_t file_bytes;
@@ -126,14 +119,6 @@ static void link_send(int r) {
         if (r < 0)
                 relay_exit("queueing on the link", r);
         link_update();
-}
-
-static void rbufs_free(rbuf *b) {
-        while (b) {
-                rbuf *n = b->next;
-                free(b);
-                b = n;
-        }
 }
 
 static void rmsg_free(rmsg *m) {
@@ -307,33 +292,20 @@ static int relay_request(rchan *c, const initproto_msg *m) {
 
 static int chan_read_one(rchan *c) {
         static uint8_t buf[INITPROTO_MAX_FRAME];
-        union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(int) * INITPROTO_MAX_FDS)];
-        } control;
-        struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                             .msg_controllen = sizeof control.buf };
-        ssize_t n;
-        do
-                n = recvmsg(c->src.fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        while (n < 0 && errno == EINTR);
+        int fds[1];
+        size_t n_fds = 0;
+        /* clients send no descriptors: any are closed */
+        ssize_t n = mux_recv_msg(c->src.fd, buf, sizeof buf, fds, 0, &n_fds);
+        if (n == -EAGAIN)
+                return 0;
+        if (n == -EMSGSIZE)
+                return -EBADMSG;
         if (n < 0)
-                return errno == EAGAIN ? 0 : -errno;
-        /* clients send no descriptors */
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-                        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                        for (size_t i = 0; i < k; i++) {
-                                int fd;
-                                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-                                close(fd);
-                        }
-                }
+                return (int) n;
         if (n == 0)
                 return -ECONNRESET;
         initproto_msg m;
-        if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || initproto_parse(buf, (size_t) n, &m) < 0)
+        if (initproto_parse(buf, (size_t) n, &m) < 0)
                 return -EBADMSG;
         if (relay_request(c, &m))
                 return 1;
@@ -404,7 +376,7 @@ static rstream *stream_find(uint32_t id) {
 
 static void stream_release(source *src) {
         rstream *s = (rstream *) src;
-        rbufs_free(s->q);
+        mux_bufq_clear(&s->q);
         free(s);
 }
 
@@ -446,7 +418,7 @@ static void stream_update(rstream *s) {
         else {
                 if (stream_reads(s) && !s->out_eof && s->credit > 0 && mlink.tx_bytes < RELAY_TX_HIGH)
                         ev |= EPOLLIN;
-                if (s->q)
+                if (s->q.head)
                         ev |= EPOLLOUT;
         }
         if (source_set_events(&s->src, ev) < 0) {
@@ -456,7 +428,7 @@ static void stream_update(rstream *s) {
 }
 
 static void stream_maybe_done(rstream *s) {
-        bool in_done = !stream_writes(s) || (s->in_eof && !s->q);
+        bool in_done = !stream_writes(s) || (s->in_eof && !s->q.head);
         bool out_done = !stream_reads(s) || s->out_eof;
         if (in_done && out_done)
                 stream_drop(s);
@@ -491,33 +463,16 @@ static void stream_read(rstream *s) {
 
 static void stream_write(rstream *s) {
         uint32_t wrote = 0;
-        while (s->q) {
-                rbuf *b = s->q;
-                ssize_t n = write(s->src.fd, b->data + b->off, b->len - b->off);
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        if (errno == EAGAIN)
-                                break;
-                        stream_reset(s); /* EPIPE: the client closed its end */
-                        return;
-                }
-                b->off += (size_t) n;
-                s->q_bytes -= (size_t) n;
-                wrote += (uint32_t) n;
-                if (b->off == b->len) {
-                        s->q = b->next;
-                        if (!s->q)
-                                s->q_tail = &s->q;
-                        free(b);
-                }
+        if (mux_bufq_write(&s->q, s->src.fd, &wrote) < 0) {
+                stream_reset(s); /* EPIPE: the client closed its end */
+                return;
         }
         s->unacked += wrote;
-        if (s->unacked >= MUX_WINDOW_BYTES / 4 || (!s->q && s->unacked)) {
+        if (s->unacked >= MUX_WINDOW_BYTES / 4 || (!s->q.head && s->unacked)) {
                 link_send(mux_link_send_u32(GL, MUX_WINDOW, s->id, s->unacked));
                 s->unacked = 0;
         }
-        if (!s->q && s->in_eof) {
+        if (!s->q.head && s->in_eof) {
                 if (s->kind == MUX_K_OUT || s->kind == MUX_K_PTY) {
                         /* closing the write end (or the pty slave) is the EOF */
                         stream_drop(s);
@@ -567,7 +522,7 @@ static rstream *stream_new(uint32_t id, uint8_t kind, int fd) {
         s->id = id;
         s->kind = kind;
         s->credit = MUX_WINDOW_BYTES;
-        s->q_tail = &s->q;
+        mux_bufq_init(&s->q);
         if (kind != MUX_K_FILE && source_add(&s->src, 0) < 0) {
                 free(s);
                 return NULL;
@@ -808,20 +763,12 @@ static int on_frame(const mux_frame *f, void *userdata) {
                         on_file_data(s, f);
                         return 0;
                 }
-                if (s->q_bytes + f->payload_len > MUX_WINDOW_BYTES) {
+                if (s->q.bytes + f->payload_len > MUX_WINDOW_BYTES) {
                         stream_reset(s); /* past its window */
                         return 0;
                 }
-                rbuf *b = malloc(sizeof *b + f->payload_len);
-                if (!b)
+                if (mux_bufq_push(&s->q, f->payload, f->payload_len) < 0)
                         relay_exit("out of memory", -ENOMEM);
-                b->next = NULL;
-                b->len = f->payload_len;
-                b->off = 0;
-                memcpy(b->data, f->payload, f->payload_len);
-                *s->q_tail = b;
-                s->q_tail = &b->next;
-                s->q_bytes += b->len;
                 if (!s->connecting)
                         stream_write(s);
                 if (!s->src.dead)
