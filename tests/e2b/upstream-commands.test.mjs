@@ -193,7 +193,9 @@ test('pty disconnect, then pty.connect gets later output and the exit code', asy
   const out2 = textCollector()
   const term = await sbx.pty.create({ cols: 80, rows: 24, onData: out1.onData, envs: { FOO: 'bar' } })
   await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo $FOO\n'))
-  await sleep(300)
+  // the first answer arrives before the disconnect (a fixed 300 ms was too
+  // short for a login shell on gvisor under load)
+  await waitFor(() => out1.text.includes('bar'), { what: 'the first echo before the disconnect' })
   await term.disconnect()
   const again = await sbx.pty.connect(term.pid, { onData: out2.onData })
   await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo $FOO\nexit\n'))
