@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "util/fdutil.h"
 #include "mux.h"
 
 #define GUEST_MAX_STREAMS 4096
@@ -327,7 +328,7 @@ static int chan_read_one(gchan *c) {
         int fds[INITPROTO_MAX_FDS];
         size_t n_fds = 0;
 
-        ssize_t n = mux_recv_msg(c->src.fd, buf, sizeof buf, fds, INITPROTO_MAX_FDS, &n_fds);
+        ssize_t n = fd_recv_with_fds(c->src.fd, buf, sizeof buf, fds, INITPROTO_MAX_FDS, &n_fds, MSG_DONTWAIT);
         if (n == -EAGAIN)
                 return 0;
         if (n < 0)

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "util/fdutil.h"
 
 #define LISTEN_FD 3
 #define CREATOR_FD 4
@@ -136,33 +137,6 @@ static void outframe_free(outframe *f) {
         free(f);
 }
 
-static int send_frame(int fd, const void *data, size_t len, const int *fds, size_t n_fds) {
-        union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(int) * INITPROTO_MAX_FDS)];
-        } control;
-        struct iovec iov = { .iov_base = (void *) data, .iov_len = len };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-
-        if (n_fds > 0) {
-                memset(&control, 0, sizeof control);
-                mh.msg_control = control.buf;
-                mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
-                struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-                cm->cmsg_level = SOL_SOCKET;
-                cm->cmsg_type = SCM_RIGHTS;
-                cm->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
-                memcpy(CMSG_DATA(cm), fds, sizeof(int) * n_fds);
-        }
-        for (;;) {
-                ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-                if (n >= 0)
-                        return 0;
-                if (errno != EINTR)
-                        return -errno;
-        }
-}
-
 static void conn_close(conn *c);
 static void conn_update_events(conn *c);
 
@@ -170,7 +144,7 @@ static void conn_update_events(conn *c);
 static int conn_flush(conn *c) {
         while (c->outq) {
                 outframe *f = c->outq;
-                int r = send_frame(c->src.fd, f->data, f->len, f->fds, f->n_fds);
+                int r = fd_send_with_fds(c->src.fd, f->data, f->len, f->fds, f->n_fds);
                 if (r == -EAGAIN)
                         return 0;
                 if (r < 0)
@@ -233,7 +207,7 @@ int msg_send(conn *c, const int *fds, size_t n_fds) {
         }
 
         if (!c->outq) {
-                r = send_frame(c->src.fd, out.buf, (size_t) len, fds, n_fds);
+                r = fd_send_with_fds(c->src.fd, out.buf, (size_t) len, fds, n_fds);
                 if (r >= 0)
                         return 0;
                 if (r != -EAGAIN) {
@@ -555,41 +529,18 @@ static void handle_message(conn *c, const initproto_msg *m) {
  * is drained, -errno when the connection is finished. */
 static int conn_read_one(conn *c) {
         static uint8_t buf[INITPROTO_MAX_FRAME];
-        union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(int) * INITPROTO_MAX_FDS)];
-        } control;
-        struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
-        struct msghdr mh = {
-                .msg_iov = &iov,
-                .msg_iovlen = 1,
-                .msg_control = control.buf,
-                .msg_controllen = sizeof control.buf,
-        };
         initproto_msg m;
-        ssize_t n;
 
-        do
-                n = recvmsg(c->src.fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        while (n < 0 && errno == EINTR);
+        /* Clients have no business sending descriptors: any are closed. */
+        ssize_t n = fd_recv_with_fds(c->src.fd, buf, sizeof buf, NULL, 0, NULL, MSG_DONTWAIT);
+        if (n == -EAGAIN)
+                return 0;
+        if (n == -EMSGSIZE)
+                return -EBADMSG;
         if (n < 0)
-                return errno == EAGAIN ? 0 : -errno;
-
-        /* Clients have no business sending descriptors: close any. */
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-                        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                        for (size_t i = 0; i < k; i++) {
-                                int fd;
-                                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-                                safe_close(fd);
-                        }
-                }
-
+                return (int) n;
         if (n == 0)
                 return -ECONNRESET; /* EOF (or an empty packet, never valid) */
-        if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
-                return -EBADMSG;
         if (initproto_parse(buf, (size_t) n, &m) < 0)
                 return -EBADMSG;
         handle_message(c, &m);

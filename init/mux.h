@@ -169,8 +169,3 @@ int mux_bufq_push(mux_bufq *q, const void *p, size_t n); /* 0 or -ENOMEM */
  * is gone). */
 int mux_bufq_write(mux_bufq *q, int fd, uint32_t *ret_wrote);
 void mux_bufq_clear(mux_bufq *q);
-
-/* recvmsg of one SOCK_SEQPACKET message and up to max_fds descriptors
- * (close-on-exec; more are closed). Returns the length, 0 at EOF, -EAGAIN,
- * -EMSGSIZE when the message or its descriptors were cut, or -errno. */
-ssize_t mux_recv_msg(int fd, void *buf, size_t n, int *fds, size_t max_fds, size_t *ret_nfds);

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "mux.h"
@@ -191,41 +190,4 @@ void mux_bufq_clear(mux_bufq *q) {
                 free(c);
         }
         mux_bufq_init(q);
-}
-
-ssize_t mux_recv_msg(int fd, void *buf, size_t n, int *fds, size_t max_fds, size_t *ret_nfds) {
-        union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(int) * 8)];
-        } control;
-        struct iovec iov = { .iov_base = buf, .iov_len = n };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-                             .msg_controllen = sizeof control.buf };
-        ssize_t k;
-        do
-                k = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        while (k < 0 && errno == EINTR);
-        if (k < 0)
-                return -errno;
-        size_t nf = 0;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-                        size_t m = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                        for (size_t i = 0; i < m; i++) {
-                                int f;
-                                memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof f);
-                                if (nf < max_fds)
-                                        fds[nf++] = f;
-                                else
-                                        close(f);
-                        }
-                }
-        *ret_nfds = nf;
-        if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-                for (size_t i = 0; i < nf; i++)
-                        close(fds[i]);
-                *ret_nfds = 0;
-                return -EMSGSIZE;
-        }
-        return k;
 }

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "util/fdutil.h"
 #include "mux.h"
 
 #define RELAY_LISTEN_FD 3
@@ -175,36 +176,11 @@ static void chan_drop(rchan *c, bool tell) {
         source_kill(&c->src);
 }
 
-static int send_with_fds(int fd, const void *data, size_t len, const int *fds, size_t n_fds) {
-        union {
-                struct cmsghdr h;
-                char buf[CMSG_SPACE(sizeof(int) * MUX_MAX_STREAMS_PER_MSG)];
-        } control;
-        struct iovec iov = { .iov_base = (void *) data, .iov_len = len };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-        if (n_fds) {
-                memset(&control, 0, sizeof control);
-                mh.msg_control = control.buf;
-                mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
-                struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-                cm->cmsg_level = SOL_SOCKET;
-                cm->cmsg_type = SCM_RIGHTS;
-                cm->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
-                memcpy(CMSG_DATA(cm), fds, sizeof(int) * n_fds);
-        }
-        for (;;) {
-                if (sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
-                        return 0;
-                if (errno != EINTR)
-                        return -errno;
-        }
-}
-
 /* Pass on the replies at the head that are whole. */
 static void chan_flush(rchan *c) {
         while (c->q && c->q->files_pending == 0) {
                 rmsg *m = c->q;
-                int r = send_with_fds(c->src.fd, m->data, m->len, m->fds, m->n_fds);
+                int r = fd_send_with_fds(c->src.fd, m->data, m->len, m->fds, m->n_fds);
                 if (r == -EAGAIN)
                         break;
                 if (r < 0) {
@@ -292,10 +268,8 @@ static int relay_request(rchan *c, const initproto_msg *m) {
 
 static int chan_read_one(rchan *c) {
         static uint8_t buf[INITPROTO_MAX_FRAME];
-        int fds[1];
-        size_t n_fds = 0;
         /* clients send no descriptors: any are closed */
-        ssize_t n = mux_recv_msg(c->src.fd, buf, sizeof buf, fds, 0, &n_fds);
+        ssize_t n = fd_recv_with_fds(c->src.fd, buf, sizeof buf, NULL, 0, NULL, MSG_DONTWAIT);
         if (n == -EAGAIN)
                 return 0;
         if (n == -EMSGSIZE)
