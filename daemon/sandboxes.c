@@ -397,14 +397,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         /* a warm sandbox if one is ready: create then only writes a row */
         /* a snapshot says which backend it is for: a gvisor one is a memory
          * checkpoint (it starts where it was), a namespace one a layer */
-        bool checkpoint = false;
-        if (layer_from[0]) {
-                char magic[8];
-                int fd = open(layer_from, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-                checkpoint = fd >= 0 && read(fd, magic, 8) == 8 && memcmp(magic, "HUTCHGV1", 8) == 0;
-                if (fd >= 0)
-                        close(fd);
-        }
+        bool checkpoint = layer_from[0] && hutch_stream_is_checkpoint(layer_from);
         int backend = hutch_backend_from_name(cr.backend ? cr.backend
                                               : snap.id[0] ? (checkpoint ? "gvisor" : "ns")
                                                            : srv->cfg.backend);

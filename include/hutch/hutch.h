@@ -177,6 +177,9 @@ int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_byte
  * paused sandbox is thawed for it and paused again. Returns the image's
  * bytes in *ret_bytes. -EOPNOTSUPP on the ns backend. */
 int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+/* Whether the file at path is such a stream (for checkpoint_from), not a
+ * layer stream (for layer_from): by its magic. */
+bool hutch_stream_is_checkpoint(const char *path);
 
 /* The sandbox's way to the egress proxy at 127.0.0.1:<egress port>. ns:
  * nothing to do (the proxy listens inside the sandbox's netns itself, or

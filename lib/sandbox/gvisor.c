@@ -521,10 +521,6 @@ static int relay_call(hutch_sandbox *sb, uint16_t type, hutch_error *err) {
         return initconn_call(sb, NULL, 0, NULL, NULL, 30000, err);
 }
 
-static int put(int fd, const void *p, size_t n) {
-        return fd_write_all(fd, p, n);
-}
-
 int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
         if (sb->backend != HUTCH_BACKEND_GVISOR)
                 return hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
@@ -593,11 +589,11 @@ int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes,
         if (r >= 0) {
                 /* header; the file count is patched in after the walk */
                 uint32_t tl = (uint32_t) strlen(sb->token), nf = 0;
-                r = put(out_fd, CKPT_MAGIC, 8) < 0 || put(out_fd, &tl, 4) < 0 || put(out_fd, sb->token, tl) < 0
+                r = fd_write_all(out_fd, CKPT_MAGIC, 8) < 0 || fd_write_all(out_fd, &tl, 4) < 0 || fd_write_all(out_fd, sb->token, tl) < 0
                             ? -EIO
                             : 0;
                 off_t count_at = lseek(out_fd, 0, SEEK_CUR);
-                if (r >= 0 && (count_at < 0 || put(out_fd, &nf, 4) < 0))
+                if (r >= 0 && (count_at < 0 || fd_write_all(out_fd, &nf, 4) < 0))
                         r = -EIO;
                 for (struct dirent *de; r >= 0 && (de = readdir(d));) {
                         if (de->d_name[0] == '.')
@@ -612,12 +608,12 @@ int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes,
                         }
                         uint16_t nl = (uint16_t) strlen(de->d_name);
                         uint64_t sz = (uint64_t) st.st_size;
-                        if (put(out_fd, &nl, 2) < 0 || put(out_fd, de->d_name, nl) < 0 || put(out_fd, &sz, 8) < 0)
+                        if (fd_write_all(out_fd, &nl, 2) < 0 || fd_write_all(out_fd, de->d_name, nl) < 0 || fd_write_all(out_fd, &sz, 8) < 0)
                                 r = -EIO;
                         static char buf[1 << 16];
                         for (uint64_t left = sz; r >= 0 && left > 0;) {
                                 ssize_t k = read(f, buf, left < sizeof buf ? left : sizeof buf);
-                                if (k <= 0 || put(out_fd, buf, (size_t) k) < 0)
+                                if (k <= 0 || fd_write_all(out_fd, buf, (size_t) k) < 0)
                                         r = -EIO;
                                 else
                                         left -= (uint64_t) k;
@@ -659,6 +655,12 @@ int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes,
 
 /* Unpack a checkpoint stream into dir (created here, root only), and the
  * token its init holds into ret_token. */
+bool hutch_stream_is_checkpoint(const char *path) {
+        char magic[8];
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        return fd >= 0 && fd_read_full(fd, magic, 8) == 8 && memcmp(magic, CKPT_MAGIC, 8) == 0;
+}
+
 int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err) {
         _cleanup_close_ int in = open(stream, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (in < 0)
