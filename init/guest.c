@@ -69,8 +69,11 @@ static source net_listener = { .fd = -1 };
 static uint16_t net_port;
 /* SYNC asked: produce nothing more; SYNCED goes out once the queue is empty */
 static bool sync_asked, synced_sent;
+/* processes memwatch.c killed that the relay has not heard of */
+static uint32_t oom_pending;
 
 static void link_update(void);
+static void oom_flush(void);
 
 static void fatal_link(int r) {
         /* The relay is gone or speaks nonsense: nothing can reach this
@@ -553,6 +556,7 @@ static int on_frame(const mux_frame *f, void *userdata) {
         case MUX_UNSYNC:
                 sync_asked = synced_sent = false;
                 guest_update_all();
+                oom_flush();
                 return 0;
         case MUX_RESYNC:
                 /* restored from a checkpoint, talking to a new relay: what
@@ -570,10 +574,24 @@ static int on_frame(const mux_frame *f, void *userdata) {
                 (void) source_set_events(&mlink_src, EPOLLIN);
                 (void) source_set_events(&wlink_src, 0);
                 link_send(mux_link_send_u32(&mlink, MUX_HELLO, 0, MUX_VERSION));
+                oom_flush();
                 return 0;
         default:
                 return 0; /* NET and HELLO only go the other way */
         }
+}
+
+static void oom_flush(void) {
+        if (!oom_pending || sync_asked)
+                return;
+        link_send(mux_link_send_u32(&mlink, MUX_OOM, 0, oom_pending));
+        oom_pending = 0;
+}
+
+void guest_report_oom_kill(void) {
+        if (oom_pending < UINT32_MAX)
+                oom_pending++;
+        oom_flush();
 }
 
 /* After the link's queue changed: write it, and start or stop reading the

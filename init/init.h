@@ -105,6 +105,12 @@ int guest_setup(int stream_fd, uint16_t egress_port);
 /* Open (on) or close the 127.0.0.1:egress_port listener; closed at start,
  * so that with the network off a connection is refused, as on ns. */
 int guest_net_listen(bool on);
+/* Tell the relay init killed a process over the memory limit (sent once
+ * the link may carry it). */
+void guest_report_oom_kill(void);
+/* Enforce a memory limit of limit bytes from inside a gVisor sandbox
+ * (memwatch.c); 0: none. */
+int memwatch_setup(uint64_t limit);
 
 /* The host relay of a gVisor sandbox (relay.c); argv[0] is "--gvisor-relay". */
 int relay_main(int argc, char **argv);

@@ -45,6 +45,8 @@ conn *all_conns;
 /* PID 1 under gVisor (--gvisor-guest): the mux, and the proxy's port */
 static bool gvisor;
 static uint16_t gvisor_egress_port;
+/* and the sandbox's memory limit, enforced from inside (memwatch.c) */
+static uint64_t gvisor_memory_limit;
 static unsigned n_clients; /* accepted ones; the creator is not counted */
 
 static char token[INITPROTO_MAX_STRING + 1];
@@ -753,8 +755,10 @@ static int setup(void) {
 
         /* Under gVisor no descriptor crosses the sandbox's edge: the
          * relay's connections arrive over the mux on fd 0 (guest.c). */
-        if (gvisor)
-                return guest_setup(GUEST_STREAM_FD, gvisor_egress_port);
+        if (gvisor) {
+                r = guest_setup(GUEST_STREAM_FD, gvisor_egress_port);
+                return r < 0 ? r : memwatch_setup(gvisor_memory_limit);
+        }
 
         r = set_cloexec_nonblock(CREATOR_FD);
         if (r < 0)
@@ -796,7 +800,8 @@ void loop_run(void) {
 }
 
 /* hutch-init                      PID 1 of a namespace sandbox (fds 3, 4)
- * hutch-init --gvisor-guest PORT  PID 1 under gVisor, the mux on fd 0
+ * hutch-init --gvisor-guest PORT [MEMORY]
+ *                                 PID 1 under gVisor, the mux on fd 0
  * hutch-init --gvisor-relay ...   the host relay of a gVisor sandbox (relay.c) */
 int main(int argc, char **argv) {
         int r;
@@ -810,8 +815,17 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "hutch-init: bad egress port '%s'\n", argv[2]);
                         return EXIT_FAILURE;
                 }
+                unsigned long long mem = 0;
+                if (argc >= 4) {
+                        mem = strtoull(argv[3], &end, 10);
+                        if (*end) {
+                                fprintf(stderr, "hutch-init: bad memory limit '%s'\n", argv[3]);
+                                return EXIT_FAILURE;
+                        }
+                }
                 gvisor = true;
                 gvisor_egress_port = (uint16_t) port;
+                gvisor_memory_limit = mem;
                 fsuser_use_euid = true;
                 splice_unusable = true;
         }

@@ -20,6 +20,7 @@ static bool payload_ok(uint8_t type, uint32_t n) {
                 return n == 1;
         case MUX_WINDOW:
         case MUX_HELLO:
+        case MUX_OOM:
                 return n == 4;
         case MUX_CLOSE:
         case MUX_EOF:

@@ -65,6 +65,9 @@ enum {
         MUX_SYNCED = 11, /* guest → relay */
         MUX_UNSYNC = 12, /* relay → guest */
         MUX_RESYNC = 13, /* relay → guest */
+        /* guest → relay: init killed payload u32 processes for going over
+         * the sandbox's memory limit (memwatch.c); counted on the host */
+        MUX_OOM = 14,
         _MUX_TYPE_MAX,
 };
 

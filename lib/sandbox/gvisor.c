@@ -162,7 +162,7 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         jput(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,\"gid\":0},\"args\":[");
         jstr(&b, "/run/hutch/init");
         jput(&b, ",\"--gvisor-guest\",");
-        snprintf(num, sizeof num, "\"%u\"", (unsigned) egress_port);
+        snprintf(num, sizeof num, "\"%u\",\"%" PRIu64 "\"", (unsigned) egress_port, sb->limits.memory_bytes);
         jput(&b, num);
         jput(&b, "],\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"");
         if (getenv("HUTCH_INIT_DEBUG"))
@@ -255,6 +255,18 @@ static void log_tail(const char *dir, char *buf, size_t n) {
         size_t l = strlen(buf);
         while (l && (buf[l - 1] == '\n' || buf[l - 1] == ' '))
                 buf[--l] = 0;
+}
+
+uint64_t gvisor_oom_kills(hutch_sandbox *sb) {
+        /* the relay appends a byte per kill (init/relay.c) */
+        char path[PATH_MAX];
+        struct stat st;
+        if (gvisor_scratch_path(sb->ctx, sb->id, path, sizeof path - 16) < 0)
+                return 0;
+        strcat(path, "/oom-kills");
+        if (fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                return 0;
+        return (uint64_t) st.st_size;
 }
 
 int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t n) {

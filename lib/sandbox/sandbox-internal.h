@@ -77,7 +77,12 @@ struct hutch_sandbox {
  * enforces; on the host each application process costs a ptrace stub and
  * sentry threads, measured here at about 22 host pids per process, so the
  * cgroup allows GVISOR_PIDS_PER_PROC per allowed process plus the idle
- * runtime (about 60). */
+ * runtime (about 60).
+ * Memory: hutch-init enforces the sandbox's limit from inside (it kills the
+ * largest process once the sentry's count passes it, init/memwatch.c); the
+ * cgroup is the backstop and allows the runtime (sentry, gofer, relay:
+ * about 60 MiB RSS idle) plus headroom for an allocation that outruns one
+ * check, half the limit: memory + memory/2 + GVISOR_MEMORY_OVERHEAD. */
 #define GVISOR_MEMORY_OVERHEAD (128ull << 20)
 #define GVISOR_PIDS_PER_PROC 32
 #define GVISOR_PIDS_OVERHEAD 512
@@ -87,6 +92,8 @@ struct hutch_sandbox {
 struct hutch_template;
 int gvisor_runsc_path(const hutch_ctx *ctx, char *buf, size_t n);
 int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t n);
+/* Processes hutch-init killed inside for going over the memory limit. */
+uint64_t gvisor_oom_kills(hutch_sandbox *sb);
 int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *hostname, uint16_t egress_port,
                  const char *image_dir, int timeout_ms, hutch_error *err);
 int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err);

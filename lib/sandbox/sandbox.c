@@ -586,7 +586,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", ctx->cg_mount ? ctx->cg_mount : "");
         hutch_limits cg_limits = sb->limits;
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                cg_limits.memory_bytes += GVISOR_MEMORY_OVERHEAD;
+                cg_limits.memory_bytes += cg_limits.memory_bytes / 2 + GVISOR_MEMORY_OVERHEAD;
                 cg_limits.pids = cg_limits.pids > (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
                                          ? UINT64_MAX
                                          : cg_limits.pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
@@ -1048,6 +1048,8 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {
         if (r < 0)
                 return r;
         s.disk_limit = sb->limits.disk_bytes;
+        if (sb->backend == HUTCH_BACKEND_GVISOR)
+                s.oom_kills += gvisor_oom_kills(sb);
         uint64_t used = 0;
         if (storage_usage(sb->ctx, sb->id, &used) >= 0)
                 s.disk_used = used;

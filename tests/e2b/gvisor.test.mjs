@@ -86,6 +86,20 @@ test('pause keeps a process and its memory; resume continues counting', opt, asy
   assert.ok(c1 >= 3 && c2 > c1, `counter went on from memory: ${c1} -> ${c2}`)
 })
 
+test('past the memory limit the largest process is killed, not the sandbox', opt, async (t) => {
+  // the daemon's default limit is 512 MiB; 64 MiB steps, each committed at once
+  const sbx = await createSandbox(t, GV)
+  const grow = 'import mmap\nm = []\nwhile True:\n    m.append(mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x8000))\n'
+  await sbx.files.write('/tmp/grow.py', grow)
+  const bystander = await sbx.commands.run('sleep 600', { background: true })
+  await assert.rejects(sbx.commands.run('python3 /tmp/grow.py', { timeoutMs: 60_000 }),
+    (e) => e.exitCode !== 0 && /kill/i.test(`${e.error} ${e.message}`))
+  const r = await sbx.commands.run('echo alive')
+  assert.equal(r.stdout, 'alive\n')
+  const procs = (await sbx.commands.list()).map((p) => p.pid)
+  assert.ok(procs.includes(bystander.pid), 'the small bystander process lives on')
+})
+
 test('kill leaves no runsc process, relay or state behind', opt, async (t) => {
   const sbx = await Sandbox.create(GV)
   const id = sbx.sandboxId

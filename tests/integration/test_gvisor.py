@@ -158,13 +158,75 @@ def test_the_template_is_never_written(gvrun):
     assert not Path("/usr/hutch-probe").exists()
 
 
-def test_files_written_inside_count_against_memory(gvrun):
-    """The writable layer is the sentry's memory: a file larger than the
-    sandbox's memory cannot be written."""
-    cp = gvrun(["--memory", "64M", "--json"], ["sh", "-c", "head -c 400000000 /dev/zero > /tmp/big; echo rc=$?"],
-               timeout=120)
+# Grows by 8 MiB a step, touching every page (the sentry's fault path).
+GROW = """
+chunks = []
+while True:
+    b = bytearray(8 << 20)
+    for i in range(0, len(b), 4096):
+        b[i] = 1
+    chunks.append(b)
+"""
+
+# One mmap(MAP_POPULATE) of N MiB: the sentry commits all of it in one call.
+BURST = """
+import mmap, sys
+m = mmap.mmap(-1, int(sys.argv[1]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x8000)
+print("mapped", flush=True)
+"""
+
+
+def _cgroup_cap(limit):
+    # the host cgroup's backstop (sandbox-internal.h): memory + memory/2 + 128 MiB
+    return limit + limit // 2 + (128 << 20)
+
+
+@pytest.mark.parametrize("how", ["grow", "burst"])
+def test_memory_limit_is_the_applications(gvrun, how):
+    """Past the sandbox's memory limit the largest process is killed, as the
+    kernel's OOM killer does on the namespace backend; the sandbox (its init,
+    the shell that started the program) lives on. On gVisor hutch-init does
+    it from inside, by the sentry's own count: the host cgroup would end the
+    whole sentry. Both a program that grows page by page and one
+    mmap(MAP_POPULATE) past the limit (within the cgroup's headroom)."""
+    limit = 128 << 20
+    prog = GROW if how == "grow" else BURST
+    arg = "" if how == "grow" else str((limit >> 20) + 40)
+    cp = gvrun(["--memory", "128M", "--json"],
+               ["sh", "-c", f'python3 -c "$(cat)" {arg}; echo "app=$?"; echo survivor'],
+               stdin=prog.encode(), timeout=120)
     summary = parse_json_summary(cp)[1]
-    assert b"rc=0" not in cp.stdout or summary["oom_killed"] or cp.returncode != 0
+    assert b"app=137" in cp.stdout, (cp.stdout, cp.stderr)
+    assert b"survivor" in cp.stdout
+    assert b"destroyed" not in cp.stderr
+    assert summary["exit_code"] == 0 and summary["oom_killed"] is True, summary
+    assert summary["memory_peak_bytes"] <= _cgroup_cap(limit), summary
+
+
+def test_memory_under_the_limit_is_left_alone(gvrun):
+    """Just under the limit nothing is killed (the sentry's count includes the
+    runtime's own small share, so leave a margin for it)."""
+    cp = gvrun(["--memory", "256M", "--json"],
+               ["sh", "-c", 'python3 -c "$(cat)" 160; echo "app=$?"'],
+               stdin=BURST.encode(), timeout=120)
+    summary = parse_json_summary(cp)[1]
+    assert b"mapped" in cp.stdout and b"app=0" in cp.stdout, (cp.stdout, cp.stderr)
+    assert summary["oom_killed"] is False, summary
+
+
+def test_files_written_inside_count_against_memory(gvrun):
+    """The writable layer is the sentry's memory: writing a file larger than
+    the sandbox's memory gets the writing processes killed (as a tmpfs in a
+    memory cgroup does on Linux), never the sandbox, and the host cgroup's
+    backstop is not reached."""
+    limit = 64 << 20
+    cp = gvrun(["--memory", "64M", "--json"],
+               ["sh", "-c", "head -c 400000000 /dev/zero > /home/user/big; echo rc=$?"], timeout=120)
+    summary = parse_json_summary(cp)[1]
+    assert b"rc=0" not in cp.stdout
+    assert b"destroyed" not in cp.stderr, cp.stderr
+    assert summary["oom_killed"] is True, summary
+    assert summary["memory_peak_bytes"] <= _cgroup_cap(limit), summary
 
 
 def test_pids_limit_is_the_applications(gvrun):
