@@ -604,6 +604,14 @@ int sbx_reattach(server *srv, sbx *sb) {
         int r = register_init(srv, sb);
         if (r >= 0)
                 proc_readopt(srv, sb);
+        /* gvisor: the new relay has a network namespace of its own, where
+         * the proxy's site must listen again (same policy; the old site's
+         * connections went with the old relay) */
+        if (sb->egress) {
+                egress_sbx_stop(srv, sb);
+                if (egress_sbx_start(srv, sb) < 0)
+                        log_warning("sandbox %s: its egress proxy did not come back", sb->id);
+        }
         return r;
 }
 

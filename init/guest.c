@@ -573,6 +573,11 @@ static int on_frame(const mux_frame *f, void *userdata) {
                 (void) source_set_events(&mlink_src, 0);
                 (void) source_set_events(&mlink_src, EPOLLIN);
                 (void) source_set_events(&wlink_src, 0);
+                /* the egress listener's epoll registration does not survive
+                 * the restore either (connections would wait in its backlog
+                 * forever): listen anew; the daemon turns it on again */
+                source_remove(&net_listener);
+                memwatch_restored();
                 link_send(mux_link_send_u32(&mlink, MUX_HELLO, 0, MUX_VERSION));
                 oom_flush();
                 return 0;

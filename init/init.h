@@ -111,6 +111,8 @@ void guest_report_oom_kill(void);
 /* Enforce a memory limit of limit bytes from inside a gVisor sandbox
  * (memwatch.c); 0: none. */
 int memwatch_setup(uint64_t limit);
+/* After a restore from a checkpoint: watch again. */
+void memwatch_restored(void);
 
 /* The host relay of a gVisor sandbox (relay.c); argv[0] is "--gvisor-relay". */
 int relay_main(int argc, char **argv);

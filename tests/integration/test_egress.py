@@ -496,6 +496,42 @@ def test_hutch_run_net_on_gvisor(env, sandboxed_hutch, clean):
     assert total(net, "evil") == ZERO
 
 
+@pytest.mark.skipif(not os.access(shutil.which("runsc") or "/usr/bin/runsc", os.X_OK),
+                    reason="runsc is not installed")
+def test_gvisor_egress_survives_snapshot_pause_and_resume(env, clean):
+    """A gvisor sandbox's runtime is replaced by a snapshot (checkpoint, then
+    restore by a new relay in a new network namespace) and by a pause
+    (checkpoint to disk) and resume (restore): its way to the proxy must come
+    back each time, with the same policy."""
+    net, sd = env
+    sb = sd.create(timeout=300, metadata={"hutch.backend": "gvisor"}, allow_internet_access=False,
+                   network={"allowOut": ["ok.example.test"]})
+    sid = sb["sandboxID"]
+
+    def fetch(path):
+        code, out, _ = sh(sd, sb, f"curl -sS -m 10 http://ok.example.test/{path}; echo; "
+                                  "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://evil.test/")
+        return code, out
+
+    code, out = fetch("before")
+    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), out
+    r = sd.request("POST", f"/sandboxes/{sid}/snapshots", {}, timeout=120)
+    assert r.status in (200, 201), (r, sd.log_tail())
+    snap = r.json()["snapshotID"]
+    code, out = fetch("after-snapshot")
+    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), (out, sd.log_tail())
+    r = sd.request("POST", f"/sandboxes/{sid}/pause", {}, timeout=120)
+    assert r.status == 204, r
+    r = sd.request("POST", f"/sandboxes/{sid}/connect", {"timeout": 300}, timeout=120)
+    assert r.status == 201, r
+    code, out = fetch("after-resume")
+    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), out
+    assert [x["path"] for x in net.requests("ok")] == ["/before", "/after-snapshot", "/after-resume"]
+    assert total(net, "evil") == ZERO
+    assert sd.request("DELETE", f"/templates/{snap}").status == 204
+    assert sd.kill(sid).status == 204
+
+
 # --------------------------------------------------------------------------
 # Credentials that never enter the sandbox
 # --------------------------------------------------------------------------
