@@ -446,6 +446,10 @@ int egress_sbx_update(server *srv, sbx *sb, json_t *body, unsigned *ret_closed, 
         } else if (sb->egress) {
                 int k = egress_site_set_policy(sb->egress, p);
                 *ret_closed = k > 0 ? (unsigned) k : 0;
+        } else if (hutch_sandbox_is_suspended(sb->h)) {
+                /* gvisor, paused to disk: no network namespace to listen in
+                 * now; its resume opens the site with this policy */
+                egress_policy_free(p);
         } else if ((r = site_open(srv, sb, p)) < 0) {
                 json_decref(spec);
                 snprintf(why, wl, "cannot open the sandbox's egress proxy: %s", strerror(-r));

@@ -16,11 +16,15 @@
 #include <sys/epoll.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "daemon/requests.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "snapshot/seal.h"
 
 
 static void hex(const uint8_t *b, size_t n, char *out) {
@@ -81,7 +85,8 @@ static void on_init_readable(server *srv, watcher *w, uint32_t revents) {
 
 void sbx_drain(server *srv, sbx *sb) {
         sb->dirty = false;
-        if (sb->dead)
+        /* gvisor, paused to disk: no init to hear from until its resume */
+        if (sb->dead || hutch_sandbox_is_suspended(sb->h))
                 return;
         for (unsigned guard = 0; guard < 4096; guard++) {
                 hutch_event ev = { 0 };
@@ -547,6 +552,8 @@ void sbx_cut_streams(server *srv, sbx *sb) {
                         stream_cut(st);
 }
 
+static void pause_image_remove(server *srv, const char *id);
+
 static void sbx_detach_all(server *srv, sbx *sb) {
         for (stream *st = srv->streams; st; st = st->next)
                 if (st->sb == sb) {
@@ -607,11 +614,9 @@ int sbx_reattach(server *srv, sbx *sb) {
         /* gvisor: the new relay has a network namespace of its own, where
          * the proxy's site must listen again (same policy; the old site's
          * connections went with the old relay) */
-        if (sb->egress) {
-                egress_sbx_stop(srv, sb);
-                if (egress_sbx_start(srv, sb) < 0)
-                        log_warning("sandbox %s: its egress proxy did not come back", sb->id);
-        }
+        egress_sbx_stop(srv, sb);
+        if (egress_sbx_start(srv, sb) < 0)
+                log_warning("sandbox %s: its egress proxy did not come back", sb->id);
         return r;
 }
 
@@ -620,6 +625,7 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
                 return 0;
         sbx_detach_all(srv, sb);
         egress_sbx_stop(srv, sb);
+        pause_image_remove(srv, sb->id);
         sb->dead = true;
         /* Kill now, clean up when the kernel has taken every process down
          * (tearing down a pid namespace of many processes takes a while):
@@ -667,6 +673,136 @@ void save_sandbox_extra(server *srv, sbx *sb) {
         free(e);
 }
 
+/* ------------------------------------------- gvisor: pause to disk, resume */
+
+/* A paused gvisor sandbox is a memory checkpoint sealed like a snapshot
+ * (per-team key, bound to the sandbox's id) under DATA_DIR/paused; its
+ * runtime is gone, its memory freed. */
+#define PAUSE_IMAGE_MAX (1ull << 42)
+
+static void pause_image_path(server *srv, const char *id, char *buf, size_t n) {
+        snprintf(buf, n, "%s/paused/%s.seal", srv->cfg.data_dir, id);
+}
+
+static void pause_context(const sbx *sb, char *buf, size_t n) {
+        snprintf(buf, n, "hutch pause team:%lld sandbox:%s", (long long) sb->team_id, sb->id);
+}
+
+static void pause_image_remove(server *srv, const char *id) {
+        char path[PATH_MAX];
+        pause_image_path(srv, id, path, sizeof path);
+        (void) unlink(path);
+}
+
+int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err) {
+        char path[PATH_MAX], ctx[160], why[256] = "";
+        pause_image_path(srv, sb->id, path, sizeof path);
+        pause_context(sb, ctx, sizeof ctx);
+        int in = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (in < 0)
+                return hutch_error_set(err, -errno, "sandbox %s: its paused image: %m", sb->id);
+        int r = seal_read_fd(in, out_fd, srv->data_key, ctx, PAUSE_IMAGE_MAX, why, sizeof why);
+        close(in);
+        if (r == -EBADMSG || r == -EPERM) {
+                log_warning("sandbox %s: paused image refused: %s", sb->id, why);
+                return hutch_error_set(err, -EBADMSG, "the paused sandbox's image does not authenticate (damaged or altered)");
+        }
+        if (r < 0)
+                return hutch_error_set(err, r, "reading the paused sandbox's image: %s", why[0] ? why : strerror(-r));
+        return 0;
+}
+
+static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
+        char dir[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX], sealtmp[PATH_MAX + 8];
+        snprintf(dir, sizeof dir, "%s/paused", srv->cfg.data_dir);
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return hutch_error_set(err, -errno, "%s: %m", dir);
+        /* never into the host's last free space: the image is about the
+         * sandbox's memory, written twice (plain, then sealed) */
+        hutch_stats st;
+        hutch_error e0 = { 0 };
+        struct statvfs vfs;
+        uint64_t mem = hutch_sandbox_stats(sb->h, &st, &e0) >= 0 ? st.memory_current : 0;
+        if (statvfs(dir, &vfs) == 0 &&
+            (uint64_t) vfs.f_bavail * vfs.f_frsize < mem * 2 + (uint64_t) srv->cfg.snapshot_reserve_bytes)
+                return hutch_error_set(err, -ENOSPC, "not enough free disk to pause this sandbox with its memory");
+        snprintf(tmp, sizeof tmp, "%s/.image-XXXXXX", dir);
+        int lfd = mkostemp(tmp, O_CLOEXEC);
+        if (lfd < 0)
+                return hutch_error_set(err, -errno, "temporary file: %m");
+        /* the control connection ends with the runtime */
+        loop_del(srv, &sb->w);
+        uint64_t bytes = 0;
+        int r = hutch_sandbox_suspend(sb->h, lfd, &bytes, err);
+        if (r < 0) {
+                close(lfd);
+                unlink(tmp);
+                /* it runs on (never stopped, or restored at once) */
+                if (hutch_sandbox_fd(sb->h) >= 0 && sbx_reattach(srv, sb) < 0)
+                        log_error("sandbox %s: watching its control connection again failed", sb->id);
+                return r;
+        }
+        /* what ran through the old relay is gone with it */
+        sbx_detach_all(srv, sb);
+        egress_sbx_stop(srv, sb);
+        pause_image_path(srv, sb->id, final, sizeof final);
+        snprintf(sealtmp, sizeof sealtmp, "%s.tmp", final);
+        char ctx[160], why[256] = "";
+        pause_context(sb, ctx, sizeof ctx);
+        int sfd = open(sealtmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (sfd < 0)
+                r = hutch_error_set(err, -errno, "%s: %m", sealtmp);
+        else {
+                r = lseek(lfd, 0, SEEK_SET) < 0 ? -errno : seal_write_fd(lfd, sfd, srv->data_key, ctx, true, NULL, why, sizeof why);
+                if (r >= 0 && fsync(sfd) < 0)
+                        r = -errno;
+                close(sfd);
+                if (r >= 0 && rename(sealtmp, final) < 0)
+                        r = -errno;
+                if (r < 0) {
+                        unlink(sealtmp);
+                        hutch_error_set(err, r, "sealing the paused sandbox's image: %s", why[0] ? why : strerror(-r));
+                }
+        }
+        close(lfd);
+        if (r < 0) {
+                /* no image kept: bring it back from the plain one at once */
+                hutch_error e2 = { 0 };
+                if (hutch_sandbox_resume_from(sb->h, tmp, &e2) < 0 || sbx_reattach(srv, sb) < 0)
+                        log_error("sandbox %s: restoring it after a failed pause: %s", sb->id, e2.msg);
+                unlink(tmp);
+                return r;
+        }
+        unlink(tmp);
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+                (void) fsync(dfd);
+                close(dfd);
+        }
+        log_debug("sandbox %s: paused to disk (%llu bytes of checkpoint)", sb->id, (unsigned long long) bytes);
+        return 0;
+}
+
+static int resume_from_disk(server *srv, sbx *sb, hutch_error *err) {
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s/paused/.resume-XXXXXX", srv->cfg.data_dir);
+        int out = mkostemp(tmp, O_CLOEXEC);
+        if (out < 0)
+                return hutch_error_set(err, -errno, "temporary file: %m");
+        int r = sbx_pause_image_read(srv, sb, out, err);
+        close(out);
+        if (r >= 0)
+                r = hutch_sandbox_resume_from(sb->h, tmp, err);
+        unlink(tmp);
+        if (r < 0)
+                return r; /* still suspended, its image kept: a later resume may work */
+        pause_image_remove(srv, sb->id);
+        if (sbx_reattach(srv, sb) < 0)
+                log_error("sandbox %s: watching its control connection failed", sb->id);
+        sb->procs_pending = false; /* found again just now */
+        return 0;
+}
+
 int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
         if (sb->paused)
                 return hutch_error_set(err, -EALREADY, "sandbox %s is already paused", sb->id);
@@ -677,7 +813,8 @@ int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
                         (void) hutch_fs_watch_remove(sb->h, st->watch_id, &e);
                         st->watch_id = 0;
                 }
-        int r = hutch_sandbox_freeze(sb->h, err);
+        /* gvisor: a checkpoint to disk, memory freed; ns: the cgroup freezer */
+        int r = sb->backend == HUTCH_BACKEND_GVISOR ? pause_to_disk(srv, sb, err) : hutch_sandbox_freeze(sb->h, err);
         if (r < 0)
                 return r;
         sb->paused = true;
@@ -753,7 +890,7 @@ static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
 int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         if (!sb->paused)
                 return 0;
-        int r = hutch_sandbox_thaw(sb->h, err);
+        int r = hutch_sandbox_is_suspended(sb->h) ? resume_from_disk(srv, sb, err) : hutch_sandbox_thaw(sb->h, err);
         if (r < 0)
                 return r;
         sb->paused = false;
@@ -947,6 +1084,7 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         int r = hutch_sandbox_attach(srv->ctx, row->id, &sb->h, &err);
         if (r < 0) {
                 log_info("sandbox %s: not alive any more (%s); ending it", row->id, err.msg);
+                pause_image_remove(srv, row->id);
                 free(sb);
                 hutch_error e2 = { 0 };
                 (void) hutch_sandbox_remove(srv->ctx, row->id, &e2);
@@ -978,14 +1116,18 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         sb->pause_keep_memory = !json_is_false(json_object_get(sb->extra, "autoPauseMemory"));
         sb->cold_resume = json_is_true(json_object_get(sb->extra, "coldResume"));
         sbx_token_derive(srv, sb->id, row->token_nonce, sb->token);
-        r = register_init(srv, sb);
+        /* gvisor, paused to disk: nothing runs to watch until its resume */
+        bool suspended = hutch_sandbox_is_suspended(sb->h);
+        if (suspended)
+                sb->paused = true;
+        r = suspended ? 0 : register_init(srv, sb);
         if (r < 0) {
                 sbx_release(sb);
                 return r;
         }
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
-        if (egress_sbx_start(srv, sb) < 0)
+        if (!suspended && egress_sbx_start(srv, sb) < 0)
                 log_warning("sandbox %s: re-adopted without egress (its proxy port is taken inside it?)", sb->id);
         if (sb->paused)
                 sb->procs_pending = true; /* its init is frozen: ask once it runs again */

@@ -300,6 +300,8 @@ void sbx_free_all(server *srv);
  * the old one and its processes (their streams end), watch the new one and
  * attach to the processes init runs now. */
 int sbx_reattach(server *srv, sbx *sb);
+/* gvisor, paused to disk: the checkpoint stream, unsealed, to out_fd. */
+int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err);
 void sbx_pool_fill(server *srv);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);

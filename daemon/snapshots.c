@@ -149,7 +149,12 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
         bool gv = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
         int r = was_paused || gv ? 0 : hutch_sandbox_freeze(sb->h, err);
         uint64_t bytes = 0;
-        if (gv) {
+        if (gv && hutch_sandbox_is_suspended(sb->h)) {
+                /* paused to disk: that checkpoint is the snapshot */
+                r = sbx_pause_image_read(srv, sb, lfd, err);
+                off_t end = r >= 0 ? lseek(lfd, 0, SEEK_END) : -1;
+                bytes = end > 0 ? (uint64_t) end : 0;
+        } else if (gv) {
                 r = hutch_sandbox_checkpoint(sb->h, lfd, &bytes, err);
                 /* the sandbox goes on through a new relay: a new control
                  * connection, and the old one's streams have ended */

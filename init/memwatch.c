@@ -42,7 +42,7 @@
 #define MW_MAX_NS (100ull * 1000 * 1000)
 /* bytes per ms the fastest allocation we measured takes (with margin) */
 #define MW_RATE_PER_MS (8ull << 20)
-#define MW_GRACE_NS (250ull * 1000 * 1000)
+#define MW_GRACE_NS (1000ull * 1000 * 1000)
 
 static source timer_src = { .fd = -1 };
 static int meminfo_fd = -1;
@@ -138,12 +138,13 @@ static void check(void) {
                 return;
         }
         if (used > limit_bytes) {
-                /* One victim at a time: its memory goes some time after it
-                 * is gone (the sentry frees it asynchronously), so the next
-                 * one only when usage has not come down within a grace. */
+                /* One victim at a time: its memory goes back bit by bit
+                 * after it is gone, so the next one only once a grace has
+                 * passed with usage still over the limit, or at once when
+                 * others keep allocating past what the victim held. */
                 uint64_t now = now_ns();
-                if (last_victim > 0 && (resident_pages(last_victim) > 0 ||
-                                        (used >= used_at_kill && now - killed_at < MW_GRACE_NS))) {
+                if (last_victim > 0 && used <= used_at_kill + limit_bytes / 8 &&
+                    (resident_pages(last_victim) > 0 || now - killed_at < MW_GRACE_NS)) {
                         arm(MW_MIN_NS);
                         return;
                 }

@@ -181,6 +181,18 @@ int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes,
  * layer stream (for layer_from): by its magic. */
 bool hutch_stream_is_checkpoint(const char *path);
 
+/* gvisor: checkpoint the sandbox as hutch_sandbox_checkpoint() does and
+ * stop it there: its runtime, relay and memory are gone; its id, state,
+ * token, cgroup and uid range stay, and it is "suspended" (attach finds it
+ * so, gc leaves it alone) until hutch_sandbox_resume_from() restores it
+ * from that stream. A failure after the runtime stopped restores it at
+ * once. -EOPNOTSUPP on the ns backend. */
+int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+/* Restore a suspended sandbox from the stream its suspend wrote (checked to
+ * be its own: the token its init holds). */
+int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
+bool hutch_sandbox_is_suspended(const hutch_sandbox *sb);
+
 /* The sandbox's way to the egress proxy at 127.0.0.1:<egress port>. ns:
  * nothing to do (the proxy listens inside the sandbox's netns itself, or
  * nothing does). gvisor: hutch-init's listener inside the sentry, which

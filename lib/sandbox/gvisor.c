@@ -533,9 +533,16 @@ static int relay_call(hutch_sandbox *sb, uint16_t type, hutch_error *err) {
         return initconn_call(sb, NULL, 0, NULL, NULL, 30000, err);
 }
 
-int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+/* Checkpoint to out_fd; then restore the sandbox at once (a snapshot), or
+ * leave it stopped (suspend). */
+static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
         if (sb->backend != HUTCH_BACKEND_GVISOR)
                 return hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
+        if (sb->suspended)
+                return hutch_error_set(err, -EAGAIN, "sandbox %s is suspended: its checkpoint is on disk already",
+                                       sb->id);
+        if (sb->init_pidfd < 0)
+                return hutch_error_set(err, -ESRCH, "sandbox %s is not running", sb->id);
         hutch_ctx *ctx = sb->ctx;
         char runsc[PATH_MAX], dir[PATH_MAX];
         if (gvisor_runsc_path(ctx, runsc, sizeof runsc) < 0)
@@ -641,7 +648,12 @@ int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes,
         }
         if (d)
                 closedir(d);
-        if (stopped) {
+        if (stopped && suspend && r >= 0) {
+                /* stays stopped; the stream is all that is left of it */
+                r = gvisor_after_suspend(sb, err);
+                stopped = r < 0; /* cannot record that: bring it back */
+        }
+        if (stopped && !sb->suspended) {
                 /* the sandbox goes on from its own checkpoint: same id,
                  * token, cgroup and files; its connections and process
                  * streams were the old relay's and have ended */
@@ -653,7 +665,7 @@ int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes,
                         r = hutch_error_set(err, k, "restoring the sandbox after its checkpoint: %s", e2.msg);
                 if (k >= 0 && frozen)
                         (void) cgroup_freeze(sb->cg, &e2);
-        } else if (frozen) {
+        } else if (frozen && !sb->suspended) {
                 hutch_error e2 = { 0 };
                 (void) cgroup_freeze(sb->cg, &e2);
         }
@@ -663,6 +675,30 @@ int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes,
         if (ret_bytes)
                 *ret_bytes = total;
         return 0;
+}
+
+int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        return checkpoint(sb, out_fd, ret_bytes, false, err);
+}
+
+int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        return checkpoint(sb, out_fd, ret_bytes, true, err);
+}
+
+int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
+        if (sb->backend != HUTCH_BACKEND_GVISOR || !sb->suspended)
+                return hutch_error_set(err, -EINVAL, "sandbox %s is not suspended", sb->id);
+        char dir[PATH_MAX], token[HUTCH_TOKEN_LEN + 1];
+        snprintf(dir, sizeof dir, "%s/gvisor/.resume-%s", sb->ctx->data_dir, sb->id);
+        int r = gvisor_unpack(stream_path, dir, token, err);
+        if (r >= 0 && !streq(token, sb->token))
+                r = hutch_error_set(err, -EBADMSG, "the checkpoint is not sandbox %s's", sb->id);
+        if (r >= 0)
+                r = gvisor_launch(sb, dir, GVISOR_READY_TIMEOUT_MS, err);
+        if (r >= 0)
+                r = gvisor_after_launch(sb, err);
+        (void) rm_rf_at(AT_FDCWD, dir);
+        return r;
 }
 
 /* Unpack a checkpoint stream into dir (created here, root only), and the

@@ -69,6 +69,7 @@ struct hutch_sandbox {
         bool destroyed;
         int backend;       /* HUTCH_BACKEND_*; gvisor: init_pid is the relay's */
         uint16_t egress_port; /* gvisor: where hutch-init listens for the proxy */
+        bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
@@ -100,6 +101,8 @@ int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKE
 int gvisor_kill_runtime(hutch_sandbox *sb);
 /* sandbox.c: after a (re)launch, the relay's start time and the state file */
 int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err);
+/* The runtime stopped at its checkpoint: no init; state says suspended. */
+int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err);
 int sandbox_init_memfd(hutch_ctx *ctx, hutch_error *err);
 
 /* uidrange.c: one 65536-id host range per live sandbox, never host uid 0. */

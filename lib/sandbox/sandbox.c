@@ -276,12 +276,12 @@ static int state_write(hutch_sandbox *sb, hutch_error *err) {
                          "id=%s\ntemplate=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
                          "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
                          "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
-                         "cgroup_mount=%s\nbackend=%s\negress_port=%u\n",
+                         "cgroup_mount=%s\nbackend=%s\negress_port=%u\nsuspended=%d\n",
                          sb->id, sb->template_name, sb->init_pid, sb->init_starttime, sb->uid_slot,
                          (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
                          sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
                          sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
-                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port);
+                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port, sb->suspended);
         int r = write_file_atomic(path, buf, (size_t) n, 0600);
         if (r < 0)
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
@@ -339,6 +339,13 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         sb->egress_port = (uint16_t) strtoul(v, NULL, 10);
                 else if (streq(k, "backend"))
                         sb->backend = streq(v, "gvisor") ? HUTCH_BACKEND_GVISOR : HUTCH_BACKEND_NS;
+                else if (streq(k, "suspended"))
+                        sb->suspended = streq(v, "1");
+        }
+        /* a suspended sandbox has no init until it is restored */
+        if (sb->suspended && sb->backend == HUTCH_BACKEND_GVISOR) {
+                sb->init_pid = 0;
+                have_pid = true;
         }
         if (!have_pid || sb->uid_slot >= sb->ctx->uid_slots)
                 return hutch_error_set(err, -EBADMSG, "sandbox %s: state file is damaged", sb->id);
@@ -808,7 +815,20 @@ int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err) {
         int r = proc_starttime(sb->init_pid, &sb->init_starttime);
         if (r < 0)
                 return hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
+        sb->suspended = false;
         return state_write(sb, err);
+}
+
+int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
+        sb->init_pidfd = safe_close(sb->init_pidfd);
+        sb->conn = safe_close(sb->conn);
+        sb->init_pid = 0;
+        sb->init_starttime = 0;
+        sb->suspended = true;
+        int r = state_write(sb, err);
+        if (r < 0)
+                sb->suspended = false;
+        return r;
 }
 
 /* --------------------------------------------------------------- attach */
@@ -849,7 +869,10 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                         alive = false;
                 }
         }
-        if (!alive) {
+        if (!alive && sb->suspended) {
+                /* checkpointed to disk: nothing runs, nothing to talk to */
+                connect_init = false;
+        } else if (!alive) {
                 sb->init_pid = 0;
                 if (connect_init) {
                         r = hutch_error_set(err, -ESRCH, "sandbox %s is not running (its init is gone)", id);
@@ -1009,6 +1032,9 @@ const hutch_limits *hutch_sandbox_limits(const hutch_sandbox *sb) {
 int hutch_sandbox_fd(const hutch_sandbox *sb) {
         return sb->conn;
 }
+bool hutch_sandbox_is_suspended(const hutch_sandbox *sb) {
+        return sb->suspended;
+}
 
 int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err) {
         return cgroup_freeze(sb->cg, err);
@@ -1121,7 +1147,7 @@ int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err) {
                 snprintf(sp, sizeof sp, "%s/state", sb->dir);
                 bool has_state = stat(sp, &st) == 0;
                 bool old = stat(sb->dir, &st) == 0 && now.tv_sec - st.st_mtim.tv_sec > 60;
-                if (sb->init_pid == 0 && (has_state || old)) {
+                if (sb->init_pid == 0 && !sb->suspended && (has_state || old)) {
                         hutch_error e = { 0 };
                         if (sandbox_teardown(sb, &e) >= 0)
                                 removed++;

@@ -3,9 +3,9 @@
 // suite also runs on gvisor with HUTCH_E2B_BACKEND=gvisor (docs/gvisor.md).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { existsSync, readdirSync, readFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { Sandbox } from 'e2b'
-import { createSandbox, env, sleep, textCollector, waitFor } from './helpers.mjs'
+import { createSandbox, env, restartDaemon, sleep, textCollector, waitFor } from './helpers.mjs'
 
 const GV = { metadata: { 'hutch.backend': 'gvisor' } }
 const haveRunsc = existsSync('/usr/bin/runsc') || existsSync('/usr/local/bin/runsc')
@@ -73,17 +73,61 @@ test('watch reports a file written inside', opt, async (t) => {
   await w.stop()
 })
 
-test('pause keeps a process and its memory; resume continues counting', opt, async (t) => {
+test('pause checkpoints to disk: nothing runs while paused, memory is freed, resume continues counting', opt, async (t) => {
   const sbx = await createSandbox(t, GV)
+  const id = sbx.sandboxId
   await sbx.commands.run(`bash -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/c; sleep 0.2; done'`, { background: true })
   await waitFor(async () => Number((await sbx.files.read('/tmp/c')).trim()) >= 3, { what: 'the counter to start' })
   await sbx.pause()
-  await sleep(1500)
+  // the runtime is gone (no sentry, gofer or relay holds memory), the
+  // checkpoint is sealed on disk, and the API says paused
+  assert.ok(!hostCmdlines().some((c) => c.includes(id)), 'no host process of the paused sandbox')
+  const image = `${env.dataDir}/paused/${id}.seal`
+  assert.ok(existsSync(image), 'the sealed checkpoint')
+  assert.ok(!readFileSync(image).includes(Buffer.from('while true; do i=')), 'the image is not plaintext')
+  assert.equal((await Sandbox.getInfo(id)).state, 'paused')
+  await sleep(1000)
   await sbx.connect()
   const c1 = Number((await sbx.files.read('/tmp/c')).trim())
-  await sleep(1000)
-  const c2 = Number((await sbx.files.read('/tmp/c')).trim())
-  assert.ok(c1 >= 3 && c2 > c1, `counter went on from memory: ${c1} -> ${c2}`)
+  await waitFor(async () => Number((await sbx.files.read('/tmp/c')).trim()) > c1, { what: 'the counter to go on' })
+  assert.ok(c1 >= 3 && c1 < 12, `counted on from memory, not while paused: ${c1}`)
+  assert.ok(!existsSync(image), 'the image is gone after the resume')
+  assert.ok((await sbx.commands.list()).some((p) => p.args.join(' ').includes('while true')), 'the process is listed again')
+  assert.equal((await sbx.commands.run('echo works')).stdout, 'works\n')
+})
+
+test('a paused gvisor sandbox survives a daemon restart; killed while paused, it leaves nothing', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  const id = sbx.sandboxId
+  await sbx.commands.run('echo 41 > /tmp/n; sleep 1000 &', { background: false })
+  await sbx.pause()
+  await restartDaemon()
+  assert.equal((await Sandbox.getInfo(id)).state, 'paused')
+  await sbx.connect()
+  assert.equal((await sbx.commands.run('cat /tmp/n')).stdout, '41\n')
+  assert.ok((await sbx.commands.list()).some((p) => p.cmd.includes('sleep') || p.args.join(' ').includes('sleep')) ||
+    (await sbx.commands.run('pgrep -c sleep || true')).stdout.trim() !== '0', 'sleep still runs')
+  await sbx.pause()
+  await sbx.kill()
+  await waitFor(() => !existsSync(`${env.dataDir}/paused/${id}.seal`) && !existsSync(`${env.runDir}/sandboxes/${id}`) &&
+    !existsSync(`${env.dataDir}/gvisor/${id}`), { what: `the image, state and scratch of ${id} to go` })
+})
+
+test('a tampered pause image is refused and the sandbox stays paused', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  const id = sbx.sandboxId
+  await sbx.commands.run('echo kept > /tmp/k')
+  await sbx.pause()
+  const image = `${env.dataDir}/paused/${id}.seal`
+  const good = readFileSync(image)
+  const bad = Buffer.from(good)
+  bad[bad.length >> 1] ^= 1
+  writeFileSync(image, bad)
+  await assert.rejects(sbx.connect(), (e) => /authenticate|500/i.test(`${e.message}`))
+  assert.equal((await Sandbox.getInfo(id)).state, 'paused')
+  writeFileSync(image, good)
+  await sbx.connect()
+  assert.equal((await sbx.commands.run('cat /tmp/k')).stdout, 'kept\n')
 })
 
 test('past the memory limit the largest process is killed, not the sandbox', opt, async (t) => {
