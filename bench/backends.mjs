@@ -1,6 +1,7 @@
 // The two isolation backends side by side, through the stock SDK against one
 // daemon (bench/backends.sh starts it with no warm pool, so every create is
-// cold on both): create → first output, pause, resume, fork ×3, idle memory.
+// cold on both): create → first output, pause, resume, fork ×3, idle memory
+// running and paused.
 // The backend is chosen per sandbox with metadata hutch.backend. Markdown on stdout.
 import { readFileSync, existsSync } from 'node:fs'
 import { createRequire } from 'node:module'
@@ -48,9 +49,9 @@ for (const b of backends) {
     const [tk] = await time(() => s.kill())
     add('kill', b, tk)
     const [tp] = await time(() => parent.pause())
-    add('pause (freeze, memory kept)', b, tp)
+    add('pause (ns: cgroup freeze; gvisor: checkpoint to disk, runtime stopped)', b, tp)
     const [tu] = await time(async () => { await parent.connect(); await parent.commands.run('true') })
-    add('resume (connect) → first output', b, tu)
+    add('resume (connect) → first output (gvisor: restore)', b, tu)
     const [ts, snap] = await time(() => parent.createSnapshot())
     add('snapshot (ns: the layer; gvisor: memory checkpoint)', b, ts)
     const [tr, copy] = await time(async () => { const c = await Sandbox.create(snap.snapshotId); await c.commands.run('true'); return c })
@@ -74,6 +75,12 @@ for (const b of backends) {
   for (const s of idle) for (const p of cgroupPids(s.sandboxId)) { pss += pssKiB(p); rss += rssKiB(p); procs++ }
   add('idle memory per sandbox, PSS MiB (host processes each)', b, pss / 1024 / IDLE)
   notes[`${b}-idle`] = `${(rss / 1024 / IDLE).toFixed(1)} MiB RSS, ${(procs / IDLE).toFixed(1)} host processes per sandbox`
+  // the same sandboxes paused: what they hold on the host then
+  for (const s of idle) await s.pause()
+  pss = 0; rss = 0; procs = 0
+  for (const s of idle) for (const p of cgroupPids(s.sandboxId)) { pss += pssKiB(p); rss += rssKiB(p); procs++ }
+  add('idle memory per sandbox, paused, PSS MiB', b, pss / 1024 / IDLE)
+  notes[`${b}-paused`] = `${(rss / 1024 / IDLE).toFixed(1)} MiB RSS, ${(procs / IDLE).toFixed(1)} host processes per paused sandbox`
   await Promise.all(idle.map((s) => s.kill()))
 }
 

@@ -339,6 +339,43 @@ void sbx_pool_cleanup_previous(server *srv) {
         (void) unlink(path);
 }
 
+/* NAME=BACKEND,NAME=BACKEND: each entry checked, or the one for name. */
+static const char *template_backends_walk(const char *setting, const char *name, char *why, size_t whylen) {
+        static char found[16];
+        const char *p = setting;
+        while (*p) {
+                const char *end = strchr(p, ',');
+                size_t n = end ? (size_t) (end - p) : strlen(p);
+                const char *eq = memchr(p, '=', n);
+                size_t nl = eq ? (size_t) (eq - p) : 0, bl = eq ? n - nl - 1 : 0;
+                char tname[32] = "", bname[16] = "";
+                if (eq && nl && nl < sizeof tname && bl && bl < sizeof bname) {
+                        memcpy(tname, p, nl);
+                        memcpy(bname, eq + 1, bl);
+                }
+                if (!tname[0] || (!streq(tname, "base") && !streq(tname, "host")) || hutch_backend_from_name(bname) < 0) {
+                        if (why)
+                                snprintf(why, whylen, "'%.*s' is not TEMPLATE=BACKEND (templates: base, host; backends: ns, gvisor)",
+                                         (int) MIN(n, 64), p);
+                        return why ? "" : NULL;
+                }
+                if (name && streq(tname, name)) {
+                        snprintf(found, sizeof found, "%s", bname);
+                        return found;
+                }
+                p += n + (end ? 1 : 0);
+        }
+        return NULL;
+}
+
+int template_backends_check(const char *setting, char *why, size_t whylen) {
+        return template_backends_walk(setting, NULL, why, whylen) ? -EINVAL : 0;
+}
+
+const char *template_backend(const char *setting, const char *template_name) {
+        return template_backends_walk(setting, template_name, NULL, 0);
+}
+
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
         *ret_status = 400;
         create_request cr;
@@ -403,8 +440,12 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         /* a snapshot says which backend it is for: a gvisor one is a memory
          * checkpoint (it starts where it was), a namespace one a layer */
         bool checkpoint = layer_from[0] && hutch_stream_is_checkpoint(layer_from);
+        /* the create's word, else the snapshot's kind, else the template's
+         * default, else the operator's */
+        const char *tb = snap.id[0] ? NULL : template_backend(srv->cfg.template_backends, alias);
         int backend = hutch_backend_from_name(cr.backend ? cr.backend
                                               : snap.id[0] ? (checkpoint ? "gvisor" : "ns")
+                                              : tb         ? tb
                                                            : srv->cfg.backend);
         if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
                 *ret_status = 409;

@@ -62,6 +62,7 @@ static const struct cfg_entry {
         { "snapshot-reserve", CFG_SIZE, U(snapshot_reserve_bytes), 0, 1ull << 50, "1G", "free disk a snapshot must leave on the data dir's file system (507 otherwise)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
         { "backend", CFG_STR, S(backend), 0, 0, "ns", "isolation backend of sandboxes whose create names none: ns (namespaces) or gvisor (runsc)" },
+        { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base and host; e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
         { "runsc", CFG_STR, S(runsc), 0, 0, "auto", "runsc of the gvisor backend (auto: /usr/bin/runsc, /usr/local/bin/runsc)" },
         { "gvisor-platform", CFG_STR, S(gvisor_platform), 0, 0, "ptrace", "runsc --platform: ptrace, systrap or kvm" },
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
@@ -427,6 +428,12 @@ int server_run(const server_config *cfg) {
 
         if (hutch_backend_from_name(srv->cfg.backend) < 0) {
                 log_error("backend must be ns or gvisor, not '%s'", srv->cfg.backend);
+                r = -EINVAL;
+                goto out;
+        }
+        char tb_why[160];
+        if (template_backends_check(srv->cfg.template_backends, tb_why, sizeof tb_why) < 0) {
+                log_error("template-backends: %s", tb_why);
                 r = -EINVAL;
                 goto out;
         }

@@ -51,6 +51,7 @@ typedef struct server_config {
         char egress_upstream_ca[1024]; /* extra CAs trusted for intercepted upstreams */
         uint64_t egress_port;
         char backend[16];            /* ns or gvisor: sandboxes whose create names none */
+        char template_backends[256]; /* NAME=BACKEND,...: a template's default, before backend */
         char runsc[1024];            /* "auto" or a path */
         char gvisor_platform[16];
         uint64_t egress_connections; /* per sandbox, open at once */
@@ -300,6 +301,11 @@ void sbx_free_all(server *srv);
  * the old one and its processes (their streams end), watch the new one and
  * attach to the processes init runs now. */
 int sbx_reattach(server *srv, sbx *sb);
+/* The template-backends setting: whether it is NAME=BACKEND pairs of known
+ * templates and backends; and the backend it names for a template (NULL:
+ * none). */
+int template_backends_check(const char *setting, char *why, size_t whylen);
+const char *template_backend(const char *setting, const char *template_name);
 /* gvisor, paused to disk: the checkpoint stream, unsealed, to out_fd. */
 int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err);
 void sbx_pool_fill(server *srv);

@@ -19,6 +19,7 @@ import pytest
 
 import hutchtest
 from hutchtest import parse_json_summary
+from serveclient import ServeDaemon
 
 RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
 pytestmark = pytest.mark.skipif(not os.access(RUNSC, os.X_OK), reason="runsc is not installed")
@@ -253,3 +254,26 @@ def test_missing_runsc_is_a_clear_error(warm, baseline):
     assert cp.returncode == 125
     assert b"runsc" in cp.stderr
     hutchtest.assert_no_leak(baseline)
+
+
+def test_template_default_backend(sandboxed_hutch, tmp_path):
+    """`--template-backends base=gvisor`: the SDK's default template starts
+    on gvisor, `host` on the operator's default (ns), and a create that
+    names its backend wins over the template's."""
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--template-backends", "base=gvisor", "--pool-size", "0"])
+    sd.start()
+    try:
+        cases = [(sd.create(timeout=120), "gvisor"),
+                 (sd.create(timeout=120, templateID="host"), "ns"),
+                 (sd.create(timeout=120, metadata={"hutch.backend": "ns"}), "ns")]
+        for sb, want in cases:
+            end, out, err, _ = sd.run(sb, "dmesg 2>/dev/null | head -1; cat /proc/version")
+            on_gvisor = b"gVisor" in out or b"4.4.0" in out
+            assert on_gvisor == (want == "gvisor"), (want, out, err)
+            assert sd.kill(sb["sandboxID"]).status == 204
+    finally:
+        sd.stop()
+    bad = ServeDaemon(sandboxed_hutch, tmp_path / "bad", ["--template-backends", "base=firecracker"])
+    with pytest.raises(AssertionError):
+        bad.start(timeout=10)
+    assert "template-backends" in bad.log_tail() and "base=firecracker" in bad.log_tail()
