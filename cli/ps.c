@@ -56,14 +56,16 @@ int verb_ps(int argc, char **argv) {
                 struct stat pst;
                 double age = stat(path, &pst) == 0 ? difftime(now.tv_sec, pst.st_mtim.tv_sec) : 0;
                 char mem[32];
+                /* gvisor, paused to disk: nothing runs until its resume */
+                const char *state = hutch_sandbox_is_suspended(sb) ? "suspended" : "running";
                 if (json)
-                        printf("%s{\"id\":\"%s\",\"state\":\"running\",\"init_pid\":%d,\"template\":\"%s\",\"memory_bytes\":%llu,"
+                        printf("%s{\"id\":\"%s\",\"state\":\"%s\",\"init_pid\":%d,\"template\":\"%s\",\"memory_bytes\":%llu,"
                                "\"backend\":\"%s\"}",
-                               first ? "" : ",", *id, hutch_sandbox_init_pid(sb), hutch_sandbox_template(sb),
+                               first ? "" : ",", *id, state, hutch_sandbox_init_pid(sb), hutch_sandbox_template(sb),
                                (unsigned long long) st.memory_current, hutch_backend_name(hutch_sandbox_backend(sb)));
                 else
                         printf("%-20s  %8d  %-10s  %7.0fs  %10s  %s\n", *id, hutch_sandbox_init_pid(sb),
-                               hutch_sandbox_template(sb), age, format_size(st.memory_current, mem, sizeof mem), "running");
+                               hutch_sandbox_template(sb), age, format_size(st.memory_current, mem, sizeof mem), state);
                 first = false;
                 hutch_sandbox_unref(sb);
         }

@@ -11,8 +11,8 @@
  * sentry's own accounting (/proc/meminfo inside: everything the sandbox's
  * processes, page cache and in-memory files hold) and, once it passes the
  * sandbox's limit, SIGKILLs the process with the most resident memory, as
- * the kernel would (one at a time: the next only once the last one's memory
- * is gone). Files in the writable layer live in that memory too and count;
+ * the kernel would (one at a time: the next only if usage stays over the
+ * limit for a second after it, or grows by an eighth of the limit). Files in the writable layer live in that memory too and count;
  * killing cannot free them. The host cgroup allows the limit plus the
  * runtime's own memory and headroom (sandbox-internal.h): the backstop.
  *
@@ -47,7 +47,6 @@
 static source timer_src = { .fd = -1 };
 static int meminfo_fd = -1;
 static uint64_t limit_bytes;
-static pid_t last_victim;
 static uint64_t killed_at, used_at_kill;
 
 static uint64_t now_ns(void) {
@@ -141,16 +140,15 @@ static void check(void) {
                 /* One victim at a time: its memory goes back bit by bit
                  * after it is gone, so the next one only once a grace has
                  * passed with usage still over the limit, or at once when
-                 * others keep allocating past what the victim held. */
+                 * others keep allocating past what the victim held. (No
+                 * waiting on the victim's pid itself: it may be reused.) */
                 uint64_t now = now_ns();
-                if (last_victim > 0 && used <= used_at_kill + limit_bytes / 8 &&
-                    (resident_pages(last_victim) > 0 || now - killed_at < MW_GRACE_NS)) {
+                if (killed_at && now - killed_at < MW_GRACE_NS && used <= used_at_kill + limit_bytes / 8) {
                         arm(MW_MIN_NS);
                         return;
                 }
                 pid_t victim = largest_process();
                 if (victim > 0 && kill(victim, SIGKILL) == 0) {
-                        last_victim = victim;
                         killed_at = now;
                         used_at_kill = used;
                         log_debug("memory %llu > limit %llu: killed pid %d", (unsigned long long) used,

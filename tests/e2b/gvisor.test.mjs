@@ -4,6 +4,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { execFileSync } from 'node:child_process'
 import { Sandbox } from 'e2b'
 import { createSandbox, env, restartDaemon, sleep, textCollector, waitFor } from './helpers.mjs'
 
@@ -101,6 +102,12 @@ test('a paused gvisor sandbox survives a daemon restart; killed while paused, it
   const id = sbx.sandboxId
   await sbx.commands.run('echo 41 > /tmp/n; sleep 1000 &', { background: false })
   await sbx.pause()
+  // the engine knows it as suspended, and gc (which removes sandboxes whose
+  // init is gone) leaves it alone
+  const hutch = (...a) => execFileSync(env.bin, a, { env: { ...process.env, HUTCH_RUN_DIR: env.runDir, HUTCH_DATA_DIR: env.dataDir } }).toString()
+  hutch('gc')
+  const ps = JSON.parse(hutch('ps', '--json')).find((x) => x.id === id)
+  assert.equal(ps?.state, 'suspended', JSON.stringify(ps))
   await restartDaemon()
   assert.equal((await Sandbox.getInfo(id)).state, 'paused')
   await sbx.connect()
