@@ -41,6 +41,16 @@ BATCH_SCRIPT = ('cat > /tmp/probe && chmod 0755 /tmp/probe || exit 125\n'
                 '    echo "RESULT $n $?"\n'
                 'done\n')
 
+# Host tunables no sandbox may write (each a host-wide lever).
+HOST_TUNABLES = [
+    "/proc/sys/vm/drop_caches",
+    "/proc/sys/kernel/modprobe",
+    "/proc/sys/kernel/panic",
+    "/proc/sys/fs/binfmt_misc/register",
+    "/sys/kernel/uevent_helper",
+    "/sys/power/state",
+]
+
 KILLED_BY_SIGSYS = 128 + signal.SIGSYS
 KILLED_BY_SIGSEGV = 128 + signal.SIGSEGV
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import hutchtest
-from .conftest import BATCH_SCRIPT
+from .conftest import BATCH_SCRIPT, HOST_TUNABLES
 
 RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
 pytestmark = pytest.mark.skipif(not os.access(RUNSC, os.X_OK), reason="runsc is not installed")
@@ -248,16 +248,7 @@ def test_device_nodes_reach_no_host_device(warm, user):
     assert not opened, f"device nodes opened inside a gvisor sandbox: {opened}"
 
 
-@pytest.mark.parametrize("path", [
-    "/proc/sys/kernel/core_pattern",
-    "/proc/sysrq-trigger",
-    "/proc/sys/vm/drop_caches",
-    "/proc/sys/kernel/modprobe",
-    "/proc/sys/kernel/panic",
-    "/proc/sys/fs/binfmt_misc/register",
-    "/sys/kernel/uevent_helper",
-    "/sys/power/state",
-])
+@pytest.mark.parametrize("path", ["/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger", *HOST_TUNABLES])
 def test_host_tunables_unreachable(probe, path):
     """Writes fail or land in the sentry's own /proc and /sys; the host's
     files are unchanged either way."""

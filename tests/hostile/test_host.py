@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import hutchtest
+from .conftest import HOST_TUNABLES
 
 READ_ONLY_ANSWERS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -178,14 +179,7 @@ def test_sysrq_trigger_not_writable(probe, user):
         assert r.rc in READ_ONLY_ANSWERS + (errno.ENOENT,), r
 
 
-@pytest.mark.parametrize("path", [
-    "/proc/sys/vm/drop_caches",
-    "/proc/sys/kernel/modprobe",
-    "/proc/sys/kernel/panic",
-    "/proc/sys/fs/binfmt_misc/register",
-    "/sys/kernel/uevent_helper",
-    "/sys/power/state",
-])
+@pytest.mark.parametrize("path", HOST_TUNABLES)
 def test_host_tunables_not_writable(probe, path):
     r = probe("open-write", path)
     if r.rc == 0:
