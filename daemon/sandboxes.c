@@ -9,6 +9,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include "daemon/requests.h"
 #include "daemon/server.h"
 #include "util/error.h"
+#include "util/fsutil.h"
 #include "util/log.h"
 #include "snapshot/seal.h"
 
@@ -1179,6 +1181,43 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         return 1;
 }
 
+/* What a crash in the middle of a pause, resume or checkpoint leaves: the
+ * plain checkpoint files (root-only) and sealed images of sandboxes that
+ * are not live any more. Runs after re-adoption, when the live ones are
+ * known. */
+static void leftovers_sweep(server *srv) {
+        char dir[PATH_MAX];
+        unsigned removed = 0;
+        snprintf(dir, sizeof dir, "%s/paused", srv->cfg.data_dir);
+        DIR *d = opendir(dir);
+        for (struct dirent *de; d && (de = readdir(d));) {
+                const char *n = de->d_name;
+                size_t l = strlen(n);
+                if (streq(n, ".") || streq(n, ".."))
+                        continue;
+                bool drop = n[0] == '.' || (l > 4 && streq(n + l - 4, ".tmp"));
+                if (!drop && l > 5 && streq(n + l - 5, ".seal")) {
+                        char id[HUTCH_ID_LEN + 1];
+                        snprintf(id, sizeof id, "%.*s", (int) (l - 5), n);
+                        drop = l - 5 != HUTCH_ID_LEN || !sbx_find(srv, id);
+                }
+                if (drop && unlinkat(dirfd(d), n, 0) == 0)
+                        removed++;
+        }
+        if (d)
+                closedir(d);
+        snprintf(dir, sizeof dir, "%s/gvisor", srv->cfg.data_dir);
+        d = opendir(dir);
+        for (struct dirent *de; d && (de = readdir(d));)
+                if ((strncmp(de->d_name, ".ckpt-", 6) == 0 || strncmp(de->d_name, ".resume-", 8) == 0) &&
+                    rm_rf_at(dirfd(d), de->d_name) >= 0)
+                        removed++;
+        if (d)
+                closedir(d);
+        if (removed)
+                log_info("removed %u leftover checkpoint file(s) of earlier pauses and snapshots", removed);
+}
+
 int sbx_readopt_all(server *srv) {
         store_sandbox *rows = NULL;
         size_t n = 0;
@@ -1212,5 +1251,6 @@ int sbx_readopt_all(server *srv) {
         }
         if (adopted)
                 log_info("re-adopted %d sandbox(es)", adopted);
+        leftovers_sweep(srv);
         return adopted;
 }

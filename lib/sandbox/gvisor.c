@@ -697,6 +697,18 @@ int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_
                 r = gvisor_launch(sb, dir, GVISOR_READY_TIMEOUT_MS, err);
         if (r >= 0)
                 r = gvisor_after_launch(sb, err);
+        if (r < 0 && sb->init_pidfd >= 0) {
+                /* a relay started and the restore failed: stop what it
+                 * started; the sandbox stays suspended, for another try */
+                (void) gvisor_kill_runtime(sb);
+                struct pollfd pf = { .fd = sb->init_pidfd, .events = POLLIN };
+                if (poll(&pf, 1, 5000) == 1 && sb->is_parent)
+                        (void) waitpid(sb->init_pid, NULL, WNOHANG);
+                sb->init_pidfd = safe_close(sb->init_pidfd);
+                sb->conn = safe_close(sb->conn);
+                sb->init_pid = 0;
+                sb->suspended = true;
+        }
         (void) rm_rf_at(AT_FDCWD, dir);
         return r;
 }

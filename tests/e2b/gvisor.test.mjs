@@ -3,7 +3,7 @@
 // suite also runs on gvisor with HUTCH_E2B_BACKEND=gvisor (docs/gvisor.md).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { execFileSync } from 'node:child_process'
 import { Sandbox } from 'e2b'
 import { createSandbox, env, restartDaemon, sleep, textCollector, waitFor } from './helpers.mjs'
@@ -108,7 +108,16 @@ test('a paused gvisor sandbox survives a daemon restart; killed while paused, it
   hutch('gc')
   const ps = JSON.parse(hutch('ps', '--json')).find((x) => x.id === id)
   assert.equal(ps?.state, 'suspended', JSON.stringify(ps))
+  // what a crash in the middle of a pause or checkpoint would leave: swept
+  // at the next start, while the live sandbox's image stays
+  const junk = [`${env.dataDir}/paused/.image-crashed`, `${env.dataDir}/paused/${'z'.repeat(20)}.seal`,
+    `${env.dataDir}/paused/${id}.seal.tmp`]
+  for (const f of junk) writeFileSync(f, 'left over')
+  mkdirSync(`${env.dataDir}/gvisor/.ckpt-${'z'.repeat(20)}-abcdef`)
   await restartDaemon()
+  assert.deepEqual(junk.filter((f) => existsSync(f)), [])
+  assert.ok(!existsSync(`${env.dataDir}/gvisor/.ckpt-${'z'.repeat(20)}-abcdef`))
+  assert.ok(existsSync(`${env.dataDir}/paused/${id}.seal`), 'the paused sandbox keeps its image')
   assert.equal((await Sandbox.getInfo(id)).state, 'paused')
   await sbx.connect()
   assert.equal((await sbx.commands.run('cat /tmp/n')).stdout, '41\n')
