@@ -12,7 +12,8 @@
  * processes, page cache and in-memory files hold) and, once it passes the
  * sandbox's limit, SIGKILLs the process with the most resident memory, as
  * the kernel would (one at a time: the next only if usage stays over the
- * limit for a second after it, or grows by an eighth of the limit). Files in the writable layer live in that memory too and count;
+ * limit for a second after the last kill, or grows by an eighth of the
+ * limit more than 200 ms after it). Files in the writable layer live in that memory too and count;
  * killing cannot free them. The host cgroup allows the limit plus the
  * runtime's own memory and headroom (sandbox-internal.h): the backstop.
  *
@@ -43,6 +44,7 @@
 /* bytes per ms the fastest allocation we measured takes (with margin) */
 #define MW_RATE_PER_MS (8ull << 20)
 #define MW_GRACE_NS (1000ull * 1000 * 1000)
+#define MW_VICTIM_NS (200ull * 1000 * 1000)
 
 static source timer_src = { .fd = -1 };
 static int meminfo_fd = -1;
@@ -137,13 +139,16 @@ static void check(void) {
                 return;
         }
         if (used > limit_bytes) {
-                /* One victim at a time: its memory goes back bit by bit
-                 * after it is gone, so the next one only once a grace has
-                 * passed with usage still over the limit, or at once when
-                 * others keep allocating past what the victim held. (No
-                 * waiting on the victim's pid itself: it may be reused.) */
-                uint64_t now = now_ns();
-                if (killed_at && now - killed_at < MW_GRACE_NS && used <= used_at_kill + limit_bytes / 8) {
+                /* One victim at a time. While it dies, its last system
+                 * call (a large mmap, maybe) still completes and usage may
+                 * go on rising: give it MW_VICTIM_NS whatever happens. Its
+                 * memory then comes back bit by bit: the next victim only
+                 * once a grace has passed with usage still over the limit,
+                 * or at once when others keep allocating past what it held
+                 * at its kill. */
+                uint64_t now = now_ns(), since = now - killed_at;
+                if (killed_at && since < MW_GRACE_NS &&
+                    (since < MW_VICTIM_NS || used <= used_at_kill + limit_bytes / 8)) {
                         arm(MW_MIN_NS);
                         return;
                 }

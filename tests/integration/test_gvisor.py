@@ -273,7 +273,8 @@ def test_template_default_backend(sandboxed_hutch, tmp_path):
             assert sd.kill(sb["sandboxID"]).status == 204
     finally:
         sd.stop()
-    bad = ServeDaemon(sandboxed_hutch, tmp_path / "bad", ["--template-backends", "base=firecracker"])
-    with pytest.raises(AssertionError):
-        bad.start(timeout=10)
-    assert "template-backends" in bad.log_tail() and "base=firecracker" in bad.log_tail()
+    for i, setting in enumerate(["base=firecracker", "base", "=gvisor", "nosuch=gvisor", "base=gvisor,,host=ns"]):
+        bad = ServeDaemon(sandboxed_hutch, tmp_path / f"bad{i}", ["--template-backends", setting])
+        with pytest.raises(AssertionError):
+            bad.start(timeout=10)
+        assert "template-backends" in bad.log_tail() and "is not TEMPLATE=BACKEND" in bad.log_tail(), setting
