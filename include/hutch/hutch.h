@@ -192,6 +192,10 @@ int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hu
  * be its own: the token its init holds). */
 int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
 bool hutch_sandbox_is_suspended(const hutch_sandbox *sb);
+/* Remove the plain checkpoint files a crash in the middle of a checkpoint
+ * or a resume_from left in the data dir. Only while none runs (a daemon's
+ * start). Returns how many. */
+int hutch_checkpoint_leftovers_remove(hutch_ctx *ctx);
 
 /* The sandbox's way to the egress proxy at 127.0.0.1:<egress port>. ns:
  * nothing to do (the proxy listens inside the sandbox's netns itself, or

@@ -533,6 +533,14 @@ static int relay_call(hutch_sandbox *sb, uint16_t type, hutch_error *err) {
         return initconn_call(sb, NULL, 0, NULL, NULL, 30000, err);
 }
 
+/* Wait (bounded) for the relay to exit once its runtime is gone, and reap
+ * it when it is our child. */
+static void relay_wait_gone(hutch_sandbox *sb, int timeout_ms) {
+        struct pollfd pf = { .fd = sb->init_pidfd, .events = POLLIN };
+        if (poll(&pf, 1, timeout_ms) == 1 && sb->is_parent)
+                (void) waitpid(sb->init_pid, NULL, WNOHANG);
+}
+
 /* Checkpoint to out_fd; then restore the sandbox at once (a snapshot), or
  * leave it stopped (suspend). */
 static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
@@ -591,9 +599,7 @@ static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool s
         bool stopped = false;
         if (r >= 0) {
                 /* the sentry is gone; the relay reaps runsc and exits */
-                struct pollfd pf = { .fd = sb->init_pidfd, .events = POLLIN };
-                (void) poll(&pf, 1, 10000);
-                (void) waitpid(sb->init_pid, NULL, WNOHANG);
+                relay_wait_gone(sb, 10000);
                 stopped = true;
         } else if (synced) {
                 /* the checkpoint failed and the sandbox still runs: let it go on */
@@ -701,25 +707,36 @@ int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_
                 /* a relay started and the restore failed: stop what it
                  * started; the sandbox stays suspended, for another try */
                 (void) gvisor_kill_runtime(sb);
-                struct pollfd pf = { .fd = sb->init_pidfd, .events = POLLIN };
-                if (poll(&pf, 1, 5000) == 1 && sb->is_parent)
-                        (void) waitpid(sb->init_pid, NULL, WNOHANG);
-                sb->init_pidfd = safe_close(sb->init_pidfd);
-                sb->conn = safe_close(sb->conn);
-                sb->init_pid = 0;
-                sb->suspended = true;
+                relay_wait_gone(sb, 5000);
+                (void) gvisor_after_suspend(sb, NULL);
         }
         (void) rm_rf_at(AT_FDCWD, dir);
         return r;
 }
 
-/* Unpack a checkpoint stream into dir (created here, root only), and the
- * token its init holds into ret_token. */
+int hutch_checkpoint_leftovers_remove(hutch_ctx *ctx) {
+        /* the ".ckpt-" dirs of checkpoint() and ".resume-" of resume_from */
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/gvisor", ctx->data_dir);
+        DIR *d = opendir(dir);
+        int removed = 0;
+        for (struct dirent *de; d && (de = readdir(d));)
+                if ((strncmp(de->d_name, ".ckpt-", 6) == 0 || strncmp(de->d_name, ".resume-", 8) == 0) &&
+                    rm_rf_at(dirfd(d), de->d_name) >= 0)
+                        removed++;
+        if (d)
+                closedir(d);
+        return removed;
+}
+
 bool hutch_stream_is_checkpoint(const char *path) {
         char magic[8];
         _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         return fd >= 0 && fd_read_full(fd, magic, 8) == 8 && memcmp(magic, CKPT_MAGIC, 8) == 0;
 }
+
+/* Unpack a checkpoint stream into dir (created here, root only), and the
+ * token its init holds into ret_token. */
 
 int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err) {
         _cleanup_close_ int in = open(stream, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
