@@ -18,13 +18,11 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "daemon/requests.h"
 #include "daemon/server.h"
 #include "util/error.h"
-#include "util/fsutil.h"
 #include "util/log.h"
 #include "snapshot/seal.h"
 
@@ -341,41 +339,44 @@ void sbx_pool_cleanup_previous(server *srv) {
         (void) unlink(path);
 }
 
-/* NAME=BACKEND,NAME=BACKEND: each entry checked, or the one for name. */
-static const char *template_backends_walk(const char *setting, const char *name, char *why, size_t whylen) {
-        static char found[16];
-        const char *p = setting;
-        while (*p) {
+/* NAME=BACKEND,NAME=BACKEND: every entry checked; the backend named for
+ * template_name (NULL: check only) to *ret, NULL when none. */
+static int template_backends_parse(const char *setting, const char *template_name, const char **ret, char *why,
+                                   size_t whylen) {
+        *ret = NULL;
+        for (const char *p = setting; *p;) {
                 const char *end = strchr(p, ',');
                 size_t n = end ? (size_t) (end - p) : strlen(p);
                 const char *eq = memchr(p, '=', n);
-                size_t nl = eq ? (size_t) (eq - p) : 0, bl = eq ? n - nl - 1 : 0;
                 char tname[32] = "", bname[16] = "";
-                if (eq && nl && nl < sizeof tname && bl && bl < sizeof bname) {
-                        memcpy(tname, p, nl);
-                        memcpy(bname, eq + 1, bl);
+                if (eq && eq > p && (size_t) (eq - p) < sizeof tname && n - (size_t) (eq - p) - 1 < sizeof bname) {
+                        memcpy(tname, p, (size_t) (eq - p));
+                        memcpy(bname, eq + 1, n - (size_t) (eq - p) - 1);
                 }
-                if (!tname[0] || (!streq(tname, "base") && !streq(tname, "host")) || hutch_backend_from_name(bname) < 0) {
-                        if (why)
-                                snprintf(why, whylen, "'%.*s' is not TEMPLATE=BACKEND (templates: base, host; backends: ns, gvisor)",
-                                         (int) MIN(n, 64), p);
-                        return why ? "" : NULL;
+                int backend = hutch_backend_from_name(bname);
+                if (!streq(tname, "base") && !streq(tname, "host"))
+                        backend = -EINVAL;
+                if (backend < 0) {
+                        snprintf(why, whylen, "'%.*s' is not TEMPLATE=BACKEND (templates: base, host; backends: ns, gvisor)",
+                                 (int) MIN(n, 64), p);
+                        return -EINVAL;
                 }
-                if (name && streq(tname, name)) {
-                        snprintf(found, sizeof found, "%s", bname);
-                        return found;
-                }
+                if (template_name && streq(tname, template_name))
+                        *ret = hutch_backend_name(backend);
                 p += n + (end ? 1 : 0);
         }
-        return NULL;
+        return 0;
 }
 
 int template_backends_check(const char *setting, char *why, size_t whylen) {
-        return template_backends_walk(setting, NULL, why, whylen) ? -EINVAL : 0;
+        const char *unused;
+        return template_backends_parse(setting, NULL, &unused, why, whylen);
 }
 
 const char *template_backend(const char *setting, const char *template_name) {
-        return template_backends_walk(setting, template_name, NULL, 0);
+        const char *b;
+        char why[160];
+        return template_backends_parse(setting, template_name, &b, why, sizeof why) < 0 ? NULL : b;
 }
 
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
@@ -756,7 +757,7 @@ int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err) {
 }
 
 static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
-        char dir[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX], sealtmp[PATH_MAX + 8];
+        char dir[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/paused", srv->cfg.data_dir);
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
                 return hutch_error_set(err, -errno, "%s: %m", dir);
@@ -764,10 +765,8 @@ static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
          * sandbox's memory, written twice (plain, then sealed) */
         hutch_stats st;
         hutch_error e0 = { 0 };
-        struct statvfs vfs;
         uint64_t mem = hutch_sandbox_stats(sb->h, &st, &e0) >= 0 ? st.memory_current : 0;
-        if (statvfs(dir, &vfs) == 0 &&
-            (uint64_t) vfs.f_bavail * vfs.f_frsize < mem * 2 + (uint64_t) srv->cfg.snapshot_reserve_bytes)
+        if (!data_disk_has_room(srv, dir, mem))
                 return hutch_error_set(err, -ENOSPC, "not enough free disk to pause this sandbox with its memory");
         snprintf(tmp, sizeof tmp, "%s/.image-XXXXXX", dir);
         int lfd = mkostemp(tmp, O_CLOEXEC);
@@ -789,26 +788,12 @@ static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
         sbx_detach_all(srv, sb);
         egress_sbx_stop(srv, sb);
         pause_image_path(srv, sb->id, final, sizeof final);
-        snprintf(sealtmp, sizeof sealtmp, "%s.tmp", final);
         char ctx[160], why[256] = "";
         pause_context(sb, ctx, sizeof ctx);
-        int sfd = open(sealtmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (sfd < 0)
-                r = hutch_error_set(err, -errno, "%s: %m", sealtmp);
-        else {
-                r = lseek(lfd, 0, SEEK_SET) < 0 ? -errno : seal_write_fd(lfd, sfd, srv->data_key, ctx, true, NULL, why, sizeof why);
-                if (r >= 0 && fsync(sfd) < 0)
-                        r = -errno;
-                close(sfd);
-                if (r >= 0 && rename(sealtmp, final) < 0)
-                        r = -errno;
-                if (r < 0) {
-                        unlink(sealtmp);
-                        hutch_error_set(err, r, "sealing the paused sandbox's image: %s", why[0] ? why : strerror(-r));
-                }
-        }
+        r = sealed_file_write(srv, lfd, final, ctx, NULL, why, sizeof why);
         close(lfd);
         if (r < 0) {
+                hutch_error_set(err, r, "sealing the paused sandbox's image: %s", why);
                 /* no image kept: bring it back from the plain one at once */
                 hutch_error e2 = { 0 };
                 if (hutch_sandbox_resume_from(sb->h, tmp, &e2) < 0 || sbx_reattach(srv, sb) < 0)
@@ -817,11 +802,6 @@ static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
                 return r;
         }
         unlink(tmp);
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-                (void) fsync(dfd);
-                close(dfd);
-        }
         log_debug("sandbox %s: paused to disk (%llu bytes of checkpoint)", sb->id, (unsigned long long) bytes);
         return 0;
 }
@@ -933,7 +913,8 @@ static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
 int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         if (!sb->paused)
                 return 0;
-        int r = hutch_sandbox_is_suspended(sb->h) ? resume_from_disk(srv, sb, err) : hutch_sandbox_thaw(sb->h, err);
+        bool from_disk = hutch_sandbox_is_suspended(sb->h);
+        int r = from_disk ? resume_from_disk(srv, sb, err) : hutch_sandbox_thaw(sb->h, err);
         if (r < 0)
                 return r;
         sb->paused = false;
@@ -955,9 +936,10 @@ int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         for (proc *p = sb->procs; p; p = p->next)
                 proc_maybe_unthrottle(srv, p);
         /* a network change while paused reaches a gvisor sandbox's listener
-         * now (its frozen init could not answer then; ns: nothing to do) */
+         * now (its frozen init could not answer then; ns: nothing to do;
+         * from disk: the reattach opened it with the current policy) */
         hutch_error e3 = { 0 };
-        if (hutch_sandbox_set_network(sb->h, sb->egress != NULL, &e3) < 0)
+        if (!from_disk && hutch_sandbox_set_network(sb->h, sb->egress != NULL, &e3) < 0)
                 log_warning("sandbox %s: its way to the egress proxy: %s", sb->id, e3.msg);
         if (sb->procs_pending) {
                 sb->procs_pending = false;
@@ -1206,14 +1188,7 @@ static void leftovers_sweep(server *srv) {
         }
         if (d)
                 closedir(d);
-        snprintf(dir, sizeof dir, "%s/gvisor", srv->cfg.data_dir);
-        d = opendir(dir);
-        for (struct dirent *de; d && (de = readdir(d));)
-                if ((strncmp(de->d_name, ".ckpt-", 6) == 0 || strncmp(de->d_name, ".resume-", 8) == 0) &&
-                    rm_rf_at(dirfd(d), de->d_name) >= 0)
-                        removed++;
-        if (d)
-                closedir(d);
+        removed += (unsigned) hutch_checkpoint_leftovers_remove(srv->ctx);
         if (removed)
                 log_info("removed %u leftover checkpoint file(s) of earlier pauses and snapshots", removed);
 }

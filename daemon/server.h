@@ -306,6 +306,13 @@ int sbx_reattach(server *srv, sbx *sb);
  * none). */
 int template_backends_check(const char *setting, char *why, size_t whylen);
 const char *template_backend(const char *setting, const char *template_name);
+/* snapshots.c: whether dir's file system has room for bytes written twice
+ * (plain, then sealed) plus the snapshot-reserve setting; and plain_fd
+ * sealed (from its start) into final, through final.tmp, fsynced, renamed
+ * and the rename synced. why says what failed. */
+bool data_disk_has_room(server *srv, const char *dir, uint64_t bytes);
+int sealed_file_write(server *srv, int plain_fd, const char *final, const char *context, uint64_t *ret_bytes,
+                      char *why, size_t whylen);
 /* gvisor, paused to disk: the checkpoint stream, unsealed, to out_fd. */
 int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err);
 void sbx_pool_fill(server *srv);

@@ -106,6 +106,51 @@ static void snap_context(int64_t team, const char *id, char *buf, size_t n) {
         snprintf(buf, n, "hutch snapshot team:%lld id:%s", (long long) team, id);
 }
 
+bool data_disk_has_room(server *srv, const char *dir, uint64_t bytes) {
+        struct statvfs vfs;
+        return statvfs(dir, &vfs) != 0 ||
+               (uint64_t) vfs.f_bavail * vfs.f_frsize >= bytes * 2 + (uint64_t) srv->cfg.snapshot_reserve_bytes;
+}
+
+int sealed_file_write(server *srv, int plain_fd, const char *final, const char *context, uint64_t *ret_bytes,
+                      char *why, size_t whylen) {
+        char sealtmp[PATH_MAX + 8];
+        snprintf(sealtmp, sizeof sealtmp, "%s.tmp", final);
+        int sfd = open(sealtmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (sfd < 0) {
+                snprintf(why, whylen, "%s: %s", sealtmp, strerror(errno));
+                return -errno;
+        }
+        int r = lseek(plain_fd, 0, SEEK_SET) < 0 ? -errno
+                                                 : seal_write_fd(plain_fd, sfd, srv->data_key, context, true, NULL, why, whylen);
+        if (r >= 0 && fsync(sfd) < 0)
+                r = -errno;
+        struct stat st;
+        if (r >= 0 && ret_bytes && fstat(sfd, &st) == 0)
+                *ret_bytes = (uint64_t) st.st_size;
+        close(sfd);
+        if (r >= 0 && rename(sealtmp, final) < 0)
+                r = -errno;
+        if (r < 0) {
+                unlink(sealtmp);
+                if (!why[0])
+                        snprintf(why, whylen, "%s", strerror(-r));
+                return r;
+        }
+        /* the rename itself must survive a crash: sync the directory */
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", final);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+                *slash = 0;
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+                (void) fsync(dfd);
+                close(dfd);
+        }
+        return 0;
+}
+
 /* Seal sb's layer into a new snapshot file; *ret filled. */
 static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot *ret, hutch_error *err) {
         store_snapshot sn = { 0 };
@@ -119,14 +164,12 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                                        (long long) have);
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
-        struct statvfs vfs;
         uint64_t used = 0;
         hutch_stats stt;
         hutch_error e0 = { 0 };
         if (hutch_sandbox_stats(sb->h, &stt, &e0) >= 0)
                 used = stt.disk_used;
-        if (statvfs(dir, &vfs) == 0 &&
-            (uint64_t) vfs.f_bavail * vfs.f_frsize < used * 2 + (uint64_t) srv->cfg.snapshot_reserve_bytes)
+        if (!data_disk_has_room(srv, dir, used))
                 return hutch_error_set(err, -ENOSPC, "not enough free disk for a snapshot of this sandbox");
         snap_id_new(sn.id);
         sn.team_id = sb->team_id;
@@ -135,7 +178,7 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
         snprintf(sn.template_id, sizeof sn.template_id, "%s", sb->template_id);
         sn.created_ms = wall_ms();
 
-        char tmpl[PATH_MAX], final[PATH_MAX], sealtmp[PATH_MAX];
+        char tmpl[PATH_MAX], final[PATH_MAX];
         snprintf(tmpl, sizeof tmpl, "%s/snapshots/.layer-XXXXXX", srv->cfg.data_dir);
         int lfd = mkostemp(tmpl, O_CLOEXEC);
         if (lfd < 0)
@@ -175,39 +218,14 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                 return r;
         }
         snap_path(srv, sn.id, final, sizeof final);
-        snprintf(sealtmp, sizeof sealtmp, "%s.tmp", final);
-        int sfd = open(sealtmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (sfd < 0) {
-                close(lfd);
-                return hutch_error_set(err, -errno, "%s: %m", sealtmp);
-        }
         char ctx[160], why[256] = "";
         snap_context(sn.team_id, sn.id, ctx, sizeof ctx);
-        if (lseek(lfd, 0, SEEK_SET) < 0)
-                r = -errno;
-        else
-                r = seal_write_fd(lfd, sfd, srv->data_key, ctx, true, NULL, why, sizeof why);
-        if (r >= 0 && fsync(sfd) < 0)
-                r = -errno;
+        uint64_t sealed = 0;
+        r = sealed_file_write(srv, lfd, final, ctx, &sealed, why, sizeof why);
         close(lfd);
-        struct stat st;
-        if (r >= 0 && fstat(sfd, &st) == 0)
-                sn.bytes = st.st_size;
-        close(sfd);
-        if (r >= 0 && rename(sealtmp, final) < 0)
-                r = -errno;
-        if (r >= 0) {
-                /* the rename itself must survive a crash: sync the directory */
-                int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                if (dfd >= 0) {
-                        (void) fsync(dfd);
-                        close(dfd);
-                }
-        }
-        if (r < 0) {
-                unlink(sealtmp);
-                return hutch_error_set(err, r, "sealing the snapshot: %s", why[0] ? why : strerror(-r));
-        }
+        if (r < 0)
+                return hutch_error_set(err, r, "sealing the snapshot: %s", why);
+        sn.bytes = (int64_t) sealed;
         sn.disk_mb = sb->disk_mb;
         if ((r = store_snapshot_insert(srv->store, &sn, err)) < 0) {
                 unlink(final);
