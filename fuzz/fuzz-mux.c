@@ -32,6 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 CHECK(f.type > 0 && f.type < _MUX_TYPE_MAX);
                 if (f.type == MUX_DATA)
                         CHECK(f.payload_len >= 1 && f.payload_len <= MUX_MAX_DATA);
+                if (f.type == MUX_DISK)
+                        CHECK(f.payload_len == 8);
                 if (f.type == MUX_MSG) {
                         mux_stream_decl d[MUX_MAX_STREAMS_PER_MSG];
                         const uint8_t *frame;

@@ -73,7 +73,7 @@ static bool sync_asked, synced_sent;
 static uint32_t oom_pending;
 
 static void link_update(void);
-static void oom_flush(void);
+static void reports_flush(void);
 
 static void fatal_link(int r) {
         /* The relay is gone or speaks nonsense: nothing can reach this
@@ -556,7 +556,7 @@ static int on_frame(const mux_frame *f, void *userdata) {
         case MUX_UNSYNC:
                 sync_asked = synced_sent = false;
                 guest_update_all();
-                oom_flush();
+                reports_flush();
                 return 0;
         case MUX_RESYNC:
                 /* restored from a checkpoint, talking to a new relay: what
@@ -578,25 +578,43 @@ static int on_frame(const mux_frame *f, void *userdata) {
                  * forever): listen anew; the daemon turns it on again */
                 source_remove(&net_listener);
                 memwatch_restored();
+                layer_watch_restored();
                 link_send(mux_link_send_u32(&mlink, MUX_HELLO, 0, MUX_VERSION));
-                oom_flush();
+                reports_flush();
                 return 0;
         default:
                 return 0; /* NET and HELLO only go the other way */
         }
 }
 
-static void oom_flush(void) {
-        if (!oom_pending || sync_asked)
+static bool disk_pending;
+static uint64_t disk_used;
+
+static void reports_flush(void) {
+        if (sync_asked)
                 return;
-        link_send(mux_link_send_u32(&mlink, MUX_OOM, 0, oom_pending));
-        oom_pending = 0;
+        if (oom_pending) {
+                link_send(mux_link_send_u32(&mlink, MUX_OOM, 0, oom_pending));
+                oom_pending = 0;
+        }
+        if (disk_pending) {
+                uint8_t v[8];
+                mux_put_u64(v, disk_used);
+                link_send(mux_link_send(&mlink, MUX_DISK, 0, v, sizeof v));
+                disk_pending = false;
+        }
+}
+
+void guest_report_disk(uint64_t used) {
+        disk_used = used;
+        disk_pending = true;
+        reports_flush();
 }
 
 void guest_report_oom_kill(void) {
         if (oom_pending < UINT32_MAX)
                 oom_pending++;
-        oom_flush();
+        reports_flush();
 }
 
 /* After the link's queue changed: write it, and start or stop reading the

@@ -108,6 +108,15 @@ int guest_net_listen(bool on);
 /* Tell the relay init killed a process over the memory limit (sent once
  * the link may carry it). */
 void guest_report_oom_kill(void);
+/* Tell the relay how many bytes the writable layer holds (sent once the
+ * link may carry it; only the latest counts). */
+void guest_report_disk(uint64_t used);
+/* Under gVisor (layer.c): build the sandbox's root (the read-only template
+ * under an overlay whose upper is the sized tmpfs the engine mounted), enter
+ * it, drop CAP_SYS_ADMIN; then report the layer's usage once a second. */
+int layer_setup(void);
+int layer_watch_setup(void);
+void layer_watch_restored(void);
 /* Enforce a memory limit of limit bytes from inside a gVisor sandbox
  * (memwatch.c); 0: none. */
 int memwatch_setup(uint64_t limit);

@@ -47,6 +47,7 @@ static bool gvisor;
 static uint16_t gvisor_egress_port;
 /* and the sandbox's memory limit, enforced from inside (memwatch.c) */
 static uint64_t gvisor_memory_limit;
+static bool gvisor_layer;
 static unsigned n_clients; /* accepted ones; the creator is not counted */
 
 static char token[INITPROTO_MAX_STRING + 1];
@@ -730,6 +731,12 @@ static int setup(void) {
                         for (int fd = GUEST_STREAM_FD + 2; fd < 1024; fd++)
                                 close(fd);
                 ensure_stdio();
+                /* the root with its sized writable layer, before anything
+                 * else runs (layer.c) */
+                if (gvisor_layer && (r = layer_setup()) < 0) {
+                        fprintf(stderr, "hutch-init: building the writable layer: %s\n", strerror(-r));
+                        return r;
+                }
         } else {
                 ensure_stdio();
                 /* Nothing but fds 3 and 4 should have been inherited; make sure. */
@@ -757,6 +764,8 @@ static int setup(void) {
          * relay's connections arrive over the mux on fd 0 (guest.c). */
         if (gvisor) {
                 r = guest_setup(GUEST_STREAM_FD, gvisor_egress_port);
+                if (r >= 0 && gvisor_layer)
+                        r = layer_watch_setup();
                 return r < 0 ? r : memwatch_setup(gvisor_memory_limit);
         }
 
@@ -800,8 +809,9 @@ void loop_run(void) {
 }
 
 /* hutch-init                      PID 1 of a namespace sandbox (fds 3, 4)
- * hutch-init --gvisor-guest PORT [MEMORY]
- *                                 PID 1 under gVisor, the mux on fd 0
+ * hutch-init --gvisor-guest PORT [MEMORY [layer]]
+ *                                 PID 1 under gVisor, the mux on fd 0;
+ *                                 "layer": build the root (layer.c)
  * hutch-init --gvisor-relay ...   the host relay of a gVisor sandbox (relay.c) */
 int main(int argc, char **argv) {
         int r;
@@ -822,6 +832,13 @@ int main(int argc, char **argv) {
                                 fprintf(stderr, "hutch-init: bad memory limit '%s'\n", argv[3]);
                                 return EXIT_FAILURE;
                         }
+                }
+                if (argc >= 5) {
+                        if (!streq(argv[4], "layer")) {
+                                fprintf(stderr, "hutch-init: bad argument '%s'\n", argv[4]);
+                                return EXIT_FAILURE;
+                        }
+                        gvisor_layer = true;
                 }
                 gvisor = true;
                 gvisor_egress_port = (uint16_t) port;

@@ -22,6 +22,8 @@ static bool payload_ok(uint8_t type, uint32_t n) {
         case MUX_HELLO:
         case MUX_OOM:
                 return n == 4;
+        case MUX_DISK:
+                return n == 8;
         case MUX_CLOSE:
         case MUX_EOF:
         case MUX_RESET:

@@ -68,6 +68,9 @@ enum {
         /* guest → relay: init killed payload u32 processes for going over
          * the sandbox's memory limit (memwatch.c); counted on the host */
         MUX_OOM = 14,
+        /* guest → relay: payload u64, bytes the writable layer holds now
+         * (layer.c); kept on the host for the metrics */
+        MUX_DISK = 15,
         _MUX_TYPE_MAX,
 };
 
@@ -117,6 +120,11 @@ static inline void mux_put_u32(uint8_t *p, uint32_t v) {
         p[1] = (uint8_t) (v >> 8);
         p[2] = (uint8_t) (v >> 16);
         p[3] = (uint8_t) (v >> 24);
+}
+
+static inline void mux_put_u64(uint8_t *p, uint64_t v) {
+        mux_put_u32(p, (uint32_t) v);
+        mux_put_u32(p + 4, (uint32_t) (v >> 32));
 }
 
 static inline uint32_t mux_get_u32(const uint8_t *p) {

@@ -714,6 +714,17 @@ static void count_oom_kills(uint32_t n) {
         close(fd);
 }
 
+/* The guest's latest count of the writable layer's bytes, as 8 bytes
+ * (little-endian) in the scratch dir's "disk-used", which the engine's
+ * stats read (clamped to the disk limit there: the guest is not trusted). */
+static void note_disk_used(const uint8_t *v) {
+        int fd = openat(scratch_fd, "disk-used", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0)
+                return;
+        (void) !pwrite(fd, v, 8, 0);
+        close(fd);
+}
+
 static int on_frame(const mux_frame *f, void *userdata) {
         rchan *c;
         rstream *s;
@@ -794,6 +805,9 @@ static int on_frame(const mux_frame *f, void *userdata) {
                 return 0;
         case MUX_NET:
                 on_net(f->id);
+                return 0;
+        case MUX_DISK:
+                note_disk_used(f->payload);
                 return 0;
         case MUX_OOM:
                 count_oom_kills(mux_get_u32(f->payload));

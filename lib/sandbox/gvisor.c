@@ -6,10 +6,12 @@
  * own threads and memory), the template as the read-only lower layer, and
  * hutch-init as PID 1 speaking the same protocol. What differs:
  *
- *  - the root is the template under runsc's in-memory overlay
- *    (--overlay2=root:memory): writes live in the sandbox's memory and
- *    count against its memory limit; the template's host files are never
- *    written;
+ *  - runsc serves the template as a read-only root (--overlay2=none) and
+ *    mounts a tmpfs of the disk limit's size at /run/hutch/layer; hutch-init
+ *    puts an overlay of the two under the sandbox as its root
+ *    (init/layer.c): writes get ENOSPC at the disk limit, live in the
+ *    sentry's memory and count against the memory limit too; the
+ *    template's host files are never written;
  *  - no descriptor crosses the sandbox's edge, so hutch-init talks over a
  *    mux on its stdin/stdout to a relay on the host (init/relay.c, the same
  *    binary), which gives the engine the namespace backend's connection:
@@ -145,11 +147,13 @@ static const char *const guest_caps[] = {
         "CAP_SYS_NICE",     "CAP_SYS_RESOURCE", "CAP_IPC_LOCK",        "CAP_LEASE",      NULL,
 };
 
+/* init also starts with CAP_SYS_ADMIN (inside the sentry) to build the
+ * root with its writable layer, and drops it from every set, the bounding
+ * set included, before anything else runs (init/layer.c). */
 static void jcaps(jbuf *b) {
-        jput(b, "[");
+        jput(b, "[\"CAP_SYS_ADMIN\"");
         for (size_t i = 0; guest_caps[i]; i++) {
-                if (i)
-                        jput(b, ",");
+                jput(b, ",");
                 jstr(b, guest_caps[i]);
         }
         jput(b, "]");
@@ -162,7 +166,8 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         jput(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,\"gid\":0},\"args\":[");
         jstr(&b, "/run/hutch/init");
         jput(&b, ",\"--gvisor-guest\",");
-        snprintf(num, sizeof num, "\"%u\",\"%" PRIu64 "\"", (unsigned) egress_port, sb->limits.memory_bytes);
+        snprintf(num, sizeof num, "\"%u\",\"%" PRIu64 "\",\"layer\"", (unsigned) egress_port,
+                 sb->limits.memory_bytes);
         jput(&b, num);
         jput(&b, "],\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"");
         if (getenv("HUTCH_INIT_DEBUG"))
@@ -185,7 +190,8 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         jput(&b, num);
         jput(&b, ",{\"type\":\"RLIMIT_CORE\",\"hard\":0,\"soft\":0}]},\"root\":{\"path\":");
         jstr(&b, tpl->rootfs);
-        jput(&b, ",\"readonly\":false},\"hostname\":");
+        /* read-only: the writable layer is init's overlay over it */
+        jput(&b, ",\"readonly\":true},\"hostname\":");
         jstr(&b, hostname);
         jput(&b, ",\"mounts\":[{\"destination\":\"/proc\",\"type\":\"proc\",\"source\":\"proc\"}");
         static const char *const dev_opts[] = { "nosuid", "strictatime", "mode=755", "size=65536k", NULL };
@@ -200,6 +206,12 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         for (size_t i = 0; i < tpl->n_binds; i++)
                 jmount(&b, tpl->binds[i], "bind", tpl->binds[i], ro_bind);
         jmount(&b, "/run/hutch/init", "bind", init_path, ro_bind);
+        /* the writable layer: the sentry's tmpfs refuses to grow past size=
+         * with ENOSPC (init/layer.c puts it under the root) */
+        char layer_size[40];
+        snprintf(layer_size, sizeof layer_size, "size=%" PRIu64, sb->limits.disk_bytes);
+        const char *const layer_opts[] = { "nosuid", "nodev", "mode=0755", layer_size, NULL };
+        jmount(&b, "/run/hutch/layer", "tmpfs", "tmpfs", layer_opts);
         jput(&b, "],\"linux\":{\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},"
                  "{\"type\":\"mount\"},{\"type\":\"network\"}]}}\n");
         if (b.oom) {
@@ -269,6 +281,22 @@ uint64_t gvisor_oom_kills(hutch_sandbox *sb) {
         return (uint64_t) st.st_size;
 }
 
+uint64_t gvisor_disk_used(hutch_sandbox *sb) {
+        /* the relay keeps the guest's latest count there (init/relay.c) */
+        char path[PATH_MAX];
+        uint8_t v[8];
+        if (gvisor_scratch_path(sb->ctx, sb->id, path, sizeof path - 16) < 0)
+                return 0;
+        strcat(path, "/disk-used");
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0 || pread(fd, v, sizeof v, 0) != (ssize_t) sizeof v)
+                return 0;
+        uint64_t used = 0;
+        for (int i = 7; i >= 0; i--)
+                used = used << 8 | v[i];
+        return MIN(used, sb->limits.disk_bytes);
+}
+
 int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t n) {
         return snprintf(buf, n, "%s/gvisor/%s", ctx->data_dir, id) >= (int) n ? -ENAMETOOLONG : 0;
 }
@@ -330,7 +358,7 @@ static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_m
         snprintf(a_img, sizeof a_img, "--image-path=%s", image_dir ? image_dir : "");
         char *argv[] = { (char *) "hutch-relay", (char *) "--gvisor-relay", a_uid, a_max, scratch, a_port,
                          (char *) (image_dir ? "restore" : "run"), (char *) "--", runsc, a_root,
-                         (char *) "--network=none", a_plat, (char *) "--overlay2=root:memory",
+                         (char *) "--network=none", a_plat, (char *) "--overlay2=none",
                          (char *) "--ignore-cgroups", (char *) (image_dir ? "restore" : "run"), (char *) "--bundle",
                          a_bundle, image_dir ? a_img : sb->id, image_dir ? sb->id : NULL, NULL };
         static char *const envp[] = { (char *) "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
@@ -501,10 +529,13 @@ int hutch_gvisor_probe(hutch_ctx *ctx, char *ret_info, size_t n, hutch_error *er
 
 /* The stream hutch_sandbox_checkpoint writes and create's checkpoint_from
  * reads (sealed at rest by the daemon):
- *   "HUTCHGV1", u32 token length, the token (init's, which the restored
+ *   "HUTCHGV2", u32 token length, the token (init's, which the restored
  *   init still holds), u32 file count, then per file of runsc's image
  *   directory: u16 name length, name, u64 size, the bytes. */
-#define CKPT_MAGIC "HUTCHGV1"
+#define CKPT_MAGIC "HUTCHGV2"
+/* before the sized writable layer (runsc's own overlay then): such a
+ * sandbox's mounts do not match today's spec, so it cannot be restored */
+#define CKPT_MAGIC_V1 "HUTCHGV1"
 #define CKPT_MAX_FILES 64
 
 static int runsc_wait(pid_t pid, int timeout_ms) {
@@ -573,7 +604,7 @@ static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool s
                 /* not --leave-running: this runsc implements it as a kill and
                  * an in-place restore, which cannot keep our stdio; the
                  * sandbox is restored below, by a new relay */
-                char *argv[] = { runsc, a_root, (char *) "--network=none", a_plat, (char *) "--overlay2=root:memory",
+                char *argv[] = { runsc, a_root, (char *) "--network=none", a_plat, (char *) "--overlay2=none",
                                  (char *) "--ignore-cgroups", (char *) "checkpoint", a_img, sb->id, NULL };
                 /* runsc reaches the sentry through an abstract socket,
                  * which lives in the relay's network namespace */
@@ -732,7 +763,8 @@ int hutch_checkpoint_leftovers_remove(hutch_ctx *ctx) {
 bool hutch_stream_is_checkpoint(const char *path) {
         char magic[8];
         _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        return fd >= 0 && fd_read_full(fd, magic, 8) == 8 && memcmp(magic, CKPT_MAGIC, 8) == 0;
+        return fd >= 0 && fd_read_full(fd, magic, 8) == 8 &&
+               (memcmp(magic, CKPT_MAGIC, 8) == 0 || memcmp(magic, CKPT_MAGIC_V1, 8) == 0);
 }
 
 /* Unpack a checkpoint stream into dir (created here, root only), and the
@@ -744,7 +776,13 @@ int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKE
                 return hutch_error_set(err, -errno, "opening the checkpoint: %m");
         char magic[8];
         uint32_t tl = 0, nf = 0;
-        if (fd_read_full(in, magic, 8) != 8 || memcmp(magic, CKPT_MAGIC, 8) != 0 || fd_read_full(in, &tl, 4) != 4 ||
+        if (fd_read_full(in, magic, 8) != 8)
+                return hutch_error_set(err, -EBADMSG, "not a gvisor checkpoint");
+        if (memcmp(magic, CKPT_MAGIC_V1, 8) == 0)
+                return hutch_error_set(err, -EPROTONOSUPPORT,
+                                       "a gvisor checkpoint of an older hutch (its sandbox had no sized writable "
+                                       "layer): it cannot be restored");
+        if (memcmp(magic, CKPT_MAGIC, 8) != 0 || fd_read_full(in, &tl, 4) != 4 ||
             tl != HUTCH_TOKEN_LEN || fd_read_full(in, ret_token, tl) != (ssize_t) tl)
                 return hutch_error_set(err, -EBADMSG, "not a gvisor checkpoint");
         ret_token[tl] = 0;

@@ -95,6 +95,7 @@ int gvisor_runsc_path(const hutch_ctx *ctx, char *buf, size_t n);
 int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t n);
 /* Processes hutch-init killed inside for going over the memory limit. */
 uint64_t gvisor_oom_kills(hutch_sandbox *sb);
+uint64_t gvisor_disk_used(hutch_sandbox *sb);
 int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *hostname, uint16_t egress_port,
                  const char *image_dir, int timeout_ms, hutch_error *err);
 int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err);

@@ -1074,10 +1074,11 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {
         if (r < 0)
                 return r;
         s.disk_limit = sb->limits.disk_bytes;
-        if (sb->backend == HUTCH_BACKEND_GVISOR)
-                s.oom_kills += gvisor_oom_kills(sb);
         uint64_t used = 0;
-        if (storage_usage(sb->ctx, sb->id, &used) >= 0)
+        if (sb->backend == HUTCH_BACKEND_GVISOR) {
+                s.oom_kills += gvisor_oom_kills(sb);
+                s.disk_used = gvisor_disk_used(sb);
+        } else if (storage_usage(sb->ctx, sb->id, &used) >= 0)
                 s.disk_used = used;
         *ret = s;
         return 0;

@@ -13,7 +13,7 @@
 #include "util/fdutil.h"
 #include "util/fsutil.h"
 
-#define HOST_TEMPLATE_VERSION "host-5"
+#define HOST_TEMPLATE_VERSION "host-6"
 #define USER_UID 1000
 
 /* Host /etc entries a sandbox needs to behave like the host's userland:
@@ -195,6 +195,10 @@ static int build_host_rootfs(int rfd) {
                 { "var", 0755 }, { "var/tmp", 01777 }, { "var/log", 0755 }, { "var/cache", 0755 },
                 { "var/lib", 0755 }, { "run", 0755 }, { "opt", 0755 }, { "mnt", 0755 }, { "srv", 0755 },
                 { "media", 0755 }, { "proc", 0555 }, { "sys", 0555 }, { "dev", 0755 }, { "etc/sudoers.d", 0750 },
+                /* mount points of the gvisor backend's spec (its init and
+                 * writable layer): runsc's gofer would otherwise create them
+                 * in the template itself */
+                { "run/hutch", 0755 }, { "run/hutch/layer", 0755 },
         };
         for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
                 r = mkdir_at(rfd, dirs[i].name, dirs[i].mode, 0, 0);
@@ -218,6 +222,8 @@ static int build_host_rootfs(int rfd) {
                                 return r;
                 }
         }
+        if ((r = write_at(rfd, "run/hutch/init", "", 0444, 0, 0)) < 0)
+                return r;
 
         _cleanup_close_ int efd = openat(rfd, "etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         _cleanup_close_ int host_etc = open("/etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);

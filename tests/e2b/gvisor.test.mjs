@@ -33,6 +33,23 @@ test('commands, output streams and exit codes run on the user-space kernel', opt
   assert.equal(info.metadata['hutch.backend'], 'gvisor')
 })
 
+test('the writable layer has the sandbox disk size, and getMetrics diskUsed follows it', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  const df = await sbx.commands.run('df -B1 --output=size / | tail -n 1; df -B1 --output=size /tmp | tail -n 1')
+  const [root, tmp] = df.stdout.trim().split('\n').map(Number)
+  // one layer under / and /tmp, of the sandbox's disk size (the daemon's
+  // 1 GiB default here)
+  assert.equal(root, 1024 ** 3, df.stdout)
+  assert.equal(tmp, root)
+  await sbx.commands.run('dd if=/dev/zero of=/home/user/layer.bin bs=1M count=24 2>/dev/null')
+  const m = await waitFor(async () => {
+    const all = await sbx.getMetrics()
+    const last = all[all.length - 1]
+    return last && last.diskUsed >= 24 * 1024 * 1024 ? last : null
+  }, { timeoutMs: 30_000, intervalMs: 500, what: 'a metrics sample with the 24 MiB file' })
+  assert.ok(m.diskUsed <= m.diskTotal && m.diskTotal === root, `diskUsed ${m.diskUsed} of ${m.diskTotal}`)
+})
+
 test('files: write, read back (small and 5 MB), list, remove, stdin to a background command', opt, async (t) => {
   const sbx = await createSandbox(t, GV)
   await sbx.files.write('/home/user/a.txt', 'hello')

@@ -342,3 +342,68 @@ def test_fork_bomb_stays_inside_and_ends_with_its_timeout(warm, token):
         time.sleep(0.1)
     left = [c for c in _host_cmdlines().values() if sid in c]
     assert not left, f"runsc processes outlived the sandbox: {left[:3]}"
+
+
+# Run as the sandbox's root: leave init's chroot the classic way (a chroot
+# into a subdirectory, then ".." past it) and try every way to get room the
+# disk limit does not count.
+ESCAPE = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1], 16)
+print("capbnd-sys-admin", status("CapBnd") >> 21 & 1, status("CapEff") >> 21 & 1, flush=True)
+for fs, src, dst, data in ((b"tmpfs", b"tmpfs", b"/home/user", b"size=1g"),
+                           (b"overlay", b"overlay", b"/home/user", b"lowerdir=/usr"),
+                           (None, b"/tmp", b"/home/user", None)):
+    r = libc.mount(src, dst, fs, 4096 if fs is None else 0, data)
+    print("mount", fs, r, ctypes.get_errno(), flush=True)
+os.makedirs("/jail", exist_ok=True)
+assert libc.chroot(b"/jail") == 0
+for _ in range(64):
+    os.chdir("..")
+assert libc.chroot(b".") == 0
+os.chdir("/")
+print("outside", sorted(os.listdir("/"))[:5], flush=True)
+for p in ("/escaped", "/tmp/escaped", "/var/tmp/escaped", "/home/user/escaped", "/etc/escaped"):
+    try:
+        open(p, "w").write("x")
+        print("wrote", p, flush=True)
+    except OSError as e:
+        print("refused", p, e.errno, flush=True)
+# what stays writable out there is the layer itself, with its limit
+written = 0
+try:
+    with open("/run/hutch/layer/upper/fill", "wb") as f:
+        for _ in range(64):
+            f.write(b"\0" * (1 << 20))
+            written += 1 << 20
+except OSError as e:
+    print("layer-full", e.errno, written >> 20, flush=True)
+"""
+
+
+def test_leaving_the_root_finds_no_unlimited_room(warm):
+    """init builds the root (template + sized layer) inside the sentry, with
+    CAP_SYS_ADMIN it then drops for good, and chroots into it (the sentry
+    has no pivot_root for a container's root). Sandbox root keeps
+    CAP_SYS_CHROOT, so it can leave that chroot: what it finds outside must
+    give it nothing the disk limit does not count (the template read-only,
+    runsc's own /tmp gone, the layer's raw directory as full as the layer),
+    and it can mount nothing."""
+    cp = hutchtest.run_sandbox([*GV, "--user", "root", "--disk", "16M", "--memory", "256M"],
+                               ["python3", "-c", ESCAPE], timeout=120)
+    out = cp.stdout.decode()
+    assert cp.returncode == 0, (out, cp.stderr[-2000:])
+    lines = out.splitlines()
+    assert lines[0] == "capbnd-sys-admin 0 0", out
+    for line in lines[1:4]:
+        assert line.startswith("mount ") and line.endswith(f" -1 {errno.EPERM}"), out
+    assert lines[4].startswith("outside "), out
+    refused = [line for line in lines if line.startswith("refused ")]
+    assert not [line for line in lines if line.startswith("wrote ")], out
+    assert len(refused) == 5 and all(line.endswith(f" {errno.EROFS}") for line in refused), out
+    full = [line for line in lines if line.startswith("layer-full ")]
+    assert full and full[0].split()[1] == str(errno.ENOSPC) and int(full[0].split()[2]) <= 16, out

@@ -148,15 +148,96 @@ def test_nothing_left_after_the_end(gvrun, baseline):
     hutchtest.assert_no_leak(baseline)
 
 
+def _tree(root):
+    """Every path under root with its type, mode, size and mtime."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
 def test_the_template_is_never_written(gvrun):
+    """Neither the sandbox (through its layer) nor runsc (its gofer makes
+    missing mount points in the root it serves) changes the template."""
     tpl = (hutchtest.DATA_DIR / "templates" / "host").resolve() / "rootfs"
-    before = sorted(os.listdir(tpl / "etc"))
+    gvrun([], ["true"])  # the template exists
+    before = _tree(tpl)
     cp = gvrun(["--user", "root"], ["sh", "-c", "echo x > /etc/hutch-gvisor-probe && rm -f /etc/hosts && "
                                     "echo y > /usr/hutch-probe; cat /etc/hutch-gvisor-probe"])
     assert b"x\n" in cp.stdout
     assert b"Read-only file system" in cp.stderr  # /usr is a read-only bind
-    assert sorted(os.listdir(tpl / "etc")) == before
+    assert _tree(tpl) == before
     assert not Path("/usr/hutch-probe").exists()
+
+
+def test_disk_limit_is_enospc(gvrun):
+    """--disk is the writable layer's size: writing past it is ENOSPC for the
+    writer (in the home directory and /tmp alike, one layer), nothing is
+    killed, the sandbox goes on, and deleting frees the room again. df
+    tells the layer's size."""
+    script = r"""
+df -B1 --output=size / | tail -n 1
+dd if=/dev/zero of=/home/user/big bs=1M count=100 2>&1 | grep -o 'No space left on device' | head -1
+python3 -c 'import os; print("home", os.path.getsize("/home/user/big"))'
+dd if=/dev/zero of=/tmp/more bs=64K count=10 2>&1 | grep -o 'No space left on device' | head -1
+rm -f /home/user/big
+dd if=/dev/zero of=/tmp/more bs=1M count=20 2>/dev/null && echo again-ok
+python3 -c 'import os; print("tmp", os.path.getsize("/tmp/more"))'
+echo alive
+"""
+    cp = gvrun(["--disk", "32M", "--memory", "256M", "--json"], ["sh", "-c", script], timeout=120)
+    summary = parse_json_summary(cp)[1]
+    lines = cp.stdout.decode().split("\n")
+    assert int(lines[0]) == 32 << 20, cp.stdout
+    assert lines[1] == "No space left on device", (cp.stdout, cp.stderr)
+    assert lines[2].startswith("home ") and (31 << 20) <= int(lines[2].split()[1]) <= 32 << 20, cp.stdout
+    assert lines[3] == "No space left on device", cp.stdout
+    assert lines[4] == "again-ok" and lines[5] == f"tmp {20 << 20}" and lines[6] == "alive", cp.stdout
+    assert summary["exit_code"] == 0 and summary["oom_killed"] is False, summary
+
+
+def test_disk_limit_through_the_api(sandboxed_hutch, tmp_path):
+    """Through the daemon: an upload into a full layer is HTTP 507 (as on the
+    namespace backend) and leaves no partial file; the metrics' disk_used
+    follows what the layer holds; after a cleanup the upload succeeds."""
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data",
+                     ["--backend", "gvisor", "--disk", "48M", "--memory", "512M", "--pool-size", "0"])
+    sd.start()
+    try:
+        sb = sd.create(timeout=120)
+
+        def metrics():
+            r = sd.request("GET", "/metrics", headers=sd.envd_headers(sb), key="")
+            assert r.status == 200, r
+            return r.json()
+
+        def upload(path, data):
+            return sd.request("POST", sd.files_path(path), data, key="", timeout=60,
+                              headers=sd.envd_headers(sb, ctype="application/octet-stream"))
+
+        m = metrics()
+        assert m["disk_total"] == 48 << 20 and m["disk_used"] < 8 << 20, m
+        end, out, _, _ = sd.run(sb, "dd if=/dev/zero of=/home/user/fill bs=1M count=40 2>/dev/null; echo $?")
+        assert out == b"0\n", out
+        deadline = time.monotonic() + 10
+        while not 40 << 20 <= metrics()["disk_used"] <= 48 << 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert 40 << 20 <= metrics()["disk_used"] <= 48 << 20, metrics()
+        r = upload("/home/user/upload.bin", os.urandom(16 << 20))
+        assert r.status == 507, r
+        end, out, _, _ = sd.run(sb, "ls /home/user; rm -f /home/user/fill")
+        assert b"upload.bin" not in out, out
+        r = upload("/home/user/upload.bin", os.urandom(16 << 20))
+        assert r.status == 200, r
+        deadline = time.monotonic() + 10
+        while not (16 << 20) <= metrics()["disk_used"] <= 24 << 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (16 << 20) <= metrics()["disk_used"] <= 24 << 20, metrics()
+    finally:
+        assert sd.stop() == []
 
 
 # Grows by 8 MiB a step, touching every page (the sentry's fault path).
@@ -216,12 +297,12 @@ def test_memory_under_the_limit_is_left_alone(gvrun):
 
 
 def test_files_written_inside_count_against_memory(gvrun):
-    """The writable layer is the sentry's memory: writing a file larger than
-    the sandbox's memory gets the writing processes killed (as a tmpfs in a
-    memory cgroup does on Linux), never the sandbox, and the host cgroup's
-    backstop is not reached."""
+    """The writable layer lives in the sentry's memory: with a layer larger
+    than the sandbox's memory, writing a file larger than the memory gets the
+    writing processes killed (as a tmpfs in a memory cgroup does on Linux),
+    never the sandbox, and the host cgroup's backstop is not reached."""
     limit = 64 << 20
-    cp = gvrun(["--memory", "64M", "--json"],
+    cp = gvrun(["--memory", "64M", "--disk", "1G", "--json"],
                ["sh", "-c", "head -c 400000000 /dev/zero > /home/user/big; echo rc=$?"], timeout=120)
     summary = parse_json_summary(cp)[1]
     assert b"rc=0" not in cp.stdout
