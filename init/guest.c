@@ -567,15 +567,16 @@ static int on_frame(const mux_frame *f, void *userdata) {
                 while (streams)
                         stream_drop(streams);
                 sync_asked = synced_sent = false;
-                /* the link's host descriptors are new since the restore:
-                 * register them with epoll again, or their readiness may
-                 * never be reported */
-                (void) source_set_events(&mlink_src, 0);
-                (void) source_set_events(&mlink_src, EPOLLIN);
+                /* the epoll set as the restore left it cannot be trusted:
+                 * the link's host descriptors are new (their readiness was
+                 * never reported), the egress listener's registration does
+                 * not fire (connections waited in its backlog forever), and
+                 * registrations of descriptors closed before the checkpoint
+                 * came back. A new set with what is registered now. */
+                if (loop_rebuild() < 0)
+                        log_debug("rebuilding the epoll set after a restore: %m");
                 (void) source_set_events(&wlink_src, 0);
-                /* the egress listener's epoll registration does not survive
-                 * the restore either (connections would wait in its backlog
-                 * forever): listen anew; the daemon turns it on again */
+                /* listen anew; the daemon turns the listener on again */
                 source_remove(&net_listener);
                 memwatch_restored();
                 layer_watch_restored();

@@ -47,12 +47,17 @@ typedef struct source {
         bool dead;
         bool registered; /* in the epoll set (events != 0) */
         uint32_t events; /* currently registered */
+        uint32_t slot;   /* while registered: its slot in main.c's table, + 1 */
         void (*dispatch)(struct source *s, uint32_t events);
         void (*release)(struct source *s);
         struct source *grave_next;
 } source;
 
 int source_add(source *s, uint32_t events);
+/* After a restore from a checkpoint (gVisor): a new epoll set with every
+ * registered source in it; the old one may hold registrations the sentry
+ * brought back for descriptors closed before the checkpoint. */
+int loop_rebuild(void);
 int source_set_events(source *s, uint32_t events);
 /* Unregister and close the fd now; the object stays valid (fd = -1). */
 void source_remove(source *s);

@@ -175,9 +175,6 @@ int layer_watch_setup(void) {
 }
 
 void layer_watch_restored(void) {
-        if (timer_src.fd < 0)
-                return;
-        (void) source_set_events(&timer_src, 0);
-        (void) source_set_events(&timer_src, EPOLLIN);
+        /* a new relay: tell it again at the next tick */
         reported = UINT64_MAX;
 }

@@ -74,14 +74,80 @@ void log_debug(const char *fmt, ...) {
 
 /* No events means out of the set: a hung-up descriptor nobody wants to
  * hear from would otherwise report EPOLLHUP on every wait. */
-int source_set_events(source *s, uint32_t events) {
-        struct epoll_event ev = { .events = events, .data.ptr = s };
+/* What an event names is a slot of this table and the slot's generation,
+ * never a pointer: an event the kernel reports for a registration that is
+ * gone (the gVisor sentry has been seen to bring back, with a restore, the
+ * registrations of descriptors closed before the checkpoint, whose sources
+ * were freed) names an empty slot or an old generation and is dropped. A
+ * slot is taken at EPOLL_CTL_ADD and given back at EPOLL_CTL_DEL. */
+static source **slots;
+static uint32_t *slot_gen;
+static uint32_t n_slots, slots_cap, *free_slots, n_free;
 
+static int slot_take(source *s) {
+        if (!n_free) {
+                uint32_t cap = slots_cap ? slots_cap * 2 : 64;
+                source **ns = realloc(slots, cap * sizeof *ns);
+                if (ns)
+                        slots = ns;
+                uint32_t *ng = ns ? realloc(slot_gen, cap * sizeof *ng) : NULL;
+                if (ng)
+                        slot_gen = ng;
+                uint32_t *nf = ng ? realloc(free_slots, cap * sizeof *nf) : NULL;
+                if (!nf)
+                        return -ENOMEM;
+                free_slots = nf;
+                for (uint32_t i = slots_cap; i < cap; i++) {
+                        slots[i] = NULL;
+                        slot_gen[i] = 0;
+                }
+                for (uint32_t i = cap; i > slots_cap; i--)
+                        free_slots[n_free++] = i - 1;
+                slots_cap = cap;
+        }
+        uint32_t i = free_slots[--n_free];
+        slots[i] = s;
+        slot_gen[i]++;
+        s->slot = i + 1;
+        if (i + 1 > n_slots)
+                n_slots = i + 1;
+        return 0;
+}
+
+static void slot_give_back(source *s) {
+        if (!s->slot)
+                return;
+        uint32_t i = s->slot - 1;
+        slots[i] = NULL;
+        slot_gen[i]++;
+        free_slots[n_free++] = i;
+        s->slot = 0;
+}
+
+static uint64_t slot_tag(const source *s) {
+        return (uint64_t) slot_gen[s->slot - 1] << 32 | (s->slot - 1);
+}
+
+static source *slot_source(uint64_t tag) {
+        uint32_t i = (uint32_t) tag, gen = (uint32_t) (tag >> 32);
+        return i < n_slots && slots[i] && slot_gen[i] == gen ? slots[i] : NULL;
+}
+
+int source_set_events(source *s, uint32_t events) {
         if (s->fd < 0 || (s->registered && s->events == events) || (!s->registered && !events))
                 return 0;
         int op = !events ? EPOLL_CTL_DEL : s->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-        if (epoll_ctl(epoll_fd, op, s->fd, op == EPOLL_CTL_DEL ? NULL : &ev) < 0)
-                return negative_errno();
+        if (op == EPOLL_CTL_ADD && slot_take(s) < 0)
+                return -ENOMEM;
+        struct epoll_event ev = { .events = events, .data.u64 = slot_tag(s) };
+        if (epoll_ctl(epoll_fd, op, s->fd, op == EPOLL_CTL_DEL ? NULL : &ev) < 0) {
+                int r = negative_errno();
+                if (op == EPOLL_CTL_ADD)
+                        slot_give_back(s);
+                return r;
+        }
+        if (op == EPOLL_CTL_DEL)
+                slot_give_back(s);
         s->events = events;
         s->registered = events != 0;
         return 0;
@@ -89,6 +155,7 @@ int source_set_events(source *s, uint32_t events) {
 
 int source_add(source *s, uint32_t events) {
         s->registered = false;
+        s->slot = 0;
         return source_set_events(s, events);
 }
 
@@ -97,8 +164,27 @@ void source_remove(source *s) {
                 return;
         if (s->registered)
                 (void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s->fd, NULL);
+        slot_give_back(s);
         s->registered = false;
         s->fd = safe_close(s->fd);
+}
+
+int loop_rebuild(void) {
+        int fd = epoll_create1(EPOLL_CLOEXEC);
+        if (fd < 0)
+                return negative_errno();
+        int r = 0;
+        for (uint32_t i = 0; i < n_slots; i++) {
+                source *s = slots[i];
+                if (!s)
+                        continue;
+                struct epoll_event ev = { .events = s->events, .data.u64 = slot_tag(s) };
+                if (epoll_ctl(fd, EPOLL_CTL_ADD, s->fd, &ev) < 0 && r == 0)
+                        r = negative_errno();
+        }
+        safe_close(epoll_fd);
+        epoll_fd = fd;
+        return r;
 }
 
 void source_kill(source *s) {
@@ -800,8 +886,11 @@ void loop_run(void) {
                         continue;
                 }
                 for (int i = 0; i < n; i++) {
-                        source *s = events[i].data.ptr;
-                        if (!s->dead && s->fd >= 0)
+                        source *s = slot_source(events[i].data.u64);
+                        if (!s)
+                                log_debug("an event for a registration that is gone (slot %u)",
+                                          (unsigned) (uint32_t) events[i].data.u64);
+                        else if (!s->dead && s->fd >= 0)
                                 s->dispatch(s, events[i].events);
                 }
                 graveyard_flush();

@@ -177,13 +177,9 @@ static void noop_release(source *s) {
 }
 
 void memwatch_restored(void) {
-        /* as for every descriptor of init's loop after a restore: register
-         * it again so that its expiries are reported, and check now */
-        if (timer_src.fd < 0)
-                return;
-        (void) source_set_events(&timer_src, 0);
-        (void) source_set_events(&timer_src, EPOLLIN);
-        arm(MW_MIN_NS);
+        /* the loop's epoll set is new (loop_rebuild): check now */
+        if (timer_src.fd >= 0)
+                arm(MW_MIN_NS);
 }
 
 int memwatch_setup(uint64_t limit) {

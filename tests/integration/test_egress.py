@@ -509,23 +509,23 @@ def test_gvisor_egress_survives_snapshot_pause_and_resume(env, clean):
     sid = sb["sandboxID"]
 
     def fetch(path):
-        code, out, _ = sh(sd, sb, f"curl -sS -m 10 http://ok.example.test/{path}; echo; "
-                                  "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://evil.test/")
-        return code, out
+        code, out, err = sh(sd, sb, f"curl -sS -m 10 http://ok.example.test/{path}; echo; "
+                                    "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://evil.test/")
+        return code, out, err
 
-    code, out = fetch("before")
-    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), out
+    code, out, err = fetch("before")
+    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), (out, err)
     r = sd.request("POST", f"/sandboxes/{sid}/snapshots", {}, timeout=120)
     assert r.status in (200, 201), (r, sd.log_tail())
     snap = r.json()["snapshotID"]
-    code, out = fetch("after-snapshot")
-    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), (out, sd.log_tail())
+    code, out, err = fetch("after-snapshot")
+    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), (out, err, sd.log_tail())
     r = sd.request("POST", f"/sandboxes/{sid}/pause", {}, timeout=120)
     assert r.status == 204, r
     r = sd.request("POST", f"/sandboxes/{sid}/connect", {"timeout": 300}, timeout=120)
     assert r.status == 201, r
-    code, out = fetch("after-resume")
-    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), out
+    code, out, err = fetch("after-resume")
+    assert code == 0 and '"sink": "ok"' in out and out.endswith("403"), (out, err, sd.log_tail())
     assert [x["path"] for x in net.requests("ok")] == ["/before", "/after-snapshot", "/after-resume"]
     assert total(net, "evil") == ZERO
     assert sd.request("DELETE", f"/templates/{snap}").status == 204
