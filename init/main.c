@@ -72,8 +72,6 @@ void log_debug(const char *fmt, ...) {
 
 /* ------------------------------------------------------------ event loop */
 
-/* No events means out of the set: a hung-up descriptor nobody wants to
- * hear from would otherwise report EPOLLHUP on every wait. */
 /* What an event names is a slot of this table and the slot's generation,
  * never a pointer: an event the kernel reports for a registration that is
  * gone (the gVisor sentry has been seen to bring back, with a restore, the
@@ -133,6 +131,8 @@ static source *slot_source(uint64_t tag) {
         return i < n_slots && slots[i] && slot_gen[i] == gen ? slots[i] : NULL;
 }
 
+/* No events means out of the set: a hung-up descriptor nobody wants to
+ * hear from would otherwise report EPOLLHUP on every wait. */
 int source_set_events(source *s, uint32_t events) {
         if (s->fd < 0 || (s->registered && s->events == events) || (!s->registered && !events))
                 return 0;
