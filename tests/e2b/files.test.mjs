@@ -447,7 +447,7 @@ test('20 MB file round trip keeps its sha256', async () => {
   await sbx.files.remove(d)
 })
 
-test('a full writable layer: files.write -> NotEnoughSpaceError, recovers after cleanup', notOnGvisor('the layer lives in the sentry memory, and the default 1 GiB layer is larger than the default 512 MiB of memory: tests/integration/test_gvisor.py fills a smaller one'), async (t) => {
+test('a full writable layer: files.write -> NotEnoughSpaceError, recovers after cleanup', async (t) => {
   const sbx = await createSandbox(t)
   // How big is the writable layer as the sandbox sees it? Refuse to fill
   // anything that is not a small per-sandbox layer (never the host disk).

@@ -136,7 +136,16 @@ trap 'status=143; exit' TERM
 # HUTCH_E2B_BACKEND=gvisor runs the whole suite against sandboxes on gVisor
 # (the daemon's default backend; the tests themselves do not change).
 export HUTCH_E2B_BACKEND="${HUTCH_E2B_BACKEND:-ns}"
-"$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" >>"$log" 2>&1 &
+# On gvisor the writable layer lives in the sandbox's memory (docs/gvisor.md):
+# a layer smaller than the default 512 MiB of memory, so that a test can fill
+# it and meet ENOSPC rather than the memory limit.
+if [[ -z "${HUTCH_E2B_DISK:-}" && "$HUTCH_E2B_BACKEND" == gvisor ]]; then
+	export HUTCH_E2B_DISK=256M
+fi
+disk_args=()
+[[ -n "${HUTCH_E2B_DISK:-}" ]] && disk_args=(--disk "$HUTCH_E2B_DISK")
+"$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
+	"${disk_args[@]}" >>"$log" 2>&1 &
 first_pid=$!
 echo "$first_pid" >"$pidfile"
 
