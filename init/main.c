@@ -78,57 +78,51 @@ void log_debug(const char *fmt, ...) {
  * registrations of descriptors closed before the checkpoint, whose sources
  * were freed) names an empty slot or an old generation and is dropped. A
  * slot is taken at EPOLL_CTL_ADD and given back at EPOLL_CTL_DEL. */
-static source **slots;
-static uint32_t *slot_gen;
-static uint32_t n_slots, slots_cap, *free_slots, n_free;
+static struct slot {
+        source *s;         /* NULL: free */
+        uint32_t gen;      /* changes each time the slot is given back */
+        uint32_t next_free;
+} *slots;
+static uint32_t n_slots, first_free = UINT32_MAX;
 
 static int slot_take(source *s) {
-        if (!n_free) {
-                uint32_t cap = slots_cap ? slots_cap * 2 : 64;
-                source **ns = realloc(slots, cap * sizeof *ns);
-                if (ns)
-                        slots = ns;
-                uint32_t *ng = ns ? realloc(slot_gen, cap * sizeof *ng) : NULL;
-                if (ng)
-                        slot_gen = ng;
-                uint32_t *nf = ng ? realloc(free_slots, cap * sizeof *nf) : NULL;
-                if (!nf)
+        if (first_free == UINT32_MAX) {
+                uint32_t n = n_slots ? n_slots * 2 : 64;
+                struct slot *ns = realloc(slots, n * sizeof *ns);
+                if (!ns)
                         return -ENOMEM;
-                free_slots = nf;
-                for (uint32_t i = slots_cap; i < cap; i++) {
-                        slots[i] = NULL;
-                        slot_gen[i] = 0;
+                slots = ns;
+                for (uint32_t i = n; i > n_slots; i--) {
+                        slots[i - 1] = (struct slot) { .next_free = first_free };
+                        first_free = i - 1;
                 }
-                for (uint32_t i = cap; i > slots_cap; i--)
-                        free_slots[n_free++] = i - 1;
-                slots_cap = cap;
+                n_slots = n;
         }
-        uint32_t i = free_slots[--n_free];
-        slots[i] = s;
-        slot_gen[i]++;
+        uint32_t i = first_free;
+        first_free = slots[i].next_free;
+        slots[i].s = s;
         s->slot = i + 1;
-        if (i + 1 > n_slots)
-                n_slots = i + 1;
         return 0;
 }
 
 static void slot_give_back(source *s) {
         if (!s->slot)
                 return;
-        uint32_t i = s->slot - 1;
-        slots[i] = NULL;
-        slot_gen[i]++;
-        free_slots[n_free++] = i;
+        struct slot *sl = &slots[s->slot - 1];
+        sl->s = NULL;
+        sl->gen++;
+        sl->next_free = first_free;
+        first_free = s->slot - 1;
         s->slot = 0;
 }
 
 static uint64_t slot_tag(const source *s) {
-        return (uint64_t) slot_gen[s->slot - 1] << 32 | (s->slot - 1);
+        return (uint64_t) slots[s->slot - 1].gen << 32 | (s->slot - 1);
 }
 
 static source *slot_source(uint64_t tag) {
-        uint32_t i = (uint32_t) tag, gen = (uint32_t) (tag >> 32);
-        return i < n_slots && slots[i] && slot_gen[i] == gen ? slots[i] : NULL;
+        uint32_t i = (uint32_t) tag;
+        return i < n_slots && slots[i].gen == (uint32_t) (tag >> 32) ? slots[i].s : NULL;
 }
 
 /* No events means out of the set: a hung-up descriptor nobody wants to
@@ -175,7 +169,7 @@ int loop_rebuild(void) {
                 return negative_errno();
         int r = 0;
         for (uint32_t i = 0; i < n_slots; i++) {
-                source *s = slots[i];
+                source *s = slots[i].s;
                 if (!s)
                         continue;
                 struct epoll_event ev = { .events = s->events, .data.u64 = slot_tag(s) };
