@@ -44,24 +44,11 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "util/parse.h"
 
 #define LAYER_DIR "/run/hutch/layer"
 #define LAYER_ROOT LAYER_DIR "/root"
 #define CAP_SYS_ADMIN_BIT 21
-
-/* Decode a /proc/mounts field in place (\040 and friends). */
-static void unescape(char *s) {
-        char *o = s;
-        for (char *p = s; *p; p++) {
-                if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' &&
-                    p[3] <= '7') {
-                        *o++ = (char) ((p[1] - '0') * 64 + (p[2] - '0') * 8 + (p[3] - '0'));
-                        p += 3;
-                } else
-                        *o++ = *p;
-        }
-        *o = 0;
-}
 
 static bool under(const char *path, const char *dir) {
         size_t n = strlen(dir);
@@ -81,7 +68,7 @@ static int bind_mounts(void) {
                 char *save = NULL, *dev = strtok_r(line, " ", &save), *dir = strtok_r(NULL, " ", &save);
                 if (!dev || !dir)
                         continue;
-                unescape(dir);
+                unescape_octal(dir);
                 if (dir[0] != '/' || streq(dir, "/") || under(dir, LAYER_DIR) || streq(dir, "/run/hutch/init"))
                         continue;
                 char target[PATH_MAX];

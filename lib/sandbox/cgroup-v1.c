@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "sandbox/cgroup-internal.h"
+#include "util/parse.h"
 
 /* Without these a sandbox has no memory, pids or cpu limit, or cannot be
  * frozen and killed reliably; the rest are used when mounted. */
@@ -45,20 +46,6 @@ static void v1_mounts_freep(char *(*mounts)[_CGROUP_V1_MAX]) {
         cgroup_v1_mounts_free(*mounts);
 }
 
-/* mountinfo escapes space, tab, newline and backslash as \ooo. */
-static void unescape_octal(char *s) {
-        char *w = s;
-
-        for (char *r = s; *r;) {
-                if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
-                    r[3] >= '0' && r[3] <= '7') {
-                        *w++ = (char) (((r[1] - '0') << 6) | ((r[2] - '0') << 3) | (r[3] - '0'));
-                        r += 4;
-                } else
-                        *w++ = *r++;
-        }
-        *w = '\0';
-}
 
 int cgroup_v1_parse_mountinfo(FILE *f, char *ret_mounts[_CGROUP_V1_MAX], hutch_error *err) {
         char *mounts[_CGROUP_V1_MAX] = {};

@@ -135,3 +135,17 @@ const char *format_size(uint64_t v, char *buf, int bufsz) {
                 snprintf(buf, (size_t) bufsz, "%.1f%c", (double) v / (double) unit, units[u]);
         return buf;
 }
+
+void unescape_octal(char *s) {
+        char *w = s;
+
+        for (char *r = s; *r;) {
+                if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
+                    r[3] >= '0' && r[3] <= '7') {
+                        *w++ = (char) (((r[1] - '0') << 6) | ((r[2] - '0') << 3) | (r[3] - '0'));
+                        r += 4;
+                } else
+                        *w++ = *r++;
+        }
+        *w = '\0';
+}

@@ -13,3 +13,6 @@ int parse_u64(const char *s, uint64_t max, uint64_t *ret);
 int parse_cpus_millis(const char *s, uint64_t *ret);
 /* Format bytes as e.g. "512M" / "1.5G" into buf. */
 const char *format_size(uint64_t v, char *buf, int bufsz);
+/* A /proc/self/mounts or mountinfo field, decoded in place: the kernel
+ * writes space, tab, newline and backslash as \ooo. */
+void unescape_octal(char *s);
