@@ -269,25 +269,31 @@ static void log_tail(const char *dir, char *buf, size_t n) {
                 buf[--l] = 0;
 }
 
+/* A file the relay keeps in the sandbox's scratch dir (init/relay.c). */
+static int scratch_file_path(hutch_sandbox *sb, const char *name, char *buf, size_t n) {
+        int r = gvisor_scratch_path(sb->ctx, sb->id, buf, n);
+        size_t l = strlen(buf);
+        if (r >= 0 && (size_t) snprintf(buf + l, n - l, "/%s", name) >= n - l)
+                r = -ENAMETOOLONG;
+        return r;
+}
+
 uint64_t gvisor_oom_kills(hutch_sandbox *sb) {
-        /* the relay appends a byte per kill (init/relay.c) */
+        /* the relay appends a byte per kill */
         char path[PATH_MAX];
         struct stat st;
-        if (gvisor_scratch_path(sb->ctx, sb->id, path, sizeof path - 16) < 0)
-                return 0;
-        strcat(path, "/oom-kills");
-        if (fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        if (scratch_file_path(sb, "oom-kills", path, sizeof path) < 0 ||
+            fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
                 return 0;
         return (uint64_t) st.st_size;
 }
 
 uint64_t gvisor_disk_used(hutch_sandbox *sb) {
-        /* the relay keeps the guest's latest count there (init/relay.c) */
+        /* the relay keeps the guest's latest count, 8 bytes little-endian */
         char path[PATH_MAX];
         uint8_t v[8];
-        if (gvisor_scratch_path(sb->ctx, sb->id, path, sizeof path - 16) < 0)
+        if (scratch_file_path(sb, "disk-used", path, sizeof path) < 0)
                 return 0;
-        strcat(path, "/disk-used");
         _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0 || pread(fd, v, sizeof v, 0) != (ssize_t) sizeof v)
                 return 0;
@@ -769,7 +775,6 @@ bool hutch_stream_is_checkpoint(const char *path) {
 
 /* Unpack a checkpoint stream into dir (created here, root only), and the
  * token its init holds into ret_token. */
-
 int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err) {
         _cleanup_close_ int in = open(stream, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (in < 0)
