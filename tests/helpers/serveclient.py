@@ -450,6 +450,11 @@ class ServeDaemon:
     def files_path(self, path: str, **q) -> str:
         return "/files?" + urlencode({"path": path, **q}, quote_via=quote)
 
+    def upload(self, sb: dict, path: str, data: bytes, user: Optional[str] = None, timeout: float = 30) -> Response:
+        """POST /files?path=PATH with the bytes as application/octet-stream."""
+        return self.request("POST", self.files_path(path), data, key="", timeout=timeout,
+                            headers=self.envd_headers(sb, user=user, ctype="application/octet-stream"))
+
     def stop(self) -> List[str]:
         """DELETE every sandbox this daemon created, then SIGTERM it.
         Returns the ids whose DELETE did not answer 204/404."""

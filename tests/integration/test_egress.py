@@ -72,8 +72,7 @@ def env(sandboxed_hutch, tmp_path_factory):
 
 
 def put(sd, sb, path, data: bytes):
-    r = sd.request("POST", sd.files_path(path), body=data, key="",
-                   headers=sd.envd_headers(sb, user="root", ctype="application/octet-stream"))
+    r = sd.upload(sb, path, data, user="root")
     assert r.status == 200, r
 
 

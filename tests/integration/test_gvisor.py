@@ -214,10 +214,6 @@ def test_disk_limit_through_the_api(sandboxed_hutch, tmp_path):
             assert r.status == 200, r
             return r.json()
 
-        def upload(path, data):
-            return sd.request("POST", sd.files_path(path), data, key="", timeout=60,
-                              headers=sd.envd_headers(sb, ctype="application/octet-stream"))
-
         m = metrics()
         assert m["disk_total"] == 48 << 20 and m["disk_used"] < 8 << 20, m
         end, out, _, _ = sd.run(sb, "dd if=/dev/zero of=/home/user/fill bs=1M count=40 2>/dev/null; echo $?")
@@ -226,11 +222,11 @@ def test_disk_limit_through_the_api(sandboxed_hutch, tmp_path):
         while not 40 << 20 <= metrics()["disk_used"] <= 48 << 20 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert 40 << 20 <= metrics()["disk_used"] <= 48 << 20, metrics()
-        r = upload("/home/user/upload.bin", os.urandom(16 << 20))
+        r = sd.upload(sb, "/home/user/upload.bin", os.urandom(16 << 20), timeout=60)
         assert r.status == 507, r
         end, out, _, _ = sd.run(sb, "ls /home/user; rm -f /home/user/fill")
         assert b"upload.bin" not in out, out
-        r = upload("/home/user/upload.bin", os.urandom(16 << 20))
+        r = sd.upload(sb, "/home/user/upload.bin", os.urandom(16 << 20), timeout=60)
         assert r.status == 200, r
         deadline = time.monotonic() + 10
         while not (16 << 20) <= metrics()["disk_used"] <= 24 << 20 and time.monotonic() < deadline:
@@ -383,8 +379,7 @@ def test_pause_resume_cycles_with_traffic(sandboxed_hutch, tmp_path):
             for k in range(4):
                 end, out, _, _ = sd.run(sb, f"echo cycle{cycle}-{k}; cat /tmp/count")
                 assert out.startswith(f"cycle{cycle}-{k}\n".encode()), out
-            up = sd.request("POST", sd.files_path(f"/home/user/f{cycle}"), os.urandom(100_000), key="",
-                            headers=sd.envd_headers(sb, ctype="application/octet-stream"))
+            up = sd.upload(sb, f"/home/user/f{cycle}", os.urandom(100_000))
             assert up.status == 200, up
             assert sd.request("POST", f"/sandboxes/{sid}/pause", {}, timeout=120).status == 204
             r = sd.request("POST", f"/sandboxes/{sid}/connect", {"timeout": 300}, timeout=120)
