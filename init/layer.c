@@ -46,7 +46,7 @@
 #include "init.h"
 #include "util/parse.h"
 
-#define LAYER_DIR "/run/hutch/layer"
+#define LAYER_DIR INITPROTO_GVISOR_LAYER
 #define LAYER_ROOT LAYER_DIR "/root"
 #define CAP_SYS_ADMIN_BIT 21
 
@@ -69,7 +69,7 @@ static int bind_mounts(void) {
                 if (!dev || !dir)
                         continue;
                 unescape_octal(dir);
-                if (dir[0] != '/' || streq(dir, "/") || under(dir, LAYER_DIR) || streq(dir, "/run/hutch/init"))
+                if (dir[0] != '/' || streq(dir, "/") || under(dir, LAYER_DIR) || streq(dir, INITPROTO_GVISOR_INIT))
                         continue;
                 char target[PATH_MAX];
                 if (snprintf(target, sizeof target, "%s%s", LAYER_ROOT, dir) >= (int) sizeof target) {

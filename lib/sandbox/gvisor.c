@@ -164,7 +164,7 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         jbuf b = { 0 };
         char num[64];
         jput(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,\"gid\":0},\"args\":[");
-        jstr(&b, "/run/hutch/init");
+        jstr(&b, INITPROTO_GVISOR_INIT);
         jput(&b, ",\"--gvisor-guest\",");
         snprintf(num, sizeof num, "\"%u\",\"%" PRIu64 "\",\"layer\"", (unsigned) egress_port,
                  sb->limits.memory_bytes);
@@ -205,13 +205,13 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         jmount(&b, "/sys", "sysfs", "sysfs", sys_opts);
         for (size_t i = 0; i < tpl->n_binds; i++)
                 jmount(&b, tpl->binds[i], "bind", tpl->binds[i], ro_bind);
-        jmount(&b, "/run/hutch/init", "bind", init_path, ro_bind);
+        jmount(&b, INITPROTO_GVISOR_INIT, "bind", init_path, ro_bind);
         /* the writable layer: the sentry's tmpfs refuses to grow past size=
          * with ENOSPC (init/layer.c puts it under the root) */
         char layer_size[40];
         snprintf(layer_size, sizeof layer_size, "size=%" PRIu64, sb->limits.disk_bytes);
         const char *const layer_opts[] = { "nosuid", "nodev", "mode=0755", layer_size, NULL };
-        jmount(&b, "/run/hutch/layer", "tmpfs", "tmpfs", layer_opts);
+        jmount(&b, INITPROTO_GVISOR_LAYER, "tmpfs", "tmpfs", layer_opts);
         jput(&b, "],\"linux\":{\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},"
                  "{\"type\":\"mount\"},{\"type\":\"network\"}]}}\n");
         if (b.oom) {

@@ -37,6 +37,12 @@
 #define INITPROTO_HEADER_SIZE 16
 #define INITPROTO_FIELD_HEADER_SIZE 6
 #define INITPROTO_MAX_PAYLOAD (60 * 1024)
+
+/* Under gVisor: where the engine's OCI spec puts hutch-init's binary and the
+ * tmpfs of the writable layer, which init builds the root from
+ * (init/layer.c); the host template carries both as mount points. */
+#define INITPROTO_GVISOR_INIT "/run/hutch/init"
+#define INITPROTO_GVISOR_LAYER "/run/hutch/layer"
 #define INITPROTO_MAX_FRAME (INITPROTO_HEADER_SIZE + INITPROTO_MAX_PAYLOAD)
 #define INITPROTO_MAX_FDS 4
 #define INITPROTO_MAX_STRING 4096   /* paths, argv items, env items */

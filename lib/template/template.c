@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "sandbox/initproto.h"
 #include "template/template.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -198,7 +199,7 @@ static int build_host_rootfs(int rfd) {
                 /* mount points of the gvisor backend's spec (its init and
                  * writable layer): runsc's gofer would otherwise create them
                  * in the template itself */
-                { "run/hutch", 0755 }, { "run/hutch/layer", 0755 },
+                { "run/hutch", 0755 }, { &INITPROTO_GVISOR_LAYER[1], 0755 },
         };
         for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
                 r = mkdir_at(rfd, dirs[i].name, dirs[i].mode, 0, 0);
@@ -222,7 +223,7 @@ static int build_host_rootfs(int rfd) {
                                 return r;
                 }
         }
-        if ((r = write_at(rfd, "run/hutch/init", "", 0444, 0, 0)) < 0)
+        if ((r = write_at(rfd, &INITPROTO_GVISOR_INIT[1], "", 0444, 0, 0)) < 0)
                 return r;
 
         _cleanup_close_ int efd = openat(rfd, "etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
