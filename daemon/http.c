@@ -15,6 +15,7 @@
 #include "daemon/connect.h"
 #include "daemon/server.h"
 #include "util/error.h"
+#include "util/fdutil.h"
 #include "util/log.h"
 
 const char *http_header(struct MHD_Connection *c, const char *name) {
@@ -466,7 +467,13 @@ __attribute__((format(printf, 2, 0))) static void on_log(void *cls, const char *
         log_debug("http: %s", buf);
 }
 
-int http_start(server *srv, hutch_error *err) {
+/* The API's socket, bound before the daemon touches its data dir, so that a
+ * busy port refuses the start before anything changes. No SO_REUSEPORT
+ * (libmicrohttpd's LISTENING_ADDRESS_REUSE): with it a second daemon binds
+ * the same port and the kernel splits connections between the two.
+ * SO_REUSEADDR only lets a restart bind while old connections sit in
+ * TIME_WAIT; it never admits a second listener. */
+int http_bind(server *srv, hutch_error *err) {
         char host[128];
         snprintf(host, sizeof host, "%s", srv->cfg.listen);
         char *colon = strrchr(host, ':');
@@ -475,9 +482,10 @@ int http_start(server *srv, hutch_error *err) {
         *colon = 0;
         char *end;
         long port = strtol(colon + 1, &end, 10);
-        if (*end || port < 0 || port > 65535)
+        if (!colon[1] || *end || port < 0 || port > 65535)
                 return hutch_error_set(err, -EINVAL, "bad port in '%s'", srv->cfg.listen);
         struct sockaddr_storage ss = { 0 };
+        socklen_t sslen;
         char *h = host;
         if (h[0] == '[') {
                 h++;
@@ -487,25 +495,54 @@ int http_start(server *srv, hutch_error *err) {
         }
         struct sockaddr_in *in4 = (struct sockaddr_in *) &ss;
         struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
-        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
         if (inet_pton(AF_INET, h, &in4->sin_addr) == 1) {
                 in4->sin_family = AF_INET;
                 in4->sin_port = htons((uint16_t) port);
+                sslen = sizeof *in4;
         } else if (inet_pton(AF_INET6, h, &in6->sin6_addr) == 1) {
                 in6->sin6_family = AF_INET6;
                 in6->sin6_port = htons((uint16_t) port);
-                flags |= MHD_USE_IPv6;
+                sslen = sizeof *in6;
         } else
                 return hutch_error_set(err, -EINVAL, "--listen wants a numeric address, not '%s'", h);
 
+        _cleanup_close_ int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return hutch_error_set(err, -errno, "socket: %m");
+        int one = 1;
+        if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+                return hutch_error_set(err, -errno, "SO_REUSEADDR: %m");
+        /* [::] means IPv6 only; 0.0.0.0 is how to ask for IPv4 */
+        if (ss.ss_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) < 0)
+                return hutch_error_set(err, -errno, "IPV6_V6ONLY: %m");
+        if (bind(fd, (struct sockaddr *) &ss, sslen) < 0) {
+                int e = errno;
+                if (e == EADDRINUSE)
+                        return hutch_error_set(err, -e,
+                                               "cannot listen on %s: the port is in use (another hutch serve, or "
+                                               "another program; choose another with --listen)",
+                                               srv->cfg.listen);
+                return hutch_error_set(err, -e, "cannot listen on %s: %s", srv->cfg.listen, strerror(e));
+        }
+        if (listen(fd, 1024) < 0)
+                return hutch_error_set(err, -errno, "cannot listen on %s: %m", srv->cfg.listen);
+        srv->listen_fd = TAKE_FD(fd);
+        return 0;
+}
+
+int http_start(server *srv, hutch_error *err) {
+        if (srv->listen_fd < 0)
+                return hutch_error_set(err, -EBADF, "the API socket is not bound");
+        /* the socket is MHD's from here: it closes it in MHD_stop_daemon */
+        int fd = srv->listen_fd;
         srv->mhd = MHD_start_daemon(
-                flags, (uint16_t) port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *) &ss,
-                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                (size_t) (128 * 1024), MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections,
-                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) 600, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned) 1,
-                MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
+                MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
+                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
+                MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                (unsigned) 600, MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
         if (!srv->mhd)
-                return hutch_error_set(err, -EADDRINUSE, "cannot listen on %s: %m", srv->cfg.listen);
+                return hutch_error_set(err, -EIO, "libmicrohttpd did not start on %s", srv->cfg.listen);
+        srv->listen_fd = -1;
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_EPOLL_FD);
         if (!info) {
                 MHD_stop_daemon(srv->mhd);
@@ -520,6 +557,7 @@ int http_start(server *srv, hutch_error *err) {
 }
 
 void http_stop(server *srv) {
+        srv->listen_fd = safe_close(srv->listen_fd);
         if (!srv->mhd)
                 return;
         /* suspended connections must be resumed before MHD can close them */

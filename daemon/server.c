@@ -15,12 +15,15 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/server.h"
 #include "daemon/serve.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/fdutil.h"
 #include "util/fsutil.h"
 #include "util/log.h"
 #include "util/parse.h"
@@ -348,6 +351,50 @@ int server_open_store(const char *data_dir, hutch_store **ret) {
         return 0;
 }
 
+/* One data dir, one daemon: two daemons on one database would each re-adopt,
+ * time out and remove the other's sandboxes (and its warm pool). An flock on
+ * DATA_DIR/serve.lock, taken before anything in the dir is touched and held
+ * until the daemon exits (the kernel drops it on kill -9, so a restart never
+ * finds a stale lock). The holder's pid and address are written into it for
+ * the refusal's message; `hutch run` and `hutch key` do not take it (they
+ * share the data dir with a daemon on purpose: templates, the database). */
+static int data_dir_lock(server *srv) {
+        const char *dir = srv->cfg.data_dir;
+        int r = mkdir_p(dir, 0700);
+        if (r < 0)
+                return log_error_errno(r, "creating %s: %m", dir);
+        _cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return log_error_errno(negative_errno(), "opening %s: %m", dir);
+        int fd = lock_file_try(dfd, "serve.lock");
+        if (fd == -EWOULDBLOCK) {
+                _cleanup_free_ char *who = NULL;
+                (void) read_file_at(dfd, "serve.lock", 512, &who);
+                long pid = 0;
+                char listen[128] = "?";
+                if (who) {
+                        const char *p = strstr(who, "pid=");
+                        const char *l = strstr(who, "listen=");
+                        if (p)
+                                pid = strtol(p + 4, NULL, 10);
+                        if (l)
+                                snprintf(listen, sizeof listen, "%.*s", (int) strcspn(l + 7, "\n"), l + 7);
+                }
+                log_error("data dir %s is in use by another hutch serve (pid %ld, listening on %s); one data dir "
+                          "has one daemon: stop that one, or give this one another --data-dir",
+                          dir, pid, listen);
+                return -EBUSY;
+        }
+        if (fd < 0)
+                return log_error_errno(fd, "locking %s/serve.lock: %m", dir);
+        char buf[256];
+        int n = snprintf(buf, sizeof buf, "pid=%ld\nlisten=%s\n", (long) getpid(), srv->cfg.listen);
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t) n, 0) != n)
+                log_warning("writing %s/serve.lock: %m (the lock is held all the same)", dir);
+        srv->lock_fd = fd;
+        return 0;
+}
+
 /* Sandboxes are created by processes running as the sandbox's own host
  * uid, which must be able to walk down to the run dir (each sandbox's
  * directory and socket live there): refuse one behind a 0700 directory at
@@ -380,6 +427,8 @@ int server_run(const server_config *cfg) {
         srv->cfg = *cfg;
         srv->epfd = -1;
         srv->sigfd = -1;
+        srv->listen_fd = -1;
+        srv->lock_fd = -1;
         srv->egress_w.fd = -1;
         hutch_error err = { 0 };
         int r;
@@ -407,6 +456,17 @@ int server_run(const server_config *cfg) {
         srv->sig_w.cb = on_signal;
         loop_add(srv, &srv->sig_w, srv->sigfd, EPOLLIN);
 
+        /* A refused start changes nothing: the port first (nothing is
+         * written before it is ours), then the data dir's lock (nothing in
+         * the dir is read or written before it is held). */
+        r = http_bind(srv, &err);
+        if (r < 0) {
+                log_error("%s", err.msg);
+                goto out;
+        }
+        r = data_dir_lock(srv);
+        if (r < 0)
+                goto out;
         r = server_open_store(srv->cfg.data_dir, &srv->store);
         if (r < 0)
                 goto out;
@@ -528,7 +588,10 @@ int server_run(const server_config *cfg) {
 out:
         http_stop(srv);
         egress_teardown(srv);
-        sbx_pool_destroy(srv);
+        /* a start refused before the lock owns nothing in the data dir: the
+         * pool's file there is another daemon's */
+        if (srv->lock_fd >= 0)
+                sbx_pool_destroy(srv);
         sbx_free_all(srv);
         hutch_ctx_free(srv->ctx);
         store_close(srv->store);
@@ -536,5 +599,7 @@ out:
                 close(srv->sigfd);
         if (srv->epfd >= 0)
                 close(srv->epfd);
+        /* last: the next daemon may start once everything above is done */
+        safe_close(srv->lock_fd);
         return r;
 }

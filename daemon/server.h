@@ -200,6 +200,8 @@ struct server {
         server_config cfg;
         int epfd;
         struct MHD_Daemon *mhd;
+        int listen_fd;           /* bound at start, MHD's once http_start ran */
+        int lock_fd;             /* DATA_DIR/serve.lock, held for the daemon's life */
         watcher mhd_w;
         hutch_ctx *ctx;
         hutch_store *store;
@@ -263,6 +265,8 @@ enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id)
 const char *http_header(struct MHD_Connection *c, const char *name);
 const char *http_query(struct MHD_Connection *c, const char *name);
 
+/* Bind the API's port (first thing at start); http_start serves it. */
+int http_bind(server *srv, hutch_error *err);
 int http_start(server *srv, hutch_error *err);
 void http_stop(server *srv);
 

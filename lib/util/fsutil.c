@@ -138,6 +138,19 @@ int lock_file_take(int dirfd, const char *name) {
         return fd;
 }
 
+int lock_file_try(int dirfd, const char *name) {
+        int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return -errno;
+        while (flock(fd, LOCK_EX | LOCK_NB) < 0)
+                if (errno != EINTR) {
+                        int r = errno == EAGAIN ? -EWOULDBLOCK : -errno;
+                        close(fd);
+                        return r;
+                }
+        return fd;
+}
+
 int write_file_atomic(const char *path, const void *data, size_t len, mode_t mode) {
         char tmp[PATH_MAX];
         if ((size_t) snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, getpid()) >= sizeof tmp)

@@ -18,5 +18,9 @@ int rm_rf_at(int dirfd, const char *name);
  * exclusive flock on it; returns the fd (the lock lives as long as it). */
 int lock_file_take(int dirfd, const char *name);
 
+/* The same without waiting: -EWOULDBLOCK when another open file description
+ * holds the lock (another process, or this one through another open). */
+int lock_file_try(int dirfd, const char *name);
+
 /* Write a file atomically: temp in the same dir, fsync, rename. */
 int write_file_atomic(const char *path, const void *data, size_t len, mode_t mode);

@@ -32,7 +32,7 @@ from urllib.parse import quote
 import pytest
 
 import hutchtest
-from serveclient import (FLAG_END, HttpConn, ServeDaemon, basic_auth, envelope, frame_events,
+from serveclient import (free_port, FLAG_END, HttpConn, ServeDaemon, basic_auth, envelope, frame_events,
                          multipart, parse_frames, sign, stdout_of)
 
 OCTET = [("Content-Type", "application/octet-stream")]
@@ -1499,6 +1499,70 @@ def test_warm_pool(sandboxed_hutch, tmp_path):
         d.stop()
     assert not (pooled & _live_ids()), "a stopped daemon left pooled sandboxes"
     assert _pool_ids(data) == []
+
+
+def _serve_refused(hutch_bin, *args, timeout=30):
+    """A `hutch serve` that must refuse to start: its exit status and stderr."""
+    cp = subprocess.run([str(hutch_bin), "serve", *args], stdin=subprocess.DEVNULL,
+                        capture_output=True, timeout=timeout)
+    return cp.returncode, cp.stderr.decode(errors="replace")
+
+
+def test_one_daemon_per_port_and_data_dir(sandboxed_hutch, tmp_path):
+    """A busy port and a data dir in use both refuse a second `hutch serve`
+    with a clear error, and the refused start changes nothing: the first
+    daemon's warm pool and pool file stay, it alone answers on its port (a
+    second listener with SO_REUSEPORT had split the connections, and a second
+    daemon on the same data dir had removed the first one's pool), and the
+    refused data dir is not even created. The lock dies with its daemon: a
+    kill -9 never leaves a stale one."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "2"])
+    d.start()
+    try:
+        assert wait_until(lambda: len(_pool_ids(data)) == 2 and set(_pool_ids(data)) <= _live_ids(), 30), \
+            _pool_ids(data)
+        pooled = _pool_ids(data)
+        pool_file = (data / "pool-ids").read_bytes()
+
+        # the same data dir on another port
+        rc, err = _serve_refused(sandboxed_hutch, "--listen", f"127.0.0.1:{free_port()}",
+                                 "--data-dir", str(data), "--pool-size", "2")
+        assert rc == 1, (rc, err)
+        assert f"data dir {data} is in use by another hutch serve (pid {d.proc.pid}" in err, err
+        assert f"listening on 127.0.0.1:{d.port}" in err, err
+
+        # the same port with another data dir: refused before that dir exists
+        other = tmp_path / "other"
+        rc, err = _serve_refused(sandboxed_hutch, "--listen", f"127.0.0.1:{d.port}",
+                                 "--data-dir", str(other))
+        assert rc == 1, (rc, err)
+        assert f"cannot listen on 127.0.0.1:{d.port}: the port is in use" in err, err
+        assert not other.exists(), list(other.iterdir())
+        # 0.0.0.0 on the same port is the same port
+        rc, err = _serve_refused(sandboxed_hutch, "--listen", f"0.0.0.0:{d.port}",
+                                 "--data-dir", str(other))
+        assert rc == 1 and "the port is in use" in err, (rc, err)
+
+        # nothing changed: the pool is the first daemon's, alive, and every
+        # request on the port reaches that daemon (its key is accepted)
+        assert (data / "pool-ids").read_bytes() == pool_file
+        assert set(pooled) <= _live_ids(), (pooled, _live_ids())
+        for _ in range(40):
+            r = d.request("GET", "/sandboxes")
+            assert r.status == 200, r
+        assert d.alive()
+
+        # kill -9: the kernel drops the lock, the next start takes it
+        d.proc.kill()
+        d.proc.wait(10)
+        d.start()
+        assert f"pid={d.proc.pid}\n" in (data / "serve.lock").read_text()
+    finally:
+        d.stop()
+    # a stopped daemon lets the next one in at once
+    d.start()
+    d.stop()
 
 
 def test_close_stdin_after_queued_input_gives_eof(serve, sbx):
