@@ -13,6 +13,7 @@
 #include <sys/epoll.h>
 
 #include "daemon/connect.h"
+#include "daemon/route.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -291,9 +292,21 @@ static void request_free(request *req) {
         free(req);
 }
 
+/* What on_uri tells on_request through con_cls when the request line's
+ * path hides a control byte: never a request, never freed. */
+static char bad_path_marker;
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-        request_free(*con_cls);
+        if (*con_cls != &bad_path_marker)
+                request_free(*con_cls);
         *con_cls = NULL;
+}
+
+/* libmicrohttpd decodes the path before routing, and a decoded %00 ends the
+ * C string: `DELETE /sandboxes/<id>%00anything` was `DELETE /sandboxes/<id>`.
+ * The raw request target is only seen here, before that decoding. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+        return http_path_has_control(uri) ? &bad_path_marker : NULL;
 }
 
 static enum MHD_Result nul_check(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
@@ -343,6 +356,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *version, const char *upload_data, size_t *upload_size,
                                   void **con_cls) {
         server *srv = cls;
+        bool bad_path = *con_cls == &bad_path_marker;
+        if (bad_path)
+                *con_cls = NULL;
         request *req = *con_cls;
         if (!req) {
                 req = calloc(1, sizeof *req);
@@ -358,8 +374,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         return MHD_NO;
                 }
                 *con_cls = req;
-                const char *why;
-                if (request_ambiguous(conn, &why)) {
+                const char *why = "a control byte (such as %00) in the URL path";
+                if (bad_path || request_ambiguous(conn, &why)) {
                         req->responded = true;
                         struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
                         json_t *body = json_pack("{s:i, s:s}", "code", 400, "message", why);
@@ -537,7 +553,8 @@ int http_start(server *srv, hutch_error *err) {
         int fd = srv->listen_fd;
         srv->mhd = MHD_start_daemon(
                 MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
-                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
+                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
                 MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
                 (unsigned) 600, MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
         if (!srv->mhd)

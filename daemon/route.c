@@ -193,6 +193,19 @@ static int hexval(int c) {
         return -1;
 }
 
+bool http_path_has_control(const char *target) {
+        for (const char *p = target; *p && *p != '?' && *p != '#'; p++) {
+                int c = (unsigned char) *p;
+                if (c == '%' && hexval(p[1]) >= 0 && hexval(p[2]) >= 0) {
+                        c = hexval(p[1]) * 16 + hexval(p[2]);
+                        p += 2;
+                }
+                if (c < 0x20 || c == 0x7f)
+                        return true;
+        }
+        return false;
+}
+
 void route_url_decode(char *s) {
         char *o = s;
         for (char *p = s; *p; p++) {

@@ -57,6 +57,11 @@ int route_host(const char *host, unsigned *ret_port, char ret_id[HUTCH_ID_LEN + 
 /* Percent-decoding in place ('+' is a space). */
 void route_url_decode(char *s);
 
+/* True when the path of a raw request target (up to '?') holds a control
+ * byte, literal or %-encoded (%00 ends a decoded C string; %0a splits lines
+ * in logs): such a path is refused with 400 before it is decoded. */
+bool http_path_has_control(const char *target);
+
 /* GET /v2/sandboxes?metadata=…, as MHD decoded it once: "k=v&k2=v2" whose
  * keys and values carry two more levels of encoding (the SDK's). */
 bool route_metadata_matches(json_t *metadata, const char *query);

@@ -43,6 +43,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (named && (!r.secret[0] || strchr(r.secret, '/') || strlen(r.secret) >= sizeof r.secret))
                         abort();
         }
+        /* a path that passes has no %00 before its query */
+        if (!http_path_has_control(field[1])) {
+                const char *q = strchr(field[1], '?');
+                const char *z = strstr(field[1], "%00");
+                if (z && (!q || z < q))
+                        abort();
+        }
         unsigned port;
         char id[HUTCH_ID_LEN + 1];
         if (route_host(field[2], &port, id) == 0 && (port == 0 || port > 65535 || !route_sandbox_id_valid(id)))

@@ -1207,6 +1207,29 @@ def test_nul_in_path_rejected(serve, sbx):
     assert sh(serve, sbx, "ls -A /home/user")[0] == before
 
 
+def test_control_bytes_in_url_path_refused(serve):
+    """A decoded control byte in the URL path is refused with 400 before
+    routing: `DELETE /sandboxes/<id>%00anything` had deleted <id> (the decoded
+    NUL ended the C string), and %0a, %1b, %7f would reach logs and messages.
+    The sandbox named before the NUL is untouched; an encoded percent
+    (%2500) is an ordinary byte and routes as before (404)."""
+    sb = serve.create(timeout=60)
+    sid = sb["sandboxID"]
+    for method, path in [("DELETE", f"/sandboxes/{sid}%00anything"), ("DELETE", f"/sandboxes/{sid}%00"),
+                         ("POST", f"/sandboxes/{sid}%00/pause"), ("GET", f"/sandboxes/{sid}%0a"),
+                         ("GET", f"/sandboxes/{sid}%1B"), ("GET", f"/sandboxes/{sid}%7f"),
+                         ("GET", "/health%00"), ("POST", f"/sandboxes/{sid}/timeout%09")]:
+        r = serve.request(method, path, {"timeout": 1} if method == "POST" else None)
+        assert r.status == 400, (method, path, r)
+        assert r.json() == {"code": 400, "message": "a control byte (such as %00) in the URL path"}, r
+        assert serve.request("GET", f"/sandboxes/{sid}").json()["state"] == "running", (method, path)
+    r = serve.request("GET", "/sandboxes/%2500")
+    assert r.status == 404, r
+    # the query keeps its own rule (a NUL in a value is refused; %0a is data)
+    assert serve.request("GET", "/sandboxes?metadata=a%3D%0a").status == 200
+    assert serve.kill(sid).status == 204
+
+
 def test_upload_many_files(serve, sbx):
     """writeFiles() sends one multipart request with a part per file; 100
     small files in one read of the body must all be written."""
