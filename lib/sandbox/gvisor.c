@@ -580,7 +580,7 @@ static void relay_wait_gone(hutch_sandbox *sb, int timeout_ms) {
 
 /* Checkpoint to out_fd; then restore the sandbox at once (a snapshot), or
  * leave it stopped (suspend). */
-static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
+static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
         if (sb->backend != HUTCH_BACKEND_GVISOR)
                 return hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
         if (sb->suspended)
@@ -720,6 +720,18 @@ static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool s
         return 0;
 }
 
+/* The runtime is stopped and a new relay restores it: in between the
+ * sandbox has no init, so it holds its busy lock (`hutch gc` would take it
+ * for dead). */
+static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
+        int r = sandbox_busy_take(sb, true);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
+        r = checkpoint_busy(sb, out_fd, ret_bytes, suspend, err);
+        sandbox_busy_release(sb);
+        return r;
+}
+
 int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
         return checkpoint(sb, out_fd, ret_bytes, false, err);
 }
@@ -728,9 +740,20 @@ int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hu
         return checkpoint(sb, out_fd, ret_bytes, true, err);
 }
 
+static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
+
 int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
         if (sb->backend != HUTCH_BACKEND_GVISOR || !sb->suspended)
                 return hutch_error_set(err, -EINVAL, "sandbox %s is not suspended", sb->id);
+        int r = sandbox_busy_take(sb, true);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
+        r = resume_from_busy(sb, stream_path, err);
+        sandbox_busy_release(sb);
+        return r;
+}
+
+static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
         char dir[PATH_MAX], token[HUTCH_TOKEN_LEN + 1];
         snprintf(dir, sizeof dir, "%s/gvisor/.resume-%s", sb->ctx->data_dir, sb->id);
         int r = gvisor_unpack(stream_path, dir, token, err);

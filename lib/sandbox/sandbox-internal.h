@@ -47,6 +47,7 @@ struct hutch_sandbox {
         char template_name[64];
         char token[HUTCH_TOKEN_LEN + 1];
         char *dir;         /* run_dir/sandboxes/<id> */
+        int busy_fd;       /* the dir, flocked while a transition is under way (sandbox_busy_*) */
         pid_t init_pid;    /* host pid */
         uint64_t init_starttime; /* /proc/<pid>/stat field 22, to detect pid reuse */
         int init_pidfd;
@@ -180,5 +181,15 @@ enum { INITCONN_FD_FIFO = 1, INITCONN_FD_PTY = 2, INITCONN_FD_FILE = 4 };
 int initconn_check_fd(int fd, int want);
 
 /* sandbox.c helpers used by others */
+/* A sandbox's directory is flocked while it is between two consistent
+ * states (being created, checkpointed, suspended, restored, torn down), so
+ * that another process (`hutch gc`, `hutch kill`, another daemon on the same
+ * run dir) never takes a sandbox in transit for a dead one. The lock belongs
+ * to the open directory, released explicitly (the clone child shares the open
+ * file until it execs). wait=false: -EWOULDBLOCK when busy. */
+int sandbox_busy_take(hutch_sandbox *sb, bool wait);
+void sandbox_busy_release(hutch_sandbox *sb);
+int sandbox_busy_lock_dir(const char *dir, bool wait);
+
 int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);
 int sandbox_validate_id(const char *id);

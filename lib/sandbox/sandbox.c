@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -174,6 +175,36 @@ int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret) {
         return asprintf(ret, "%s/sandboxes/%s", ctx->run_dir, id) < 0 ? -ENOMEM : 0;
 }
 
+int sandbox_busy_lock_dir(const char *dir, bool wait) {
+        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+                return -errno;
+        while (flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) < 0)
+                if (errno != EINTR) {
+                        int r = errno == EAGAIN ? -EWOULDBLOCK : -errno;
+                        close(fd);
+                        return r;
+                }
+        return fd;
+}
+
+int sandbox_busy_take(hutch_sandbox *sb, bool wait) {
+        if (sb->busy_fd >= 0)
+                return 0; /* this handle holds it already: flock would wait for itself */
+        int fd = sandbox_busy_lock_dir(sb->dir, wait);
+        if (fd < 0)
+                return fd;
+        sb->busy_fd = fd;
+        return 0;
+}
+
+void sandbox_busy_release(hutch_sandbox *sb) {
+        if (sb->busy_fd < 0)
+                return;
+        (void) flock(sb->busy_fd, LOCK_UN);
+        sb->busy_fd = safe_close(sb->busy_fd);
+}
+
 int hutch_sandbox_id_new(char out[HUTCH_ID_LEN + 1]) {
         static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
         size_t i = 0;
@@ -254,6 +285,7 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
         sb->ctx = ctx;
         sb->conn = -1;
         sb->init_pidfd = -1;
+        sb->busy_fd = -1;
         sb->uid_slot = UINT32_MAX;
         sb->next_id = 1;
         sb->rxbuf = malloc(INITPROTO_MAX_FRAME);
@@ -576,6 +608,11 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 sb->dir = NULL; /* not ours: never remove it */
                 goto fail;
         }
+        /* held until the state file says what the sandbox is */
+        if ((r = sandbox_busy_take(sb, false)) < 0) {
+                hutch_error_set(err, r, "locking %s: %s", sb->dir, strerror(-r));
+                goto fail;
+        }
 
         if ((r = uidrange_alloc(ctx, sb->id, &sb->uid_slot, err)) < 0)
                 goto fail;
@@ -624,6 +661,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 if (r < 0)
                         goto fail;
                 template_free(tpl);
+                sandbox_busy_release(sb);
                 *ret = sb;
                 return 0;
         }
@@ -799,6 +837,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if ((r = state_write(sb, err)) < 0)
                 goto fail;
         template_free(tpl);
+        sandbox_busy_release(sb);
         *ret = sb;
         return 0;
 
@@ -941,9 +980,35 @@ int hutch_sandbox_attach(hutch_ctx *ctx, const char *id, hutch_sandbox **ret, hu
         return sandbox_open(ctx, id, true, ret, err);
 }
 
-int hutch_sandbox_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
+/* Open a sandbox by id under its busy lock (waiting for it, or -EWOULDBLOCK),
+ * so that its state is read after whatever transition held it ended. */
+static int sandbox_open_locked(hutch_ctx *ctx, const char *id, bool wait, hutch_sandbox **ret, hutch_error *err) {
+        if (sandbox_validate_id(id) < 0)
+                return hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id ? id : "");
+        _cleanup_free_ char *dir = NULL;
+        if (sandbox_dir_path(ctx, id, &dir) < 0)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        _cleanup_close_ int lock = sandbox_busy_lock_dir(dir, wait);
+        if (lock == -ENOENT)
+                return hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id);
+        if (lock < 0)
+                return hutch_error_set(err, lock, "sandbox %s: %s", id,
+                                       lock == -EWOULDBLOCK ? "busy (being created, checkpointed or removed)"
+                                                            : strerror(-lock));
         hutch_sandbox *sb;
         int r = sandbox_open(ctx, id, false, &sb, err);
+        if (r < 0) {
+                (void) flock(lock, LOCK_UN);
+                return r;
+        }
+        sb->busy_fd = TAKE_FD(lock);
+        *ret = sb;
+        return 0;
+}
+
+int hutch_sandbox_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
+        hutch_sandbox *sb;
+        int r = sandbox_open_locked(ctx, id, true, &sb, err);
         if (r < 0)
                 return r;
         r = sandbox_teardown(sb, err);
@@ -978,7 +1043,12 @@ int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err) {
 int hutch_sandbox_destroy(hutch_sandbox *sb, hutch_error *err) {
         if (!sb || sb->destroyed)
                 return 0;
-        return sandbox_teardown(sb, err);
+        /* not while another process is about to tear it down too (a gc that
+         * saw its init dead); the dir may be gone already: nothing to wait for */
+        (void) sandbox_busy_take(sb, true);
+        int r = sandbox_teardown(sb, err);
+        sandbox_busy_release(sb);
+        return r;
 }
 
 hutch_sandbox *hutch_sandbox_ref(hutch_sandbox *sb) {
@@ -990,6 +1060,7 @@ hutch_sandbox *hutch_sandbox_ref(hutch_sandbox *sb) {
 hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
         if (!sb || --sb->n_ref > 0)
                 return NULL;
+        sandbox_busy_release(sb);
         safe_close(sb->conn);
         safe_close(sb->init_pidfd);
         cgroup_free(sb->cg);
@@ -1139,15 +1210,18 @@ int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err) {
         clock_gettime(CLOCK_REALTIME, &now);
         for (char **id = ids; *id; id++) {
                 hutch_sandbox *sb;
-                if (sandbox_open(ctx, *id, false, &sb, NULL) < 0)
+                /* busy: in the middle of a create, checkpoint or teardown by
+                 * another process; its state is not final, leave it */
+                if (sandbox_open_locked(ctx, *id, false, &sb, NULL) < 0)
                         continue;
-                /* A directory without state is a sandbox being created right
-                 * now, unless it has been like that for a minute. */
+                /* A create holds the lock until its state is written, so an
+                 * unlocked directory without state is a create that died;
+                 * the grace covers the moment between mkdir and flock. */
                 char sp[PATH_MAX];
                 struct stat st;
                 snprintf(sp, sizeof sp, "%s/state", sb->dir);
                 bool has_state = stat(sp, &st) == 0;
-                bool old = stat(sb->dir, &st) == 0 && now.tv_sec - st.st_mtim.tv_sec > 60;
+                bool old = stat(sb->dir, &st) == 0 && now.tv_sec - st.st_mtim.tv_sec > 5;
                 if (sb->init_pid == 0 && !sb->suspended && (has_state || old)) {
                         hutch_error e = { 0 };
                         if (sandbox_teardown(sb, &e) >= 0)

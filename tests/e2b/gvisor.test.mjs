@@ -4,7 +4,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
-import { execFileSync } from 'node:child_process'
+import { execFile, execFileSync } from 'node:child_process'
 import { Sandbox } from 'e2b'
 import { createSandbox, env, restartDaemon, sleep, textCollector, waitFor } from './helpers.mjs'
 
@@ -220,6 +220,39 @@ test('snapshot keeps running processes and memory: a sandbox created from it goe
     body: JSON.stringify({ templateID: snap.snapshotId, backend: 'ns' }),
   })
   assert.equal(res.status, 409)
+})
+
+test('hutch gc run throughout snapshots and a pause/resume never takes the sandbox in transit for dead', opt, async (t) => {
+  // Between a checkpoint and the new relay's restore the sandbox has no init:
+  // the engine holds its directory's lock, and gc leaves a locked sandbox
+  // alone (before the lock, gc tore such a sandbox down).
+  const sbx = await createSandbox(t, GV)
+  await sbx.commands.run(COUNTER, { background: true })
+  await waitFor(async () => (await counter(sbx)) >= 2, { what: 'the counter to start' })
+  const gcEnv = { ...process.env, HUTCH_RUN_DIR: env.runDir, HUTCH_DATA_DIR: env.dataDir }
+  let stop = false
+  let runs = 0
+  const loop = (async () => {
+    while (!stop) {
+      await new Promise((resolve) => execFile(env.bin, ['gc'], { env: gcEnv }, () => resolve()))
+      runs++
+    }
+  })()
+  try {
+    for (let i = 0; i < 3; i++) {
+      const snap = await sbx.createSnapshot()
+      t.after(() => Sandbox.deleteSnapshot(snap.snapshotId).catch(() => {}))
+    }
+    await sbx.pause()
+    await sbx.connect()
+  } finally {
+    stop = true
+    await loop
+  }
+  assert.ok(runs >= 5, `gc ran ${runs} times during the transitions`)
+  const c0 = await counter(sbx)
+  await waitFor(async () => (await counter(sbx)) > c0, { what: 'the sandbox to count on after gc' })
+  assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n')
 })
 
 test('fork ×3: running processes come along, writes diverge', opt, async (t) => {

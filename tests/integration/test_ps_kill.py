@@ -1,6 +1,10 @@
 """`hutch ps` lists live sandboxes; `hutch kill ID` destroys one."""
 
+import fcntl
 import os
+import secrets
+import string
+import time
 
 import hutchtest
 from hutchtest import BackgroundRun, run_hutch
@@ -57,3 +61,31 @@ def test_kill_twice_fails_the_second_time(warm, baseline):
         assert cp.returncode != 0
         hutchtest.assert_single_error_line(cp)
     hutchtest.assert_no_leak(baseline)
+
+
+def test_gc_leaves_a_sandbox_in_transit_and_removes_a_dead_create(warm):
+    """A sandbox directory whose lock is held (a create, checkpoint or
+    teardown under way in another process) is not gc's to judge, however old
+    it looks; once unlocked, a directory without state is a create that died,
+    and gc removes it."""
+    sid = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(20))
+    d = hutchtest.STATE_DIR / sid
+    d.mkdir(mode=0o711, parents=True)
+    try:
+        old = time.time() - 600
+        os.utime(d, (old, old))
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            cp = run_hutch(["gc"], timeout=60)
+            assert cp.returncode == 0, cp.stderr
+            assert d.exists(), "gc removed a sandbox whose lock was held"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        cp = run_hutch(["gc"], timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        assert not d.exists(), "gc left a dead create's directory"
+    finally:
+        if d.exists():
+            d.rmdir()
