@@ -80,6 +80,8 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
                         }
                 } else if (!token_optional)
                         return http_reply_connect_error(c, "unauthenticated", "missing access token");
+                if (tok || (is_files && http_query(c, "signature")))
+                        http_conn_authenticated(req);
                 const char *cl = http_header(c, "Content-Length");
                 if (!is_files && cl && strtoull(cl, NULL, 10) > srv->cfg.max_body_bytes)
                         return http_reply_error(c, 413, "request body exceeds %llu bytes",
@@ -118,6 +120,7 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
                 log_error("API key lookup: %s", err.msg);
                 return http_reply_error(c, 500, "internal error");
         }
+        http_conn_authenticated(req);
         const char *cl = http_header(c, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body_bytes)
                 return http_reply_error(c, 413, "request body exceeds %llu bytes",

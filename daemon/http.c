@@ -483,6 +483,21 @@ __attribute__((format(printf, 2, 0))) static void on_log(void *cls, const char *
         log_debug("http: %s", buf);
 }
 
+/* Idle connections are cheap to open and each holds one of max-connections:
+ * one that has not proved a key, token or signature is closed after
+ * unauthenticated-timeout, and one client address holds at most
+ * max-connections-per-client (MHD's per-IP limit), so a flood of idle
+ * connections from one address cannot lock everyone out. Once a request
+ * authenticates, its connection may idle for idle-timeout (the SDK keeps
+ * connections alive between calls). */
+void http_conn_authenticated(request *req) {
+        if (req->authenticated)
+                return;
+        req->authenticated = true;
+        (void) MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                         (unsigned) req->srv->cfg.idle_timeout_s);
+}
+
 /* The API's socket, bound before the daemon touches its data dir, so that a
  * busy port refuses the start before anything changes. No SO_REUSEPORT
  * (libmicrohttpd's LISTENING_ADDRESS_REUSE): with it a second daemon binds
@@ -555,8 +570,9 @@ int http_start(server *srv, hutch_error *err) {
                 MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
-                MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                (unsigned) 600, MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
+                MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                (unsigned) srv->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+                (unsigned) srv->cfg.unauth_timeout_s, MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
         if (!srv->mhd)
                 return hutch_error_set(err, -EIO, "libmicrohttpd did not start on %s", srv->cfg.listen);
         srv->listen_fd = -1;

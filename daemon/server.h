@@ -39,6 +39,9 @@ typedef struct server_config {
         uint64_t max_body_bytes;     /* JSON and RPC request bodies */
         uint64_t max_upload_bytes;   /* one POST /files request, after decompression */
         uint64_t max_connections;
+        uint64_t max_connections_per_client; /* per client address */
+        uint64_t idle_timeout_s;     /* authenticated connections */
+        uint64_t unauth_timeout_s;   /* connections with no authenticated request yet */
         uint64_t stream_buffer_bytes; /* output queued per stream before the process is throttled */
         uint64_t memory_mb, cpu_count, disk_mb; /* default sandbox limits */
         uint64_t metrics_interval_s;
@@ -243,6 +246,7 @@ struct request {
         bool too_large;
         struct files_upload *upload; /* BODY_FILES */
         bool responded;
+        bool authenticated;     /* its connection got idle-timeout (http_conn_authenticated) */
         struct MHD_Response *deferred; /* a reply waiting for the body to be read */
         unsigned deferred_status;
         uint64_t discarded;
@@ -268,6 +272,9 @@ const char *http_query(struct MHD_Connection *c, const char *name);
 /* Bind the API's port (first thing at start); http_start serves it. */
 int http_bind(server *srv, hutch_error *err);
 int http_start(server *srv, hutch_error *err);
+/* The request proved a key, token or signature: its connection may idle for
+ * idle-timeout instead of unauthenticated-timeout. */
+void http_conn_authenticated(request *req);
 void http_stop(server *srv);
 
 /* ----------------------------------------------------------------- api.c */

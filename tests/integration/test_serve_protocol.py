@@ -1588,6 +1588,61 @@ def test_one_daemon_per_port_and_data_dir(sandboxed_hutch, tmp_path):
     d.stop()
 
 
+def test_idle_connections_bounded_per_client_and_unauthenticated_ones_time_out(sandboxed_hutch, tmp_path):
+    """A flood of idle connections from one address cannot lock others out:
+    one client address holds at most --max-connections-per-client; a
+    connection that never authenticated is closed after
+    --unauthenticated-timeout, while an authenticated one may idle for
+    --idle-timeout (the SDK keeps connections alive between calls)."""
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data",
+                    ["--max-connections-per-client", "20", "--unauthenticated-timeout", "2",
+                     "--pool-size", "0"])
+    d.start()
+    flood = []
+    try:
+        authed = HttpConn(d.host, d.port)
+        assert authed.request("GET", "/sandboxes", headers=[("X-API-KEY", d.key)]).status == 200
+        for _ in range(40):
+            s = socket.create_connection((d.host, d.port), timeout=5)
+            flood.append(s)
+        # beyond 20, MHD closes new connections from 127.0.0.1 at once
+        time.sleep(0.5)
+        closed = 0
+        for s in flood:
+            s.setblocking(False)
+            try:
+                closed += s.recv(1) == b""
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+            s.setblocking(True)
+        assert closed >= 19, f"only {closed} of 40 idle connections from one address were refused"
+        # another address is not locked out
+        other = socket.create_connection((d.host, d.port), timeout=5, source_address=("127.0.0.2", 0))
+        other.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert other.recv(64).startswith(b"HTTP/1.1 200"), "a second client address was locked out"
+        other.close()
+        # the unauthenticated ones are gone after the short timeout; the
+        # authenticated keep-alive connection still serves
+        time.sleep(4)
+        for s in flood:
+            s.settimeout(5)
+            try:
+                assert s.recv(1) == b"", "an unauthenticated idle connection outlived its timeout"
+            except ConnectionResetError:
+                pass
+        assert authed.request("GET", "/sandboxes", headers=[("X-API-KEY", d.key)]).status == 200
+        authed.close()
+        # the address can connect again
+        with HttpConn(d.host, d.port) as c:
+            assert c.request("GET", "/health").status == 200
+    finally:
+        for s in flood:
+            s.close()
+        d.stop()
+
+
 def test_close_stdin_after_queued_input_gives_eof(serve, sbx):
     """CloseStdin while input is still queued in the daemon: the process
     gets all of it, then EOF (review finding: the pipe stayed open)."""
