@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "daemon/route.h"
 #include "daemon/server.h"
@@ -525,8 +526,25 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         if (r < 0)
                 return http_reply_error(c, 404, "no route for %s %s", req->method, req->url);
         switch (rt.kind) {
-        case ROUTE_HEALTH:
+        case ROUTE_HEALTH: {
+                /* creates fail without descriptors: say so before they do */
+                unsigned open_fds, limit;
+                struct rlimit rl;
+                if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY &&
+                    rl.rlim_max < HUTCH_DEFAULT_NOFILE)
+                        return http_reply_json(c, 503,
+                                               json_pack("{s:s, s:s, s:i}", "status", "degraded", "message",
+                                                         "the daemon's hard open-files limit is below a sandbox's "
+                                                         "own: creates fail until it is raised",
+                                                         "openFilesLimit", (int) rl.rlim_max));
+                if (server_fds(&open_fds, &limit) == 0 && open_fds + SERVER_FDS_RESERVE > limit)
+                        return http_reply_json(c, 503,
+                                               json_pack("{s:s, s:s, s:i, s:i}", "status", "degraded", "message",
+                                                         "the daemon is out of open files: creates fail until "
+                                                         "descriptors are freed or the limit is raised",
+                                                         "openFiles", (int) open_fds, "openFilesLimit", (int) limit));
                 return http_reply_json(c, 200, json_pack("{s:s}", "status", "ok"));
+        }
         case ROUTE_SANDBOXES_CREATE:
                 return sandboxes_create(srv, req);
         case ROUTE_SANDBOXES_LIST:

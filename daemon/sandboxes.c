@@ -548,7 +548,13 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 layer_from[0] = 0;
         }
         if (r < 0) {
-                *ret_status = 500;
+                /* out of descriptors is the daemon's limit, not a fault: 503,
+                 * and the message says which limit */
+                *ret_status = r == -EMFILE || r == -ENFILE ? 503 : 500;
+                unsigned open_fds = 0, limit = 0;
+                if ((r == -EMFILE || r == -ENFILE) && server_fds(&open_fds, &limit) == 0 &&
+                    open_fds + SERVER_FDS_RESERVE > limit)
+                        hutch_error_wrap(err, r, "the daemon is out of open files (%u of %u in use)", open_fds, limit);
                 hutch_error e2 = { 0 };
                 (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
                 goto fail;

@@ -5,6 +5,7 @@
  * sandbox the database says is alive, so that clients that retry during
  * start-up reach a server that already knows its sandboxes.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -283,6 +284,26 @@ static void on_signal(server *srv, watcher *w, uint32_t revents) {
         }
 }
 
+/* Every sandbox costs the daemon descriptors (its init's socket and pidfd,
+ * the egress listener, proxied connections, streams): with the open-files
+ * limit spent, every create fails. Counted from /proc/self/fd. */
+int server_fds(unsigned *ret_open, unsigned *ret_limit) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return -errno;
+        DIR *d = opendir("/proc/self/fd");
+        if (!d)
+                return -errno;
+        unsigned n = 0;
+        for (struct dirent *de; (de = readdir(d));)
+                if (de->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        *ret_open = n > 0 ? n - 1 : 0; /* less opendir's own */
+        *ret_limit = rl.rlim_cur > UINT_MAX ? UINT_MAX : (unsigned) rl.rlim_cur;
+        return 0;
+}
+
 static int ensure_default_team(server *srv, bool *ret_new_key, char key[45]) {
         hutch_error err = { 0 };
         int64_t n = 0, team = 0;
@@ -444,6 +465,15 @@ int server_run(const server_config *cfg) {
                 rl.rlim_cur = rl.rlim_max;
                 (void) setrlimit(RLIMIT_NOFILE, &rl);
         }
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max < HUTCH_DEFAULT_NOFILE)
+                log_warning("the hard open-files limit is %llu, below a sandbox's own (%d): every create will fail "
+                            "(503) until it is raised (ulimit -Hn, systemd LimitNOFILE=)",
+                            (unsigned long long) rl.rlim_max, HUTCH_DEFAULT_NOFILE);
+        else if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < SERVER_FDS_WANTED)
+                log_warning("the open-files limit is %llu: creates fail with 503 once it is spent (a sandbox holds "
+                            "about %d descriptors, more with egress connections and streams); raise it (ulimit -n, "
+                            "systemd LimitNOFILE=) to at least %d",
+                            (unsigned long long) rl.rlim_cur, SERVER_FDS_PER_SANDBOX, SERVER_FDS_WANTED);
         sigset_t mask;
         sigemptyset(&mask);
         sigaddset(&mask, SIGINT);

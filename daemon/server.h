@@ -366,6 +366,12 @@ size_t base64_encode(const uint8_t *in, size_t len, char *out); /* out: 4*ceil(l
 ssize_t base64_decode(const char *in, size_t len, uint8_t *out);
 
 int64_t wall_ms(void);
+/* The daemon's open descriptors and its RLIMIT_NOFILE. /health answers 503
+ * when fewer than SERVER_FDS_RESERVE are left; start warns below WANTED. */
+int server_fds(unsigned *ret_open, unsigned *ret_limit);
+#define SERVER_FDS_PER_SANDBOX 8
+#define SERVER_FDS_RESERVE 16
+#define SERVER_FDS_WANTED 65536
 void format_rfc3339(int64_t ms, char buf[40]);
 int parse_rfc3339(const char *s, int64_t *ret_ms);
 bool const_time_eq(const char *a, const char *b);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -555,6 +556,17 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -EINVAL,
                                     "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
                                     "pids <= 4194304, nofile <= 1048576)");
+                goto fail;
+        }
+        /* Raising a hard limit needs CAP_SYS_RESOURCE in the initial user
+         * namespace: the child's setrlimit would fail (EPERM) for every
+         * create; say which limit instead */
+        struct rlimit own;
+        if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max != RLIM_INFINITY && sb->limits.nofile > own.rlim_max) {
+                r = hutch_error_set(err, -EMFILE,
+                                    "the sandbox's open-files limit (%" PRIu64 ") is above this process's hard limit "
+                                    "(%llu): raise it (ulimit -Hn, systemd LimitNOFILE=)",
+                                    sb->limits.nofile, (unsigned long long) own.rlim_max);
                 goto fail;
         }
 

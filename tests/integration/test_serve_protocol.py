@@ -1643,6 +1643,42 @@ def test_idle_connections_bounded_per_client_and_unauthenticated_ones_time_out(s
         d.stop()
 
 
+def test_open_files_limit_below_a_sandbox_is_named_by_health_and_create(sandboxed_hutch, tmp_path):
+    """A daemon whose hard open-files limit is below a sandbox's own cannot
+    create any sandbox (raising a hard limit needs the host's
+    CAP_SYS_RESOURCE): /health says so with 503 instead of "ok", a create
+    answers 503 naming the limit instead of a bare 500, and nothing is left
+    behind; `hutch run` under the same limit says the same and exits 125."""
+    before = _live_ids()
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data")
+    d.port = free_port()
+    d.proc = subprocess.Popen(["prlimit", "--nofile=3000:3000", "--", str(sandboxed_hutch), "serve", "--listen",
+                               f"127.0.0.1:{d.port}", "--data-dir", str(d.data_dir), "--pool-size", "0"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def answers():
+            try:
+                return d.request("GET", "/health", key="", timeout=2)
+            except OSError:
+                return None
+        assert wait_until(answers, 30), "the daemon did not start"
+        r = d.request("GET", "/health", key="")
+        assert r.status == 503, r
+        assert r.json()["status"] == "degraded" and r.json()["openFilesLimit"] == 3000, r.json()
+        d.key = (tmp_path / "data" / "api-key").read_text().strip()
+        r = d.request("POST", "/sandboxes", {"templateID": "base"})
+        assert r.status == 503, r
+        assert "open-files limit (4096) is above this process's hard limit (3000)" in r.json()["message"], r
+        assert _live_ids() == before
+    finally:
+        d.stop()
+    assert b"below a sandbox's own (4096): every create will fail" in d.proc.stderr.read()
+    cp = subprocess.run(["prlimit", "--nofile=3000:3000", "--", str(sandboxed_hutch), "run", "--", "true"],
+                        capture_output=True, timeout=60)
+    assert cp.returncode == 125, cp
+    assert b"hard limit (3000)" in cp.stderr, cp.stderr
+
+
 def test_close_stdin_after_queued_input_gives_eof(serve, sbx):
     """CloseStdin while input is still queued in the daemon: the process
     gets all of it, then EOF (review finding: the pipe stayed open)."""
