@@ -1669,7 +1669,8 @@ def test_open_files_limit_below_a_sandbox_is_named_by_health_and_create(sandboxe
         r = d.request("POST", "/sandboxes", {"templateID": "base"})
         assert r.status == 503, r
         assert "open-files limit (4096) is above this process's hard limit (3000)" in r.json()["message"], r
-        assert _live_ids() == before
+        assert not (_live_ids() - before), "a refused create left a sandbox"
+        assert d.request("GET", "/sandboxes").json() == [], "a refused create left a row"
     finally:
         d.stop()
     assert b"below a sandbox's own (4096): every create will fail" in d.proc.stderr.read()
