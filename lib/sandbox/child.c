@@ -138,15 +138,24 @@ static int bind_dev(const char *name) {
         return mount(src, dst, NULL, MS_BIND, NULL);
 }
 
-/* OCI's default masked and read-only /proc paths (runtime-spec config-linux). */
+/* OCI's default masked and read-only /proc paths (runtime-spec config-linux),
+ * and what else names the host's devices, storage or identity: block
+ * devices with their sizes and I/O (every sandbox's loop-backed layer),
+ * swap files by path, md arrays, the kernel command line, the hardware's
+ * memory and I/O map; /proc/fs (ext4 and jbd2 by device), /proc/bus (PCI and
+ * input devices), /proc/irq (by device), /proc/spl (ZFS pools). What stays
+ * visible, and why, is in docs/security.md. */
 static const char *const proc_masked_files[] = {
-        "proc/kcore", "proc/keys", "proc/latency_stats", "proc/timer_list", "proc/timer_stats",
-        "proc/sched_debug", "proc/interrupts", "proc/kallsyms", NULL,
+        "proc/kcore",       "proc/keys",        "proc/latency_stats", "proc/timer_list",
+        "proc/timer_stats", "proc/sched_debug", "proc/interrupts",    "proc/kallsyms",
+        "proc/partitions",  "proc/diskstats",   "proc/swaps",         "proc/mdstat",
+        "proc/cmdline",     "proc/iomem",       "proc/ioports",       NULL,
 };
-static const char *const proc_masked_dirs[] = { "proc/acpi", "proc/scsi", "proc/asound", "proc/driver", NULL };
-static const char *const proc_readonly[] = {
-        "proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger", NULL,
+static const char *const proc_masked_dirs[] = {
+        "proc/acpi", "proc/scsi", "proc/asound", "proc/driver", "proc/fs",
+        "proc/bus",  "proc/irq",  "proc/spl",    NULL,
 };
+static const char *const proc_readonly[] = { "proc/sys", "proc/sysrq-trigger", NULL };
 
 /* The host's boot id is none of the sandbox's business (it identifies the
  * host across sandboxes): each sandbox gets its own, from a file in its own
