@@ -138,15 +138,24 @@ static int bind_dev(const char *name) {
         return mount(src, dst, NULL, MS_BIND, NULL);
 }
 
-/* OCI's default masked and read-only /proc paths (runtime-spec config-linux). */
+/* OCI's default masked and read-only /proc paths (runtime-spec config-linux),
+ * and what else names the host's devices, storage or identity: block
+ * devices with their sizes and I/O (every sandbox's loop-backed layer),
+ * swap files by path, md arrays, the kernel command line, the hardware's
+ * memory and I/O map; /proc/fs (ext4 and jbd2 by device), /proc/bus (PCI and
+ * input devices), /proc/irq (by device), /proc/spl (ZFS pools). What stays
+ * visible, and why, is in docs/security.md. */
 static const char *const proc_masked_files[] = {
-        "proc/kcore", "proc/keys", "proc/latency_stats", "proc/timer_list", "proc/timer_stats",
-        "proc/sched_debug", "proc/interrupts", "proc/kallsyms", NULL,
+        "proc/kcore",       "proc/keys",        "proc/latency_stats", "proc/timer_list",
+        "proc/timer_stats", "proc/sched_debug", "proc/interrupts",    "proc/kallsyms",
+        "proc/partitions",  "proc/diskstats",   "proc/swaps",         "proc/mdstat",
+        "proc/cmdline",     "proc/iomem",       "proc/ioports",       NULL,
 };
-static const char *const proc_masked_dirs[] = { "proc/acpi", "proc/scsi", "proc/asound", "proc/driver", NULL };
-static const char *const proc_readonly[] = {
-        "proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger", NULL,
+static const char *const proc_masked_dirs[] = {
+        "proc/acpi", "proc/scsi", "proc/asound", "proc/driver", "proc/fs",
+        "proc/bus",  "proc/irq",  "proc/spl",    NULL,
 };
+static const char *const proc_readonly[] = { "proc/sys", "proc/sysrq-trigger", NULL };
 
 /* The host's boot id is none of the sandbox's business (it identifies the
  * host across sandboxes): each sandbox gets its own, from a file in its own
@@ -224,14 +233,75 @@ static void setup_dev(const child_config *c) {
                         CHECK(c, symlink(links[i][0], links[i][1]), "creating a /dev link");
 }
 
+/* /sys is an allowlist: a read-only tmpfs holding only the subtrees that
+ * common programs read, bound from a sysfs of the sandbox's own netns. The
+ * rest of sysfs is the host's hardware and storage: every loop device with
+ * its backing file (each sandbox's layer image: the data directory's path and
+ * the sandbox's id), block devices and their I/O counters, /sys/fs/ext4 by
+ * device, firmware tables, module parameters, RAPL energy counters
+ * (CVE-2020-8694). A denylist would have to follow every kernel release;
+ * this list grows only when a program needs more (docs/security.md). */
+static const char *const sys_visible[] = {
+        "devices/system/cpu",  /* sysconf(_SC_NPROCESSORS_*), os.cpu_count, lscpu, the JVM */
+        "devices/system/node", /* ps, top: NUMA nodes */
+        "devices/virtual/net", /* the netns's own devices: sysfs shows its mounter's netns only */
+        "class/net",           /* links into devices/virtual/net */
+        "kernel/mm/transparent_hugepage", /* the JVM, Go's runtime, glibc's malloc tunables */
+        "kernel/mm/hugepages",            /* the JVM lists the huge page sizes */
+        NULL,
+};
+/* Nothing is mounted there inside; empty, as in the full sysfs. */
+static const char *const sys_empty_dirs[] = { "fs/cgroup", NULL };
+
+/* mkdir -p sys/PATH, without allocating. */
+static int mkdir_sys_path(const char *path) {
+        char p[128] = "sys/";
+        cat(p, sizeof p, path);
+        for (char *s = p + 4;; s++) {
+                if (*s != '/' && *s != 0)
+                        continue;
+                char was = *s;
+                *s = 0;
+                if (mkdir(p, 0755) < 0 && errno != EEXIST)
+                        return -1;
+                if (!was)
+                        return 0;
+                *s = was;
+        }
+}
+
 static void setup_sys(const child_config *c) {
-        /* sysfs is owned by the sandbox's netns, read-only; if the kernel
-         * refuses (a host /sys with locked overmounts), /sys stays empty. */
-        if (mount("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        /* The full sysfs is mounted over the old root's /sys (private to this
+         * mount namespace since step 3), so it never enters the sandbox's
+         * tree and goes away with the old root at pivot_root, without an
+         * umount of its own (each costs an RCU grace period). If the kernel
+         * refuses it (a host /sys with locked overmounts), /sys stays empty. */
+        if (mount("sysfs", "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 return;
-        if (mount("tmpfs", "sys/firmware", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555") < 0 &&
-            errno != ENOENT)
-                child_fail(c, errno, "masking /sys/firmware");
+        if (mount("tmpfs", "sys", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=4k,nr_inodes=32,mode=0555") < 0) {
+                if (errno == ENOENT) /* a root without /sys, as before */
+                        return;
+                child_fail(c, errno, "mounting the /sys tmpfs");
+        }
+        for (const char *const *p = sys_empty_dirs; *p; p++)
+                CHECK(c, mkdir_sys_path(*p), "creating a /sys directory");
+        for (const char *const *p = sys_visible; *p; p++) {
+                char src[128] = "/sys/", dst[128] = "sys/";
+                cat(src, sizeof src, *p);
+                cat(dst, sizeof dst, *p);
+                CHECK(c, mkdir_sys_path(*p), "creating a /sys directory");
+                /* the bind keeps the sysfs mount's flags: read-only, nosuid, nodev, noexec */
+                if (mount(src, dst, NULL, MS_BIND, NULL) < 0) {
+                        if (errno != ENOENT) /* not in this kernel (no NUMA, no THP) */
+                                child_fail(c, errno, "binding a /sys subtree");
+                        (void) rmdir(dst);
+                }
+        }
+        CHECK(c,
+              mount(NULL, "sys", NULL,
+                    MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+              "making /sys read-only");
 }
 
 /* ------------------------------------------------------------- the checklist */
