@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * hutch serve: the daemon. One thread, one epoll loop (STYLE.md "The
+ * hutch serve: the daemon. One thread, one epoll loop (docs/style.md "The
  * server"): libmicrohttpd runs in external-epoll mode inside it, streams are
  * suspended connections resumed when a process pipe, a watch or a timer has
  * something for them, so a thousand open streams cost no threads.
