@@ -12,6 +12,9 @@
  *   envd.c       the envd plane: Connect RPCs (process.*, filesystem.*)
  *   files.c      GET/POST /files, signatures
  *   connect.c    the Connect envelope and error codes (pure, fuzzed)
+ *   egress.c     each sandbox's egress proxy site and policy
+ *   secrets.c    /secrets, placeholders, credential rules
+ *   snapshots.c  snapshots and fork (sealed files in DATA_DIR/snapshots)
  */
 #pragma once
 
