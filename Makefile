@@ -97,7 +97,7 @@ asan: deps-test
 	$(ASAN_ENV) HUTCH_BIN=build-asan/hutch tests/e2b/run.sh
 
 # The daemon with its embedded defaults on 127.0.0.1:49982, state in ./var/hutch
-# (DESIGN.md §1). It prints the three E2B_* variables to export. Needs root.
+# (docs/design.md §1). It prints the three E2B_* variables to export. Needs root.
 RUN_DATA_DIR ?= $(CURDIR)/var/hutch
 run: build
 	exec build/hutch serve --data-dir $(RUN_DATA_DIR) $(RUN_ARGS)

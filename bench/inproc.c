@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench-inproc: libhutch measured from inside one process, as the daemon uses
- * it, against fork+exec references timed in the same rounds (DESIGN.md §7).
+ * it, against fork+exec references timed in the same rounds (docs/design.md §7).
  *
  *   bench-inproc [-n ROUNDS] [-k IDLE] [--static PATH]
  *

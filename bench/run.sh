@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hutch against its peers, measured in one run on this machine (DESIGN.md §7).
+# hutch against its peers, measured in one run on this machine (docs/design.md §7).
 # Prints markdown on stdout (progress on stderr) and keeps a copy in
 # $HUTCH_BUILD_DIR/bench-results.md.
 #
@@ -62,7 +62,7 @@ tool() { tool_args+=(--tool "$1=$2"); }
 
 # ---------------------------------------------------------------- references
 tool "plain exec" /bin/true
-# A static binary: what hutch-init is, and DESIGN.md's "fork+exec of a static binary".
+# A static binary: what hutch-init is, and docs/design.md §7's "fork+exec of a static binary".
 static_true=$work/static-true
 if echo 'int main(void) { return 0; }' |
         { musl-gcc -static -Os -o "$static_true" -x c - || gcc -static -Os -o "$static_true" -x c -; } 2>/dev/null; then

@@ -1,4 +1,4 @@
-// SDK-level benchmark of `hutch serve` (issue 3, DESIGN.md §7): the stock e2b
+// SDK-level benchmark of `hutch serve` (issue 3, docs/design.md §7): the stock e2b
 // SDK against the daemon, with the environment set by bench/sdk.sh.
 // Prints one JSON object on stdout.
 import { createHash } from 'node:crypto'

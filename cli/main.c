@@ -12,15 +12,16 @@ static void usage(FILE *f) {
               "  run [OPTIONS] -- CMD [ARG...]   run a command in a fresh sandbox\n"
               "  serve [OPTIONS]                 the E2B-compatible API daemon (--help)\n"
               "  key create|list|revoke          manage the daemon's API keys\n"
-              "  ps [--json]                     list live sandboxes\n"
+              "  ps [--json]                     list this host's sandboxes, live and dead\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died\n"
               "  doctor                          check what the kernel offers\n"
               "  version                         print the version\n"
               "\n"
               "Environment: HUTCH_RUN_DIR (default /run/hutch), HUTCH_DATA_DIR (default\n"
-              "/var/lib/hutch), HUTCH_STORAGE (auto|xfs|tmpfs), HUTCH_CGROUP (v1|v2),\n"
-              "HUTCH_DEBUG=1 for debug logs. `hutch run --help` lists run's options.\n",
+              "/var/lib/hutch), HUTCH_STORAGE (auto|ext4|tmpfs), HUTCH_CGROUP (v1|v2),\n"
+              "HUTCH_BACKEND (ns|gvisor, for run), HUTCH_DEBUG=1 for debug logs.\n"
+              "`hutch run --help` and `hutch serve --help` list their options.\n",
               f);
 }
 

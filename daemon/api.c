@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Routing (e2b-protocol.md §a.4) and the control plane (§b).
+ * Routing (docs/protocol.md §a.4) and the control plane (§b).
  *
  *   no E2b-Sandbox-Port header          → control plane, X-API-KEY
  *   E2b-Sandbox-Port: 49983             → envd of E2b-Sandbox-Id, X-Access-Token
@@ -30,7 +30,8 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         const char *port = http_header(c, "E2b-Sandbox-Port");
         const char *id = http_header(c, "E2b-Sandbox-Id");
         /* Fallback for clients that reach us through wildcard DNS instead of
-         * E2B_SANDBOX_URL: Host "<port>-<id>.<domain>" (§a.4 rule 6) */
+         * E2B_SANDBOX_URL: Host "<port>-<id>.<domain>" (docs/protocol.md §a.4
+         * rule 6) */
         char host_port[8], host_id[HUTCH_ID_LEN + 1];
         unsigned hp;
         const char *host = http_header(c, "Host");

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The envd plane (e2b-protocol.md §c): Connect RPCs with the JSON codec.
+ * The envd plane (docs/protocol.md §c): Connect RPCs with the JSON codec.
  * Processes run through hutch-init; their pipes come back as descriptors
  * and are read here, on the loop, and fanned out to every stream that
  * watches the process (Start and any number of Connect re-attaches). Every

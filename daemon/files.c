@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * envd's /files (e2b-protocol.md §c.5). Downloads: hutch-init opens the
+ * envd's /files (docs/protocol.md §c.5). Downloads: hutch-init opens the
  * path inside the sandbox and passes the descriptor out; MHD sends from it.
  * Uploads stream: request bytes → (gzip) → (multipart) → a pipe whose other
  * end hutch-init writes into a temporary file, renamed into place only on

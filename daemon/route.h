@@ -2,7 +2,7 @@
 /*
  * Routing decisions over client bytes, free of I/O so that they are fuzzed
  * (fuzz/fuzz-route.c): the control-plane path table, sandbox ids, the
- * `<port>-<id>.<domain>` Host fallback (e2b-protocol.md §a.4 rule 6), the
+ * `<port>-<id>.<domain>` Host fallback (docs/protocol.md §a.4 rule 6), the
  * list's metadata filter and page token.
  */
 #pragma once

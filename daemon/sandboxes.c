@@ -2,7 +2,7 @@
 /*
  * The live sandbox table. The database is the truth for what should exist;
  * the kernel (hutch-init answering on its socket) is the truth for what is
- * alive (DESIGN.md §6). Freed objects are only unlinked here and released at
+ * alive (docs/design.md §6). Freed objects are only unlinked here and released at
  * the top of the next loop turn, because an epoll batch may still hold
  * events for their descriptors.
  */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * hutch serve: the daemon. One thread, one epoll loop (STYLE.md "The
+ * hutch serve: the daemon. One thread, one epoll loop (docs/style.md "The
  * server"): libmicrohttpd runs in external-epoll mode inside it, streams are
  * suspended connections resumed when a process pipe, a watch or a timer has
  * something for them, so a thousand open streams cost no threads.
@@ -12,6 +12,9 @@
  *   envd.c       the envd plane: Connect RPCs (process.*, filesystem.*)
  *   files.c      GET/POST /files, signatures
  *   connect.c    the Connect envelope and error codes (pure, fuzzed)
+ *   egress.c     each sandbox's egress proxy site and policy
+ *   secrets.c    /secrets, placeholders, credential rules
+ *   snapshots.c  snapshots and fork (sealed files in DATA_DIR/snapshots)
  */
 #pragma once
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * File operations, done here inside the sandbox's root and mount namespace
- * (never by the host through a host path, DESIGN.md §3), each with the fs
+ * (never by the host through a host path, docs/design.md §3.3), each with the fs
  * credentials of the requesting user so that permissions are the user's.
  *
  * Data never goes through the control socket: reads hand out an fd, writes

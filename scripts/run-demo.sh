@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What `make run` shows until the daemon lands: the CLI creating sandboxes
-# and running code in them. Usage: scripts/run-demo.sh [BUILD_DIR]
+# A tour of the CLI alone, without the daemon: `hutch doctor`, `hutch run`
+# with limits and no network, `hutch ps`. (`make run` starts the daemon, the
+# E2B API; docs/design.md §1.) Usage: scripts/run-demo.sh [BUILD_DIR]
 #
 # The first steps must work (exit 1 otherwise); the later ones show
 # isolation and print their exit status whatever it is.
@@ -66,4 +67,4 @@ for i in range(16):
 print("allocated 256 MiB: no memory limit (unexpected)")'
 step show "$hutch" ps
 
-printf '\n%sdone.%s The daemon (`hutch serve`, DESIGN.md §1) will take over this target when it lands.\n' "$bold" "$off"
+printf '\n%sdone.%s For the E2B API, `make run` starts the daemon (`hutch serve`, docs/design.md §1).\n' "$bold" "$off"

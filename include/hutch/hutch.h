@@ -2,7 +2,7 @@
 /*
  * libhutch: the sandbox engine. This is the only header an embedder includes.
  *
- * Conventions (see STYLE.md): functions return >= 0 on success and a negative
+ * Conventions (see docs/style.md): functions return >= 0 on success and a negative
  * errno on failure, with a human-readable message in the optional hutch_error.
  * Out-parameters are named ret_* and are written only on success. Handles are
  * opaque; every destructor accepts NULL.

@@ -5,7 +5,8 @@
  * and nothing after it (request smuggling, RFC 9112 §11.2). It only frames:
  * the proxy relays the consumed bytes verbatim, extensions and trailers
  * included, and nothing is decoded. Bytes may come in any split; state is a
- * few words. docs/egress.md. Not yet wired into a proxy.
+ * few words. The forward proxy (proxy.c) frames every chunked body it
+ * relays with it. docs/egress.md ("Chunked request bodies").
  *
  * Stricter than RFC 9112, because servers disagree on every leniency:
  *   - chunk-size is 1 to 16 hex digits and below 2^63 (no "0x", sign or

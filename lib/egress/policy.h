@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The egress policy core (DESIGN.md §5, issue #4): what the proxy asks before
+ * The egress policy core (docs/design.md §5.1, issue #4): what the proxy asks before
  * it resolves a name and before it dials an address. Pure: no I/O, no DNS, no
  * clock, no logging; every input is bounded. docs/egress.md is the reference
  * for the grammar and the semantics; this header is the contract.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The egress proxy (DESIGN.md §5, issue #4): the only way out of a sandbox.
+ * The egress proxy (docs/design.md §5.1, issue #4): the only way out of a sandbox.
  *
  * One egress_proxy per host process (the daemon, or `hutch run`) owns an
  * epoll fd, a timerfd and every connection. The host loop polls

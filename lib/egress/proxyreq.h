@@ -7,8 +7,8 @@
  * ("GET /path" + Host, one head after another). The proxy feeds bytes
  * as they arrive, in any split; the parser keeps bounded state and answers the
  * same for any split of the same bytes.
- * docs/egress.md ("Proxy request parsing") explains every refusal. Not yet
- * wired into a proxy.
+ * The proxy (proxy.c) parses every request head with it.
+ * docs/egress.md ("Proxy request parsing") explains every refusal.
  *
  * The host each parser returns is the text the sandbox wrote; it is not
  * checked here beyond framing. The caller passes it to egress_host_parse_n()

@@ -3,8 +3,9 @@
  * The server side of a SOCKS5 handshake (RFC 1928) as a sandbox program
  * speaks it to the egress proxy (issue #4), parsed without I/O: the greeting
  * (NO AUTH required) and one CONNECT request (IPv4, IPv6 or a domain name).
- * Bytes may come in any split; state is bounded. docs/egress.md ("Proxy
- * request parsing"). Not yet wired into a proxy.
+ * Bytes may come in any split; state is bounded. The proxy (proxy.c)
+ * parses every SOCKS5 client with it. docs/egress.md ("Proxy request
+ * parsing").
  *
  * The destination is returned raw; socks5_host() passes it through
  * egress_host_parse_n(), and the proxy decides and dials that parsed value.

@@ -4,7 +4,8 @@
  * SOCKS5 tunnel, parsed without I/O or allocation, so the egress proxy can
  * compare its server_name with the host it dialled before it forwards a
  * byte (domain fronting: CONNECT allowed.test, SNI elsewhere.test).
- * docs/egress.md ("What is left to the proxy"). Not yet wired into a proxy.
+ * The proxy (proxy.c) holds a tunnel's first bytes until this answers.
+ * docs/egress.md ("TLS ClientHello").
  *
  * The caller buffers what the client sent, from its first byte, and calls
  * tlshello_parse() on the whole buffer after every read until the answer is

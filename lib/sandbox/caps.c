@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Capabilities of sandbox root, inside its own user namespace: Docker's
- * default set without CAP_NET_RAW (SECURITY.md promise 3, DESIGN.md §4).
+ * default set without CAP_NET_RAW (docs/security.md promise 3, docs/design.md §4).
  *
  * Order in the clone child (the filter does not set no_new_privs, so loading
  * it needs CAP_SYS_ADMIN in the sandbox user namespace):

@@ -24,7 +24,7 @@ static const bool v1_required[_CGROUP_V1_MAX] = {
         [CGROUP_V1_FREEZER] = true,
 };
 
-/* The devices a sandbox may open (DESIGN.md §4): null, zero, full, random,
+/* The devices a sandbox may open (docs/design.md §4): null, zero, full, random,
  * urandom, tty, console, ptmx and the pts slaves. Everything else, block
  * devices included, is denied by the devices controller as well as by the
  * minimal /dev. */

@@ -4,7 +4,7 @@
  *   cgroup-v1.c  the legacy/hybrid layout (one hierarchy per controller under
  *                /sys/fs/cgroup/<controller>/), as on this project's CI host
  *   cgroup-v2.c  the unified hierarchy (/sys/fs/cgroup is cgroup2)
- * Only these three files touch cgroupfs (STYLE.md: one owner per resource).
+ * Only these three files touch cgroupfs (docs/style.md: one owner per resource).
  */
 #pragma once
 

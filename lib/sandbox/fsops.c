@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * File operations. Every path is resolved by hutch-init inside the
- * sandbox's root (DESIGN.md §3.3): the host never opens a path of the
+ * sandbox's root (docs/design.md §3.3): the host never opens a path of the
  * sandbox, so a planted symlink can never point the host at its own files.
  * Data moves as descriptors that init passes out (a file opened for reading,
  * a pipe to write into), checked here to be a regular file or a pipe.

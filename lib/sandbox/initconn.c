@@ -2,7 +2,7 @@
 /*
  * The host side of the init protocol: requests with ids, replies matched by
  * id, events queued for hutch_sandbox_wait(). hutch-init lives inside the
- * sandbox, so everything it sends is hostile input (DESIGN.md §4): frames
+ * sandbox, so everything it sends is hostile input (docs/design.md §4): frames
  * are parsed by the bounded codec, and descriptors are fstat-checked.
  */
 #include <fcntl.h>

@@ -7,7 +7,7 @@
  * Transport: one AF_UNIX SOCK_SEQPACKET connection per client; one message
  * per packet; file descriptors ride along as SCM_RIGHTS on the packet they
  * belong to. The host treats every byte and every descriptor that comes from
- * init as hostile (DESIGN.md §4): the decoder checks every length.
+ * init as hostile (docs/design.md §4): the decoder checks every length.
  *
  * Frame (all integers little-endian):
  *

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The sandbox's seccomp filter (SECURITY.md promise 3, DESIGN.md §4).
+ * The sandbox's seccomp filter (docs/security.md promise 3, docs/design.md §4).
  *
  * An allowlist: every syscall not named below answers deny_errno (EPERM in
  * normal builds, a distinctive value in test builds). The list starts from

@@ -3,7 +3,7 @@
  * Host uid/gid ranges. Every live sandbox owns 65536 consecutive host ids
  * starting at uid_base + slot * 65536, so sandbox root (and every other
  * sandbox uid) is an unprivileged host id that no other sandbox shares
- * (DESIGN.md §4). Reservations are files run_dir/uids/<slot> holding the
+ * (docs/design.md §4). Reservations are files run_dir/uids/<slot> holding the
  * owner's id, created under an flock so that concurrent `hutch run`s and the
  * daemon never hand out the same range. A reservation whose sandbox state
  * directory is gone (creator killed half-way) is reclaimed.

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Sealed streams: the file format of snapshot images at rest (issue #5,
- * DESIGN.md §6/§8). A stream of any length (a tar of a writable layer, a
+ * docs/design.md §3.4). A stream of any length (a tar of a writable layer, a
  * runsc checkpoint image) is cut into chunks; each is optionally compressed
  * with zstd, then encrypted and authenticated with AES-256-GCM under a key
  * of its own for every file. A reader gets back exactly the bytes sealed,
@@ -75,7 +75,7 @@
  * ret_* are written only on success; why (may be NULL) gets a one-line
  * English reason on failure, safe to log (no key material, no plaintext).
  * The functions block, compress and encrypt: the daemon calls them from a
- * worker, not from its event loop (STYLE.md "The server"). Blocking file
+ * worker, not from its event loop (docs/style.md "The server"). Blocking file
  * descriptors only, read and written from their current offsets; reads and
  * writes are retried on EINTR; no fd is closed. No global state: threads
  * may seal and read different files at once.

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The store: hutch's one SQLite database (DATA_DIR/hutch.db, WAL). This is the
- * only code that talks to SQLite (STYLE.md: one owner per resource).
+ * only code that talks to SQLite (docs/style.md: one owner per resource).
  *
  * Conventions as in hutch.h: >= 0 on success, a negative errno on failure with
  * SQLite's message in err; ret_* are written only on success. Errors map as

@@ -7,8 +7,9 @@
  * time, and whatever the host has installed works inside.
  *
  * Layout: data_dir/templates/<name> is a symlink to a versioned directory
- * <name>.<stamp> holding rootfs/ and a template.conf, so a rebuild never
- * changes a lower layer that live sandboxes have mounted.
+ * <name>.<stamp> holding rootfs/ and a template.stamp (the host inputs it
+ * was built from), so a rebuild never changes a lower layer that live
+ * sandboxes have mounted.
  */
 #pragma once
 

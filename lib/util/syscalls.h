@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The one home of raw syscalls that glibc 2.36 does not wrap (STYLE.md). */
+/* The one home of raw syscalls that glibc 2.36 does not wrap (docs/style.md). */
 #pragma once
 
 #include <linux/mount.h>

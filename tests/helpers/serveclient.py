@@ -261,7 +261,7 @@ def basic_auth(user: str) -> str:
 
 
 def sign(path: str, op: str, user: str, token: str, exp: Optional[int] = None) -> str:
-    """§c.5: v1_ + base64(sha256("path:op:user:token[:exp]")) without padding."""
+    """docs/protocol.md §c.6: v1_ + base64(sha256("path:op:user:token[:exp]")) without padding."""
     raw = f"{path}:{op}:{user}:{token}"
     if exp is not None:
         raw += f":{exp}"

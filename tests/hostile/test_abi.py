@@ -1,4 +1,4 @@
-"""Foreign syscall ABIs (SECURITY.md promise 3): the 32-bit (int $0x80) and
+"""Foreign syscall ABIs (docs/security.md promise 3): the 32-bit (int $0x80) and
 x32 (__X32_SYSCALL_BIT) entry points must not offer what the x86_64 filter
 refuses. The filter knows the native ABI only and kills the process for any
 other (SIGSYS), so each attempt runs in a child of the probe, which reports

@@ -1,5 +1,5 @@
 """A fork bomb stays inside its pids limit and ends with its timeout
-(SECURITY.md promise 6, HostDoS): the host keeps forking, the bomb never
+(docs/security.md promise 6, HostDoS): the host keeps forking, the bomb never
 holds more tasks than --pids, and none of its processes outlives the run.
 (Leaks of mounts, cgroups and the rest are tests/integration/test_leaks.py's
 business; a global snapshot here would race other sandboxes.)"""

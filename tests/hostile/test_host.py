@@ -1,4 +1,4 @@
-"""The host stays out of reach (SECURITY.md promises 1 and 2): host files,
+"""The host stays out of reach (docs/security.md promises 1 and 2): host files,
 /etc, processes, devices, /proc/sys and /proc/sysrq-trigger.
 
 Here the filter ALLOWS the calls; the sandbox's design is what defeats them,
@@ -189,7 +189,7 @@ def test_host_tunables_not_writable(probe, path):
 
 
 def test_host_devices_absent(warm):
-    # DESIGN.md §4: null zero full random urandom tty ptmx pts shm, nothing else.
+    # docs/design.md §4: null zero full random urandom tty ptmx pts shm, nothing else.
     cp = hutchtest.run_sandbox([], ["sh", "-c", "ls -A /dev"])
     assert cp.returncode == 0, cp.stderr
     allowed = {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm",

@@ -1,4 +1,4 @@
-"""Posture, seen from the host (SECURITY.md promises 1 and 3): walk
+"""Posture, seen from the host (docs/security.md promises 1 and 3): walk
 /proc/<pid>/task/*/status of every thread of every process in a running
 sandbox (found by its pid namespace) and check the seccomp mode, the
 capability sets and the host uids. Also the same from inside, and the

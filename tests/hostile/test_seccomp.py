@@ -1,4 +1,4 @@
-"""SECURITY.md promise 3: dangerous syscalls never reach the kernel.
+"""docs/security.md promise 3: dangerous syscalls never reach the kernel.
 
 Each probe (tests/helpers/probe.c) makes one attempt inside a sandbox; its
 exit status is the errno it got. Refusals by the filter must carry the test
@@ -66,7 +66,7 @@ ALLOWED_FOR_ROOT = ["chroot"]  # CAP_SYS_CHROOT is in sandbox root's bounding se
 
 ALL = FILTER_REFUSED + ENOSYS_REFUSED + ALLOWED_FOR_ANY + ALLOWED_FOR_ROOT
 
-# The examples SECURITY.md names, each also alone in a fresh sandbox.
+# The examples docs/security.md names (promise 3), each also alone in a fresh sandbox.
 HEADLINE = ["unshare-user", "clone-newuser", "mount-cgroup", "keyctl", "bpf",
             "io-uring-setup", "userfaultfd", "perf-event-open", "open-by-handle-at",
             "socket-vsock", "socket-alg", "tiocsti", "tiocsti-highbits", "tioclinux"]

@@ -4,7 +4,7 @@ The SDK suites (tests/e2b) show that what the SDK does works. These tests
 speak HTTP/1.1 by hand (tests/helpers/serveclient.py: sockets, no third-party
 library) and check what happens on the edges: authentication on every route,
 malformed and oversized requests, Connect envelopes that are wrong, path
-tricks against the host (SECURITY.md promise 5), /files details, another
+tricks against the host (docs/security.md promise 5), /files details, another
 team's sandboxes (promise 7), and many open streams on one thread.
 
 Every test asserts concrete statuses and bodies and that nothing changed
@@ -566,7 +566,7 @@ def test_timeout_in_the_past_kills(serve):
     assert sid not in serve.list_ids()
     r = serve.kill(sid)
     assert_json_error(r, 404)
-    # its open stream was cut, without an end-stream frame (§c.1)
+    # its open stream was cut, without an end-stream frame (docs/protocol.md §c.1)
     rest, clean = read_chunks_until_close(c, 10)
     c.close()
     assert not clean, "a killed sandbox's stream must end without the terminating chunk"
@@ -940,7 +940,7 @@ def test_signal_and_connect_unknown_pid(serve, sbx):
 
 
 # ==========================================================================
-# 3. Path traversal and symlink tricks (SECURITY.md promise 5)
+# 3. Path traversal and symlink tricks (docs/security.md promise 5)
 # ==========================================================================
 
 @pytest.fixture
@@ -1183,7 +1183,7 @@ def test_upload_errors_400(serve, sbx):
                              ("bad metadata value", f"/tmp/md2-{tag}", OCTET + [("X-Metadata-K", "v\xe9")])]:
         r = post_file(serve, sbx, path, b"data", hdrs)
         assert_json_error(r, 400)
-    # nothing was created (a failed upload leaves nothing, SECURITY.md promise 5)
+    # nothing was created (a failed upload leaves nothing, docs/security.md promise 5)
     assert sh(serve, sbx, "ls -A /tmp /home/user")[0] == before
     assert_json_error(get_file(serve, sbx, "/home/user"), 400)
     assert_json_error(get_file(serve, sbx, "/"), 400)

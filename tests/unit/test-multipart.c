@@ -21,7 +21,7 @@
 
 #define UNDICI_CT "multipart/form-data; boundary=----formdata-undici-032350027135"
 
-/* The body of conn#3 in e2b-protocol.md §e.1, in the chunks undici sent. */
+/* The body of conn#3 in docs/protocol.md §e.1, in the chunks undici sent. */
 static const char *const undici_chunks[] = {
         "------formdata-undici-032350027135\r\n"
         "Content-Disposition: form-data; name=\"file\"; filename=\"/tmp/a.txt\"\r\n"
