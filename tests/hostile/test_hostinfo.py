@@ -1,4 +1,4 @@
-"""What a sandbox's /sys and /proc show of the host (SECURITY.md promise 2,
+"""What a sandbox's /sys and /proc show of the host (docs/security.md promise 2,
 grade HostLeak; docs/security.md "What /proc and /sys show").
 
 A neighbour sandbox with a loop-backed writable layer runs while each probe
