@@ -189,6 +189,15 @@ static void check_gvisor(hutch_ctx *ctx) {
 }
 
 int verb_doctor(int argc, char **argv) {
+        for (int i = 1; i < argc; i++) {
+                if (streq(argv[i], "-h") || streq(argv[i], "--help")) {
+                        puts("usage: hutch doctor\n\nChecks what the kernel and this host offer hutch, and runs one "
+                             "sandbox end to end.\nExit 0: every required check passed; 1: one failed.");
+                        return 0;
+                }
+                log_error("unknown argument '%s' (usage: hutch doctor)", argv[i]);
+                return EXIT_USAGE;
+        }
         struct utsname u;
         uname(&u);
         printf("hutch doctor: %s %s %s\n\n", u.sysname, u.release, u.machine);

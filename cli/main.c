@@ -56,6 +56,10 @@ int main(int argc, char **argv) {
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {
+                if (argc > 2) {
+                        log_error("unknown argument '%s' (usage: hutch version)", argv[2]);
+                        return EXIT_USAGE;
+                }
                 printf("hutch %s\n", HUTCH_VERSION);
                 return 0;
         }

@@ -14,7 +14,11 @@ int verb_ps(int argc, char **argv) {
         for (int i = 1; i < argc; i++) {
                 if (streq(argv[i], "--json"))
                         json = true;
-                else {
+                else if (streq(argv[i], "-h") || streq(argv[i], "--help")) {
+                        puts("usage: hutch ps [--json]\n\nLists this host's sandboxes (those of `hutch run` and of every "
+                             "daemon on this run dir), live and dead.");
+                        return 0;
+                } else {
                         log_error("unknown option '%s' (usage: hutch ps [--json])", argv[i]);
                         return EXIT_USAGE;
                 }
@@ -81,6 +85,16 @@ int verb_kill(int argc, char **argv) {
                 log_error("usage: hutch kill ID...");
                 return EXIT_USAGE;
         }
+        for (int i = 1; i < argc; i++)
+                if (argv[i][0] == '-') {
+                        if (streq(argv[i], "-h") || streq(argv[i], "--help")) {
+                                puts("usage: hutch kill ID...\n\nDestroys sandboxes of this host by id (exit 1 when "
+                                     "one is not found).");
+                                return 0;
+                        }
+                        log_error("unknown option '%s' (usage: hutch kill ID...)", argv[i]);
+                        return EXIT_USAGE;
+                }
         hutch_ctx *ctx;
         if (cli_ctx(&ctx) < 0)
                 return EXIT_HUTCH;
@@ -97,6 +111,10 @@ int verb_kill(int argc, char **argv) {
 }
 
 int verb_gc(int argc, char **argv) {
+        if (argc == 2 && (streq(argv[1], "-h") || streq(argv[1], "--help"))) {
+                puts("usage: hutch gc\n\nRemoves what is left of sandboxes whose init died.");
+                return 0;
+        }
         if (argc > 1) {
                 log_error("usage: hutch gc");
                 return EXIT_USAGE;

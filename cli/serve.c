@@ -2,6 +2,7 @@
 /* `hutch serve` and `hutch key`: parse options, hand over to daemon/. */
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -99,6 +100,31 @@ int verb_key(int argc, char **argv) {
                 else if (!id && argv[i][0] != '-')
                         id = argv[i];
                 else {
+                        log_error("key: unknown or incomplete argument '%s'", argv[i]);
+                        key_usage(stderr);
+                        return EXIT_USAGE;
+                }
+        }
+        /* usage errors change nothing: checked before the store is opened
+         * (which creates the data dir and the database) */
+        if (!streq(sub, "create") && !streq(sub, "list") && !streq(sub, "revoke")) {
+                log_error("key: unknown subcommand '%s'", sub);
+                key_usage(stderr);
+                return EXIT_USAGE;
+        }
+        if ((streq(sub, "revoke") && !id) || (!streq(sub, "revoke") && id)) {
+                if (id)
+                        log_error("key %s: unexpected argument '%s'", sub, id);
+                else
+                        log_error("key revoke: wants a KEY_ID (see `hutch key list`)");
+                key_usage(stderr);
+                return EXIT_USAGE;
+        }
+        if (streq(sub, "revoke")) {
+                char *e = NULL;
+                (void) strtoll(id, &e, 10);
+                if (!*id || *e) {
+                        log_error("key revoke: wants a numeric KEY_ID (see `hutch key list`)");
                         key_usage(stderr);
                         return EXIT_USAGE;
                 }
@@ -135,12 +161,14 @@ int verb_key(int argc, char **argv) {
                 char *e = NULL;
                 long long kid = id ? strtoll(id, &e, 10) : 0;
                 if (!id || *e) {
+                        log_error("key revoke: wants a numeric KEY_ID (see `hutch key list`)");
                         key_usage(stderr);
                         store_close(st);
                         return EXIT_USAGE;
                 }
                 r = store_key_revoke(st, kid, &err);
         } else {
+                log_error("key: unknown subcommand '%s'", sub);
                 key_usage(stderr);
                 store_close(st);
                 return EXIT_USAGE;

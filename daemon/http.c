@@ -504,38 +504,50 @@ void http_conn_authenticated(request *req) {
  * the same port and the kernel splits connections between the two.
  * SO_REUSEADDR only lets a restart bind while old connections sit in
  * TIME_WAIT; it never admits a second listener. */
-int http_bind(server *srv, hutch_error *err) {
+int http_listen_parse(const char *listen, struct sockaddr_storage *ss, unsigned *ret_len, hutch_error *err) {
         char host[128];
-        snprintf(host, sizeof host, "%s", srv->cfg.listen);
+        if (strlen(listen) >= sizeof host)
+                return hutch_error_set(err, -EINVAL, "listen: '%s' is too long", listen);
+        snprintf(host, sizeof host, "%s", listen);
         char *colon = strrchr(host, ':');
         if (!colon)
-                return hutch_error_set(err, -EINVAL, "--listen wants HOST:PORT, not '%s'", srv->cfg.listen);
+                return hutch_error_set(err, -EINVAL, "listen: wants HOST:PORT, not '%s'", listen);
         *colon = 0;
         char *end;
         long port = strtol(colon + 1, &end, 10);
         if (!colon[1] || *end || port < 0 || port > 65535)
-                return hutch_error_set(err, -EINVAL, "bad port in '%s'", srv->cfg.listen);
-        struct sockaddr_storage ss = { 0 };
-        socklen_t sslen;
+                return hutch_error_set(err, -EINVAL, "listen: bad port in '%s' (0 to 65535)", listen);
+        memset(ss, 0, sizeof *ss);
         char *h = host;
         if (h[0] == '[') {
                 h++;
                 char *rb = strchr(h, ']');
-                if (rb)
-                        *rb = 0;
+                if (!rb || rb[1])
+                        return hutch_error_set(err, -EINVAL, "listen: unbalanced [ in '%s'", listen);
+                *rb = 0;
         }
-        struct sockaddr_in *in4 = (struct sockaddr_in *) &ss;
-        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
+        struct sockaddr_in *in4 = (struct sockaddr_in *) ss;
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) ss;
         if (inet_pton(AF_INET, h, &in4->sin_addr) == 1) {
                 in4->sin_family = AF_INET;
                 in4->sin_port = htons((uint16_t) port);
-                sslen = sizeof *in4;
+                *ret_len = sizeof *in4;
         } else if (inet_pton(AF_INET6, h, &in6->sin6_addr) == 1) {
                 in6->sin6_family = AF_INET6;
                 in6->sin6_port = htons((uint16_t) port);
-                sslen = sizeof *in6;
+                *ret_len = sizeof *in6;
         } else
-                return hutch_error_set(err, -EINVAL, "--listen wants a numeric address, not '%s'", h);
+                return hutch_error_set(err, -EINVAL, "listen: wants a numeric address (127.0.0.1:49982, [::1]:49982), not '%s'",
+                                       listen);
+        return 0;
+}
+
+int http_bind(server *srv, hutch_error *err) {
+        struct sockaddr_storage ss;
+        socklen_t sslen;
+        int r = http_listen_parse(srv->cfg.listen, &ss, &sslen, err);
+        if (r < 0)
+                return r;
 
         _cleanup_close_ int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)

@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <time.h>
@@ -93,6 +94,12 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                 case CFG_LIST:
                         if (strlen(value) >= e->size || (!*value && e->type == CFG_STR))
                                 return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
+                        if (streq(key, "listen")) {
+                                struct sockaddr_storage ss;
+                                unsigned len;
+                                if ((r = http_listen_parse(value, &ss, &len, err)) < 0)
+                                        return r;
+                        }
                         memcpy(p, value, strlen(value) + 1);
                         return 0;
                 case CFG_U64:
@@ -165,7 +172,7 @@ int server_config_load_file(server_config *c, const char *path, hutch_error *err
                         v++;
                 r = server_config_set(c, k, v, err);
                 if (r < 0) {
-                        hutch_error_wrap(err, r, "%s:%u: ", path, n);
+                        hutch_error_wrap(err, r, "%s:%u", path, n);
                         break;
                 }
         }

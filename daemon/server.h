@@ -272,6 +272,9 @@ enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id)
 const char *http_header(struct MHD_Connection *c, const char *name);
 const char *http_query(struct MHD_Connection *c, const char *name);
 
+/* HOST:PORT with a numeric address ("[::1]:49982" for IPv6). */
+struct sockaddr_storage;
+int http_listen_parse(const char *listen, struct sockaddr_storage *ss, unsigned *ret_len, hutch_error *err);
 /* Bind the API's port (first thing at start); http_start serves it. */
 int http_bind(server *srv, hutch_error *err);
 int http_start(server *srv, hutch_error *err);

@@ -77,7 +77,7 @@ def serve_help_flags(hutch_bin):
 # A value each metavar of `hutch run --help` accepts.
 RUN_SAMPLES = {
     "SIZE": "64M",
-    "N": "2",
+    "N": "64",  # valid for --pids, --cpus and --inodes (at least 64)
     "NAME": "host",
     "POLICY": "deny",
     "CIDR,...": "10.0.0.0/8",
