@@ -6,6 +6,7 @@
  * suspended while no frame is queued.
  */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -548,6 +549,23 @@ int http_bind(server *srv, hutch_error *err) {
         int r = http_listen_parse(srv->cfg.listen, &ss, &sslen, err);
         if (r < 0)
                 return r;
+        /* TLS material is read here too, so that a bad path refuses the start
+         * before the data dir is touched */
+        bool want_cert = !streq(srv->cfg.tls_cert, "-"), want_key = !streq(srv->cfg.tls_key, "-");
+        if (want_cert != want_key)
+                return hutch_error_set(err, -EINVAL, "tls-cert and tls-key go together (one was given without the other)");
+        if (want_cert) {
+                r = read_file_at(AT_FDCWD, srv->cfg.tls_cert, 1 << 20, &srv->tls_pem[0]);
+                if (r < 0)
+                        return hutch_error_set(err, r, "tls-cert %s: %s", srv->cfg.tls_cert, strerror(-r));
+                r = read_file_at(AT_FDCWD, srv->cfg.tls_key, 1 << 20, &srv->tls_pem[1]);
+                if (r < 0)
+                        return hutch_error_set(err, r, "tls-key %s: %s", srv->cfg.tls_key, strerror(-r));
+                if (!strstr(srv->tls_pem[0], "-----BEGIN CERTIFICATE-----") ||
+                    !strstr(srv->tls_pem[1], "PRIVATE KEY-----"))
+                        return hutch_error_set(err, -EINVAL, "tls-cert must be a PEM certificate and tls-key a PEM "
+                                                             "private key");
+        }
 
         _cleanup_close_ int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
@@ -576,17 +594,27 @@ int http_bind(server *srv, hutch_error *err) {
 int http_start(server *srv, hutch_error *err) {
         if (srv->listen_fd < 0)
                 return hutch_error_set(err, -EBADF, "the API socket is not bound");
+        /* read by http_bind; MHD copies neither, so they stay until http_stop */
+        const char *cert = srv->tls_pem[0], *key = srv->tls_pem[1];
+        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | (cert ? MHD_USE_TLS : 0);
+        struct MHD_OptionItem tls_opts[] = {
+                { cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *) cert },
+                { MHD_OPTION_HTTPS_MEM_KEY, 0, (void *) key },
+                { MHD_OPTION_END, 0, NULL },
+        };
         /* the socket is MHD's from here: it closes it in MHD_stop_daemon */
         int fd = srv->listen_fd;
         srv->mhd = MHD_start_daemon(
-                MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
+                flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
+                MHD_OPTION_ARRAY, tls_opts,
                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
                 MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                 (unsigned) srv->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
                 (unsigned) srv->cfg.unauth_timeout_s, MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
         if (!srv->mhd)
-                return hutch_error_set(err, -EIO, "libmicrohttpd did not start on %s", srv->cfg.listen);
+                return hutch_error_set(err, -EIO, "libmicrohttpd did not start on %s%s", srv->cfg.listen,
+                                       flags & MHD_USE_TLS ? " (is tls-key the key of tls-cert, both PEM?)" : "");
         srv->listen_fd = -1;
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_EPOLL_FD);
         if (!info) {
@@ -601,14 +629,26 @@ int http_start(server *srv, hutch_error *err) {
         return 0;
 }
 
+static void tls_pem_free(server *srv) {
+        for (int i = 0; i < 2; i++) {
+                if (srv->tls_pem[i])
+                        explicit_bzero(srv->tls_pem[i], strlen(srv->tls_pem[i]));
+                free(srv->tls_pem[i]);
+                srv->tls_pem[i] = NULL;
+        }
+}
+
 void http_stop(server *srv) {
         srv->listen_fd = safe_close(srv->listen_fd);
-        if (!srv->mhd)
+        if (!srv->mhd) {
+                tls_pem_free(srv);
                 return;
+        }
         /* suspended connections must be resumed before MHD can close them */
         for (stream *st = srv->streams; st; st = st->next)
                 stream_cut(st);
         MHD_run(srv->mhd);
         MHD_stop_daemon(srv->mhd);
         srv->mhd = NULL;
+        tls_pem_free(srv);
 }

@@ -16,6 +16,9 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <time.h>
@@ -53,6 +56,8 @@ static const struct cfg_entry {
         { "max-body", CFG_SIZE, U(max_body_bytes), 1024, 1ull << 30, "4M", "largest JSON/RPC request body" },
         { "max-upload", CFG_SIZE, U(max_upload_bytes), 1024, 1ull << 40, "4G", "largest POST /files request after decompression" },
         { "max-connections", CFG_U64, U(max_connections), 4, 1000000, "4096", "open HTTP connections" },
+        { "tls-cert", CFG_STR, S(tls_cert), 0, 0, "-", "PEM certificate (chain) of the API: serve HTTPS instead of HTTP ('-': none)" },
+        { "tls-key", CFG_STR, S(tls_key), 0, 0, "-", "PEM private key of tls-cert ('-': none)" },
         { "max-connections-per-client", CFG_U64, U(max_connections_per_client), 1, 1000000, "1024", "open HTTP connections from one client address (behind a reverse proxy, every client is the proxy's address)" },
         { "idle-timeout", CFG_SECONDS, U(idle_timeout_s), 1, 86400, "600", "an authenticated connection idle this long is closed" },
         { "unauthenticated-timeout", CFG_SECONDS, U(unauth_timeout_s), 1, 86400, "15", "a connection that has not yet sent an authenticated request is closed when idle this long" },
@@ -348,6 +353,49 @@ static int write_api_key(server *srv, const char *key) {
         return 0;
 }
 
+/* systemd's readiness protocol (sd_notify(3)), without libsystemd: one
+ * datagram to $NOTIFY_SOCKET ('@' = the abstract namespace). Nothing when
+ * the daemon was not started by a Type=notify unit. */
+static void notify_systemd(const char *state) {
+        const char *path = getenv("NOTIFY_SOCKET");
+        if (!path || (path[0] != '/' && path[0] != '@'))
+                return;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        size_t len = strlen(path);
+        if (len >= sizeof sa.sun_path)
+                return;
+        memcpy(sa.sun_path, path, len);
+        if (sa.sun_path[0] == '@')
+                sa.sun_path[0] = 0;
+        _cleanup_close_ int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return;
+        if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *) &sa,
+                   (socklen_t) (offsetof(struct sockaddr_un, sun_path) + len)) < 0)
+                log_warning("telling systemd '%s': %m", state);
+}
+
+static bool tls_on(const server *srv) {
+        return !streq(srv->cfg.tls_cert, "-");
+}
+
+/* An API key crosses the network with every control-plane request, and an
+ * envd token with every data-plane one: in clear text beyond this host
+ * unless TLS is on (here or in a proxy in front). */
+static void warn_cleartext(const server *srv) {
+        struct sockaddr_storage ss;
+        unsigned len;
+        if (tls_on(srv) || http_listen_parse(srv->cfg.listen, &ss, &len, NULL) < 0)
+                return;
+        bool loopback = ss.ss_family == AF_INET
+                                ? (ntohl(((struct sockaddr_in *) &ss)->sin_addr.s_addr) >> 24) == 127
+                                : IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *) &ss)->sin6_addr);
+        if (!loopback)
+                log_warning("listening on %s without TLS: API keys and sandbox tokens cross the network in clear "
+                            "text; give --tls-cert and --tls-key, or put a TLS proxy in front and listen on loopback",
+                            srv->cfg.listen);
+}
+
 static void print_env(server *srv) {
         char path[PATH_MAX], key[128] = "";
         snprintf(path, sizeof path, "%s/api-key", srv->cfg.data_dir);
@@ -358,13 +406,14 @@ static void print_env(server *srv) {
                 fclose(f);
                 key[strcspn(key, "\r\n")] = 0;
         }
+        const char *scheme = tls_on(srv) ? "https" : "http";
         fprintf(stderr,
-                "hutch: listening on http://%s\n"
+                "hutch: listening on %s://%s\n"
                 "hutch: point the E2B SDK at it with:\n"
-                "export E2B_API_URL=http://%s\n"
-                "export E2B_SANDBOX_URL=http://%s\n"
+                "export E2B_API_URL=%s://%s\n"
+                "export E2B_SANDBOX_URL=%s://%s\n"
                 "export E2B_API_KEY=%s\n",
-                srv->cfg.listen, srv->cfg.listen, srv->cfg.listen,
+                scheme, srv->cfg.listen, scheme, srv->cfg.listen, scheme, srv->cfg.listen,
                 key[0] ? key : "$(cat api-key) # the first key was written to DATA_DIR/api-key");
         fflush(stderr);
 }
@@ -565,6 +614,13 @@ int server_run(const server_config *cfg) {
         sbx_readopt_all(srv);
         sbx_pool_cleanup_previous(srv);
         print_env(srv);
+        warn_cleartext(srv);
+        {
+                char st[256];
+                snprintf(st, sizeof st, "READY=1\nMAINPID=%ld\nSTATUS=serving on %s://%s", (long) getpid(),
+                         tls_on(srv) ? "https" : "http", srv->cfg.listen);
+                notify_systemd(st);
+        }
 
         while (!srv->quit) {
                 /* Timers come after MHD_run(): a request served there may
@@ -625,6 +681,7 @@ int server_run(const server_config *cfg) {
                         log_warning("the loop was busy for %lld ms serving %d events", (long long) busy, n);
         }
         r = 0;
+        notify_systemd("STOPPING=1");
 out:
         http_stop(srv);
         egress_teardown(srv);

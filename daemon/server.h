@@ -34,6 +34,8 @@
 
 typedef struct server_config {
         char listen[128];         /* host:port */
+        char tls_cert[1024];      /* PEM paths, "-" = plain HTTP */
+        char tls_key[1024];
         char data_dir[1024];
         char run_dir[1024];
         uint64_t default_timeout_s;  /* sandbox lifetime when create sends none */
@@ -208,6 +210,7 @@ struct server {
         struct MHD_Daemon *mhd;
         int listen_fd;           /* bound at start, MHD's once http_start ran */
         int lock_fd;             /* DATA_DIR/serve.lock, held for the daemon's life */
+        char *tls_pem[2];        /* tls-cert, tls-key: MHD reads them for its whole life */
         watcher mhd_w;
         hutch_ctx *ctx;
         hutch_store *store;
@@ -377,7 +380,7 @@ int64_t wall_ms(void);
 int server_fds(unsigned *ret_open, unsigned *ret_limit);
 #define SERVER_FDS_PER_SANDBOX 8
 #define SERVER_FDS_RESERVE 16
-#define SERVER_FDS_WANTED 65536
+#define SERVER_FDS_WANTED 8192
 void format_rfc3339(int64_t ms, char buf[40]);
 int parse_rfc3339(const char *s, int64_t *ret_ms);
 bool const_time_eq(const char *a, const char *b);

@@ -1680,6 +1680,97 @@ def test_open_files_limit_below_a_sandbox_is_named_by_health_and_create(sandboxe
     assert b"hard limit (3000)" in cp.stderr, cp.stderr
 
 
+def test_api_over_tls_with_the_operators_certificate(sandboxed_hutch, tmp_path):
+    """--tls-cert/--tls-key: the whole API (control and envd planes) is
+    served over HTTPS with the operator's certificate; plain HTTP on that port
+    gets no answer; a key without a certificate, or a file that is not PEM,
+    refuses the start before the data dir exists."""
+    import http.client
+    import ssl
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=hutch-test",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    for args, needle in [(["--tls-key", str(key)], "tls-cert and tls-key go together"),
+                         (["--tls-cert", str(key), "--tls-key", str(key)], "must be a PEM certificate"),
+                         (["--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(key)], "none.pem")]:
+        rc, err = _serve_refused(sandboxed_hutch, "--listen", f"127.0.0.1:{free_port()}",
+                                 "--data-dir", str(tmp_path / "refused"), *args)
+        assert rc == 1 and needle in err, (args, rc, err)
+        assert not (tmp_path / "refused").exists()
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data",
+                    ["--pool-size", "0", "--tls-cert", str(cert), "--tls-key", str(key)])
+    d.port = free_port()
+    d.proc = subprocess.Popen([str(sandboxed_hutch), "serve", "--listen", f"127.0.0.1:{d.port}", "--data-dir",
+                               str(d.data_dir), *d.extra_args], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ctx = ssl.create_default_context(cafile=str(cert))
+
+    def https(method, path, body=None, headers=None):
+        c = http.client.HTTPSConnection("127.0.0.1", d.port, context=ctx, timeout=30)
+        try:
+            data = body if isinstance(body, bytes) or body is None else json.dumps(body)
+            c.request(method, path, body=data, headers=headers or {})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+    try:
+        def up():
+            try:
+                return https("GET", "/health")[0] == 200
+            except (OSError, ssl.SSLError):
+                return False
+        assert wait_until(up, 30), "the daemon did not answer over TLS"
+        key_ = (d.data_dir / "api-key").read_text().strip()
+        st, body = https("POST", "/sandboxes", {"templateID": "base"},
+                         {"X-API-KEY": key_, "Content-Type": "application/json"})
+        assert st == 201, (st, body)
+        sb = json.loads(body)
+        st, body = https("POST", "/process.Process/Start",
+                         envelope({"process": {"cmd": "/bin/echo", "args": ["over tls"]}}),
+                         {"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "49983",
+                          "X-Access-Token": sb["envdAccessToken"], "Content-Type": "application/connect+json",
+                          "Connect-Protocol-Version": "1"})
+        assert st == 200 and stdout_of(parse_frames(body)) == b"over tls\n", body
+        # plain HTTP on the TLS port: no HTTP answer
+        with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                got = s.recv(64)
+            except (ConnectionResetError, socket.timeout):
+                got = b""
+            assert not got.startswith(b"HTTP/1.1 200"), got
+        st, _ = https("DELETE", f"/sandboxes/{sb['sandboxID']}", headers={"X-API-KEY": key_})
+        assert st == 204
+    finally:
+        d.proc.terminate()
+        err = d.proc.communicate(timeout=30)[1].decode()
+    assert f"listening on https://127.0.0.1:{d.port}" in err, err
+
+
+def test_systemd_readiness_and_stopping(sandboxed_hutch, tmp_path, monkeypatch):
+    """Type=notify: the daemon tells $NOTIFY_SOCKET READY=1 (with its pid)
+    once it serves, and STOPPING=1 when it stops; a warning names a listen
+    address beyond loopback without TLS."""
+    path = str(tmp_path / "notify")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(30)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0"], host="0.0.0.0")
+    d.start()
+    try:
+        ready = rx.recv(4096).decode()
+        assert "READY=1" in ready.split("\n") and f"MAINPID={d.proc.pid}" in ready.split("\n"), ready
+        assert d.request("GET", "/health", key="").status == 200
+    finally:
+        d.stop()
+    assert "STOPPING=1" in rx.recv(4096).decode()
+    rx.close()
+    assert f"listening on 0.0.0.0:{d.port} without TLS" in d.log_tail(20000)
+
+
 def test_close_stdin_after_queued_input_gives_eof(serve, sbx):
     """CloseStdin while input is still queued in the daemon: the process
     gets all of it, then EOF (review finding: the pipe stayed open)."""
