@@ -59,12 +59,12 @@ define pytest
 		exit $$rc; fi
 endef
 
-.PHONY: all build deps deps-test test asan run bench fmt fmt-check fuzz clean help
+.PHONY: all build deps deps-test test asan run bench fmt fmt-check fuzz clean help install uninstall
 
 all: build
 
 help:
-	@echo "make [build] | test | asan | run | bench | fuzz | fmt | fmt-check | clean"
+	@echo "make [build] | test | asan | run | bench | fuzz | fmt | fmt-check | install | uninstall | clean"
 
 deps:
 	@scripts/deps.sh build
@@ -151,6 +151,31 @@ fuzz: deps-test
 			build-fuzz/corpus/$$short $$(ls -d fuzz/corpus/$$short 2>/dev/null) || rc=1; \
 	done; \
 	exit $$rc
+
+# `make install [PREFIX=/usr/local] [DESTDIR=]`: the binary (hutch-init is
+# embedded in it), the man page, bash and zsh completion, the docs, and the
+# systemd unit (ExecStart follows PREFIX). Then: systemctl daemon-reload &&
+# systemctl enable --now hutch.
+PREFIX ?= /usr/local
+SYSTEMD_UNIT_DIR ?= /etc/systemd/system
+INSTALL_BIN ?= build/hutch
+install: build
+	install -D -m 0755 $(INSTALL_BIN) $(DESTDIR)$(PREFIX)/bin/hutch
+	install -D -m 0644 docs/man/hutch.1 $(DESTDIR)$(PREFIX)/share/man/man1/hutch.1
+	install -D -m 0644 deploy/completion/hutch.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/hutch
+	install -D -m 0644 deploy/completion/_hutch $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_hutch
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/share/doc/hutch
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/hutch/
+	install -d -m 0755 $(DESTDIR)$(SYSTEMD_UNIT_DIR)
+	sed -e 's|/usr/local/|$(PREFIX)/|g' deploy/systemd/hutch.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/hutch.service
+	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/hutch.service
+	@echo "installed; start it with: systemctl daemon-reload && systemctl enable --now hutch"
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/hutch $(DESTDIR)$(PREFIX)/share/man/man1/hutch.1 \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/hutch \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_hutch $(DESTDIR)$(SYSTEMD_UNIT_DIR)/hutch.service
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/hutch
 
 clean:
 	rm -rf build build-test build-asan build-fuzz

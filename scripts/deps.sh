@@ -26,6 +26,7 @@ test_pkgs=(
         sudo # the integration tests check sudo inside a sandbox (sandbox root only)
         sqlite3 # bench/sdk.sh reads the daemon's database
         curl openssl # the egress tests: clients inside sandboxes, the test CA
+        man-db systemd # the install test: man -l of the man page, systemd-analyze verify of the unit
 )
 
 case "$set_name" in
