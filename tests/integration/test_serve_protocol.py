@@ -1218,7 +1218,8 @@ def test_control_bytes_in_url_path_refused(serve):
     for method, path in [("DELETE", f"/sandboxes/{sid}%00anything"), ("DELETE", f"/sandboxes/{sid}%00"),
                          ("POST", f"/sandboxes/{sid}%00/pause"), ("GET", f"/sandboxes/{sid}%0a"),
                          ("GET", f"/sandboxes/{sid}%1B"), ("GET", f"/sandboxes/{sid}%7f"),
-                         ("GET", "/health%00"), ("POST", f"/sandboxes/{sid}/timeout%09")]:
+                         ("GET", "/health%00"), ("POST", f"/sandboxes/{sid}/timeout%09"),
+                         ("DELETE", f"/sandboxes/{sid}#frag%00")]:
         r = serve.request(method, path, {"timeout": 1} if method == "POST" else None)
         assert r.status == 400, (method, path, r)
         assert r.json() == {"code": 400, "message": "a control byte (such as %00) in the URL path"}, r
