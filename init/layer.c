@@ -110,6 +110,22 @@ static int drop_sys_admin(void) {
         return 0;
 }
 
+/* This runsc refuses AT_NO_AUTOMOUNT (statx, fstatat): EINVAL for every
+ * `ls` and `stat`. The template carries a shim that drops the flag
+ * (init/gvisor-compat.c); name it in /etc/ld.so.preload, in the writable
+ * layer, unless the template has a preload list of its own. Best effort: a
+ * template without the shim just runs without it. */
+static void preload_compat(void) {
+        if (access(INITPROTO_GVISOR_COMPAT, R_OK) < 0)
+                return;
+        int fd = open("/etc/ld.so.preload", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0)
+                return;
+        static const char line[] = INITPROTO_GVISOR_COMPAT "\n";
+        (void) !write(fd, line, sizeof line - 1);
+        close(fd);
+}
+
 int layer_setup(void) {
         int r;
         /* runsc's /tmp (not there: nothing to do) */
@@ -125,6 +141,7 @@ int layer_setup(void) {
                 return r;
         if (chdir(LAYER_ROOT) < 0 || chroot(".") < 0 || chdir("/") < 0)
                 return negative_errno();
+        preload_compat();
         return drop_sys_admin();
 }
 

@@ -43,6 +43,9 @@
  * (init/layer.c); the host template carries both as mount points. */
 #define INITPROTO_GVISOR_INIT "/run/hutch/init"
 #define INITPROTO_GVISOR_LAYER "/run/hutch/layer"
+/* The statx/fstatat shim (init/gvisor-compat.c) in the host template; under
+ * gVisor hutch-init names it in /etc/ld.so.preload. */
+#define INITPROTO_GVISOR_COMPAT "/run/hutch/gvisor-compat.so"
 #define INITPROTO_MAX_FRAME (INITPROTO_HEADER_SIZE + INITPROTO_MAX_PAYLOAD)
 #define INITPROTO_MAX_FDS 4
 #define INITPROTO_MAX_STRING 4096   /* paths, argv items, env items */

@@ -14,7 +14,11 @@
 #include "util/fdutil.h"
 #include "util/fsutil.h"
 
-#define HOST_TEMPLATE_VERSION "host-6"
+/* init/gvisor-compat.so, embedded by the build (init/embed.sh) */
+extern const unsigned char hutch_gvisor_compat_start[];
+extern const unsigned char hutch_gvisor_compat_end[];
+
+#define HOST_TEMPLATE_VERSION "host-7"
 #define USER_UID 1000
 
 /* Host /etc entries a sandbox needs to behave like the host's userland:
@@ -225,6 +229,17 @@ static int build_host_rootfs(int rfd) {
         }
         if ((r = write_at(rfd, &INITPROTO_GVISOR_INIT[1], "", 0444, 0, 0)) < 0)
                 return r;
+        /* gvisor sandboxes preload it (init/gvisor-compat.c); ns ones ignore it */
+        {
+                _cleanup_close_ int fd = openat(rfd, &INITPROTO_GVISOR_COMPAT[1],
+                                                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+                if (fd < 0)
+                        return -errno;
+                r = fd_write_all(fd, hutch_gvisor_compat_start,
+                                 (size_t) (hutch_gvisor_compat_end - hutch_gvisor_compat_start));
+                if (r < 0)
+                        return r;
+        }
 
         _cleanup_close_ int efd = openat(rfd, "etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         _cleanup_close_ int host_etc = open("/etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);

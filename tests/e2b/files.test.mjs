@@ -107,7 +107,7 @@ test('relative paths resolve against the user\'s home', async () => {
   assert.equal((await sbx.commands.run(`cat /root/${name}`, { user: 'root' })).stdout, 'root relative')
 })
 
-test('ownership and modes: user by default, root when written as root', notOnGvisor('this runsc refuses statx(AT_NO_AUTOMOUNT), which stat(1) sends'), async () => {
+test('ownership and modes: user by default, root when written as root', async () => {
   const sbx = await sandbox()
   const d = dir()
   await sbx.files.write(`${d}/u.txt`, '12345')

@@ -33,6 +33,17 @@ test('commands, output streams and exit codes run on the user-space kernel', opt
   assert.equal(info.metadata['hutch.backend'], 'gvisor')
 })
 
+test('ls, stat and find work: the preloaded shim drops the AT_NO_AUTOMOUNT this runsc refuses', opt, async (t) => {
+  const sbx = await createSandbox(t, GV)
+  await sbx.files.write('/home/user/f.txt', 'abc')
+  const r = await sbx.commands.run('ls -la /home/user | grep -c f.txt; stat -c "%n %s %U" /home/user/f.txt; ' +
+    'find /home/user -name f.txt; cat /etc/ld.so.preload')
+  assert.equal(r.stdout, '1\n/home/user/f.txt 3 user\n/home/user/f.txt\n/run/hutch/gvisor-compat.so\n')
+  // only under gVisor: a namespace sandbox has no preload list
+  const ns = await createSandbox(t, { metadata: { 'hutch.backend': 'ns' } })
+  await assert.rejects(ns.commands.run('cat /etc/ld.so.preload'), (e) => e.exitCode === 1)
+})
+
 test('the writable layer has the sandbox disk size, and getMetrics diskUsed follows it', opt, async (t) => {
   const sbx = await createSandbox(t, GV)
   const df = await sbx.commands.run('df -B1 --output=size / | tail -n 1; df -B1 --output=size /tmp | tail -n 1')
