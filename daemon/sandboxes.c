@@ -988,8 +988,22 @@ static void sbx_release(sbx *sb) {
         free(sb);
 }
 
+void sbx_kill_all(server *srv, const char *reason) {
+        unsigned n = 0;
+        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                if (!sb->dead && sbx_kill(srv, sb, reason) == 0)
+                        n++;
+        /* and wait for each teardown: nothing is left for a next start */
+        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                if (sb->dying)
+                        sbx_finish_destroy(srv, sb);
+        if (n)
+                log_info("ended %u sandbox(es): %s", n, reason);
+}
+
 void sbx_free_all(server *srv) {
-        /* the daemon stops; sandboxes keep running and are re-adopted later */
+        /* the daemon stops; sandboxes keep running and are re-adopted later
+         * (on-stop=kill ended them before: sbx_kill_all) */
         while (srv->sandboxes) {
                 sbx *sb = srv->sandboxes;
                 srv->sandboxes = sb->next;

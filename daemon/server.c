@@ -56,6 +56,7 @@ static const struct cfg_entry {
         { "max-body", CFG_SIZE, U(max_body_bytes), 1024, 1ull << 30, "4M", "largest JSON/RPC request body" },
         { "max-upload", CFG_SIZE, U(max_upload_bytes), 1024, 1ull << 40, "4G", "largest POST /files request after decompression" },
         { "max-connections", CFG_U64, U(max_connections), 4, 1000000, "4096", "open HTTP connections" },
+        { "on-stop", CFG_STR, S(on_stop), 0, 0, "keep", "what a stop (SIGTERM, SIGINT) does to this daemon's sandboxes: keep (they run on; the next start re-adopts them and enforces the timeouts that passed meanwhile) or kill" },
         { "tls-cert", CFG_STR, S(tls_cert), 0, 0, "-", "PEM certificate (chain) of the API: serve HTTPS instead of HTTP ('-': none)" },
         { "tls-key", CFG_STR, S(tls_key), 0, 0, "-", "PEM private key of tls-cert ('-': none)" },
         { "max-connections-per-client", CFG_U64, U(max_connections_per_client), 1, 1000000, "1024", "open HTTP connections from one client address (behind a reverse proxy, every client is the proxy's address)" },
@@ -99,6 +100,8 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                 case CFG_LIST:
                         if (strlen(value) >= e->size || (!*value && e->type == CFG_STR))
                                 return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
+                        if (streq(key, "on-stop") && !streq(value, "keep") && !streq(value, "kill"))
+                                return hutch_error_set(err, -EINVAL, "on-stop: keep or kill, not '%s'", value);
                         if (streq(key, "listen")) {
                                 struct sockaddr_storage ss;
                                 unsigned len;
@@ -682,6 +685,11 @@ int server_run(const server_config *cfg) {
         }
         r = 0;
         notify_systemd("STOPPING=1");
+        /* on-stop=kill: a clean stop takes this daemon's sandboxes with it,
+         * while streams and the proxy still run (kill -9 cannot: the next
+         * start then enforces the timeouts that passed meanwhile) */
+        if (streq(srv->cfg.on_stop, "kill"))
+                sbx_kill_all(srv, "daemon stopped");
 out:
         http_stop(srv);
         egress_teardown(srv);

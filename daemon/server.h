@@ -35,6 +35,7 @@
 typedef struct server_config {
         char listen[128];         /* host:port */
         char tls_cert[1024];      /* PEM paths, "-" = plain HTTP */
+        char on_stop[8];          /* keep | kill: this daemon's sandboxes at a clean stop */
         char tls_key[1024];
         char data_dir[1024];
         char run_dir[1024];
@@ -314,6 +315,8 @@ int sbx_live_count(server *srv, int64_t team);
 void sbx_token_derive(server *srv, const char *id, const char *nonce, char ret[64]);
 json_t *sbx_to_json(sbx *sb, bool detail);
 void sbx_free_all(server *srv);
+/* End every live sandbox of this daemon as a kill does, waiting for each. */
+void sbx_kill_all(server *srv, const char *reason);
 /* Warm pool: top it up by at most one sandbox (called once per loop turn);
  * clean what a previous run left in it; destroy it at shutdown. */
 /* After the engine replaced a sandbox's control connection (a gvisor

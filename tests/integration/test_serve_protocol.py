@@ -23,6 +23,7 @@ import re
 import secrets
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -1770,6 +1771,49 @@ def test_systemd_readiness_and_stopping(sandboxed_hutch, tmp_path, monkeypatch):
     assert "STOPPING=1" in rx.recv(4096).decode()
     rx.close()
     assert f"listening on 0.0.0.0:{d.port} without TLS" in d.log_tail(20000)
+
+
+def test_daemon_stop_keeps_or_kills_sandboxes_and_enforces_what_expired(sandboxed_hutch, tmp_path):
+    """What a stop does to sandboxes is the operator's choice (--on-stop):
+    keep (default) leaves them running, and the next start enforces the
+    timeouts that passed while the daemon was down; kill ends them at a
+    clean stop, so nothing of this daemon runs after it."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    d.start()
+    try:
+        short = d.create(timeout=2)["sandboxID"]
+        long_ = d.create(timeout=600)["sandboxID"]
+        d.proc.kill()               # down: nobody enforces the 2 s timeout
+        d.proc.wait(10)
+        time.sleep(3)
+        assert short in _live_ids(), "the sandbox should run on while its daemon is down"
+        d.start()
+        assert wait_until(lambda: short not in _live_ids(), 15), "an expired timeout was not enforced at start"
+        assert d.request("GET", f"/sandboxes/{short}").status == 404
+        assert long_ in _live_ids() and d.request("GET", f"/sandboxes/{long_}").status == 200
+    finally:
+        d.proc.send_signal(signal.SIGTERM)   # on-stop=keep: they run on
+        d.proc.wait(60)
+    assert long_ in _live_ids(), "on-stop=keep ended a sandbox"
+
+    rc, err = _serve_refused(sandboxed_hutch, "--on-stop", "maybe", "--data-dir", str(tmp_path / "x"))
+    assert rc == 2 and "on-stop: keep or kill" in err, (rc, err)
+    d2 = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--on-stop", "kill"])
+    d2.start()
+    try:
+        assert d2.request("GET", f"/sandboxes/{long_}").status == 200     # re-adopted
+        third = d2.create(timeout=600)["sandboxID"]
+    finally:
+        d2.proc.send_signal(signal.SIGTERM)
+        d2.proc.wait(60)
+    assert not ({long_, third} & _live_ids()), "on-stop=kill left sandboxes running"
+    assert "ended 2 sandbox(es): daemon stopped" in d2.log_tail(20000)
+    d2.start()
+    try:
+        assert d2.request("GET", "/sandboxes").json() == []
+    finally:
+        d2.stop()
 
 
 def test_close_stdin_after_queued_input_gives_eof(serve, sbx):
