@@ -5,7 +5,8 @@
 #   scripts/deps.sh test    # build + test and benchmark extras
 #
 # Idempotent and quick: when dpkg already has every package installed, apt is
-# never touched (no `apt-get update`, no network). Prints one line.
+# never touched (no `apt-get update`, no network) and it prints one line;
+# otherwise it shows apt's progress as it goes, and the reason on failure.
 set -euo pipefail
 
 set_name=${1:-build}
@@ -68,13 +69,28 @@ if ((EUID != 0)); then
         fi
 fi
 
+# Show what apt does (a fresh machine spends minutes here): one line per
+# step, apt's own progress lines as they come; the full log is kept for the
+# error message. -o APT::Status-Fd would be machine-readable; these lines are
+# for the person waiting.
 log=$(mktemp /tmp/hutch-deps.XXXXXX)
 trap 'rm -f "$log"' EXIT
-if ! { "${sudo[@]}" apt-get update -q &&
-        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-                apt-get install -y -q --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+step() { printf 'deps(%s): %s\n' "$set_name" "$*"; }
+# apt's lines that say something to a person: fetches, unpacking, setting up
+progress() { grep --line-buffered -E '^(Get:|Hit:|Fetched|Unpacking|Setting up|Reading package lists|E:|W:)' || true; }
+step "installing ${#missing[@]} Debian package(s): ${missing[*]}"
+step "apt-get update"
+# (pipefail: a failed apt fails the pipeline; progress never does)
+if ! "${sudo[@]}" apt-get update 2>&1 | tee -a "$log" | progress; then
         tail -n 30 "$log" >&2
-        echo "deps($set_name): apt-get failed installing: ${missing[*]}" >&2
+        echo "deps($set_name): apt-get update failed (the log above); check the network and /etc/apt/sources.list" >&2
         exit 1
 fi
-echo "deps($set_name): installed ${missing[*]}"
+step "apt-get install"
+if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y --no-install-recommends "${missing[@]}" 2>&1 | tee -a "$log" | progress; then
+        tail -n 30 "$log" >&2
+        echo "deps($set_name): apt-get failed installing: ${missing[*]} (the log above)" >&2
+        exit 1
+fi
+step "installed ${missing[*]}"
