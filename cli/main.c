@@ -12,7 +12,7 @@ static void usage(FILE *f) {
               "  run [OPTIONS] -- CMD [ARG...]   run a command in a fresh sandbox\n"
               "  serve [OPTIONS]                 the E2B-compatible API daemon (--help)\n"
               "  key create|list|revoke          manage the daemon's API keys\n"
-              "  ps [--json]                     list this host's sandboxes, live and dead\n"
+              "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died\n"
               "  doctor                          check what the kernel offers\n"

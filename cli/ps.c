@@ -9,17 +9,80 @@
 #include "util/log.h"
 #include "util/parse.h"
 
+static const char ps_usage[] =
+        "usage: hutch ps [-a|--all] [-q|--quiet] [--json] [--filter KEY=VALUE]...\n"
+        "\n"
+        "Lists this host's live sandboxes: those of `hutch run` and of every daemon on\n"
+        "this run dir, with who made them (OWNER). -a adds the dead ones (their init is\n"
+        "gone: `hutch gc` removes them); -q prints ids only. Filters (all must match):\n"
+        "state=running|suspended|dead, backend=ns|gvisor, template=NAME,\n"
+        "owner=TEXT (a substring of OWNER), id=PREFIX.\n";
+
+typedef struct ps_filter {
+        const char *key, *value;
+} ps_filter;
+
+static bool ps_matches(const ps_filter *f, size_t n, const char *id, const char *state, const char *backend,
+                       const char *template_name, const char *owner) {
+        for (size_t i = 0; i < n; i++) {
+                const char *k = f[i].key, *v = f[i].value;
+                bool ok = streq(k, "state")      ? streq(state, v)
+                          : streq(k, "backend")  ? streq(backend, v)
+                          : streq(k, "template") ? streq(template_name, v)
+                          : streq(k, "owner")    ? strstr(owner, v) != NULL
+                                                 : startswith(id, v); /* id */
+                if (!ok)
+                        return false;
+        }
+        return true;
+}
+
+/* JSON string contents: the owner comes from a state file */
+static void ps_json_str(const char *s) {
+        for (const unsigned char *c = (const unsigned char *) s; *c; c++)
+                if (*c == '"' || *c == '\\')
+                        printf("\\%c", *c);
+                else if (*c < 0x20 || *c >= 0x7f)
+                        printf("\\u%04x", *c);
+                else
+                        putchar(*c);
+}
+
 int verb_ps(int argc, char **argv) {
-        bool json = false;
+        bool json = false, all = false, quiet = false;
+        ps_filter filters[16];
+        size_t n_filters = 0;
         for (int i = 1; i < argc; i++) {
-                if (streq(argv[i], "--json"))
+                const char *a = argv[i];
+                if (streq(a, "--json"))
                         json = true;
-                else if (streq(argv[i], "-h") || streq(argv[i], "--help")) {
-                        puts("usage: hutch ps [--json]\n\nLists this host's sandboxes (those of `hutch run` and of every "
-                             "daemon on this run dir), live and dead.");
+                else if (streq(a, "-a") || streq(a, "--all"))
+                        all = true;
+                else if (streq(a, "-q") || streq(a, "--quiet"))
+                        quiet = true;
+                else if (streq(a, "-h") || streq(a, "--help")) {
+                        fputs(ps_usage, stdout);
                         return 0;
+                } else if (streq(a, "--filter") || startswith(a, "--filter=")) {
+                        const char *f = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
+                        const char *eq = f ? strchr(f, '=') : NULL;
+                        size_t kl = eq ? (size_t) (eq - f) : 0;
+                        static const char *const keys[] = { "state", "backend", "template", "owner", "id" };
+                        const char *key = NULL;
+                        for (size_t k = 0; eq && k < ELEMENTSOF(keys); k++)
+                                if (strlen(keys[k]) == kl && strncmp(f, keys[k], kl) == 0)
+                                        key = keys[k];
+                        if (!key || n_filters >= ELEMENTSOF(filters)) {
+                                log_error("invalid --filter '%s' (KEY=VALUE with KEY state, backend, template, owner "
+                                          "or id; at most 16)",
+                                          f ? f : "");
+                                return EXIT_USAGE;
+                        }
+                        filters[n_filters++] = (ps_filter) { key, eq + 1 };
+                        if (streq(key, "state") && streq(eq + 1, "dead"))
+                                all = true;
                 } else {
-                        log_error("unknown option '%s' (usage: hutch ps [--json])", argv[i]);
+                        log_error("unknown option '%s' (see `hutch ps --help`)", a);
                         return EXIT_USAGE;
                 }
         }
@@ -35,8 +98,9 @@ int verb_ps(int argc, char **argv) {
         }
         if (json)
                 printf("[");
-        else
-                printf("%-20s  %8s  %-10s  %8s  %10s  %s\n", "ID", "PID", "TEMPLATE", "AGE", "MEMORY", "STATE");
+        else if (!quiet)
+                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", "ID", "PID", "TEMPLATE", "BACKEND", "AGE",
+                       "MEMORY", "STATE", "OWNER");
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         bool first = true;
@@ -45,11 +109,24 @@ int verb_ps(int argc, char **argv) {
                 hutch_error e = { 0 };
                 bool alive = hutch_sandbox_attach(ctx, *id, &sb, &e) >= 0;
                 if (!alive) {
-                        if (json)
+                        if (!all || !ps_matches(filters, n_filters, *id, "dead", "", "", ""))
+                                continue;
+                        if (quiet)
+                                printf("%s\n", *id);
+                        else if (json)
                                 printf("%s{\"id\":\"%s\",\"state\":\"dead\"}", first ? "" : ",", *id);
                         else
-                                printf("%-20s  %8s  %-10s  %8s  %10s  %s\n", *id, "-", "-", "-", "-", "dead (hutch kill removes it)");
+                                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", *id, "-", "-", "-", "-", "-",
+                                       "dead", "(hutch gc removes it)");
                         first = false;
+                        continue;
+                }
+                /* gvisor, paused to disk: nothing runs until its resume */
+                const char *state = hutch_sandbox_is_suspended(sb) ? "suspended" : "running";
+                const char *backend = hutch_backend_name(hutch_sandbox_backend(sb));
+                const char *owner = hutch_sandbox_owner(sb);
+                if (!ps_matches(filters, n_filters, *id, state, backend, hutch_sandbox_template(sb), owner)) {
+                        hutch_sandbox_unref(sb);
                         continue;
                 }
                 hutch_stats st = { 0 };
@@ -60,16 +137,19 @@ int verb_ps(int argc, char **argv) {
                 struct stat pst;
                 double age = stat(path, &pst) == 0 ? difftime(now.tv_sec, pst.st_mtim.tv_sec) : 0;
                 char mem[32];
-                /* gvisor, paused to disk: nothing runs until its resume */
-                const char *state = hutch_sandbox_is_suspended(sb) ? "suspended" : "running";
-                if (json)
+                if (quiet)
+                        printf("%s\n", *id);
+                else if (json) {
                         printf("%s{\"id\":\"%s\",\"state\":\"%s\",\"init_pid\":%d,\"template\":\"%s\",\"memory_bytes\":%llu,"
-                               "\"backend\":\"%s\"}",
+                               "\"backend\":\"%s\",\"owner\":\"",
                                first ? "" : ",", *id, state, hutch_sandbox_init_pid(sb), hutch_sandbox_template(sb),
-                               (unsigned long long) st.memory_current, hutch_backend_name(hutch_sandbox_backend(sb)));
-                else
-                        printf("%-20s  %8d  %-10s  %7.0fs  %10s  %s\n", *id, hutch_sandbox_init_pid(sb),
-                               hutch_sandbox_template(sb), age, format_size(st.memory_current, mem, sizeof mem), state);
+                               (unsigned long long) st.memory_current, backend);
+                        ps_json_str(owner);
+                        printf("\"}");
+                } else
+                        printf("%-20s  %8d  %-10s  %-7s  %7.0fs  %10s  %-9s  %s\n", *id, hutch_sandbox_init_pid(sb),
+                               hutch_sandbox_template(sb), backend, age, format_size(st.memory_current, mem, sizeof mem),
+                               state, *owner ? owner : "?");
                 first = false;
                 hutch_sandbox_unref(sb);
         }

@@ -448,6 +448,9 @@ int verb_run(int argc, char **argv) {
                 return r > 0 ? 0 : EXIT_USAGE;
         }
         default_env(&o);
+        char owner[64];
+        snprintf(owner, sizeof owner, "hutch run pid %ld", (long) getpid());
+        o.sb.owner = owner;
         int64_t t0 = clock_ns(CLOCK_MONOTONIC);
         int exit_status = EXIT_HUTCH;
         hutch_ctx *ctx = NULL;

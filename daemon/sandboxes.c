@@ -173,7 +173,14 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
  * its identity files. On failure nothing of it is left and sb->h is NULL. */
 static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, const char *layer_from,
                             bool checkpoint, hutch_error *err) {
+        /* hutch ps names the daemon (its data dir) and, once claimed, the team */
+        char owner[128];
+        if (sb->team_id)
+                snprintf(owner, sizeof owner, "hutch serve %s team %lld", srv->cfg.data_dir, (long long) sb->team_id);
+        else
+                snprintf(owner, sizeof owner, "hutch serve %s", srv->cfg.data_dir);
         hutch_sandbox_config sc = {
+                .owner = owner,
                 .template_name = template_name,
                 .layer_from = checkpoint ? NULL : layer_from,
                 .checkpoint_from = checkpoint ? layer_from : NULL,

@@ -98,6 +98,9 @@ typedef struct hutch_sandbox_config {
         /* gvisor: the port the sandbox's 127.0.0.1 proxy address has (the
          * daemon's egress port); 0 = 3128. */
         uint16_t egress_port;
+        /* Who made it, for `hutch ps` (e.g. "hutch run", "hutch serve
+         * /var/lib/hutch"): printable, at most 127 bytes; NULL = unknown. */
+        const char *owner;
 } hutch_sandbox_config;
 
 #define HUTCH_DEFAULT_MEMORY (512ull << 20)
@@ -130,6 +133,8 @@ hutch_sandbox *hutch_sandbox_ref(hutch_sandbox *sb);
 
 const char *hutch_sandbox_id(const hutch_sandbox *sb);
 const char *hutch_sandbox_template(const hutch_sandbox *sb);
+/* The creator's owner string ("" when it gave none). */
+const char *hutch_sandbox_owner(const hutch_sandbox *sb);
 int hutch_sandbox_backend(const hutch_sandbox *sb); /* HUTCH_BACKEND_* */
 pid_t hutch_sandbox_init_pid(const hutch_sandbox *sb); /* host pid of hutch-init */
 uid_t hutch_sandbox_uid_base(const hutch_sandbox *sb);

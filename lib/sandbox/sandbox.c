@@ -309,12 +309,12 @@ static int state_write(hutch_sandbox *sb, hutch_error *err) {
                          "id=%s\ntemplate=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
                          "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
                          "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
-                         "cgroup_mount=%s\nbackend=%s\negress_port=%u\nsuspended=%d\n",
+                         "cgroup_mount=%s\nbackend=%s\negress_port=%u\nsuspended=%d\nowner=%s\n",
                          sb->id, sb->template_name, sb->init_pid, sb->init_starttime, sb->uid_slot,
                          (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
                          sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
                          sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
-                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port, sb->suspended);
+                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port, sb->suspended, sb->owner);
         int r = write_file_atomic(path, buf, (size_t) n, 0600);
         if (r < 0)
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
@@ -374,6 +374,8 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         sb->backend = streq(v, "gvisor") ? HUTCH_BACKEND_GVISOR : HUTCH_BACKEND_NS;
                 else if (streq(k, "suspended"))
                         sb->suspended = streq(v, "1");
+                else if (streq(k, "owner"))
+                        snprintf(sb->owner, sizeof sb->owner, "%s", v);
         }
         /* a suspended sandbox has no init until it is restored */
         if (sb->suspended && sb->backend == HUTCH_BACKEND_GVISOR) {
@@ -545,6 +547,13 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         sb->no_new_privs = cfg->no_new_privs;
         sb->is_parent = true;
         sb->created_ns = clock_ns(CLOCK_REALTIME);
+        /* one line of the state file: printable bytes only */
+        if (cfg->owner) {
+                size_t i = 0;
+                for (const char *o = cfg->owner; *o && i + 1 < sizeof sb->owner; o++)
+                        sb->owner[i++] = (*o >= 0x20 && *o < 0x7f) ? *o : '?';
+                sb->owner[i] = 0;
+        }
         const char *hostname = cfg->hostname && *cfg->hostname ? cfg->hostname : "hutch";
         if (strlen(hostname) > 63) {
                 r = hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes", hostname);
@@ -1089,6 +1098,9 @@ const char *hutch_sandbox_id(const hutch_sandbox *sb) {
 }
 const char *hutch_sandbox_template(const hutch_sandbox *sb) {
         return sb->template_name;
+}
+const char *hutch_sandbox_owner(const hutch_sandbox *sb) {
+        return sb->owner;
 }
 int hutch_sandbox_backend(const hutch_sandbox *sb) {
         return sb->backend;

@@ -460,9 +460,9 @@ def map_id(uid_map: Iterable, inside_id: int) -> Optional[int]:
 
 
 def ps_sandboxes(timeout: float = 30) -> dict:
-    """{id: [host_pid, template, age...]} from `hutch ps` (lines whose first
-    word is a sandbox id; a header line, if any, is ignored)."""
-    cp = run_hutch(["ps"], timeout=timeout)
+    """{id: [host_pid, template, backend, age...]} from `hutch ps -a` (lines
+    whose first word is a sandbox id; a header line, if any, is ignored)."""
+    cp = run_hutch(["ps", "-a"], timeout=timeout)
     assert cp.returncode == 0, f"hutch ps failed rc={cp.returncode}: {cp.stderr!r}"
     out = {}
     for line in cp.stdout.decode("utf-8", "replace").splitlines():

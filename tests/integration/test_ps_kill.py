@@ -1,6 +1,7 @@
 """`hutch ps` lists live sandboxes; `hutch kill ID` destroys one."""
 
 import fcntl
+import json
 import os
 import secrets
 import string
@@ -89,3 +90,43 @@ def test_gc_leaves_a_sandbox_in_transit_and_removes_a_dead_create(warm):
     finally:
         if d.exists():
             d.rmdir()
+
+
+def test_ps_lists_live_ones_with_owner_filters_and_quiet(warm, tmp_path):
+    """`hutch ps` lists live sandboxes with their backend and who made them;
+    -a adds dead ones, -q prints ids only, --filter narrows (state, backend,
+    template, owner, id), --json carries the owner; a bad filter is a usage
+    error."""
+    with BackgroundRun([], ["sh", "-c", "echo READY; exec sleep 1000"]) as bg:
+        bg.wait_for(b"READY\n")
+        live = hutchtest.ps_live_sandboxes()
+        cp = run_hutch(["ps"])
+        assert cp.returncode == 0, cp.stderr
+        lines = cp.stdout.decode().splitlines()
+        assert lines[0].split() == ["ID", "PID", "TEMPLATE", "BACKEND", "AGE", "MEMORY", "STATE", "OWNER"]
+        mine = [l for l in lines[1:] if f"hutch run pid {bg.proc.pid}" in l]
+        assert len(mine) == 1, lines
+        sid = mine[0].split()[0]
+        assert sid in live and mine[0].split()[3] == "ns" and " running " in mine[0], mine
+        # a dead one: a sandbox directory whose init is gone (a create that died)
+        dead = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(20))
+        (hutchtest.STATE_DIR / dead).mkdir(mode=0o711)
+        try:
+            assert dead not in run_hutch(["ps"]).stdout.decode()
+            assert dead in run_hutch(["ps", "-a"]).stdout.decode()
+            dead_ids = run_hutch(["ps", "-q", "--filter", "state=dead"]).stdout.decode().split()
+            assert dead in dead_ids and sid not in dead_ids, dead_ids
+        finally:
+            (hutchtest.STATE_DIR / dead).rmdir()
+        q = run_hutch(["ps", "-q", "--filter", f"owner=hutch run pid {bg.proc.pid}", "--filter", "backend=ns",
+                       "--filter", "template=host", "--filter", f"id={sid[:6]}"])
+        assert q.returncode == 0 and q.stdout.decode().split() == [sid], q
+        assert run_hutch(["ps", "-q", "--filter", "backend=gvisor", "--filter", f"id={sid}"]).stdout == b""
+        js = json.loads(run_hutch(["ps", "--json", "--filter", f"id={sid}"]).stdout)
+        assert js == [dict(js[0], id=sid, state="running", backend="ns", template="host",
+                           owner=f"hutch run pid {bg.proc.pid}")], js
+        bad = run_hutch(["ps", "--filter", "colour=red"])
+        assert bad.returncode == 2
+        hutchtest.assert_single_error_line(bad, "invalid --filter 'colour=red'")
+        assert run_hutch(["kill", sid]).returncode == 0
+        bg.wait(60)
