@@ -75,6 +75,7 @@ const char *connect_code_from_errno(int r) {
         case ENAMETOOLONG:
         case ELOOP:
         case ENOTEMPTY:
+        case E2BIG: /* a command line past the kernel's bounds */
                 return "invalid_argument";
         case EACCES:
         case EPERM:

@@ -45,8 +45,11 @@ static int string_map(json_t *v, const char *what, size_t max_keys, size_t max_l
         json_object_foreach(v, k, x) {
                 if (!json_is_string(x))
                         return fail(why, whylen, -EINVAL, "%s.%.64s must be a string", what, k);
-                if (!*k || strlen(k) > 256 || json_string_length(x) > max_len)
-                        return fail(why, whylen, -EINVAL, "%s: key or value too long", what);
+                if (!*k || strlen(k) > 256)
+                        return fail(why, whylen, -EINVAL, "%s: a key must be 1 to 256 bytes ('%.64s')", what, k);
+                if (json_string_length(x) > max_len)
+                        return fail(why, whylen, -EINVAL, "%s.%.64s is %zu bytes: at most %zu", what, k,
+                                    json_string_length(x), max_len);
                 if (strlen(json_string_value(x)) != json_string_length(x))
                         return fail(why, whylen, -EINVAL, "%s.%.64s contains a NUL byte", what, k);
                 if (env && !env_name_ok(k))
@@ -146,9 +149,13 @@ int start_request_parse(json_t *msg, start_request *ret, char *why, size_t whyle
         if (!json_is_object(pc))
                 return fail(why, whylen, -EINVAL, "process is required");
         json_t *cmd = req_field(pc, "cmd", NULL);
-        if (!json_is_string(cmd) || json_string_length(cmd) == 0 || json_string_length(cmd) > REQ_MAX_ARG_LEN ||
-            strlen(json_string_value(cmd)) != json_string_length(cmd))
-                return fail(why, whylen, -EINVAL, "process.cmd is required (a string without NUL)");
+        if (!json_is_string(cmd) || json_string_length(cmd) == 0)
+                return fail(why, whylen, -EINVAL, "process.cmd is required (a non-empty string)");
+        if (json_string_length(cmd) > REQ_MAX_ARG_LEN)
+                return fail(why, whylen, -EINVAL, "process.cmd is %zu bytes: at most %d", json_string_length(cmd),
+                            REQ_MAX_ARG_LEN);
+        if (strlen(json_string_value(cmd)) != json_string_length(cmd))
+                return fail(why, whylen, -EINVAL, "process.cmd contains a NUL byte");
         r.cmd = json_string_value(cmd);
         r.args = req_field(pc, "args", NULL);
         if (r.args) {
@@ -156,12 +163,17 @@ int start_request_parse(json_t *msg, start_request *ret, char *why, size_t whyle
                         return fail(why, whylen, -EINVAL, "process.args must be a list of strings");
                 r.n_args = json_array_size(r.args);
                 if (r.n_args > REQ_MAX_ARGS)
-                        return fail(why, whylen, -EINVAL, "too many arguments");
+                        return fail(why, whylen, -EINVAL, "process.args has %zu entries: at most %d", r.n_args,
+                                    REQ_MAX_ARGS);
                 for (size_t i = 0; i < r.n_args; i++) {
                         json_t *a = json_array_get(r.args, i);
-                        if (!json_is_string(a) || json_string_length(a) > REQ_MAX_ARG_LEN ||
-                            strlen(json_string_value(a)) != json_string_length(a))
-                                return fail(why, whylen, -EINVAL, "process.args[%zu] must be a string without NUL", i);
+                        if (!json_is_string(a))
+                                return fail(why, whylen, -EINVAL, "process.args[%zu] must be a string", i);
+                        if (json_string_length(a) > REQ_MAX_ARG_LEN)
+                                return fail(why, whylen, -EINVAL, "process.args[%zu] is %zu bytes: at most %d", i,
+                                            json_string_length(a), REQ_MAX_ARG_LEN);
+                        if (strlen(json_string_value(a)) != json_string_length(a))
+                                return fail(why, whylen, -EINVAL, "process.args[%zu] contains a NUL byte", i);
                 }
         }
         r.envs = req_field(pc, "envs", NULL);
@@ -170,9 +182,10 @@ int start_request_parse(json_t *msg, start_request *ret, char *why, size_t whyle
                 return k;
         json_t *cwd = req_field(pc, "cwd", NULL);
         if (cwd) {
-                if (!json_is_string(cwd) || json_string_length(cwd) > REQ_MAX_ARG_LEN ||
+                if (!json_is_string(cwd) || json_string_length(cwd) > REQ_MAX_PATH_LEN ||
                     strlen(json_string_value(cwd)) != json_string_length(cwd))
-                        return fail(why, whylen, -EINVAL, "process.cwd must be a string without NUL");
+                        return fail(why, whylen, -EINVAL, "process.cwd must be a path of at most %d bytes, without NUL",
+                                    REQ_MAX_PATH_LEN);
                 if (json_string_length(cwd) > 0)
                         r.cwd = json_string_value(cwd);
         }

@@ -14,10 +14,14 @@
 
 #define REQ_METADATA_MAX_KEYS 64
 #define REQ_METADATA_MAX_LEN 1024
+/* A command line is bounded as the kernel bounds execve(): one string at
+ * most MAX_ARG_STRLEN less its NUL, argv and env together at most 2 MiB
+ * (the engine checks that sum); init takes 1024 strings of each. */
 #define REQ_ENV_MAX_VARS 512
-#define REQ_ENV_MAX_LEN 32768
-#define REQ_MAX_ARGS 4096
-#define REQ_MAX_ARG_LEN 4096
+#define REQ_ENV_MAX_LEN (128 * 1024 - 1)
+#define REQ_MAX_ARGS 1000
+#define REQ_MAX_ARG_LEN (128 * 1024 - 1)
+#define REQ_MAX_PATH_LEN 4096
 
 typedef struct create_request {
         const char *template_id; /* "base" when absent */

@@ -79,8 +79,11 @@ typedef struct job {
 
 typedef struct outframe outframe;
 
+typedef struct cmdline_stage cmdline_stage;
+
 typedef struct conn {
         source src;
+        cmdline_stage *stage; /* a command line staged by SPAWN_PART (proc.c) */
         bool creator; /* fd 4, the client that set the token */
         bool authed;
         uint32_t subscriptions; /* INITPROTO_SUB_* */
@@ -179,6 +182,10 @@ static inline const char *req_str(const req *r, uint16_t tag) {
 /* ------------------------------------------------------------- handlers */
 
 void proc_handle(conn *c, const req *r);
+/* INITPROTO_SPAWN_PART: stage a chunk of argv/env on the connection. */
+void proc_spawn_part(conn *c, const initproto_msg *m);
+/* Drop the connection's staged command line (at close, or a new start). */
+void proc_stage_free(conn *c);
 void proc_reap(void);
 void proc_conn_gone(conn *c);
 

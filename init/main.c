@@ -337,6 +337,7 @@ int reply_error(conn *c, uint32_t id, int err, const char *fmt, ...) {
 
 static void conn_release(source *s) {
         conn *c = (conn *) s;
+        proc_stage_free(c);
         if (c->job)
                 c->job->free(c->job);
         while (c->outq) {
@@ -480,6 +481,7 @@ static bool tag_is_u64(uint16_t tag) {
         case T_PID:
         case T_UID ... T_PTY_COLS:
         case T_SIGNAL ... T_PTY:
+        case T_STAGED:
         case T_DEPTH ... T_EVENT:
         case T_TYPE ... T_TARGET_TYPE:
         case T_MODE ... T_MTIME_NS:
@@ -583,6 +585,9 @@ static void handle_message(conn *c, const initproto_msg *m) {
                 break;
         case INITPROTO_SPAWN ... INITPROTO_LIST_PROCS:
                 proc_handle(c, &r);
+                break;
+        case INITPROTO_SPAWN_PART:
+                proc_spawn_part(c, m);
                 break;
         case INITPROTO_FS_STAT ... INITPROTO_FS_WRITE_ABORT:
                 files_handle(c, &r);

@@ -414,14 +414,21 @@ static size_t proc_fds(const proc *p, int fds[static 3], unsigned *ret_layout) {
         return n;
 }
 
+/* One string of argv or env in a listing: a staged command line's strings
+ * may be longer than a field and more than a frame, so each is cut to
+ * INITPROTO_MAX_STRING bytes and what does not fit is left out (a listing
+ * describes the process; it never re-runs it). false: the frame is full. */
+static bool put_listed_str(initproto_writer *w, uint16_t tag, const char *s) {
+        size_t n = strnlen(s, INITPROTO_MAX_STRING);
+        if (w->len + INITPROTO_FIELD_HEADER_SIZE + n > INITPROTO_MAX_FRAME)
+                return false;
+        initproto_put_bytes(w, tag, s, n);
+        return true;
+}
+
 static void put_proc_fields(initproto_writer *w, const proc *p, bool with_env) {
         initproto_put_u64(w, T_PID, (uint64_t) p->pid);
         initproto_put_str(w, T_TAG, p->tag);
-        for (char **a = p->argv; a && *a; a++)
-                initproto_put_str(w, T_ARG, *a);
-        if (with_env)
-                for (char **e = p->envv; e && *e; e++)
-                        initproto_put_str(w, T_ENV, *e);
         initproto_put_str(w, T_CWD, p->cwd);
         initproto_put_u64(w, T_UID, p->uid);
         initproto_put_u64(w, T_GID, p->gid);
@@ -431,6 +438,12 @@ static void put_proc_fields(initproto_writer *w, const proc *p, bool with_env) {
                 initproto_put_u64(w, T_PTY_ROWS, ws.ws_row);
                 initproto_put_u64(w, T_PTY_COLS, ws.ws_col);
         }
+        bool room = true;
+        for (char **a = p->argv; room && a && *a; a++)
+                room = put_listed_str(w, T_ARG, *a);
+        if (with_env)
+                for (char **e = p->envv; room && e && *e; e++)
+                        room = put_listed_str(w, T_ENV, *e);
 }
 
 /* OK{T_PID, T_FD_LAYOUT, T_PTY, process fields} + the process's fds. */
@@ -534,14 +547,129 @@ static int open_pipes(spawn_io *io, bool stdin_pipe) {
         return 0;
 }
 
+/* ------------------------------------------------ staged command lines */
+
+/* A connection's staged argv and env (INITPROTO_SPAWN_PART): what one SPAWN
+ * frame cannot carry, up to the kernel's own bounds. */
+struct cmdline_stage {
+        char *argv[INITPROTO_MAX_ARGS + 1];
+        size_t argc;
+        char *envv[INITPROTO_MAX_ARGS + 1];
+        size_t envc;
+        size_t len[2];   /* the last item's length, per list */
+        size_t total;    /* bytes of every item with its NUL */
+};
+
+static void cmdline_stage_free(cmdline_stage *st) {
+        if (!st)
+                return;
+        for (size_t i = 0; i < st->argc; i++)
+                free(st->argv[i]);
+        for (size_t i = 0; i < st->envc; i++)
+                free(st->envv[i]);
+        free(st);
+}
+
+static void cmdline_stage_freep(cmdline_stage **st) {
+        cmdline_stage_free(*st);
+}
+
+void proc_stage_free(conn *c) {
+        cmdline_stage_free(c->stage);
+        c->stage = NULL;
+}
+
+/* One chunk: a new item (more=false) or the tail of the last one. */
+static int stage_add(cmdline_stage *st, int list, bool more, const char *chunk, size_t n) {
+        char **v = list ? st->envv : st->argv;
+        size_t *count = list ? &st->envc : &st->argc;
+        if (st->total + n + (more ? 0 : 1) > INITPROTO_STAGE_MAX_TOTAL)
+                return -E2BIG;
+        if (more) {
+                if (*count == 0)
+                        return -EBADMSG;
+                size_t have = st->len[list];
+                if (have + n > INITPROTO_STAGE_MAX_ITEM)
+                        return -E2BIG;
+                char *grown = realloc(v[*count - 1], have + n + 1);
+                if (!grown)
+                        return -ENOMEM;
+                memcpy(grown + have, chunk, n);
+                grown[have + n] = 0;
+                v[*count - 1] = grown;
+                st->len[list] = have + n;
+        } else {
+                if (*count >= INITPROTO_MAX_ARGS)
+                        return -E2BIG;
+                char *item = malloc(n + 1);
+                if (!item)
+                        return -ENOMEM;
+                memcpy(item, chunk, n);
+                item[n] = 0;
+                v[(*count)++] = item;
+                v[*count] = NULL;
+                st->len[list] = n;
+        }
+        st->total += n + (more ? 0 : 1);
+        return 0;
+}
+
+void proc_spawn_part(conn *c, const initproto_msg *m) {
+        initproto_iter it;
+        initproto_field f;
+        char chunk[INITPROTO_MAX_STRING + 1];
+        int k;
+        initproto_iter_init(&it, m);
+        while ((k = initproto_next(&it, &f)) > 0) {
+                if (f.tag == T_FLAGS) {
+                        uint64_t v;
+                        if ((k = initproto_field_u64(&f, &v)) < 0)
+                                break;
+                        if (v == 1)
+                                proc_stage_free(c);
+                        continue;
+                }
+                bool more = f.tag == T_ARG_MORE || f.tag == T_ENV_MORE;
+                int list = f.tag == T_ENV || f.tag == T_ENV_MORE;
+                if (!more && f.tag != T_ARG && f.tag != T_ENV)
+                        continue; /* unknown: skipped, as everywhere */
+                if ((k = initproto_field_str(&f, chunk, sizeof chunk)) < 0)
+                        break; /* a NUL inside, or too long */
+                if (!c->stage && !(c->stage = calloc(1, sizeof *c->stage))) {
+                        k = -ENOMEM;
+                        break;
+                }
+                if ((k = stage_add(c->stage, list, more, chunk, f.len)) < 0)
+                        break;
+        }
+        if (k < 0) {
+                proc_stage_free(c);
+                reply_error(c, m->id, k, "spawn: staging the command line");
+                return;
+        }
+        reply_ok(c, m->id);
+}
+
 static void proc_spawn(conn *c, const req *r) {
         _cleanup_(proc_freep) proc *p = NULL;
         spawn_io io = { .child = { -1, -1, -1 }, .parent = { -1, -1, -1 }, .master = -1, .slave = -1 };
         _cleanup_close_pair_ int errpipe[2] = { -1, -1 };
         char name[256], home[INIT_PATH_BUF], env_home[INIT_PATH_BUF + 8], env_user[256 + 8],
                 env_logname[256 + 8];
-        const char *const *envp = (const char *const *) r->envv;
-        size_t n_env = r->envc;
+        /* staged: argv and env came ahead in SPAWN_PART frames; this SPAWN
+         * uses them up whatever happens */
+        _cleanup_(cmdline_stage_freep) cmdline_stage *stage = NULL;
+        if (req_u64(r, T_STAGED, 0) == 1) {
+                stage = TAKE_PTR(c->stage);
+                if (!stage || stage->argc < 1 || r->argc || r->envc) {
+                        reply_error(c, r->id, EBADMSG, "spawn: no staged command line");
+                        return;
+                }
+        }
+        const char *const *argv = stage ? (const char *const *) stage->argv : (const char *const *) r->argv;
+        size_t argc = stage ? stage->argc : r->argc;
+        const char *const *envp = stage ? (const char *const *) stage->envv : (const char *const *) r->envv;
+        size_t n_env = stage ? stage->envc : r->envc;
         const char *tag = req_str(r, T_TAG);
         uint64_t rows = req_u64(r, T_PTY_ROWS, 0), cols = req_u64(r, T_PTY_COLS, 0);
         uint64_t stdin_mode = req_u64(r, T_STDIN, 0);
@@ -549,7 +677,7 @@ static void proc_spawn(conn *c, const req *r) {
         gid_t gid;
         int k;
 
-        if (r->argc < 1)
+        if (argc < 1)
                 goto einval_argv;
         if (tag && strlen(tag) > INIT_MAX_TAG) {
                 reply_error(c, r->id, EINVAL, "spawn: tag longer than %d bytes", INIT_MAX_TAG);
@@ -600,7 +728,7 @@ static void proc_spawn(conn *c, const req *r) {
         p->uid = uid;
         p->gid = gid;
         p->pty = rows > 0;
-        p->argv = strv_copy(r->argv, r->argc);
+        p->argv = strv_copy(argv, argc);
         p->envv = strv_copy(envp, n_env);
         p->cwd = strdup(cwd);
         p->tag = tag ? strdup(tag) : NULL;

@@ -258,6 +258,8 @@ const char *initproto_type_name(uint16_t type) {
                 return "attach";
         case INITPROTO_LIST_PROCS:
                 return "list-procs";
+        case INITPROTO_SPAWN_PART:
+                return "spawn-part";
         case INITPROTO_FS_STAT:
                 return "fs-stat";
         case INITPROTO_FS_LIST:

@@ -50,6 +50,11 @@
 #define INITPROTO_MAX_FDS 4
 #define INITPROTO_MAX_STRING 4096   /* paths, argv items, env items */
 #define INITPROTO_MAX_ARGS 1024     /* argv and env entries, each */
+/* A staged command line (SPAWN_PART): the kernel's own bounds, one string
+ * (MAX_ARG_STRLEN less its NUL) and all of argv and env together (ARG_MAX
+ * with the default 8 MiB stack limit). */
+#define INITPROTO_STAGE_MAX_ITEM (128 * 1024 - 1)
+#define INITPROTO_STAGE_MAX_TOTAL (2 * 1024 * 1024)
 /* Metadata (user.e2b.<key> xattrs), as HUTCH_METADATA_* in hutch.h. */
 #define INITPROTO_META_PREFIX "user.e2b."
 #define INITPROTO_META_MAX 64
@@ -79,6 +84,15 @@ enum {
                                      for SPAWN; for a process that has exited (and is still
                                      remembered) OK{T_PID, T_TAG, T_EXIT_CODE, T_SIGNAL, T_CORE}
                                      without T_FD_LAYOUT and without fds */
+        /* A command line or environment too large for one frame (a string
+         * over INITPROTO_MAX_STRING, or more than a frame holds) goes ahead
+         * in parts, staged per connection: T_FLAGS 1 starts afresh, then
+         * T_ARG / T_ENV start an item and T_ARG_MORE / T_ENV_MORE append a
+         * chunk to the last one → OK. A SPAWN with T_STAGED 1 then takes
+         * its argv and env from the stage (and carries none itself); the
+         * stage is emptied by that SPAWN, by an error, or by a new start.
+         * Bounds: INITPROTO_STAGE_MAX_ITEM per item, _TOTAL in all. */
+        INITPROTO_SPAWN_PART = 26,
         INITPROTO_LIST_PROCS = 25, /* → one OK per live spawned process with F_MORE, in spawn
                                       order, then a final OK without F_MORE and without fields;
                                       process fields: T_PID, T_TAG, T_ARG*, T_ENV* (left out
@@ -144,6 +158,9 @@ enum {
         T_CORE = 23,
         T_FD_LAYOUT = 24,
         T_PTY = 25,       /* 1 when the process has a pty */
+        T_ARG_MORE = 26,  /* SPAWN_PART: a chunk appended to the last T_ARG */
+        T_ENV_MORE = 27,  /* SPAWN_PART: a chunk appended to the last T_ENV */
+        T_STAGED = 28,    /* SPAWN: u64 1, argv and env are the staged ones */
 
         T_PATH = 40,
         T_PATH2 = 41,

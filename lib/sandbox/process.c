@@ -70,15 +70,90 @@ static int on_spawn_reply(const initproto_msg *m, int *fds, size_t nfds, void *u
         return 0;
 }
 
+/* Does argv + env fit one SPAWN frame (every string within the decoder's
+ * bound, and the whole within a payload, with room for the other fields)? */
+static bool spawn_fits_one_frame(const hutch_spawn_config *cfg) {
+        size_t bytes = 1024; /* cwd, tag, ids, pty: bounded elsewhere */
+        size_t n = 0;
+        for (int list = 0; list < 2; list++)
+                for (const char *const *s = list ? cfg->envp : cfg->argv; s && *s; s++) {
+                        size_t len = strlen(*s);
+                        if (len > INITPROTO_MAX_STRING || ++n > INITPROTO_MAX_ARGS)
+                                return false;
+                        bytes += INITPROTO_FIELD_HEADER_SIZE + len;
+                }
+        return bytes + (cfg->cwd ? strlen(cfg->cwd) : 0) + (cfg->tag ? strlen(cfg->tag) : 0) <=
+               INITPROTO_MAX_PAYLOAD;
+}
+
+/* argv and env ahead of the SPAWN, in SPAWN_PART frames of chunks (see
+ * initproto.h), each answered before the next goes. */
+static int spawn_stage(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_error *err) {
+        size_t total = 0, n_args = 0, n_env = 0;
+        for (int list = 0; list < 2; list++)
+                for (const char *const *s = list ? cfg->envp : cfg->argv; s && *s; s++) {
+                        size_t len = strlen(*s), i = (size_t) (s - (list ? cfg->envp : cfg->argv));
+                        if (len > INITPROTO_STAGE_MAX_ITEM)
+                                return hutch_error_set(err, -E2BIG,
+                                                       "%s %zu is %zu bytes: the kernel takes at most %d bytes in one "
+                                                       "argument or environment string",
+                                                       list ? "environment variable" : "argument", i, len,
+                                                       INITPROTO_STAGE_MAX_ITEM);
+                        total += len + 1;
+                        if (++*(list ? &n_env : &n_args) > INITPROTO_MAX_ARGS)
+                                return hutch_error_set(err, -E2BIG, "more than %d %s", INITPROTO_MAX_ARGS,
+                                                       list ? "environment variables" : "arguments");
+                }
+        if (total > INITPROTO_STAGE_MAX_TOTAL)
+                return hutch_error_set(err, -E2BIG,
+                                       "the command line and environment are %zu bytes: at most %d (the kernel's "
+                                       "ARG_MAX with an 8 MiB stack)",
+                                       total, INITPROTO_STAGE_MAX_TOTAL);
+        initproto_writer *w = NULL;
+        bool first = true;
+        int r;
+        for (int list = 0; list < 2; list++)
+                for (const char *const *s = list ? cfg->envp : cfg->argv; s && *s; s++) {
+                        size_t len = strlen(*s), off = 0;
+                        do {
+                                size_t chunk = MIN(len - off, (size_t) INITPROTO_MAX_STRING);
+                                if (w && w->len + INITPROTO_FIELD_HEADER_SIZE + chunk > INITPROTO_MAX_FRAME) {
+                                        if ((r = initconn_call(sb, NULL, 0, NULL, NULL, CALL_TIMEOUT_MS, err)) < 0)
+                                                return r;
+                                        w = NULL;
+                                }
+                                if (!w) {
+                                        w = initconn_begin(sb, INITPROTO_SPAWN_PART);
+                                        initproto_put_u64(w, T_FLAGS, first ? 1 : 0);
+                                        first = false;
+                                }
+                                uint16_t tag = off ? (list ? T_ENV_MORE : T_ARG_MORE) : (list ? T_ENV : T_ARG);
+                                initproto_put_bytes(w, tag, *s + off, chunk);
+                                off += chunk;
+                        } while (off < len);
+                }
+        return w ? initconn_call(sb, NULL, 0, NULL, NULL, CALL_TIMEOUT_MS, err) : 0;
+}
+
 int hutch_sandbox_spawn(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_process *ret, hutch_error *err) {
         if (!cfg || !cfg->argv || !cfg->argv[0] || !cfg->argv[0][0])
                 return hutch_error_set(err, -EINVAL, "no command given");
+        bool staged = !spawn_fits_one_frame(cfg);
+        if (staged) {
+                int r = spawn_stage(sb, cfg, err);
+                if (r < 0)
+                        return r;
+        }
         initproto_writer *w = initconn_begin(sb, INITPROTO_SPAWN);
-        for (const char *const *a = cfg->argv; *a; a++)
-                initproto_put_str(w, T_ARG, *a);
-        if (cfg->envp)
-                for (const char *const *e = cfg->envp; *e; e++)
-                        initproto_put_str(w, T_ENV, *e);
+        if (staged)
+                initproto_put_u64(w, T_STAGED, 1);
+        else {
+                for (const char *const *a = cfg->argv; *a; a++)
+                        initproto_put_str(w, T_ARG, *a);
+                if (cfg->envp)
+                        for (const char *const *e = cfg->envp; *e; e++)
+                                initproto_put_str(w, T_ENV, *e);
+        }
         initproto_put_str(w, T_CWD, cfg->cwd);
         initproto_put_u64(w, T_UID, cfg->uid);
         initproto_put_u64(w, T_GID, cfg->gid);

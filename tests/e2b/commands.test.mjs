@@ -11,7 +11,7 @@ import {
   SandboxError,
   TimeoutError,
 } from 'e2b'
-import { createSandbox, errName, sha256, sleep, waitFor, notOnGvisor } from './helpers.mjs'
+import { createSandbox, errName, restartDaemon, sha256, sleep, waitFor, notOnGvisor } from './helpers.mjs'
 
 // One sandbox for the cheap tests; tests that damage it create their own.
 let shared
@@ -74,6 +74,31 @@ test('envs: create-level envVars, per-command envs override them', async (t) => 
   // and the same in files, readable by the user, owned by root
   const r5 = await sbx.commands.run('cat /run/e2b/.E2B_SANDBOX; echo; cat /run/e2b/.E2B_SANDBOX_ID; echo; stat -c %U /run/e2b/.E2B_SANDBOX_ID')
   assert.equal(r5.stdout, `true\n${sbx.sandboxId}\nroot\n`)
+})
+
+test('long commands: a 100 KB inline script and a 64 KiB env value run, are listed after a daemon restart, past the kernel bound -> InvalidArgumentError naming it', async (t) => {
+  // The init protocol's frame holds 60 KiB and a field 4 KiB: longer command
+  // lines go ahead in staged parts, up to execve's own bounds.
+  const sbx = await createSandbox(t)
+  const payload = 'x'.repeat(100_000)
+  const r = await sbx.commands.run(`s='${payload}'; printf %s "$s" | wc -c; printf %s "$BIG" | wc -c`,
+    { envs: { BIG: 'y'.repeat(64 * 1024) } })
+  assert.equal(r.stdout, '100000\n65536\n')
+  // listed (and, after a daemon restart, found again: init's listing cuts
+  // long strings to a field, and that is not an error)
+  const h = await sbx.commands.run(`sleep 60 # ${payload}`, { background: true })
+  const mine = (await sbx.commands.list()).find((p) => p.pid === h.pid)
+  assert.ok(mine, 'the long command is listed')
+  assert.ok(mine.args.join(' ').startsWith('-l -c sleep 60 # xxx'), mine.args.join(' ').slice(0, 40))
+  await restartDaemon()
+  const again = (await sbx.commands.list()).find((p) => p.pid === h.pid)
+  assert.ok(again && again.args.join(' ').startsWith('-l -c sleep 60 # xxx'), 're-adopted with its (cut) command line')
+  await sbx.commands.kill(h.pid)
+  await assert.rejects(sbx.commands.run(`echo ${'z'.repeat(140_000)}`),
+    (e) => e instanceof InvalidArgumentError && /is 140005 bytes: at most 131071/.test(e.message), 'one argument past MAX_ARG_STRLEN')
+  await assert.rejects(sbx.commands.run('true', { envs: Object.fromEntries([...Array(20)].map((_, i) => [`V${i}`, 'v'.repeat(120_000)])) }),
+    (e) => e instanceof InvalidArgumentError && /at most 2097152/.test(e.message), 'argv and env past ARG_MAX')
+  assert.equal((await sbx.commands.run('echo still fine')).stdout, 'still fine\n')
 })
 
 test('cwd: explicit, default (home of the user), missing -> InvalidArgumentError', async (t) => {
