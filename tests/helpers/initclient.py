@@ -24,7 +24,7 @@ MAX_FRAME = 16 + 60 * 1024
 
 # message types
 OK, ERROR, HELLO, SUBSCRIBE = 1, 2, 10, 11
-SPAWN, SIGNAL, RESIZE, CLOSE_STDIN, ATTACH, LIST_PROCS = 20, 21, 22, 23, 24, 25
+SPAWN, SIGNAL, RESIZE, CLOSE_STDIN, ATTACH, LIST_PROCS, SPAWN_PART = 20, 21, 22, 23, 24, 25, 26
 FS_STAT, FS_LIST, FS_MKDIR, FS_MOVE, FS_REMOVE, FS_OPEN_READ = 40, 41, 42, 43, 44, 45
 FS_WRITE_BEGIN, FS_WRITE_COMMIT, FS_WRITE_ABORT, FS_WATCH_ADD, FS_WATCH_REMOVE = 46, 47, 48, 49, 50
 EV_EXIT, EV_WATCH = 80, 81
@@ -36,12 +36,12 @@ WEV_CREATE, WEV_WRITE, WEV_REMOVE, WEV_RENAME, WEV_CHMOD = 1, 2, 3, 4, 5
 # field tags
 T = dict(ERRNO=1, MESSAGE=2, VERSION=3, TOKEN=4, FLAGS=5, PID=10, ARG=11, ENV=12, CWD=13,
          UID=14, GID=15, STDIN=16, PTY_ROWS=17, PTY_COLS=18, TAG=19, SIGNAL=20, GROUP=21,
-         EXIT_CODE=22, CORE=23, FD_LAYOUT=24, PTY=25, PATH=40, PATH2=41, DEPTH=42, PARENTS=43,
+         EXIT_CODE=22, CORE=23, FD_LAYOUT=24, PTY=25, ARG_MORE=26, ENV_MORE=27, STAGED=28, PATH=40, PATH2=41, DEPTH=42, PARENTS=43,
          CREATED=44, SIZE=45, WRITE_ID=46, RECURSIVE=47, WATCH_ID=48, EVENT=49, NAME=60,
          TYPE=61, TARGET_TYPE=62, SYMLINK=63, MODE=64, FUID=65, FGID=66, MTIME_NS=67,
          OWNER=68, GROUPNAME=69)
 TAG_NAME = {v: k for k, v in T.items()}
-STRING_TAGS = {T[k] for k in ("MESSAGE", "TOKEN", "ARG", "ENV", "CWD", "TAG", "PATH", "PATH2",
+STRING_TAGS = {T[k] for k in ("MESSAGE", "TOKEN", "ARG", "ENV", "ARG_MORE", "ENV_MORE", "CWD", "TAG", "PATH", "PATH2",
                               "NAME", "SYMLINK", "OWNER", "GROUPNAME")}
 REPEATED = {T["ARG"], T["ENV"]}
 
@@ -717,6 +717,48 @@ def selftest(binary):
         lazy.close()
         t.ok(init.alive(), "init survived")
     t.run("misbehaviour", misbehaviour)
+
+    def staged():
+        # a command line past one frame: SPAWN_PART chunks, then SPAWN with STAGED
+        big, env = "x" * 100000, "BIG=" + "y" * 70000
+
+        def chunks(tag, more, s):
+            return [(tag if i == 0 else more, s[i:i + 4096]) for i in range(0, len(s), 4096)] or [(tag, "")]
+        items = [("ARG", "sh"), ("ARG", "-c"), ("ARG", 'printf %s "$1" | wc -c; printf %s "$BIG" | wc -c; printf "[%s]" "$2"'),
+                 ("ARG", "sh")] + chunks("ARG", "ARG_MORE", big) + [("ARG", "")] + chunks("ENV", "ENV_MORE", env)
+        frames, cur, size = [], [("FLAGS", 1)], 0
+        for f in items:
+            if size + 6 + len(f[1]) > 50000:
+                frames.append(cur)
+                cur, size = [("FLAGS", 0)], 0
+            cur.append(f)
+            size += 6 + len(f[1])
+        frames.append(cur)
+        for fr in frames:
+            c.call(SPAWN_PART, fr)
+        m = c.call(SPAWN, [("STAGED", 1), ("CWD", "/"), ("UID", 0), ("GID", 0), ("STDIN", 0)])
+        out = read_all(m.fds[0])
+        os.close(m.fds[1])
+        c.event(EV_EXIT, match=lambda e: e.get("PID") == m.get("PID"))
+        t.ok(len(frames) >= 3 and out == b"100000\n70000\n[]", "staged: 100 KB argument, 70 KB variable, empty argument",
+             (len(frames), out[:80]))
+        # the SPAWN used the stage up
+        ok, e = expect_error(lambda: c.call(SPAWN, [("STAGED", 1), ("CWD", "/")]), errno.EBADMSG)
+        t.ok(ok, "staged: a second SPAWN finds nothing staged", e)
+        ok, e = expect_error(lambda: c.call(SPAWN_PART, [("FLAGS", 1), ("ARG_MORE", "x")]), errno.EBADMSG)
+        t.ok(ok, "staged: a chunk with no item before it: EBADMSG", e)
+        ok, e = expect_error(lambda: c.call(SPAWN_PART, [("FLAGS", 1), ("ARG", "a\x00b")]), errno.EBADMSG)
+        t.ok(ok, "staged: a NUL inside: EBADMSG", e)
+        ok, e = expect_error(lambda: [c.call(SPAWN_PART, [("FLAGS", int(i == 0))] + [("ARG" if i == 0 else "ARG_MORE", "z" * 4096)] +
+                                             [("ARG_MORE", "z" * 4096)] * 9) for i in range(4)], errno.E2BIG)
+        t.ok(ok, "staged: one string past 131071 bytes: E2BIG", e)
+        ok, e = expect_error(lambda: c.call(SPAWN, [("STAGED", 1), ("CWD", "/")]), errno.EBADMSG)
+        t.ok(ok, "staged: an error empties the stage", e)
+        c.call(SPAWN_PART, [("FLAGS", 1), ("ARG", "true")])
+        ok, e = expect_error(lambda: c.call(SPAWN, [("STAGED", 1), ("ARG", "echo"), ("CWD", "/")]), errno.EBADMSG)
+        t.ok(ok, "staged: a SPAWN with STAGED and its own argv: EBADMSG", e)
+        t.ok(init.alive(), "staged: init survived")
+    t.run("staged", staged)
 
     def creator_gone():
         c.close()
