@@ -8,6 +8,8 @@
  */
 #include <ctype.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <openssl/evp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -34,62 +36,43 @@
 
 /* ------------------------------------------------------------------ base64 */
 
-static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
+/* OpenSSL's codec (EVP_EncodeBlock/EVP_DecodeBlock) does the arithmetic;
+ * what is ours is the protocol's rule: Connect's JSON codec takes bytes in
+ * the standard or the URL-safe alphabet, padded or not (protojson), but one
+ * string never mixes the two, and nothing else (no whitespace, no stray
+ * '=') is accepted. */
 size_t base64_encode(const uint8_t *in, size_t len, char *out) {
-        size_t o = 0, i = 0;
-        for (; i + 2 < len; i += 3) {
-                uint32_t v = (uint32_t) in[i] << 16 | (uint32_t) in[i + 1] << 8 | in[i + 2];
-                out[o++] = b64[v >> 18];
-                out[o++] = b64[(v >> 12) & 63];
-                out[o++] = b64[(v >> 6) & 63];
-                out[o++] = b64[v & 63];
-        }
-        if (i < len) {
-                uint32_t v = (uint32_t) in[i] << 16 | (i + 1 < len ? (uint32_t) in[i + 1] << 8 : 0);
-                out[o++] = b64[v >> 18];
-                out[o++] = b64[(v >> 12) & 63];
-                out[o++] = i + 1 < len ? b64[(v >> 6) & 63] : '=';
-                out[o++] = '=';
-        }
-        out[o] = 0;
-        return o;
-}
-
-static int b64val(char c) {
-        if (c >= 'A' && c <= 'Z')
-                return c - 'A';
-        if (c >= 'a' && c <= 'z')
-                return c - 'a' + 26;
-        if (c >= '0' && c <= '9')
-                return c - '0' + 52;
-        if (c == '+' || c == '-')
-                return 62;
-        if (c == '/' || c == '_')
-                return 63;
-        return -1;
+        return (size_t) EVP_EncodeBlock((unsigned char *) out, in, (int) len);
 }
 
 ssize_t base64_decode(const char *in, size_t len, uint8_t *out) {
+        size_t pad = 0;
         while (len > 0 && in[len - 1] == '=')
-                len--;
-        if (len % 4 == 1)
+                len--, pad++;
+        /* padding is optional, but when present it is exactly right */
+        if (len % 4 == 1 || len > INT_MAX - 4 || (pad && pad != (4 - len % 4) % 4))
                 return -EINVAL;
-        size_t o = 0;
-        uint32_t acc = 0;
-        int bits = 0;
-        for (size_t i = 0; i < len; i++) {
-                int v = b64val(in[i]);
-                if (v < 0)
-                        return -EINVAL;
-                acc = acc << 6 | (uint32_t) v;
-                bits += 6;
-                if (bits >= 8) {
-                        bits -= 8;
-                        out[o++] = (uint8_t) (acc >> bits);
-                }
-        }
-        return (ssize_t) o;
+        static const char std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        static const char url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        bool is_url = memchr(in, '-', len) || memchr(in, '_', len);
+        const char *alphabet = is_url ? url : std;
+        for (size_t i = 0; i < len; i++)
+                if (!in[i] || !strchr(alphabet, in[i]))
+                        return -EINVAL; /* a mixed alphabet, '=' inside, whitespace */
+        size_t padded = (len + 3) / 4 * 4;
+        _cleanup_free_ unsigned char *tmp = malloc(padded + 1);
+        if (!tmp)
+                return -ENOMEM;
+        for (size_t i = 0; i < len; i++)
+                tmp[i] = is_url ? (in[i] == '-' ? '+' : in[i] == '_' ? '/' : (unsigned char) in[i])
+                                : (unsigned char) in[i];
+        memset(tmp + len, '=', padded - len);
+        tmp[padded] = 0;
+        int n = EVP_DecodeBlock(out, tmp, (int) padded);
+        if (n < 0)
+                return -EINVAL;
+        /* EVP_DecodeBlock counts the padding's bytes as data */
+        return (ssize_t) n - (ssize_t) (padded - len);
 }
 
 /* ------------------------------------------------------------------- users */

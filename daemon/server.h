@@ -374,7 +374,9 @@ sbx *files_signed_sandbox(server *srv, struct MHD_Connection *c, bool write);
 /* --------------------------------------------------------------- misc */
 
 size_t base64_encode(const uint8_t *in, size_t len, char *out); /* out: 4*ceil(len/3)+1 bytes */
-/* Standard or URL-safe alphabet, padding optional. Returns the length or -EINVAL. */
+/* Standard or URL-safe alphabet (never both in one string), padding
+ * optional. out: room for 3 * ceil(len / 4) bytes. Returns the length or
+ * -EINVAL (-ENOMEM). */
 ssize_t base64_decode(const char *in, size_t len, uint8_t *out);
 
 int64_t wall_ms(void);

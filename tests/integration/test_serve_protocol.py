@@ -1837,6 +1837,36 @@ def test_close_stdin_after_queued_input_gives_eof(serve, sbx):
         c.close()
 
 
+def test_send_input_base64_as_protojson_takes_it(serve, sbx):
+    """SendInput's bytes, as Connect's JSON codec takes them: the standard or
+    the URL-safe alphabet, padded or not; never both alphabets in one
+    string, no whitespace, no wrong padding (400 invalid_argument, and
+    nothing reaches the process)."""
+    c = open_stream(serve, sbx, START, {"process": {"cmd": "od", "args": ["-An", "-tx1", "-v"]}, "stdin": True})
+    try:
+        status, _, first = read_stream_head(c)
+        assert status == 200
+        pid = parse_frames(first)[0][1]["event"]["start"]["pid"]
+        data = bytes([0xfb, 0xff, 0xbf, 0x01])            # '+' and '/' in standard base64
+        std = base64.b64encode(data).decode()
+        url = base64.urlsafe_b64encode(data).decode()
+        assert "+" in std or "/" in std
+        good = [std, std.rstrip("="), url, url.rstrip("=")]
+        bad = [std[:2] + "_" + std[3:], " " + std, std + "=", std[:3] + "=" + std[4:], "abcde", "a\nbc"]
+        for b in bad:
+            r = serve.unary(sbx, "process.Process/SendInput", {"process": {"pid": pid}, "input": {"stdin": b}})
+            assert r.status == 400 and r.json()["code"] == "invalid_argument", (b, r)
+        for g in good:
+            r = serve.unary(sbx, "process.Process/SendInput", {"process": {"pid": pid}, "input": {"stdin": g}})
+            assert r.status == 200, (g, r)
+        assert serve.unary(sbx, "process.Process/CloseStdin", {"process": {"pid": pid}}).status == 200
+        rest, _ = read_chunks_until_close(c, 20)
+        got = bytes.fromhex(stdout_of(parse_frames(first + rest)).decode().replace(" ", "").replace("\n", ""))
+        assert got == data * 4, got
+    finally:
+        c.close()
+
+
 def test_signed_url_user_is_the_signed_one(serve, sbx):
     """A URL signed without a user acts as the default user even when the
     request adds an Authorization header naming root."""
