@@ -957,6 +957,12 @@ static enum MHD_Result fs_move(rpc *x) {
         sbx_mark_dirty(x->sb);
         if (r == -ENOENT)
                 return rpc_error(x, "not_found", "source file not found: %s", src);
+        /* rename(2) does not cross file systems (the writable layer, /dev/shm,
+         * a volume): the client's to fix, not the server's fault */
+        if (r == -EXDEV)
+                return rpc_error(x, "invalid_argument",
+                                 "cannot move %s to %s: they are on different file systems (copy, then remove)", src,
+                                 dst);
         if (r < 0)
                 return rpc_errno(x, r, &err);
         hutch_file_info fi = { 0 };

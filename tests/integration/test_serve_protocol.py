@@ -1867,6 +1867,20 @@ def test_send_input_base64_as_protojson_takes_it(serve, sbx):
         c.close()
 
 
+def test_move_across_file_systems_is_the_clients_error(serve, sbx):
+    """rename(2) cannot cross file systems (the writable layer and /dev/shm
+    here): Move answers invalid_argument (400) naming both paths, not 500,
+    and both files stay as they were."""
+    tag = secrets.token_hex(3)
+    sh(serve, sbx, f"echo data > /home/user/x-{tag}")
+    r = serve.unary(sbx, "filesystem.Filesystem/Move",
+                    {"source": f"/home/user/x-{tag}", "destination": f"/dev/shm/x-{tag}"})
+    assert r.status == 400 and r.json()["code"] == "invalid_argument", r
+    assert "different file systems" in r.json()["message"], r
+    out, _ = sh(serve, sbx, f"cat /home/user/x-{tag}; ls /dev/shm/x-{tag} 2>&1; true")
+    assert out.startswith("data\n") and "No such file" in out, out
+
+
 def test_signed_url_user_is_the_signed_one(serve, sbx):
     """A URL signed without a user acts as the default user even when the
     request adds an Authorization header naming root."""
