@@ -570,6 +570,37 @@ static int relay_call(hutch_sandbox *sb, uint16_t type, hutch_error *err) {
         return initconn_call(sb, NULL, 0, NULL, NULL, 30000, err);
 }
 
+/* What runsc keeps of a container in its --root (the .state and .lock files)
+ * goes when `runsc run` ends on its own; the relay SIGKILLs runsc when the
+ * guest's connection resets first, which after a checkpoint it can (a race
+ * that load makes likely), and the next `runsc run` of the same id then
+ * fails: "container already exists". Before a restore the old runtime is
+ * gone (the checkpoint stopped it, the relay exited): ask runsc to forget
+ * the container, and remove its files if it cannot. */
+static void runsc_forget_stale(hutch_sandbox *sb) {
+        char state[PATH_MAX], lock[PATH_MAX], runsc[PATH_MAX], a_root[PATH_MAX + 8];
+        snprintf(state, sizeof state, "%s/runsc/%s_sandbox:%s.state", sb->dir, sb->id, sb->id);
+        snprintf(lock, sizeof lock, "%s/runsc/%s_sandbox:%s.lock", sb->dir, sb->id, sb->id);
+        if (access(state, F_OK) < 0)
+                return;
+        if (gvisor_runsc_path(sb->ctx, runsc, sizeof runsc) == 0) {
+                snprintf(a_root, sizeof a_root, "--root=%s/runsc", sb->dir);
+                char *argv[] = { runsc, a_root, (char *) "delete", (char *) "--force", sb->id, NULL };
+                pid_t pid = fork();
+                if (pid == 0) {
+                        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+                        if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
+                                _exit(127);
+                        execv(runsc, argv);
+                        _exit(127);
+                }
+                if (pid > 0)
+                        (void) runsc_wait(pid, 10000);
+        }
+        (void) unlink(state);
+        (void) unlink(lock);
+}
+
 /* Wait (bounded) for the relay to exit once its runtime is gone, and reap
  * it when it is our child. */
 static void relay_wait_gone(hutch_sandbox *sb, int timeout_ms) {
@@ -701,6 +732,7 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
                  * token, cgroup and files; its connections and process
                  * streams were the old relay's and have ended */
                 hutch_error e2 = { 0 };
+                runsc_forget_stale(sb);
                 int k = gvisor_launch(sb, dir, GVISOR_READY_TIMEOUT_MS, &e2);
                 if (k >= 0)
                         k = gvisor_after_launch(sb, &e2);
@@ -759,8 +791,10 @@ static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_er
         int r = gvisor_unpack(stream_path, dir, token, err);
         if (r >= 0 && !streq(token, sb->token))
                 r = hutch_error_set(err, -EBADMSG, "the checkpoint is not sandbox %s's", sb->id);
-        if (r >= 0)
+        if (r >= 0) {
+                runsc_forget_stale(sb);
                 r = gvisor_launch(sb, dir, GVISOR_READY_TIMEOUT_MS, err);
+        }
         if (r >= 0)
                 r = gvisor_after_launch(sb, err);
         if (r < 0 && sb->init_pidfd >= 0) {

@@ -391,3 +391,30 @@ def test_pause_resume_cycles_with_traffic(sandboxed_hutch, tmp_path):
             last = count
     finally:
         assert sd.stop() == []
+
+
+def test_resume_past_a_stale_runsc_container(sandboxed_hutch, tmp_path):
+    """runsc keeps a container's .state and .lock in its root until `runsc
+    run` ends on its own; a runsc killed first (the relay SIGKILLs it when
+    the guest's connection resets before it exits, a race load makes
+    likely) leaves them, and the restore's `runsc run` of the same id failed
+    with "container already exists". The restore clears them first."""
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--backend", "gvisor", "--pool-size", "0"])
+    sd.start()
+    try:
+        sb = sd.create(timeout=120)
+        sid = sb["sandboxID"]
+        sd.run(sb, "echo 7 > /tmp/n")
+        root = hutchtest.STATE_DIR / sid / "runsc"
+        live = {p.name: p.read_bytes() for p in root.iterdir()}
+        assert any(n.endswith(".state") for n in live), live
+        assert sd.request("POST", f"/sandboxes/{sid}/pause", {}, timeout=120).status == 204
+        assert not list(root.iterdir()), "runsc left its files after a clean stop"
+        for name, data in live.items():           # what a killed runsc leaves
+            (root / name).write_bytes(data)
+        r = sd.request("POST", f"/sandboxes/{sid}/connect", {"timeout": 300}, timeout=120)
+        assert r.status == 201, (r, sd.log_tail())
+        end, out, _, _ = sd.run(sb, "cat /tmp/n")
+        assert out == b"7\n", out
+    finally:
+        assert sd.stop() == []
