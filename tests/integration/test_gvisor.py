@@ -360,6 +360,17 @@ def test_every_upload_form_past_memory_is_507(sandboxed_hutch, tmp_path):
         assert sd.stop() == []
 
 
+def test_inodes_is_refused(warm):
+    """runsc's tmpfs refuses nr_inodes, so the gvisor layer has no inode
+    limit: an explicit --inodes is a usage error there, not ignored."""
+    for args, env in [([*GV, "--inodes", "1000"], None),
+                      (["--inodes", "1000"], dict(os.environ, HUTCH_BACKEND="gvisor"))]:
+        cp = hutchtest.run_sandbox(args, ["true"], env=env)
+        assert cp.returncode == 2, cp
+        assert b"--inodes is not supported on the gvisor backend" in cp.stderr, cp.stderr
+    cp = hutchtest.run_sandbox(["--backend", "ns", "--inodes", "1000"], ["true"])
+    assert cp.returncode == 0, cp.stderr
+
 # Grows by 8 MiB a step, touching every page (the sentry's fault path).
 GROW = """
 chunks = []
