@@ -35,7 +35,7 @@ static void run_usage(FILE *f) {
               "  --pids N             process/thread limit (default: 512)\n"
               "  --cpus N             CPU quota, fractions allowed (default: 2)\n"
               "  --disk SIZE          size of the writable layer (default: 1G)\n"
-              "  --inodes N           inodes of the writable layer (default: 262144)\n"
+              "  --inodes N           inodes of the writable layer (default: 262144; ns only)\n"
               "  --net POLICY         egress: deny (the default: loopback only, no proxy), allow\n"
               "                       (every public destination), or rules: example.com,\n"
               "                       *.example.com:443, 10.1.2.0/24, !bad.example.com (docs/egress.md)\n"
@@ -254,6 +254,13 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         return -EINVAL;
                 }
         }
+        /* runsc's tmpfs (the gvisor layer) has no inode limit to set
+         * (nr_inodes is EINVAL): refuse rather than ignore it */
+        if (o->sb.limits.disk_inodes && o->sb.backend == HUTCH_BACKEND_GVISOR)
+                return log_error("--inodes is not supported on the gvisor backend: its writable layer (a tmpfs in "
+                                 "runsc's sentry) has no inode limit; only --disk and --memory bound it "
+                                 "(docs/gvisor.md)"),
+                       -EINVAL;
         if (optind < argc && streq(argv[optind], "--"))
                 optind++;
         if (optind >= argc)

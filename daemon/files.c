@@ -401,6 +401,21 @@ static sbx *upload_sandbox(files_upload *u) {
         return sb;
 }
 
+/* A write the layer had no room for: 507, E2B's NotEnoughSpaceError. On
+ * gvisor init refuses with EDQUOT a write that would take the sandbox's
+ * memory to its limit (the layer's files live in that memory:
+ * init/memwatch.c) before the layer itself is full. */
+static void upload_fail_no_room(files_upload *u, int r, const char *path) {
+        sbx *sb = sbx_find(u->srv, u->sbx_id);
+        if (r == -EDQUOT && sb && sb->backend == HUTCH_BACKEND_GVISOR)
+                upload_fail(u, 507,
+                            "not enough space to write '%s': the sandbox's memory (%lld MiB), which holds its "
+                            "files on gvisor, is full",
+                            path, (long long) sb->memory_mb);
+        else
+                upload_fail(u, 507, "not enough disk space to write '%s'", path);
+}
+
 /* Write what the pipe takes; keep the rest. 0 = all written. */
 static int file_flush(upload_file *f) {
         while (f->plen > 0) {
@@ -432,7 +447,7 @@ static void file_commit(files_upload *u, upload_file *f) {
                 sbx_mark_dirty(sb);
         if (r < 0) {
                 if (r == -ENOSPC || r == -EDQUOT)
-                        upload_fail(u, 507, "not enough disk space to write '%s'", f->path);
+                        upload_fail_no_room(u, r, f->path);
                 else
                         upload_fail(u, status_from_errno(r), "writing '%s': %s", f->path, err.msg);
                 return;
@@ -475,7 +490,7 @@ static void file_broken(files_upload *u, upload_file *f, int write_err) {
                 snprintf(err.msg, sizeof err.msg, "%s", strerror(-write_err));
         }
         if (r == -ENOSPC || r == -EDQUOT)
-                upload_fail(u, 507, "not enough disk space to write '%s'", f->path);
+                upload_fail_no_room(u, r, f->path);
         else
                 upload_fail(u, status_from_errno(r), "writing '%s': %s", f->path, err.msg);
 }
@@ -599,7 +614,7 @@ static int part_begin(void *ud, const multipart_part *p) {
                 if (r == -EISDIR)
                         upload_fail(u, 400, "path '%s' is a directory", path);
                 else if (r == -ENOSPC || r == -EDQUOT)
-                        upload_fail(u, 507, "not enough disk space to write '%s'", path);
+                        upload_fail_no_room(u, r, path);
                 else
                         upload_fail(u, status_from_errno(r), "writing '%s': %s", path, err.msg);
                 free(f->path);

@@ -925,13 +925,27 @@ static ssize_t write_pump(file_write *w, size_t max) {
 
 static void write_dispatch(source *s, uint32_t events) {
         file_write *w = (file_write *) s;
+        uint64_t room = 0;
 
         /* A bounded amount per wakeup: other clients wait meanwhile. */
         for (size_t budget = 4u << 20; budget > 0;) {
-                ssize_t n = write_pump(w, MIN(budget, (size_t) 1 << 20));
+                size_t max = MIN(budget, (size_t) 1 << 20);
+                ssize_t n;
+                /* Under gVisor the layer is memory, and init, the writer
+                 * here, is never memwatch's victim: stop before the
+                 * limit instead (memwatch.c). The room is read again
+                 * whenever what is left of it would not cover a chunk. */
+                if (room < max && !memwatch_write_room(&room))
+                        room = UINT64_MAX;
+                if (room == 0)
+                        n = -EDQUOT;
+                else
+                        n = write_pump(w, MIN(max, room));
                 if (n > 0) {
                         w->written += (uint64_t) n;
                         budget -= (size_t) n;
+                        if (room != UINT64_MAX)
+                                room -= MIN(room, (uint64_t) n);
                         continue;
                 }
                 if (n == -EAGAIN)
@@ -939,8 +953,11 @@ static void write_dispatch(source *s, uint32_t events) {
                 if (n < 0) {
                         /* ENOSPC, EDQUOT, EIO...: remembered for the commit.
                          * Closing the pipe gives the writer EPIPE now rather
-                         * than letting it stream data into the void. */
+                         * than letting it stream data into the void; the
+                         * data written so far is given back at once (the
+                         * temp file goes at the commit or abort). */
                         w->error = (int) -n;
+                        (void) ftruncate(w->tmp_fd, 0);
                         log_debug("write %s: %s", w->path, strerror(w->error));
                 }
                 write_input_done(w);

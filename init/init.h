@@ -130,6 +130,11 @@ void layer_watch_restored(void);
 int memwatch_setup(uint64_t limit);
 /* After a restore from a checkpoint: watch again. */
 void memwatch_restored(void);
+/* How many bytes init may still write into the writable layer (which lives
+ * in the memory it watches) before usage would come within the reserve of
+ * the limit; false when no limit is watched (the namespace backend) or the
+ * usage cannot be read. */
+bool memwatch_write_room(uint64_t *ret);
 
 /* The host relay of a gVisor sandbox (relay.c); argv[0] is "--gvisor-relay". */
 int relay_main(int argc, char **argv);

@@ -25,6 +25,14 @@
  * limit by more than the cgroup's headroom in a single step (one
  * mmap(MAP_POPULATE) of that size) still meets the host's OOM killer,
  * which ends the whole sandbox.
+ *
+ * Killing cannot help when the writer is init itself: an upload (POST
+ * /files) is written into the layer by init, which memwatch never picks,
+ * and the file's pages would stay after any kill anyway. Such writes ask
+ * memwatch_write_room() first and fail with EDQUOT (the daemon's 507) once
+ * they would take usage past the limit less a reserve; without that a
+ * compressed upload could inflate straight past the host cgroup's backstop,
+ * whose OOM killer then ended the sentry and the whole sandbox.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -45,6 +53,11 @@
 #define MW_RATE_PER_MS (8ull << 20)
 #define MW_GRACE_NS (1000ull * 1000 * 1000)
 #define MW_VICTIM_NS (200ull * 1000 * 1000)
+/* init's own writes into the layer stop this far below the limit: room for
+ * the sandbox's processes to go on, and for what they allocate while init
+ * writes (init checks before each batch, at most 4 MiB, and again before
+ * each megabyte once the room left is smaller) */
+#define MW_WRITE_RESERVE(limit) ((limit) / 16 > (4ull << 20) ? (limit) / 16 : (4ull << 20))
 
 static source timer_src = { .fd = -1 };
 static int meminfo_fd = -1;
@@ -165,6 +178,14 @@ static void check(void) {
         }
         uint64_t ns = (limit_bytes - used) / MW_RATE_PER_MS * 1000000ull;
         arm(ns < MW_MIN_NS ? MW_MIN_NS : ns > MW_MAX_NS ? MW_MAX_NS : ns);
+}
+
+bool memwatch_write_room(uint64_t *ret) {
+        uint64_t used, reserve = MW_WRITE_RESERVE(limit_bytes);
+        if (!limit_bytes || meminfo_fd < 0 || !usage_now(&used))
+                return false;
+        *ret = used + reserve < limit_bytes ? limit_bytes - reserve - used : 0;
+        return true;
 }
 
 static void timer_dispatch(source *s, uint32_t events) {

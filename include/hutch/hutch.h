@@ -57,7 +57,7 @@ typedef struct hutch_limits {
         uint64_t pids;           /* pids cgroup limit */
         uint64_t cpu_millis;     /* CPU quota in thousandths of a CPU (2000 = 2 CPUs) */
         uint64_t disk_bytes;     /* writable layer size */
-        uint64_t disk_inodes;    /* writable layer inode count */
+        uint64_t disk_inodes;    /* writable layer inode count; ns only (gvisor: must be 0, -EOPNOTSUPP) */
         uint64_t nofile;         /* RLIMIT_NOFILE for every process */
 } hutch_limits;
 

@@ -529,6 +529,12 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         hutch_sandbox_config none = { 0 };
         if (!cfg)
                 cfg = &none;
+        /* The gvisor layer is a tmpfs in the sentry, which refuses
+         * nr_inodes (EINVAL): an inode limit asked for would not hold */
+        if (cfg->backend == HUTCH_BACKEND_GVISOR && cfg->limits.disk_inodes)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "an inode limit is not supported on the gvisor backend: its writable layer "
+                                       "has none (only its size and the memory limit bound it)");
         hutch_template *tpl = NULL;
         /* Every cleanup variable is declared before the first `goto fail`. */
         _cleanup_close_ int dfd = -1, userns = -1, layer_fd = -1;

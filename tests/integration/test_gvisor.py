@@ -13,13 +13,14 @@ import shutil
 import subprocess
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
 
 import hutchtest
 from hutchtest import parse_json_summary
-from serveclient import ServeDaemon
+from serveclient import ServeDaemon, multipart
 
 RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
 pytestmark = pytest.mark.skipif(not os.access(RUNSC, os.X_OK), reason="runsc is not installed")
@@ -235,6 +236,140 @@ def test_disk_limit_through_the_api(sandboxed_hutch, tmp_path):
     finally:
         assert sd.stop() == []
 
+
+
+def gzip_of_zeros(n, level=9):
+    """A gzip member of n zero bytes, built a MiB at a time (2 GiB → ~2 MB)."""
+    c = zlib.compressobj(level, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    out = bytearray()
+    for _ in range(n >> 20):
+        out += c.compress(zeros)
+    return bytes(out + c.flush())
+
+
+# Every name in the directories (temp names included) with its size, and
+# the sentry's memory in use: python, since this runsc's ls cannot stat.
+LAYER_STATE = r"""
+import os, sys
+for d in sys.argv[1:]:
+    for n in sorted(os.listdir(d)):
+        print(os.path.join(d, n), os.lstat(os.path.join(d, n)).st_size)
+m = dict(l.split(':', 1) for l in open('/proc/meminfo'))
+kb = lambda k: int(m[k].split()[0])
+print('used', (kb('MemTotal') - kb('MemFree')) * 1024)
+"""
+
+
+def _layer_state(sd, sb, *dirs):
+    end, out, err, _ = sd.run(sb, "python3 - " + " ".join(dirs) + " <<'EOF'\n" + LAYER_STATE + "EOF\n", timeout=60)
+    assert end.get("exitCode", 0) == 0, (end, out, err)
+    lines = out.decode().split("\n")
+    files = {l.rsplit(" ", 1)[0]: int(l.rsplit(" ", 1)[1]) for l in lines if l and not l.startswith("used ")}
+    used = [int(l.split()[1]) for l in lines if l.startswith("used ")][0]
+    return files, used
+
+
+def _gz_upload(sd, sb, path, body, chunked=False, ctype="application/octet-stream", timeout=600):
+    target = sd.files_path(path) if path else "/files"
+    return sd.request("POST", target, body, key="", timeout=timeout, chunked=chunked,
+                      headers=sd.envd_headers(sb, ctype=ctype, extra={"Content-Encoding": "gzip"}))
+
+
+def test_compressed_upload_past_memory_is_507(sandboxed_hutch, tmp_path):
+    """With the daemon's default limits (1 GiB layer, 512 MiB memory) the
+    layer is larger than the memory that holds its files. 2 MB of gzip
+    that inflate to 2 GiB were written by hutch-init, which memwatch never
+    kills, until the host cgroup's backstop (limit × 1.5 + 128 MiB) ended
+    the sentry: 500/502 and the sandbox gone. Now init stops such a write
+    short of the memory limit: 507 in E2B's error format (the SDK's
+    NotEnoughSpaceError), no file and no temp file left, the memory given
+    back, no process of the sandbox killed, and the sandbox goes on."""
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--backend", "gvisor", "--pool-size", "0"])
+    sd.start()
+    try:
+        sb = sd.create(timeout=120)
+        end, out, _, _ = sd.run(sb, "sleep 900 >/dev/null 2>&1 </dev/null & echo $!")
+        bystander = int(out)
+        bomb = gzip_of_zeros(2 << 30)
+        assert len(bomb) < 3 << 20
+        r = _gz_upload(sd, sb, "/home/user/big.bin", bomb)
+        assert r.status == 507, (r, sd.log_tail())
+        assert r.header("content-type", "").startswith("application/json"), r.headers
+        body = r.json()
+        assert body["code"] == 507 and "big.bin" in body["message"], body
+        end, out, err, _ = sd.run(sb, f"kill -0 {bystander} && echo alive")
+        assert out == b"alive\n", (out, err)
+        files, used = _layer_state(sd, sb, "/home/user")
+        assert not [f for f in files if "big.bin" in f], files
+        assert used < 64 << 20, f"the refused upload's memory was not given back: {used}"
+        r = sd.upload(sb, "/home/user/small.bin", b"x" * 1000)
+        assert r.status == 200, r
+        assert "lost its init" not in sd.log_tail()
+    finally:
+        assert sd.stop() == []
+
+
+def test_every_upload_form_past_memory_is_507(sandboxed_hutch, tmp_path):
+    """The same bound for every way a client writes into the layer: a
+    multipart upload of many files keeps the files that fit, each whole (as
+    on a full disk) and refuses the first that does not; an octet-stream
+    without Content-Length (chunked); two uploads at once. The sandbox
+    lives through all of them and no temp file is left."""
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data",
+                     ["--backend", "gvisor", "--memory", "128M", "--pool-size", "0"])
+    sd.start()
+    try:
+        sb = sd.create(timeout=120)
+        # 128 MiB, of which uploads may fill up to 120 (a reserve of 1/16,
+        # at least 4 MiB, stays for the processes): two 40 MiB files fit,
+        # the third does not
+        part = bytes(40 << 20)
+        body, ctype = multipart([("file", f"/home/user/mp{i}.bin", part) for i in range(4)])
+        c = zlib.compressobj(1, zlib.DEFLATED, 31)
+        r = _gz_upload(sd, sb, None, c.compress(body) + c.flush(), ctype=ctype)
+        assert r.status == 507 and r.json()["code"] == 507, r
+        files, _ = _layer_state(sd, sb, "/home/user")
+        assert files.get("/home/user/mp0.bin") == 40 << 20 and files.get("/home/user/mp1.bin") == 40 << 20, files
+        assert not [f for f in files if "mp2" in f or "mp3" in f or ".hutch-" in f], files
+        sd.run(sb, "rm -f /home/user/mp*.bin")
+
+        r = _gz_upload(sd, sb, "/tmp/chunked.bin", gzip_of_zeros(256 << 20), chunked=True)
+        assert r.status == 507 and r.json()["code"] == 507, r
+
+        results = [None, None]
+
+        def up(i):
+            results[i] = _gz_upload(sd, sb, f"/tmp/par{i}.bin", gzip_of_zeros(100 << 20))
+
+        threads = [threading.Thread(target=up, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        statuses = sorted(x.status for x in results)
+        assert statuses in ([200, 507], [507, 507]), results
+        files, used = _layer_state(sd, sb, "/tmp", "/home/user")
+        assert not [f for f in files if ".hutch-" in f or "chunked" in f], files
+        kept = sum(1 for f in files if "/tmp/par" in f)
+        assert kept == statuses.count(200), files
+        assert used < (100 << 20) * kept + (32 << 20), used
+        end, out, _, _ = sd.run(sb, "echo still here")
+        assert out == b"still here\n"
+    finally:
+        assert sd.stop() == []
+
+
+def test_inodes_is_refused(warm):
+    """runsc's tmpfs refuses nr_inodes, so the gvisor layer has no inode
+    limit: an explicit --inodes is a usage error there, not ignored."""
+    for args, env in [([*GV, "--inodes", "1000"], None),
+                      (["--inodes", "1000"], dict(os.environ, HUTCH_BACKEND="gvisor"))]:
+        cp = hutchtest.run_sandbox(args, ["true"], env=env)
+        assert cp.returncode == 2, cp
+        assert b"--inodes is not supported on the gvisor backend" in cp.stderr, cp.stderr
+    cp = hutchtest.run_sandbox(["--backend", "ns", "--inodes", "1000"], ["true"])
+    assert cp.returncode == 0, cp.stderr
 
 # Grows by 8 MiB a step, touching every page (the sentry's fault path).
 GROW = """

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import time
+import zlib
 from pathlib import Path
 from urllib.parse import quote
 
@@ -1376,6 +1377,25 @@ def test_disk_full_upload_507(serve):
         assert_json_error(get_file(serve, sb, path), 404)
     # no partial or temporary file is left
     assert sh(serve, sb, "ls -lA /home/user /tmp")[0] == before
+    assert serve.kill(sb["sandboxID"]).status == 204
+
+
+def test_compressed_upload_past_the_layer_507(serve):
+    """2 MB of gzip that inflate to 2 GiB, into a sandbox of the default
+    limits (1 GiB layer): 507 in E2B's error format once the layer is full,
+    no partial or temporary file, the sandbox goes on. (On gvisor, where
+    the layer lives in the sandbox's memory, this upload ended the whole
+    sandbox: test_gvisor.py::test_compressed_upload_past_memory_is_507.)"""
+    sb = serve.create(timeout=600)
+    before = sh(serve, sb, "ls -lA /home/user")[0]
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    bomb = b"".join(c.compress(zeros) for _ in range(2048)) + c.flush()
+    assert len(bomb) < 3 << 20
+    r = post_file(serve, sb, "/home/user/big.bin", bomb, OCTET + [("Content-Encoding", "gzip")], timeout=300)
+    assert_json_error(r, 507)
+    assert sh(serve, sb, "ls -lA /home/user")[0] == before
+    assert sh(serve, sb, "echo alive")[0] == "alive\n"
     assert serve.kill(sb["sandboxID"]).status == 204
 
 

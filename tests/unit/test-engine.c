@@ -876,6 +876,13 @@ int main(void) {
                 ok(kill(init_pid, 0) < 0 && errno == ESRCH, "its init is gone");
                 hutch_sandbox_unref(sb3);
         }
+        /* runsc's tmpfs has no nr_inodes: an inode limit on gvisor would
+         * not hold, so it is refused before anything starts (no runsc
+         * needed to see it) */
+        hutch_sandbox_config gv = { .backend = HUTCH_BACKEND_GVISOR, .limits = { .disk_inodes = 1000 } };
+        hutch_sandbox *none = NULL;
+        ok(hutch_sandbox_create(ctx, &gv, &none, &err) == -EOPNOTSUPP && !none && strstr(err.msg, "inode"),
+           "gvisor with an inode limit is refused (%s)", err.msg);
         hutch_ctx_free(ctx);
         test_tmpfs_layer();
         return tap_done();
