@@ -277,15 +277,17 @@ def _gz_upload(sd, sb, path, body, chunked=False, ctype="application/octet-strea
 
 
 def test_compressed_upload_past_memory_is_507(sandboxed_hutch, tmp_path):
-    """With the daemon's default limits (1 GiB layer, 512 MiB memory) the
-    layer is larger than the memory that holds its files. 2 MB of gzip
+    """A layer larger than the memory that holds its files (the daemon's
+    defaults are 1 GiB and 512 MiB; here 1 GiB and 128 MiB, the same shape,
+    so the test writes a quarter as much at gvisor's ~8 MB/s). 2 MB of gzip
     that inflate to 2 GiB were written by hutch-init, which memwatch never
     kills, until the host cgroup's backstop (limit × 1.5 + 128 MiB) ended
     the sentry: 500/502 and the sandbox gone. Now init stops such a write
     short of the memory limit: 507 in E2B's error format (the SDK's
     NotEnoughSpaceError), no file and no temp file left, the memory given
     back, no process of the sandbox killed, and the sandbox goes on."""
-    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--backend", "gvisor", "--pool-size", "0"])
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data",
+                     ["--backend", "gvisor", "--memory", "128M", "--pool-size", "0"])
     sd.start()
     try:
         sb = sd.create(timeout=120)
