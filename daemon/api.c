@@ -186,6 +186,10 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                         log_error("create: %s", err.msg);
                 return http_reply_error(req->conn, status, "%s", err.msg);
         }
+        if (sbx_create_note(req, sb) < 0) {
+                sbx_kill(srv, sb, "create failed");
+                return http_reply_error(req->conn, 500, "out of memory");
+        }
         return http_reply_json(req->conn, 201, sandbox_created_json(sb));
 }
 

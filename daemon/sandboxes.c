@@ -516,6 +516,9 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         row.cpu_count = sb->cpu_count;
         row.memory_mb = sb->memory_mb;
         row.disk_mb = sb->disk_mb;
+        /* until the 201 has been sent: a crash before that leaves a sandbox
+         * no client knows of, which the next start removes (readopt_one) */
+        row.unanswered = true;
 
         /* The row comes first: a crash between here and the engine leaves a
          * row whose sandbox is missing (ended at the next start), never a
@@ -594,6 +597,40 @@ fail:
         hutch_sandbox_unref(sb->h);
         free(sb);
         return r;
+}
+
+int sbx_create_note(request *req, const sbx *sb) {
+        char(*v)[HUTCH_ID_LEN + 1] = reallocarray(req->created, req->n_created + 1, sizeof *v);
+        if (!v)
+                return -ENOMEM;
+        memcpy(v[req->n_created++], sb->id, sizeof v[0]);
+        req->created = v;
+        return 0;
+}
+
+/* When a create counts as answered: once MHD has written the whole 201 to
+ * the socket (the kernel delivers what it holds even if the daemon dies
+ * next). Marking it when the response is only queued would leave the
+ * window the issue saw (kill -9 between queueing and sending), and waiting
+ * for the client to use the sandbox would remove sandboxes a client holds. */
+void sbx_create_answered(server *srv, request *req, enum MHD_RequestTerminationCode toe) {
+        for (unsigned i = 0; i < req->n_created; i++) {
+                const char *id = req->created[i];
+                hutch_error err = { 0 };
+                if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+                        if (store_sandbox_answered(srv->store, id, &err) < 0)
+                                log_warning("sandbox %s: database: %s", id, err.msg);
+                        continue;
+                }
+                if (toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN)
+                        continue; /* the next start removes it */
+                sbx *sb = sbx_find(srv, id);
+                if (!sb)
+                        continue;
+                log_info("sandbox %s: its create was never answered (the client went away): removing it", id);
+                sbx_kill(srv, sb, "create unanswered");
+        }
+        req->n_created = 0;
 }
 
 void sbx_cut_streams(server *srv, sbx *sb) {
@@ -1108,6 +1145,24 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
 
 static int readopt_one(server *srv, const store_sandbox *row) {
         hutch_error err = { 0 };
+        if (row->unanswered) {
+                /* The daemon died before the client got its 201: nobody
+                 * knows this sandbox's id or token, and it would hold one of
+                 * its team's sandboxes until its timeout. Removed, whether
+                 * its engine had finished or not; the client's create failed
+                 * and it creates again. */
+                log_info("sandbox %s: its create was never answered; removing it", row->id);
+                pause_image_remove(srv, row->id);
+                int r = hutch_sandbox_remove(srv->ctx, row->id, &err);
+                if (r < 0 && r != -ENOENT)
+                        log_warning("sandbox %s: %s", row->id, err.msg);
+                hutch_error e2 = { 0 };
+                if (store_sandbox_end(srv->store, row->id, wall_ms(), "create unanswered", &e2) < 0)
+                        log_error("sandbox %s: database: %s", row->id, e2.msg);
+                (void) store_event_add(srv->store, row->team_id, row->id, "sandbox.end",
+                                       "{\"reason\":\"create unanswered\"}", &e2);
+                return 0;
+        }
         sbx *sb = sbx_alloc(srv);
         if (!sb)
                 return -ENOMEM;
