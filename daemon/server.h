@@ -63,6 +63,7 @@ typedef struct server_config {
         uint64_t egress_connections; /* per sandbox, open at once */
         uint64_t egress_bandwidth;   /* per sandbox and direction, bytes/s; 0: unlimited */
         uint64_t egress_records;     /* decisions recorded per sandbox per second */
+        uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
 } server_config;
@@ -232,6 +233,12 @@ struct server {
         unsigned n_pool;
         int64_t pool_backoff_ms; /* after a failed fill, wait until then */
         bool pool_dirty;         /* pool-ids to rewrite once the claimed sandbox has its row */
+        /* housekeeping (server.c): a pass prunes the database in batches,
+         * one per loop turn, then waits for the next */
+        int64_t housekeeping_due_ms;
+        bool pruning;            /* a pass is under way */
+        bool checkpoint_pending; /* rows were deleted and the WAL not truncated since */
+        store_prune_counts pruned; /* what this pass removed so far */
 };
 
 /* ---------------------------------------------------------------- http.c */
