@@ -259,8 +259,9 @@ static int64_t housekeeping_interval_ms(const server *srv) {
 }
 
 /* Retention (issue #19): a pass deletes what is older than `retention` in
- * batches, one per call, then truncates the WAL. Returns when it wants to
- * run again: now while a pass has more to delete. */
+ * batches, one per call, then removes unused versions of the host template
+ * and truncates the WAL. Returns when it wants to run again: now while a
+ * pass has more to delete. */
 static int64_t housekeeping(server *srv, int64_t now) {
         if (!srv->pruning) {
                 if (now < srv->housekeeping_due_ms)
@@ -279,6 +280,13 @@ static int64_t housekeeping(server *srv, int64_t now) {
         if (r < 0)
                 log_warning("retention: %s (trying again at the next pass)", err.msg);
         srv->pruning = false;
+        /* host template versions that no sandbox uses any more */
+        hutch_error e2 = { 0 };
+        int k = hutch_template_gc(srv->ctx, &e2);
+        if (k < 0)
+                log_warning("templates: %s", e2.msg);
+        else if (k > 0)
+                log_info("templates: removed %d unused version(s) of the host template", k);
         srv->housekeeping_due_ms = now + housekeeping_interval_ms(srv);
         const store_prune_counts *p = &srv->pruned;
         if (p->sandboxes + p->events + p->egress > 0) {

@@ -45,6 +45,7 @@ struct hutch_sandbox {
         hutch_ctx *ctx;
         char id[HUTCH_ID_LEN + 1];
         char template_name[64];
+        char *template_root; /* the template version's rootfs it was made from (state: template_root=) */
         char token[HUTCH_TOKEN_LEN + 1];
         char *dir;         /* run_dir/sandboxes/<id> */
         int busy_fd;       /* the dir, flocked while a transition is under way (sandbox_busy_*) */
