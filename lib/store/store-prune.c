@@ -10,8 +10,8 @@
 
 /* DELETE ... LIMIT is a compile-time option of SQLite; "rowid IN (SELECT
  * ... LIMIT n)" is the portable way to bound one statement. */
-static int prune_one(hutch_store *st, enum store_stmt slot, const char *sql, int64_t before_ms, unsigned limit,
-                     int64_t *ret, const char *what, hutch_error *err) {
+static int prune_one(hutch_store *st, enum store_stmt slot, const char *sql, int64_t before_ms,
+                     unsigned limit, int64_t *ret, const char *what, hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, slot, sql, &s, err);
         if (r < 0)
@@ -28,18 +28,20 @@ static int prune_one(hutch_store *st, enum store_stmt slot, const char *sql, int
         return 0;
 }
 
-int store_prune(hutch_store *st, int64_t before_ms, unsigned limit, store_prune_counts *ret, hutch_error *err) {
+int store_prune(hutch_store *st, int64_t before_ms, unsigned limit, store_prune_counts *ret,
+                hutch_error *err) {
         if (limit == 0)
                 return hutch_error_set(err, -EINVAL, "prune limit 0");
         store_prune_counts c = { 0 };
         /* A snapshot names the sandbox it was taken from: that row stays
          * while the snapshot does. Live rows (state <> 3) are never matched. */
-        int r = prune_one(st, STMT_PRUNE_SANDBOXES,
-                          "DELETE FROM sandboxes WHERE id IN (SELECT id FROM sandboxes"
-                          " WHERE state = 3 AND ended_ms < ?1"
-                          " AND NOT EXISTS (SELECT 1 FROM snapshots WHERE snapshots.sandbox_id = sandboxes.id)"
-                          " LIMIT ?2)",
-                          before_ms, limit, &c.sandboxes, "pruning ended sandboxes", err);
+        int r = prune_one(
+                st, STMT_PRUNE_SANDBOXES,
+                "DELETE FROM sandboxes WHERE id IN (SELECT id FROM sandboxes"
+                " WHERE state = 3 AND ended_ms < ?1"
+                " AND NOT EXISTS (SELECT 1 FROM snapshots WHERE snapshots.sandbox_id = sandboxes.id)"
+                " LIMIT ?2)",
+                before_ms, limit, &c.sandboxes, "pruning ended sandboxes", err);
         /* a live sandbox's lifecycle stays whole while it lives */
         if (r >= 0)
                 r = prune_one(st, STMT_PRUNE_EVENTS,

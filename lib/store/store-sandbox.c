@@ -272,7 +272,8 @@ int store_sandbox_answered(hutch_store *st, const char *id, hutch_error *err) {
         if (!id)
                 return hutch_error_set(err, -ENOENT, "no sandbox id");
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
-        int r = store_stmt(st, STMT_SBX_ANSWERED, "UPDATE sandboxes SET unanswered = 0 WHERE id = ?1", &s, err);
+        int r = store_stmt(st, STMT_SBX_ANSWERED,
+                           "UPDATE sandboxes SET unanswered = 0 WHERE id = ?1", &s, err);
         if (r < 0)
                 return r;
         int rc = store_bind_text(s, 1, id);

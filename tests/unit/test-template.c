@@ -141,9 +141,9 @@ int main(void) {
 
         char v1[64] = "", v[64] = "";
         bool rebuilt = false;
-        ok(resolve(v1, &rebuilt) && rebuilt && startswith(v1, "host."), "first resolve builds %s", v1);
-        ok(exists(v1, "rootfs/etc/ssl/certs/ca.pem") &&
-                   exists(v1, "rootfs/home/user/.bashrc") &&
+        ok(resolve(v1, &rebuilt) && rebuilt && startswith(v1, "host."), "first resolve builds %s",
+           v1);
+        ok(exists(v1, "rootfs/etc/ssl/certs/ca.pem") && exists(v1, "rootfs/home/user/.bashrc") &&
                    !exists(v1, "rootfs/etc/unrelated.conf"),
            "it copies the listed entries and nothing else");
         ok(resolve(v, &rebuilt) && !rebuilt && streq(v, v1), "a second resolve reuses it");
@@ -173,18 +173,22 @@ int main(void) {
         /* what it copies does */
         put("ssl/certs/new.pem", "pem-2", 0644); /* an entry added below a copied directory */
         char v2[64] = "";
-        ok(resolve(v2, &rebuilt) && rebuilt && !streq(v2, v1), "a new file under ssl/certs rebuilds it (%s)", v2);
+        ok(resolve(v2, &rebuilt) && rebuilt && !streq(v2, v1),
+           "a new file under ssl/certs rebuilds it (%s)", v2);
         ok(exists(v2, "rootfs/etc/ssl/certs/new.pem"), "with the new file");
         ok(exists(v1, NULL), "the old version stays until collected");
         put_in_place("skel/.bashrc", "alias x=y\n");
         char v3[64] = "";
-        ok(resolve(v3, &rebuilt) && rebuilt && !streq(v3, v2), "skel's .bashrc edited in place rebuilds it");
+        ok(resolve(v3, &rebuilt) && rebuilt && !streq(v3, v2),
+           "skel's .bashrc edited in place rebuilds it");
         put_in_place("ld.so.cache", "-2");
         char v4[64] = "";
-        ok(resolve(v4, &rebuilt) && rebuilt && !streq(v4, v3), "a top-level file edited in place rebuilds it");
+        ok(resolve(v4, &rebuilt) && rebuilt && !streq(v4, v3),
+           "a top-level file edited in place rebuilds it");
         dir("profile.d", 0750);
         char v5[64] = "";
-        ok(resolve(v5, &rebuilt) && rebuilt && !streq(v5, v4), "a copied directory's mode rebuilds it");
+        ok(resolve(v5, &rebuilt) && rebuilt && !streq(v5, v4),
+           "a copied directory's mode rebuilds it");
         ok(resolve(v, &rebuilt) && !rebuilt && streq(v, v5), "and then it is current again");
 
         /* collection */
@@ -208,8 +212,7 @@ int main(void) {
         ok(!exists(v2, NULL), "an unused version is removed");
         ok(exists(v3, NULL), "the version a create holds stays");
         ok(!exists(v4, NULL), "another unused version is removed");
-        ok(exists(v5, NULL) && exists("host", NULL),
-           "the current version and its link stay");
+        ok(exists(v5, NULL) && exists("host", NULL), "the current version and its link stay");
         ok(!exists(".trash-host.1", NULL) && !exists(".host.new", NULL),
            "a crash's leftovers are removed");
         close(held);
@@ -223,8 +226,7 @@ int main(void) {
            "an older sandbox without template_root keeps the versions built before it");
         unfake_sandbox("bbbbbbbbbbbbbbbbbbbb");
         fake_sandbox("cccccccccccccccccccc", NULL, version_ns(v1) - 1);
-        ok(hutch_template_gc(&ctx, &err) == 1 && !exists(v1, NULL),
-           "but not those built after it");
+        ok(hutch_template_gc(&ctx, &err) == 1 && !exists(v1, NULL), "but not those built after it");
         ok(hutch_template_gc(&ctx, &err) == 0, "nothing left to collect");
         unfake_sandbox("cccccccccccccccccccc");
 
@@ -237,8 +239,10 @@ int main(void) {
         ok(mkdir(p, 0711) == 0, "a sandbox directory without state");
         ok(hutch_template_gc(&ctx, &err) == 0 && exists(v5, NULL), "it keeps the older version");
         long long t = version_ns(v5) - 1000;
-        struct timespec ts[2] = { { t / 1000000000, t % 1000000000 }, { t / 1000000000, t % 1000000000 } };
-        ok(utimensat(AT_FDCWD, p, ts, 0) == 0 && hutch_template_gc(&ctx, &err) == 1 && !exists(v5, NULL),
+        struct timespec ts[2] = { { t / 1000000000, t % 1000000000 },
+                                  { t / 1000000000, t % 1000000000 } };
+        ok(utimensat(AT_FDCWD, p, ts, 0) == 0 && hutch_template_gc(&ctx, &err) == 1 &&
+                   !exists(v5, NULL),
            "but not one built after it");
         rmdir(p);
         v5[0] = 0;
@@ -247,7 +251,8 @@ int main(void) {
         /* a collector never waits for a build: busy is 0, not a hang */
         snprintf(p, sizeof p, "%s/templates", data);
         int lfd = lock_file_take(AT_FDCWD, strcat(p, "/.lock"));
-        ok(lfd >= 0 && hutch_template_gc(&ctx, &err) == 0, "a held templates lock makes gc return at once");
+        ok(lfd >= 0 && hutch_template_gc(&ctx, &err) == 0,
+           "a held templates lock makes gc return at once");
         close(lfd);
         ok(resolve(v, &rebuilt) && !rebuilt && streq(v, v5), "the current version still resolves");
 
