@@ -136,6 +136,7 @@ typedef struct child_config {
         const char *hostname;
         bool no_new_privs;
         int init_conn;              /* child end of the bootstrap socketpair */
+        int parent_conn;            /* the parent's end, which the child closes at once */
         int sync_fd;                /* write end of the error pipe */
         int init_memfd;
         const struct sock_fprog *seccomp;

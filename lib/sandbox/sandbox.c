@@ -803,6 +803,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 .hostname = hostname,
                 .no_new_privs = sb->no_new_privs,
                 .init_conn = conn[1],
+                .parent_conn = conn[0],
                 .sync_fd = sync[1],
                 .init_memfd = memfd,
                 .seccomp = prog,

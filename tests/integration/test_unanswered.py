@@ -231,3 +231,47 @@ def test_a_client_gone_before_the_answer_leaves_no_sandbox(sandboxed_hutch, tmp_
         assert d.create(timeout=60)["sandboxID"] != sid
     finally:
         _stop(d)
+
+
+def _procs_with_arg(arg: str) -> list:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if arg.encode() in (d / "cmdline").read_bytes().split(b"\0"):
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_a_daemon_killed_during_a_create_restarts(sandboxed_hutch, tmp_path):
+    """kill -9 while the warm pool creates a sandbox: the clone child, which
+    had a copy of the daemon's descriptors, used to wait for its bootstrap
+    for ever once the daemon was gone, holding the port and
+    DATA_DIR/serve.lock, so no daemon could start on the data dir again.
+    Each restart must succeed and leave no process of the killed daemon."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "3"])
+    d.start()
+    try:
+        for _ in range(8):
+            # a pooled id whose sandbox has no state yet: a create under way
+            def filling():
+                try:
+                    ids = (data / "pool-ids").read_text().split()
+                except OSError:
+                    return False
+                return any(not (hutchtest.STATE_DIR / i / "state").exists() for i in ids)
+            wait_until(filling, 10, 0.001)
+            d.proc.kill()
+            d.proc.wait(10)
+            d.start()          # refused while the lock is held: "did not become ready"
+            # the old daemon's argv (its data dir) names no process but the new one
+            assert wait_until(lambda: _procs_with_arg(str(data)) == [d.proc.pid], 10), \
+                (_procs_with_arg(str(data)), d.proc.pid)
+            # the pool is refilled again, so that the next kill lands in a create
+            for sid in list(d.created):
+                d.kill(sid)
+    finally:
+        _stop(d)
