@@ -304,14 +304,16 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded);
 sbx *sbx_find(server *srv, const char *id);
 sbx *sbx_find_team(server *srv, const char *id, int64_t team);
 /* The row is written before the engine starts the sandbox, marked
- * unanswered: the caller notes the sandbox on its request
- * (sbx_create_note), whose completion clears the mark or removes it. */
+ * unanswered (a restart removes such sandboxes): the caller notes the
+ * sandbox on its request (sbx_create_note), queues the answer and then
+ * calls sbx_create_queued, which clears the mark. */
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err);
 int sbx_create_note(request *req, const sbx *sb);
-/* The request that created these sandboxes is over: its answer was sent
- * (their rows are marked answered), or it never will be (the client went
- * away: they are killed, as nobody holds their ids; at a daemon shutdown
- * they are left for the next start, which removes unanswered creates). */
+void sbx_create_queued(server *srv, request *req);
+/* The request that created these sandboxes is over. When its answer could
+ * not be written (the client went away) they are killed, as nobody holds
+ * their ids; at a daemon shutdown they are marked unanswered again and left
+ * for the next start. */
 void sbx_create_answered(server *srv, request *req, enum MHD_RequestTerminationCode toe);
 int sbx_kill(server *srv, sbx *sb, const char *reason);
 int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err);

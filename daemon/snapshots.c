@@ -479,5 +479,8 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
         snap_path(srv, sn.id, path, sizeof path);
         (void) store_snapshot_delete(srv->store, sn.team_id, sn.id, &err);
         unlink(path);
-        return http_reply_json(req->conn, 201, out);
+        enum MHD_Result mr = http_reply_json(req->conn, 201, out);
+        if (mr == MHD_YES)
+                sbx_create_queued(srv, req);
+        return mr;
 }

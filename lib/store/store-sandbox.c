@@ -268,15 +268,16 @@ int store_sandbox_end(hutch_store *st, const char *id, int64_t ended_ms, const c
         return 0; /* ended before */
 }
 
-int store_sandbox_answered(hutch_store *st, const char *id, hutch_error *err) {
+static int set_answered_one(hutch_store *st, const char *id, bool answered, hutch_error *err) {
         if (!id)
                 return hutch_error_set(err, -ENOENT, "no sandbox id");
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
-        int r = store_stmt(st, STMT_SBX_ANSWERED,
-                           "UPDATE sandboxes SET unanswered = 0 WHERE id = ?1", &s, err);
+        int r = store_stmt(st, STMT_SBX_ANSWERED, "UPDATE sandboxes SET unanswered = ?1 WHERE id = ?2", &s, err);
         if (r < 0)
                 return r;
-        int rc = store_bind_text(s, 1, id);
+        int rc = sqlite3_bind_int(s, 1, answered ? 0 : 1);
+        if (rc == SQLITE_OK)
+                rc = store_bind_text(s, 2, id);
         if (rc != SQLITE_OK)
                 return store_fail(st, rc, err, "binding");
         r = store_step_done(st, s, err, "marking a create answered");
@@ -285,6 +286,29 @@ int store_sandbox_answered(hutch_store *st, const char *id, hutch_error *err) {
         if (sqlite3_changes(st->db) == 0)
                 return hutch_error_set(err, -ENOENT, "no sandbox %.64s", id);
         return 0;
+}
+
+int store_sandbox_set_answered(hutch_store *st, const char *const *ids, size_t n, bool answered, hutch_error *err) {
+        if (n == 1)
+                return set_answered_one(st, ids[0], answered, err);
+        /* one commit for all: a fork's sandboxes are answered together */
+        int rc = sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+                return store_fail(st, rc, err, "starting a transaction");
+        int r = 0;
+        for (size_t i = 0; i < n && r >= 0; i++) {
+                r = set_answered_one(st, ids[i], answered, err);
+                if (r == -ENOENT)
+                        r = 0; /* the others still are */
+        }
+        if (r >= 0) {
+                rc = sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL);
+                if (rc != SQLITE_OK)
+                        r = store_fail(st, rc, err, "committing");
+        }
+        if (r < 0 && !sqlite3_get_autocommit(st->db))
+                (void) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+        return r;
 }
 
 int store_sandbox_set_extra(hutch_store *st, const char *id, const char *extra_json,

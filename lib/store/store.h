@@ -111,9 +111,12 @@ int store_sandbox_set_end(hutch_store *st, const char *id, int64_t end_ms, hutch
  * reason are kept); -ENOENT for an unknown id. */
 int store_sandbox_end(hutch_store *st, const char *id, int64_t ended_ms, const char *reason,
                       hutch_error *err);
-/* Clear the unanswered mark of a row inserted with it: its create's answer
- * was sent. -ENOENT for an unknown id. */
-int store_sandbox_answered(hutch_store *st, const char *id, hutch_error *err);
+/* Clear the unanswered mark of rows inserted with it (their create's answer
+ * is on its way), or set it again (it never left); several ids in one
+ * transaction. -ENOENT for one unknown id (with several, unknown ones are
+ * skipped). */
+int store_sandbox_set_answered(hutch_store *st, const char *const *ids, size_t n, bool answered,
+                               hutch_error *err);
 /* Any sandbox, ended ones included; extra_json NULL stores "{}". */
 int store_sandbox_set_extra(hutch_store *st, const char *id, const char *extra_json,
                             hutch_error *err);

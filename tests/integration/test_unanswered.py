@@ -1,12 +1,13 @@
 """A create cut by a crash of the daemon (issue #19 item 11).
 
 A sandbox's row is written before the engine starts it, marked unanswered
-until the 201 has been written to the client's socket. A kill -9 of the
-daemon in between used to leave a live sandbox that no client knew of and
-that held one of its team's sandboxes until its timeout; the next start now
-removes every sandbox whose create was never answered (end reason and event
-`create unanswered`). A client that goes away before the answer is sent
-gets the same at once.
+until its 201 is queued (libmicrohttpd writes it right after). A kill -9 of
+the daemon in between used to leave a live sandbox that no client knew of
+and that held one of its team's sandboxes until its timeout; the next start
+now removes every sandbox whose create was never answered (end reason and
+event `create unanswered`). A client that goes away before the answer is
+written gets the same at once. A create whose client got its 201 is kept,
+however soon the daemon is killed after it.
 
 The window is a real one, not a delay compiled in for tests: a gvisor
 create (runsc takes hundreds of milliseconds, then the daemon writes the
@@ -118,8 +119,12 @@ def _crash_trials(d: ServeDaemon, method: str, path: str, body: dict, known: set
     behind by the crash, live and unanswered."""
     for _ in range(TRIALS):
         new, answered, s = _cut_between_engine_and_answer(d, method, path, body, known)
+        rows = _rows(d.data_dir)
+        # stopped in the microseconds between marking the rows answered and
+        # writing the answer: the one window left, by design (docs/api.md)
+        in_window = not answered and new and all(rows[sid][1] == 0 for sid in new)
         with s:
-            if answered:
+            if answered or in_window:
                 # too late this time: let the daemon go on, forget these
                 os.kill(d.proc.pid, signal.SIGCONT)
                 s.settimeout(60)
@@ -206,6 +211,28 @@ def test_kill_9_during_a_fork_removes_its_sandboxes_at_restart(sandboxed_hutch, 
         # four creates fit in the team's five again
         for _ in range(4):
             d.create(timeout=60)
+    finally:
+        _stop(d)
+
+
+def test_a_create_answered_is_kept_however_soon_the_daemon_dies(sandboxed_hutch, tmp_path):
+    """kill -9 right after the client got its 201 (from the warm pool, so
+    the create is the row and the answer): the sandbox is re-adopted every
+    time. Marking the row answered after the write instead lost it in 7 of
+    20 such kills."""
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "1"])
+    d.start()
+    try:
+        kept = []
+        for _ in range(6):
+            sid = d.create(timeout=300)["sandboxID"]
+            d.proc.kill()
+            d.proc.wait(10)
+            d.start()
+            kept.append(sid)
+            rows = _rows(d.data_dir)
+            assert all(rows[k] == (1, 0, "") for k in kept), {k: rows[k] for k in kept}
+            assert set(kept) <= set(d.list_ids())
     finally:
         _stop(d)
 

@@ -381,11 +381,19 @@ static void test_retention(hutch_store *st, int64_t team) {
         store_sandbox_clear(&g);
         ok(store_sandbox_get(st, old.id, &g, &err) == 0 && !g.unanswered, "rows are answered by default");
         store_sandbox_clear(&g);
-        ok(store_sandbox_answered(st, fresh.id, &err) == 0 && store_sandbox_get(st, fresh.id, &g, &err) == 0 &&
-                   !g.unanswered,
+        const char *one[] = { fresh.id }, *two[] = { fresh.id, old.id }, *nope[] = { "nope" };
+        ok(store_sandbox_set_answered(st, one, 1, true, &err) == 0 &&
+                   store_sandbox_get(st, fresh.id, &g, &err) == 0 && !g.unanswered,
            "marked answered");
         store_sandbox_clear(&g);
-        ok(store_sandbox_answered(st, "nope", &err) == -ENOENT, "answered: unknown id is ENOENT");
+        ok(store_sandbox_set_answered(st, two, 2, false, &err) == 0 &&
+                   store_sandbox_get(st, fresh.id, &g, &err) == 0 && g.unanswered,
+           "two unanswered again in one transaction");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_get(st, old.id, &g, &err) == 0 && g.unanswered, "the second one too");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_set_answered(st, two + 1, 1, true, &err) == 0, "one answered again");
+        ok(store_sandbox_set_answered(st, nope, 1, true, &err) == -ENOENT, "answered: unknown id is ENOENT");
         ok(raw_int("UPDATE sandboxes SET unanswered = 2 WHERE id = 'rrrrrrrrrrrrrrrrrrr5'") == -1,
            "the schema refuses an unanswered value other than 0 and 1");
 
