@@ -208,6 +208,13 @@ int verb_gc(int argc, char **argv) {
                 log_error("%s", err.msg);
         else
                 printf("removed %d dead sandbox%s\n", r, r == 1 ? "" : "es");
+        /* then the template versions the removed ones may have held */
+        hutch_error e2 = { 0 };
+        int t = hutch_template_gc(ctx, &e2);
+        if (t < 0)
+                log_error("%s", e2.msg);
+        else if (t > 0)
+                printf("removed %d unused template version%s\n", t, t == 1 ? "" : "s");
         hutch_ctx_free(ctx);
-        return r < 0 || err.code ? EXIT_HUTCH : 0;
+        return r < 0 || err.code || t < 0 ? EXIT_HUTCH : 0;
 }

@@ -186,7 +186,14 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                         log_error("create: %s", err.msg);
                 return http_reply_error(req->conn, status, "%s", err.msg);
         }
-        return http_reply_json(req->conn, 201, sandbox_created_json(sb));
+        if (sbx_create_note(req, sb) < 0) {
+                sbx_kill(srv, sb, "create failed");
+                return http_reply_error(req->conn, 500, "out of memory");
+        }
+        enum MHD_Result mr = http_reply_json(req->conn, 201, sandbox_created_json(sb));
+        if (mr == MHD_YES)
+                sbx_create_queued(srv, req);
+        return mr;
 }
 
 static int cmp_started_asc(const void *a, const void *b) {

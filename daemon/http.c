@@ -288,6 +288,7 @@ static void request_free(request *req) {
                 MHD_destroy_response(req->deferred);
         if (req->upload)
                 files_upload_free(req->upload);
+        free(req->created);
         free(req->body);
         free(req->url);
         free(req);
@@ -297,7 +298,12 @@ static void request_free(request *req) {
  * path hides a control byte: never a request, never freed. */
 static char bad_path_marker;
 
+/* MHD calls this once the response has been written to the socket in full
+ * (COMPLETED_OK), or when the request ended without that. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+        request *req = *con_cls;
+        if (req && req != (void *) &bad_path_marker && req->n_created)
+                sbx_create_answered(cls, req, toe);
         if (*con_cls != &bad_path_marker)
                 request_free(*con_cls);
         *con_cls = NULL;

@@ -523,6 +523,9 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         row.cpu_count = sb->cpu_count;
         row.memory_mb = sb->memory_mb;
         row.disk_mb = sb->disk_mb;
+        /* until the 201 has been sent: a crash before that leaves a sandbox
+         * no client knows of, which the next start removes (readopt_one) */
+        row.unanswered = true;
 
         /* The row comes first: a crash between here and the engine leaves a
          * row whose sandbox is missing (ended at the next start), never a
@@ -601,6 +604,58 @@ fail:
         hutch_sandbox_unref(sb->h);
         free(sb);
         return r;
+}
+
+int sbx_create_note(request *req, const sbx *sb) {
+        char(*v)[HUTCH_ID_LEN + 1] = reallocarray(req->created, req->n_created + 1, sizeof *v);
+        if (!v)
+                return -ENOMEM;
+        memcpy(v[req->n_created++], sb->id, sizeof v[0]);
+        req->created = v;
+        return 0;
+}
+
+/* When a create counts as answered: once its 201 is queued, which is just
+ * before libmicrohttpd writes it (in the same call, after the handler
+ * returns). The completion callback, after the write, was the first choice:
+ * but a kill -9 between the write and the database write it then makes
+ * (about 0.5 ms here) removed, at the next start, a sandbox its client had
+ * been told of: 7 of 20 kill -9s sent right after a client got its 201. In
+ * this order the database is written before the answer leaves, and what is
+ * left is a crash in the microseconds between the two, which leaves a
+ * sandbox kept without an answer. */
+static void created_set_answered(server *srv, request *req, bool answered) {
+        const char *ids[64];
+        for (unsigned i = 0; i < req->n_created; i += ELEMENTSOF(ids)) {
+                size_t n = MIN(req->n_created - i, ELEMENTSOF(ids));
+                for (size_t k = 0; k < n; k++)
+                        ids[k] = req->created[i + k];
+                hutch_error err = { 0 };
+                if (store_sandbox_set_answered(srv->store, ids, n, answered, &err) < 0)
+                        log_warning("sandbox %s: database: %s", ids[0], err.msg);
+        }
+}
+
+void sbx_create_queued(server *srv, request *req) {
+        created_set_answered(srv, req, true);
+}
+
+void sbx_create_answered(server *srv, request *req, enum MHD_RequestTerminationCode toe) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+                created_set_answered(srv, req, false);
+        for (unsigned i = 0; toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && i < req->n_created; i++) {
+                const char *id = req->created[i];
+                /* the daemon stops with the answer unsent: the sandbox stays
+                 * (sandboxes outlive the daemon), the next start removes it */
+                if (toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN)
+                        continue;
+                sbx *sb = sbx_find(srv, id);
+                if (!sb)
+                        continue;
+                log_info("sandbox %s: its create was never answered (the client went away): removing it", id);
+                sbx_kill(srv, sb, "create unanswered");
+        }
+        req->n_created = 0;
 }
 
 void sbx_cut_streams(server *srv, sbx *sb) {
@@ -1129,6 +1184,24 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
 
 static int readopt_one(server *srv, const store_sandbox *row) {
         hutch_error err = { 0 };
+        if (row->unanswered) {
+                /* The daemon died before the client got its 201: nobody
+                 * knows this sandbox's id or token, and it would hold one of
+                 * its team's sandboxes until its timeout. Removed, whether
+                 * its engine had finished or not; the client's create failed
+                 * and it creates again. */
+                log_info("sandbox %s: its create was never answered; removing it", row->id);
+                pause_image_remove(srv, row->id);
+                int r = hutch_sandbox_remove(srv->ctx, row->id, &err);
+                if (r < 0 && r != -ENOENT)
+                        log_warning("sandbox %s: %s", row->id, err.msg);
+                hutch_error e2 = { 0 };
+                if (store_sandbox_end(srv->store, row->id, wall_ms(), "create unanswered", &e2) < 0)
+                        log_error("sandbox %s: database: %s", row->id, e2.msg);
+                (void) store_event_add(srv->store, row->team_id, row->id, "sandbox.end",
+                                       "{\"reason\":\"create unanswered\"}", &e2);
+                return 0;
+        }
         sbx *sb = sbx_alloc(srv);
         if (!sb)
                 return -ENOMEM;

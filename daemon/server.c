@@ -72,6 +72,7 @@ static const struct cfg_entry {
         { "egress-deny", CFG_LIST, S(egress_deny), 0, 0, "", "destinations no sandbox may reach, whatever it asks (rules, comma-separated)" },
         { "egress-open", CFG_LIST, S(egress_open), 0, 0, "", "reserved ranges (private, link-local, ...) to open, comma-separated CIDRs" },
         { "dns", CFG_LIST, S(dns), 0, 0, "", "nameservers the egress proxy asks (comma-separated IPs; empty: /etc/resolv.conf's)" },
+        { "retention", CFG_SECONDS, U(retention_s), 1, 87600 * 3600, "168h", "how long the database keeps ended sandboxes' rows and events, and egress records (pruned at start and then every retention/2, at most every 10 minutes)" },
         { "max-snapshots-per-team", CFG_U64, U(max_snapshots_per_team), 1, 1000000, "100", "snapshots a team may keep (429 beyond)" },
         { "snapshot-reserve", CFG_SIZE, U(snapshot_reserve_bytes), 0, 1ull << 50, "1G", "free disk a snapshot must leave on the data dir's file system (507 otherwise)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
@@ -257,6 +258,68 @@ bool const_time_eq(const char *a, const char *b) {
         for (size_t i = 0; i < la; i++)
                 d |= (unsigned char) a[i] ^ (unsigned char) (i < lb ? b[i] : 0);
         return d == 0;
+}
+
+/* ---------------------------------------------------------- housekeeping */
+
+/* Rows per table and per loop turn: one short transaction each, so that a
+ * backlog (a first start after an upgrade, a long retention shortened) is
+ * worked through between requests instead of stalling them. */
+#define PRUNE_BATCH 200
+#define HOUSEKEEPING_INTERVAL_MAX_MS (600 * 1000)
+
+static int64_t housekeeping_interval_ms(const server *srv) {
+        uint64_t half = srv->cfg.retention_s * 1000 / 2;
+        return half < 1000 ? 1000 : half > HOUSEKEEPING_INTERVAL_MAX_MS ? HOUSEKEEPING_INTERVAL_MAX_MS : (int64_t) half;
+}
+
+/* Retention (issue #19): a pass deletes what is older than `retention` in
+ * batches, one per call, then removes unused versions of the host template
+ * and truncates the WAL. Returns when it wants to run again: now while a
+ * pass has more to delete. */
+static int64_t housekeeping(server *srv, int64_t now) {
+        if (!srv->pruning) {
+                if (now < srv->housekeeping_due_ms)
+                        return srv->housekeeping_due_ms;
+                srv->pruning = true;
+                srv->pruned = (store_prune_counts){ 0 };
+        }
+        hutch_error err = { 0 };
+        store_prune_counts c = { 0 };
+        int r = store_prune(srv->store, now - (int64_t) srv->cfg.retention_s * 1000, PRUNE_BATCH, &c, &err);
+        srv->pruned.sandboxes += c.sandboxes;
+        srv->pruned.events += c.events;
+        srv->pruned.egress += c.egress;
+        if (r > 0)
+                return now; /* more next turn */
+        if (r < 0)
+                log_warning("retention: %s (trying again at the next pass)", err.msg);
+        srv->pruning = false;
+        /* host template versions that no sandbox uses any more */
+        hutch_error e2 = { 0 };
+        int k = hutch_template_gc(srv->ctx, &e2);
+        if (k < 0)
+                log_warning("templates: %s", e2.msg);
+        else if (k > 0)
+                log_info("templates: removed %d unused version(s) of the host template", k);
+        srv->housekeeping_due_ms = now + housekeeping_interval_ms(srv);
+        const store_prune_counts *p = &srv->pruned;
+        if (p->sandboxes + p->events + p->egress > 0) {
+                log_info("retention: removed %lld ended sandboxes, %lld events and %lld egress records older than "
+                         "%llu s",
+                         (long long) p->sandboxes, (long long) p->events, (long long) p->egress,
+                         (unsigned long long) srv->cfg.retention_s);
+                srv->checkpoint_pending = true;
+        }
+        /* the WAL keeps its largest size (about 4 MB at SQLite's automatic
+         * checkpoint) until truncated; busy: the next pass tries again */
+        if (srv->checkpoint_pending) {
+                if (store_checkpoint(srv->store, &err) < 0)
+                        log_debug("retention: %s", err.msg);
+                else
+                        srv->checkpoint_pending = false;
+        }
+        return srv->housekeeping_due_ms;
 }
 
 /* ------------------------------------------------------------------ loop */
@@ -654,6 +717,9 @@ int server_run(const server_config *cfg) {
                         if (srv->n_pool < srv->cfg.pool_size && wall_ms() >= srv->pool_backoff_ms)
                                 next = wall_ms(); /* go on filling without sleeping */
                 }
+                int64_t hk = housekeeping(srv, wall_ms());
+                if (next < 0 || hk < next)
+                        next = hk;
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
                 if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)

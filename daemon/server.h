@@ -66,6 +66,7 @@ typedef struct server_config {
         uint64_t egress_connections; /* per sandbox, open at once */
         uint64_t egress_bandwidth;   /* per sandbox and direction, bytes/s; 0: unlimited */
         uint64_t egress_records;     /* decisions recorded per sandbox per second */
+        uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
 } server_config;
@@ -236,6 +237,12 @@ struct server {
         unsigned n_pool;
         int64_t pool_backoff_ms; /* after a failed fill, wait until then */
         bool pool_dirty;         /* pool-ids to rewrite once the claimed sandbox has its row */
+        /* housekeeping (server.c): a pass prunes the database in batches,
+         * one per loop turn, then waits for the next */
+        int64_t housekeeping_due_ms;
+        bool pruning;            /* a pass is under way */
+        bool checkpoint_pending; /* rows were deleted and the WAL not truncated since */
+        store_prune_counts pruned; /* what this pass removed so far */
 };
 
 /* ---------------------------------------------------------------- http.c */
@@ -260,6 +267,10 @@ struct request {
         bool data_plane;             /* routed to a sandbox's envd */
         int64_t team;                /* control plane: the API key's team */
         char sbx_id[HUTCH_ID_LEN + 1];
+        /* sandboxes this request created, whose rows stay marked unanswered
+         * until its response has been sent (sbx_create_answered) */
+        char (*created)[HUTCH_ID_LEN + 1];
+        unsigned n_created;
 };
 
 enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
@@ -299,7 +310,18 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded);
 
 sbx *sbx_find(server *srv, const char *id);
 sbx *sbx_find_team(server *srv, const char *id, int64_t team);
+/* The row is written before the engine starts the sandbox, marked
+ * unanswered (a restart removes such sandboxes): the caller notes the
+ * sandbox on its request (sbx_create_note), queues the answer and then
+ * calls sbx_create_queued, which clears the mark. */
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err);
+int sbx_create_note(request *req, const sbx *sb);
+void sbx_create_queued(server *srv, request *req);
+/* The request that created these sandboxes is over. When its answer could
+ * not be written (the client went away) they are killed, as nobody holds
+ * their ids; at a daemon shutdown they are marked unanswered again and left
+ * for the next start. */
+void sbx_create_answered(server *srv, request *req, enum MHD_RequestTerminationCode toe);
 int sbx_kill(server *srv, sbx *sb, const char *reason);
 int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err);
 /* Write sb->extra (lifecycle and network) to its row. */

@@ -461,7 +461,11 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                                                              status >= 500 ? "the fork failed (the daemon's log has why)"
                                                                            : e2.msg));
                 }
-                else
+                else if (sbx_create_note(req, child) < 0) {
+                        sbx_kill(srv, child, "create failed");
+                        json_array_append_new(out, json_pack("{s:{s:i, s:s}}", "error", "code", 500, "message",
+                                                             "out of memory"));
+                } else
                         json_array_append_new(out, json_pack("{s:o}", "sandbox", sandbox_created_json(child)));
         }
         json_decref(envs);
@@ -475,5 +479,8 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
         snap_path(srv, sn.id, path, sizeof path);
         (void) store_snapshot_delete(srv->store, sn.team_id, sn.id, &err);
         unlink(path);
-        return http_reply_json(req->conn, 201, out);
+        enum MHD_Result mr = http_reply_json(req->conn, 201, out);
+        if (mr == MHD_YES)
+                sbx_create_queued(srv, req);
+        return mr;
 }

@@ -151,6 +151,13 @@ int hutch_sandbox_tie_lifetime(hutch_sandbox *sb, hutch_error *err);
 /* Remove every sandbox whose init is no longer alive. Returns how many. */
 int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err);
 
+/* Remove the versions of the data dir's `host` template that are not the
+ * current one and that no sandbox of the run dir uses (its state file names
+ * the version it was made from; a sandbox that is being created holds its
+ * version locked). Never waits: returns 0 while another process builds the
+ * template. Returns how many versions (and crash leftovers) it removed. */
+int hutch_template_gc(hutch_ctx *ctx, hutch_error *err);
+
 /* Freeze / thaw every process of the sandbox (cgroup freezer). */
 int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err);
 int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err);

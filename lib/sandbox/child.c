@@ -313,6 +313,14 @@ static void child_setup(const child_config *c) {
         uint32_t n_binds = 0;
         int layer_fd = -1, *bind_fds;
 
+        /* The child has its own copy of the parent's descriptors (no
+         * CLONE_FILES), the parent's end of the bootstrap socketpair
+         * included: held here, a parent killed before it sent the bootstrap
+         * left the child in recvmsg() for ever, holding every descriptor of
+         * the daemon (its port, DATA_DIR/serve.lock: no restart). Without
+         * it, the parent's death is an EOF and the child exits. */
+        close(c->parent_conn);
+
         /* 0. Join the sandbox's cgroup (unless clone3 put us there): a v1
          *    migration waits for an RCU grace period, so it runs here while
          *    the parent prepares the mounts. Then a cgroup namespace rooted

@@ -46,6 +46,7 @@ struct hutch_sandbox {
         char id[HUTCH_ID_LEN + 1];
         char template_name[64];
         char owner[128];   /* hutch_sandbox_config.owner, for hutch ps */
+        char *template_root; /* the template version's rootfs it was made from (state: template_root=) */
         char token[HUTCH_TOKEN_LEN + 1];
         char *dir;         /* run_dir/sandboxes/<id> */
         int busy_fd;       /* the dir, flocked while a transition is under way (sandbox_busy_*) */
@@ -136,6 +137,7 @@ typedef struct child_config {
         const char *hostname;
         bool no_new_privs;
         int init_conn;              /* child end of the bootstrap socketpair */
+        int parent_conn;            /* the parent's end, which the child closes at once */
         int sync_fd;                /* write end of the error pipe */
         int init_memfd;
         const struct sock_fprog *seccomp;

@@ -303,14 +303,17 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
 /* ------------------------------------------------------------- state file */
 
 static int state_write(hutch_sandbox *sb, hutch_error *err) {
-        char path[PATH_MAX], buf[2600];
+        char path[PATH_MAX], buf[2600 + PATH_MAX];
         snprintf(path, sizeof path, "%s/state", sb->dir);
+        /* template_root: which version of the template its root (ns: the
+         * overlay's lower layer; gvisor: runsc's root) is, so that
+         * hutch_template_gc() keeps it while the sandbox lives */
         int n = snprintf(buf, sizeof buf,
-                         "id=%s\ntemplate=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
+                         "id=%s\ntemplate=%s\ntemplate_root=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
                          "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
                          "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
                          "cgroup_mount=%s\nbackend=%s\negress_port=%u\nsuspended=%d\nowner=%s\n",
-                         sb->id, sb->template_name, sb->init_pid, sb->init_starttime, sb->uid_slot,
+                         sb->id, sb->template_name, sb->template_root ? sb->template_root : "", sb->init_pid, sb->init_starttime, sb->uid_slot,
                          (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
                          sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
                          sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
@@ -337,6 +340,8 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                 const char *k = line, *v = eq + 1;
                 if (streq(k, "template"))
                         snprintf(sb->template_name, sizeof sb->template_name, "%s", v);
+                else if (streq(k, "template_root") && *v && !sb->template_root)
+                        sb->template_root = strdup(v); /* best effort: written back as read */
                 else if (streq(k, "init_pid")) {
                         sb->init_pid = (pid_t) strtol(v, NULL, 10);
                         have_pid = sb->init_pid > 1;
@@ -525,6 +530,99 @@ static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int l
         return fd_send_with_fds(sock, buf, 2 + t->n_binds * 16, fds, n);
 }
 
+/* ------------------------------------------------------ template versions */
+
+static int users_add_root(template_users *u, const char *root) {
+        char **v = reallocarray(u->roots, u->n_roots + 1, sizeof *v);
+        if (!v)
+                return -ENOMEM;
+        u->roots = v;
+        if (!(v[u->n_roots] = strdup(root)))
+                return -ENOMEM;
+        u->n_roots++;
+        return 0;
+}
+
+static int users_add_unknown(template_users *u, int64_t created_ns) {
+        int64_t *v = reallocarray(u->unknown_created_ns, u->n_unknown + 1, sizeof *v);
+        if (!v)
+                return -ENOMEM;
+        u->unknown_created_ns = v;
+        v[u->n_unknown++] = created_ns;
+        return 0;
+}
+
+/* Which template versions the sandboxes of the run dir use, from their
+ * state files. Every hutch sharing the run dir is seen, whatever its data
+ * dir: another data dir's roots never match ours. A directory without a
+ * state file is a create under way (or one that died, until `hutch gc`):
+ * this hutch's creates hold their version locked, but an older hutch's do
+ * not, so it keeps every version built before the directory changed last. */
+static int template_users_scan(void *arg, template_users *ret, hutch_error *err) {
+        hutch_ctx *ctx = arg;
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/sandboxes", ctx->run_dir);
+        _cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return errno == ENOENT ? 0 : hutch_error_set(err, -errno, "opening %s: %m", dir);
+        int dup_fd = dup(dfd);
+        DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+        if (!d) {
+                safe_close(dup_fd);
+                return hutch_error_set(err, -errno, "reading %s: %m", dir);
+        }
+        template_users u = { 0 };
+        int r = 0;
+        for (struct dirent *de; r >= 0 && (de = readdir(d));) {
+                if (de->d_name[0] == '.')
+                        continue;
+                char p[NAME_MAX + 16];
+                snprintf(p, sizeof p, "%s/state", de->d_name);
+                _cleanup_free_ char *buf = NULL;
+                if (read_file_at(dfd, p, 16384, &buf) < 0) {
+                        struct stat st;
+                        if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+                                r = users_add_unknown(&u, (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec);
+                        continue;
+                }
+                const char *root = NULL;
+                int64_t created = 0;
+                for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                        if (startswith(line, "template_root="))
+                                root = line + strlen("template_root=");
+                        else if (startswith(line, "created_ns="))
+                                created = strtoll(line + strlen("created_ns="), NULL, 10);
+                }
+                if (root && *root)
+                        r = users_add_root(&u, root);
+                else /* written before template_root= existed: every older version may be its */
+                        r = users_add_unknown(&u, created > 0 ? created : INT64_MAX);
+        }
+        closedir(d);
+        if (r < 0) {
+                template_users_clear(&u);
+                return hutch_error_set(err, r, "out of memory");
+        }
+        *ret = u;
+        return 0;
+}
+
+int hutch_template_gc(hutch_ctx *ctx, hutch_error *err) {
+        return template_gc(ctx->data_dir, template_users_scan, ctx, false, err);
+}
+
+/* The create is complete and its state names its template version: let go
+ * of the version; after a rebuild, remove the versions nothing uses any more
+ * (best effort: the daemon's housekeeping and `hutch gc` do it too). */
+static void create_done(hutch_ctx *ctx, hutch_template *tpl) {
+        bool rebuilt = tpl->rebuilt;
+        template_free(tpl);
+        if (rebuilt) {
+                hutch_error e = { 0 };
+                (void) hutch_template_gc(ctx, &e);
+        }
+}
+
 int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret, hutch_error *err) {
         hutch_sandbox_config none = { 0 };
         if (!cfg)
@@ -603,6 +701,10 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if (r < 0)
                 goto fail;
         snprintf(sb->template_name, sizeof sb->template_name, "%s", tpl->name);
+        if (!(sb->template_root = strdup(tpl->rootfs))) {
+                r = hutch_error_set(err, -ENOMEM, "out of memory");
+                goto fail;
+        }
 
         if (cfg->id) {
                 if (sandbox_validate_id(cfg->id) < 0) {
@@ -687,7 +789,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                         r = gvisor_after_launch(sb, err);
                 if (r < 0)
                         goto fail;
-                template_free(tpl);
+                create_done(ctx, tpl);
                 sandbox_busy_release(sb);
                 *ret = sb;
                 return 0;
@@ -716,6 +818,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 .hostname = hostname,
                 .no_new_privs = sb->no_new_privs,
                 .init_conn = conn[1],
+                .parent_conn = conn[0],
                 .sync_fd = sync[1],
                 .init_memfd = memfd,
                 .seccomp = prog,
@@ -863,7 +966,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         if ((r = state_write(sb, err)) < 0)
                 goto fail;
-        template_free(tpl);
+        create_done(ctx, tpl);
         sandbox_busy_release(sb);
         *ret = sb;
         return 0;
@@ -1094,6 +1197,7 @@ hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
         initconn_events_free(sb);
         free(sb->rxbuf);
         free(sb->tx);
+        free(sb->template_root);
         free(sb->dir);
         free(sb);
         return NULL;

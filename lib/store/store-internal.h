@@ -9,6 +9,11 @@
 #include "store/store.h"
 #include "util/macro.h"
 
+/* The daemon is one event loop: a lock held longer than this by another
+ * process (a CLI run against the same file) fails the call with -EBUSY
+ * rather than stalling every client. */
+#define STORE_BUSY_TIMEOUT_MS 2000
+
 /* One slot per cached statement. The SQL sits next to the code that runs it;
  * the slot only names where its prepared form is kept. */
 enum store_stmt {
@@ -34,6 +39,10 @@ enum store_stmt {
         STMT_SBX_LIST_LIVE,
         STMT_SBX_COUNT_LIVE,
         STMT_SBX_COUNT_LIVE_ALL,
+        STMT_SBX_ANSWERED,
+        STMT_PRUNE_SANDBOXES,
+        STMT_PRUNE_EVENTS,
+        STMT_PRUNE_EGRESS,
         STMT_TEMPLATE_UPSERT,
         STMT_TEMPLATE_FIND,
         STMT_EVENT_ADD,

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Sandbox records: what a restart needs to re-adopt live sandboxes, and what
  * the API reports about ended ones. An ended sandbox keeps its row (state
- * KILLED, ended_ms, end_reason), so its id is never reused. */
+ * KILLED, ended_ms, end_reason) until the retention removes it
+ * (store-prune.c); ids are 20 random characters, never reused in practice. */
 #include <string.h>
 
 #include "store/store-internal.h"
@@ -9,7 +10,7 @@
 #define SANDBOX_COLUMNS                                                                            \
         "id, team_id, template_id, alias, state, started_ms, end_ms, ended_ms,"                    \
         " metadata_json, env_json, extra_json, cpu_count, memory_mb, disk_mb,"                     \
-        " token_nonce, token_hash, end_reason"
+        " token_nonce, token_hash, end_reason, unanswered"
 
 void store_sandbox_clear(store_sandbox *s) {
         if (!s)
@@ -54,6 +55,7 @@ static int sandbox_from_row(hutch_store *st, sqlite3_stmt *s, store_sandbox *ret
                 .cpu_count = sqlite3_column_int64(s, 11),
                 .memory_mb = sqlite3_column_int64(s, 12),
                 .disk_mb = sqlite3_column_int64(s, 13),
+                .unanswered = sqlite3_column_int(s, 17) != 0,
         };
         int r = store_column_copy(st, s, 0, sb.id, sizeof sb.id, err);
         if (r >= 0)
@@ -106,7 +108,7 @@ int store_sandbox_insert(hutch_store *st, const store_sandbox *s, hutch_error *e
         r = store_stmt(st, STMT_SBX_INSERT,
                        "INSERT INTO sandboxes (" SANDBOX_COLUMNS ")"
                        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,"
-                       " ?16, ?17)",
+                       " ?16, ?17, ?18)",
                        &q, err);
         if (r < 0)
                 return r;
@@ -143,6 +145,8 @@ int store_sandbox_insert(hutch_store *st, const store_sandbox *s, hutch_error *e
                 rc = store_bind_text(q, 16, s->token_hash);
         if (rc == SQLITE_OK)
                 rc = store_bind_text(q, 17, s->end_reason);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_bind_int(q, 18, s->unanswered ? 1 : 0);
         if (rc != SQLITE_OK)
                 return store_fail(st, rc, err, "binding");
         r = store_step_done(st, q, err, "inserting sandbox");
@@ -262,6 +266,49 @@ int store_sandbox_end(hutch_store *st, const char *id, int64_t ended_ms, const c
         if (r == 0)
                 return hutch_error_set(err, -ENOENT, "no sandbox %.64s", id);
         return 0; /* ended before */
+}
+
+static int set_answered_one(hutch_store *st, const char *id, bool answered, hutch_error *err) {
+        if (!id)
+                return hutch_error_set(err, -ENOENT, "no sandbox id");
+        _cleanup_stmt_ sqlite3_stmt *s = NULL;
+        int r = store_stmt(st, STMT_SBX_ANSWERED, "UPDATE sandboxes SET unanswered = ?1 WHERE id = ?2", &s, err);
+        if (r < 0)
+                return r;
+        int rc = sqlite3_bind_int(s, 1, answered ? 0 : 1);
+        if (rc == SQLITE_OK)
+                rc = store_bind_text(s, 2, id);
+        if (rc != SQLITE_OK)
+                return store_fail(st, rc, err, "binding");
+        r = store_step_done(st, s, err, "marking a create answered");
+        if (r < 0)
+                return r;
+        if (sqlite3_changes(st->db) == 0)
+                return hutch_error_set(err, -ENOENT, "no sandbox %.64s", id);
+        return 0;
+}
+
+int store_sandbox_set_answered(hutch_store *st, const char *const *ids, size_t n, bool answered, hutch_error *err) {
+        if (n == 1)
+                return set_answered_one(st, ids[0], answered, err);
+        /* one commit for all: a fork's sandboxes are answered together */
+        int rc = sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+                return store_fail(st, rc, err, "starting a transaction");
+        int r = 0;
+        for (size_t i = 0; i < n && r >= 0; i++) {
+                r = set_answered_one(st, ids[i], answered, err);
+                if (r == -ENOENT)
+                        r = 0; /* the others still are */
+        }
+        if (r >= 0) {
+                rc = sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL);
+                if (rc != SQLITE_OK)
+                        r = store_fail(st, rc, err, "committing");
+        }
+        if (r < 0 && !sqlite3_get_autocommit(st->db))
+                (void) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+        return r;
 }
 
 int store_sandbox_set_extra(hutch_store *st, const char *id, const char *extra_json,

@@ -14,11 +14,6 @@
 #include "store/store-internal.h"
 #include "util/clock.h"
 
-/* The daemon is one event loop: a lock held longer than this by another
- * process (a CLI run against the same file) fails the call with -EBUSY
- * rather than stalling every client. */
-#define STORE_BUSY_TIMEOUT_MS 2000
-
 /* The migrations, oldest first; migrations[i] takes the schema from version i
  * to i + 1. Append only: a released migration is never edited.
  *
@@ -151,6 +146,17 @@ static const char *const migrations[] = {
         "  created_ms INTEGER NOT NULL"
         ") WITHOUT ROWID;"
         "CREATE INDEX snapshots_team ON snapshots(team_id, created_ms);",
+
+        /* 5: retention and unanswered creates. A create's row is marked
+         * unanswered until its 201 has been sent (a restart removes the
+         * sandboxes whose create never was); the indexes let the pruning of
+         * ended rows, old events and old egress records find them without
+         * scanning the tables (store_prune) */
+        "ALTER TABLE sandboxes ADD COLUMN unanswered INTEGER NOT NULL DEFAULT 0 CHECK (unanswered IN (0, 1));"
+        "CREATE INDEX sandboxes_ended ON sandboxes(ended_ms) WHERE state = 3;"
+        "CREATE INDEX events_ts ON events(ts_ms);"
+        "CREATE INDEX egress_log_ts ON egress_log(ts_ms);"
+        "CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id);",
 };
 
 int store_schema_version(void) {

@@ -14,6 +14,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,6 +89,7 @@ typedef struct store_sandbox {
         char token_nonce[33]; /* hex nonce the envd access token is derived from */
         char token_hash[65];  /* hex SHA-256 of the token */
         char end_reason[32];  /* "killed", "timeout", "lost", ... */
+        bool unanswered;      /* its create's answer has not been sent yet */
 } store_sandbox;
 
 void store_sandbox_clear(store_sandbox *s); /* frees the heap strings; accepts NULL */
@@ -109,6 +111,12 @@ int store_sandbox_set_end(hutch_store *st, const char *id, int64_t end_ms, hutch
  * reason are kept); -ENOENT for an unknown id. */
 int store_sandbox_end(hutch_store *st, const char *id, int64_t ended_ms, const char *reason,
                       hutch_error *err);
+/* Clear the unanswered mark of rows inserted with it (their create's answer
+ * is on its way), or set it again (it never left); several ids in one
+ * transaction. -ENOENT for one unknown id (with several, unknown ones are
+ * skipped). */
+int store_sandbox_set_answered(hutch_store *st, const char *const *ids, size_t n, bool answered,
+                               hutch_error *err);
 /* Any sandbox, ended ones included; extra_json NULL stores "{}". */
 int store_sandbox_set_extra(hutch_store *st, const char *id, const char *extra_json,
                             hutch_error *err);
@@ -150,6 +158,26 @@ int store_template_find(hutch_store *st, const char *id_or_alias, store_template
  * grow (an audit chain will build on them). */
 int store_event_add(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *kind,
                     const char *detail_json, hutch_error *err);
+
+/* ------------------------------------------------------------- retention */
+
+/* What one store_prune() call deleted. */
+typedef struct store_prune_counts {
+        int64_t sandboxes, events, egress;
+} store_prune_counts;
+
+/* Delete at most limit rows of each kind older than before_ms (unix ms):
+ * rows of sandboxes that ended before it (not those a snapshot was taken
+ * from, whose rows stay while the snapshot does), events recorded before it
+ * (not those of a live sandbox), and egress records of connections accepted
+ * before it. Live sandboxes' rows are never deleted. Each kind is one short
+ * transaction, so a caller on an event loop calls it again while it returns
+ * a positive total (the rows it deleted) and stops at 0. */
+int store_prune(hutch_store *st, int64_t before_ms, unsigned limit, store_prune_counts *ret, hutch_error *err);
+/* Checkpoint the WAL into the database and truncate it to zero bytes.
+ * Never waits for another connection: -EBUSY when one is reading or
+ * writing (the next call does it). */
+int store_checkpoint(hutch_store *st, hutch_error *err);
 
 /* ------------------------------------------------------------ egress log */
 

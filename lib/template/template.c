@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <dirent.h>
 #include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +20,7 @@
 extern const unsigned char hutch_gvisor_compat_start[];
 extern const unsigned char hutch_gvisor_compat_end[];
 
-#define HOST_TEMPLATE_VERSION "host-7"
+#define HOST_TEMPLATE_VERSION "host-8"
 #define USER_UID 1000
 
 /* Host /etc entries a sandbox needs to behave like the host's userland:
@@ -39,6 +41,9 @@ static const char *const host_etc_copy[] = {
  * an operator's credentials — environment, npmrc, pip.conf, gitconfig —
  * are not in the list above at all.) */
 static const char *const never_copy[] = { "ssl/private", "security/opasswd", NULL };
+
+/* The host's /etc as the template copies it; tests point it elsewhere. */
+static const char *host_etc = "/etc";
 
 static const char *const top_links[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32", NULL };
 
@@ -242,11 +247,11 @@ static int build_host_rootfs(int rfd) {
         }
 
         _cleanup_close_ int efd = openat(rfd, "etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        _cleanup_close_ int host_etc = open("/etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (efd < 0 || host_etc < 0)
+        _cleanup_close_ int etc = open(host_etc, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (efd < 0 || etc < 0)
                 return -errno;
         for (const char *const *e = host_etc_copy; *e; e++) {
-                r = copy_tree(host_etc, *e, efd, *e, *e, 0);
+                r = copy_tree(etc, *e, efd, *e, *e, 0);
                 if (r < 0)
                         return r;
         }
@@ -284,7 +289,7 @@ static int build_host_rootfs(int rfd) {
         for (const char *const *s = skel; *s; s++) {
                 char p[64];
                 snprintf(p, sizeof p, "skel/%s", *s);
-                r = copy_tree(host_etc, p, hfd, *s, p, 0);
+                r = copy_tree(etc, p, hfd, *s, p, 0);
                 if (r < 0)
                         return r;
                 (void) fchownat(hfd, *s, USER_UID, USER_UID, AT_SYMLINK_NOFOLLOW);
@@ -292,18 +297,181 @@ static int build_host_rootfs(int rfd) {
         return 0;
 }
 
-/* What the host template depends on: when any of these changes (a package
- * install updates the loader cache or alternatives), the template is rebuilt. */
-static void host_inputs_stamp(char *buf, size_t n) {
-        static const char *const inputs[] = { "/etc", "/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl",
-                                               "/etc/ssl/certs", "/etc/pam.d", "/etc/profile.d", "/etc/security",
-                                               "/etc/skel", NULL };
-        size_t off = (size_t) snprintf(buf, n, "%s", HOST_TEMPLATE_VERSION);
-        for (const char *const *p = inputs; *p && off < n; p++) {
-                struct stat st;
-                long long m = stat(*p, &st) == 0 ? (long long) st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec : 0;
-                off += (size_t) snprintf(buf + off, n - off, " %lld", m);
+/* ------------------------------------------------------------ the stamp */
+
+void template_set_host_etc(const char *dir) {
+        host_etc = dir && *dir ? dir : "/etc";
+}
+
+typedef struct strbuf {
+        char *p;
+        size_t len, cap;
+        bool oom;
+} strbuf;
+
+static void sb_addf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_addf(strbuf *b, const char *fmt, ...) {
+        if (b->oom)
+                return;
+        for (;;) {
+                va_list ap;
+                va_start(ap, fmt);
+                int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+                va_end(ap);
+                if (n < 0) {
+                        b->oom = true;
+                        return;
+                }
+                if (b->p && b->len + (size_t) n < b->cap) {
+                        b->len += (size_t) n;
+                        return;
+                }
+                size_t cap = b->cap ? b->cap : 4096;
+                while (cap <= b->len + (size_t) n)
+                        cap *= 2;
+                char *q = realloc(b->p, cap);
+                if (!q) {
+                        b->oom = true;
+                        return;
+                }
+                b->p = q;
+                b->cap = cap;
         }
+}
+
+/* What an input looks like: type, inode, change and modification times,
+ * size. A file replaced (as package managers do: write, then rename), an
+ * entry added to or removed from a directory, a changed mode or owner all
+ * change it. */
+static void input_sig(const struct stat *st, char *buf, size_t n) {
+        char type = S_ISDIR(st->st_mode) ? 'd' : S_ISLNK(st->st_mode) ? 'l' : S_ISREG(st->st_mode) ? 'f' : 'o';
+        snprintf(buf, n, "%c:%llu:%lld.%09ld:%lld.%09ld:%lld", type, (unsigned long long) st->st_ino,
+                 (long long) st->st_mtim.tv_sec, st->st_mtim.tv_nsec, (long long) st->st_ctim.tv_sec,
+                 st->st_ctim.tv_nsec, (long long) st->st_size);
+}
+
+static bool never_copied(const char *rel) {
+        for (const char *const *n = never_copy; *n; n++)
+                if (streq(rel, *n))
+                        return true;
+        return false;
+}
+
+/* One line per input "<path>\t<sig>": the entry itself when top (an entry
+ * of host_etc_copy or a file of skel), and every directory below it that
+ * copy_tree would enter. Files below a directory are not listed: adding,
+ * removing or replacing one changes its directory's times. */
+static void manifest_walk(int dfd, const char *name, const char *rel, unsigned depth, bool top, strbuf *out) {
+        struct stat st;
+        char sig[128];
+        if (depth > 16 || never_copied(rel))
+                return;
+        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+                if (top)
+                        sb_addf(out, "%s\t-\n", rel);
+                return;
+        }
+        if (!top && !S_ISDIR(st.st_mode))
+                return;
+        /* names with a tab or newline are not listed (their directory is) */
+        if (strpbrk(rel, "\t\n"))
+                return;
+        input_sig(&st, sig, sizeof sig);
+        sb_addf(out, "%s\t%s\n", rel, sig);
+        /* copy_tree enters only directories every host user may read */
+        if (!S_ISDIR(st.st_mode) || (st.st_mode & (S_IROTH | S_IXOTH)) != (S_IROTH | S_IXOTH))
+                return;
+        _cleanup_close_ int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        int dup_fd = fd >= 0 ? dup(fd) : -1;
+        DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+        if (!d) {
+                safe_close(dup_fd);
+                sb_addf(out, "%s/\t?\n", rel); /* unreadable now: a rebuild next time */
+                return;
+        }
+        for (struct dirent *de; (de = readdir(d));) {
+                if (streq(de->d_name, ".") || streq(de->d_name, "..") ||
+                    (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN))
+                        continue;
+                char sub[PATH_MAX];
+                if ((size_t) snprintf(sub, sizeof sub, "%s/%s", rel, de->d_name) >= sizeof sub)
+                        continue;
+                manifest_walk(fd, de->d_name, sub, depth + 1, false, out);
+        }
+        closedir(d);
+}
+
+/* The host template's stamp: what it was built from. Only inputs the build
+ * really copies count (an earlier stamp held /etc's own mtime, so any file
+ * written anywhere in /etc, such as another tenant's package install,
+ * rebuilt it). Line 1 is the builder's version; then the host's top-level
+ * links (their targets are mirrored) and the /etc manifest. */
+int template_host_stamp(char **ret) {
+        strbuf b = { 0 };
+        sb_addf(&b, "%s\n", HOST_TEMPLATE_VERSION);
+        for (const char *const *l = top_links; *l; l++) {
+                char host[64], sig[128];
+                struct stat st;
+                snprintf(host, sizeof host, "/%s", *l);
+                if (lstat(host, &st) < 0)
+                        sb_addf(&b, "%s\t-\n", host);
+                else {
+                        input_sig(&st, sig, sizeof sig);
+                        sb_addf(&b, "%s\t%s\n", host, sig);
+                }
+        }
+        _cleanup_close_ int etc = open(host_etc, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (etc < 0) {
+                free(b.p);
+                return -errno;
+        }
+        for (const char *const *e = host_etc_copy; *e; e++)
+                manifest_walk(etc, *e, *e, 0, true, &b);
+        /* skel's files are copied into /home/user: in-place edits count */
+        static const char *const skel[] = { "skel/.bashrc", "skel/.profile", "skel/.bash_logout", NULL };
+        for (const char *const *k = skel; *k; k++)
+                manifest_walk(etc, *k, *k, 0, true, &b);
+        if (b.oom) {
+                free(b.p);
+                return -ENOMEM;
+        }
+        *ret = b.p;
+        return 0;
+}
+
+/* Whether a stamp still describes the host: each listed input is stat()ed
+ * again and compared (no directory is read, so the check costs one lstat
+ * per line, about 70 on Debian 12, on every create). */
+bool template_host_stamp_current(const char *stamp) {
+        const char *nl = strchr(stamp, '\n');
+        if (!nl || (size_t) (nl - stamp) != strlen(HOST_TEMPLATE_VERSION) ||
+            strncmp(stamp, HOST_TEMPLATE_VERSION, (size_t) (nl - stamp)) != 0)
+                return false;
+        _cleanup_close_ int etc = open(host_etc, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (etc < 0)
+                return false;
+        for (const char *line = nl + 1; *line;) {
+                const char *end = strchr(line, '\n'), *tab = memchr(line, '\t', end ? (size_t) (end - line) : 0);
+                if (!end || !tab || tab == line)
+                        return false;
+                char path[PATH_MAX], want[160], sig[128] = "-";
+                size_t pl = (size_t) (tab - line), sl = (size_t) (end - tab - 1);
+                if (pl >= sizeof path || sl >= sizeof want)
+                        return false;
+                memcpy(path, line, pl);
+                path[pl] = 0;
+                memcpy(want, tab + 1, sl);
+                want[sl] = 0;
+                struct stat st;
+                if (streq(want, "?"))
+                        return false; /* a directory the build could not read */
+                if ((path[0] == '/' ? lstat(path, &st) : fstatat(etc, path, &st, AT_SYMLINK_NOFOLLOW)) == 0)
+                        input_sig(&st, sig, sizeof sig);
+                if (!streq(sig, want))
+                        return false;
+                line = end + 1;
+        }
+        return true;
 }
 
 static int template_load(const char *tdir, const char *name, hutch_template **ret, hutch_error *err) {
@@ -314,6 +482,7 @@ static int template_load(const char *tdir, const char *name, hutch_template **re
         hutch_template *t = calloc(1, sizeof *t);
         if (!t)
                 return hutch_error_set(err, -ENOMEM, "out of memory");
+        t->lock_fd = -1;
         t->name = strdup(name);
         t->rootfs = strdup(real);
         if (!t->name || !t->rootfs) {
@@ -338,42 +507,119 @@ static int template_load(const char *tdir, const char *name, hutch_template **re
         return 0;
 }
 
-static int host_template_ensure(const char *tpl_root, hutch_error *err) {
-        char link[PATH_MAX], stamp[512], cur[512] = "";
-        snprintf(link, sizeof link, "%s/host", tpl_root);
-        host_inputs_stamp(stamp, sizeof stamp);
+/* -------------------------------------------------------------- versions */
 
-        char marker[PATH_MAX];
-        snprintf(marker, sizeof marker, "%s/template.stamp", link);
+/* A version is DATA_DIR/templates/host.<ns since the epoch, at its build>;
+ * the symlink `host` names the current one. */
+static bool version_name_valid(const char *n, int64_t *ret_ns) {
+        if (strncmp(n, "host.", 5) != 0 || !n[5] || strlen(n) > 40)
+                return false;
+        int64_t v = 0;
+        for (const char *p = n + 5; *p; p++) {
+                if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10)
+                        return false;
+                v = v * 10 + (*p - '0');
+        }
+        if (ret_ns)
+                *ret_ns = v;
+        return true;
+}
+
+static int current_version(int rootfd, char *buf, size_t n) {
+        ssize_t k = readlinkat(rootfd, "host", buf, n - 1);
+        if (k < 0)
+                return -errno;
+        buf[k] = 0;
+        return version_name_valid(buf, NULL) ? 0 : -EINVAL;
+}
+
+/* The version's directory, flocked shared: a sandbox is being made from it,
+ * and template_gc() skips a version it cannot lock exclusively. GC renames a
+ * version away before removing it, so a directory that is not at its name
+ * any more once the lock is ours was removed meanwhile: -ESTALE. */
+static int version_open_shared(int rootfd, const char *vname) {
+        _cleanup_close_ int fd = openat(rootfd, vname, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+                return -errno;
+        while (flock(fd, LOCK_SH) < 0)
+                if (errno != EINTR)
+                        return -errno;
+        struct stat a, b;
+        if (fstat(fd, &a) < 0)
+                return -errno;
+        if (fstatat(rootfd, vname, &b, AT_SYMLINK_NOFOLLOW) < 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev)
+                return -ESTALE;
+        return TAKE_FD(fd);
+}
+
+static bool version_current(int vfd) {
         _cleanup_free_ char *have = NULL;
-        if (read_file_at(AT_FDCWD, marker, sizeof cur - 1, &have) >= 0 && streq(have, stamp))
-                return 0;
+        return read_file_at(vfd, "template.stamp", 1 << 20, &have) >= 0 && template_host_stamp_current(have);
+}
 
+/* The current version, up to date with the host, locked shared (its fd to
+ * *ret_vfd, its name to vname); built first when there is none or the host
+ * changed an input. */
+static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, int *ret_vfd, bool *ret_rebuilt,
+                                hutch_error *err) {
         int r = mkdir_p(tpl_root, 0755);
         if (r < 0)
                 return hutch_error_set(err, r, "creating %s: %s", tpl_root, strerror(-r));
-        char lockp[PATH_MAX];
-        snprintf(lockp, sizeof lockp, "%s/.lock", tpl_root);
-        _cleanup_close_ int lfd = lock_file_take(AT_FDCWD, lockp);
-        if (lfd < 0)
-                return hutch_error_set(err, lfd, "locking %s: %s", lockp, strerror(-lfd));
-        free(have);
-        have = NULL;
-        if (read_file_at(AT_FDCWD, marker, sizeof cur - 1, &have) >= 0 && streq(have, stamp))
-                return 0; /* built by someone else meanwhile */
+        _cleanup_close_ int rootfd = open(tpl_root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (rootfd < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", tpl_root);
+        /* without the lock: the common case costs a readlink, a flock and
+         * the stamp's lstats */
+        for (unsigned attempt = 0; attempt < 8; attempt++) {
+                if (current_version(rootfd, vname, vlen) < 0)
+                        break;
+                int vfd = version_open_shared(rootfd, vname);
+                if (vfd == -ESTALE || vfd == -ENOENT)
+                        continue; /* switched and removed under us: read the link again */
+                if (vfd < 0)
+                        break;
+                if (version_current(vfd)) {
+                        *ret_vfd = vfd;
+                        *ret_rebuilt = false;
+                        return 0;
+                }
+                close(vfd);
+                break;
+        }
 
+        _cleanup_close_ int lfd = lock_file_take(rootfd, ".lock");
+        if (lfd < 0)
+                return hutch_error_set(err, lfd, "locking %s/.lock: %s", tpl_root, strerror(-lfd));
+        /* built by someone else meanwhile? (no GC runs while we hold the lock) */
+        if (current_version(rootfd, vname, vlen) == 0) {
+                int vfd = version_open_shared(rootfd, vname);
+                if (vfd >= 0 && version_current(vfd)) {
+                        *ret_vfd = vfd;
+                        *ret_rebuilt = false;
+                        return 0;
+                }
+                safe_close(vfd);
+        }
+
+        _cleanup_free_ char *stamp = NULL;
+        r = template_host_stamp(&stamp);
+        if (r < 0)
+                return hutch_error_set(err, r, "reading the host's %s: %s", host_etc, strerror(-r));
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        char vname[64], vdir[PATH_MAX];
-        snprintf(vname, sizeof vname, "host.%lld%09ld", (long long) ts.tv_sec, ts.tv_nsec);
+        snprintf(vname, vlen, "host.%lld%09ld", (long long) ts.tv_sec, ts.tv_nsec);
+        char vdir[PATH_MAX];
         snprintf(vdir, sizeof vdir, "%s/%s", tpl_root, vname);
         if (mkdir(vdir, 0755) < 0)
                 return hutch_error_set(err, -errno, "creating %s: %m", vdir);
-        _cleanup_close_ int vfd = open(vdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (vfd < 0)
-                return hutch_error_set(err, -errno, "opening %s: %m", vdir);
+        _cleanup_close_ int vfd = -1, rfd = -1;
+        vfd = open(vdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (vfd < 0) {
+                r = -errno;
+                goto fail;
+        }
         r = mkdir_at(vfd, "rootfs", 0755, 0, 0);
-        _cleanup_close_ int rfd = r < 0 ? -1 : openat(vfd, "rootfs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        rfd = r < 0 ? -1 : openat(vfd, "rootfs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (rfd < 0) {
                 r = r < 0 ? r : -errno;
                 goto fail;
@@ -381,17 +627,22 @@ static int host_template_ensure(const char *tpl_root, hutch_error *err) {
         r = build_host_rootfs(rfd);
         if (r < 0)
                 goto fail;
+        /* the stamp was taken before the copy: an input changed during it
+         * fails the next check and rebuilds, never the other way round */
         r = write_at(vfd, "template.stamp", stamp, 0644, 0, 0);
         if (r < 0)
                 goto fail;
         /* Switch the name atomically: symlink to a temp name, rename over. */
-        char tmplink[PATH_MAX];
-        snprintf(tmplink, sizeof tmplink, "%s/.host.new", tpl_root);
-        (void) unlink(tmplink);
-        if (symlink(vname, tmplink) < 0 || rename(tmplink, link) < 0) {
+        (void) unlinkat(rootfd, ".host.new", 0);
+        if (symlinkat(vname, rootfd, ".host.new") < 0 || renameat(rootfd, ".host.new", rootfd, "host") < 0) {
                 r = -errno;
                 goto fail;
         }
+        r = version_open_shared(rootfd, vname);
+        if (r < 0)
+                return hutch_error_set(err, r, "opening %s: %s", vdir, strerror(-r));
+        *ret_vfd = r;
+        *ret_rebuilt = true;
         return 0;
 fail:
         (void) rm_rf_at(AT_FDCWD, vdir);
@@ -406,9 +657,22 @@ int template_resolve(const char *data_dir, const char *name, hutch_template **re
         char tpl_root[PATH_MAX], tdir[PATH_MAX];
         snprintf(tpl_root, sizeof tpl_root, "%s/templates", data_dir);
         if (streq(name, "host")) {
-                int r = host_template_ensure(tpl_root, err);
+                char vname[64];
+                int vfd = -1;
+                bool rebuilt = false;
+                int r = host_template_ensure(tpl_root, vname, sizeof vname, &vfd, &rebuilt, err);
                 if (r < 0)
                         return r;
+                /* the locked version, not the link, which may move on */
+                snprintf(tdir, sizeof tdir, "%s/%s", tpl_root, vname);
+                r = template_load(tdir, name, ret, err);
+                if (r < 0) {
+                        close(vfd);
+                        return r;
+                }
+                (*ret)->lock_fd = vfd;
+                (*ret)->rebuilt = rebuilt;
+                return 0;
         }
         snprintf(tdir, sizeof tdir, "%s/%s", tpl_root, name);
         struct stat st;
@@ -420,7 +684,129 @@ int template_resolve(const char *data_dir, const char *name, hutch_template **re
 void template_free(hutch_template *t) {
         if (!t)
                 return;
+        safe_close(t->lock_fd);
         free(t->name);
         free(t->rootfs);
         free(t);
+}
+
+/* ------------------------------------------------------------ collection */
+
+static bool root_in_use(const template_users *u, const char *rootfs, int64_t built_ns) {
+        for (size_t i = 0; i < u->n_roots; i++)
+                if (streq(u->roots[i], rootfs))
+                        return true;
+        /* a sandbox that did not record its version was made from one built
+         * before it was created */
+        for (size_t i = 0; i < u->n_unknown; i++)
+                if (built_ns < u->unknown_created_ns[i])
+                        return true;
+        return false;
+}
+
+int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait, hutch_error *err) {
+        char tpl_root[PATH_MAX], real[PATH_MAX];
+        snprintf(tpl_root, sizeof tpl_root, "%s/templates", data_dir);
+        if (!realpath(tpl_root, real))
+                return errno == ENOENT ? 0 : hutch_error_set(err, -errno, "%s: %m", tpl_root);
+        _cleanup_close_ int rootfd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (rootfd < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", real);
+        /* not while a version is being built (nor by two collectors) */
+        _cleanup_close_ int lfd = wait ? lock_file_take(rootfd, ".lock") : lock_file_try(rootfd, ".lock");
+        if (lfd == -EWOULDBLOCK)
+                return 0; /* a build is under way: the next call */
+        if (lfd < 0)
+                return hutch_error_set(err, lfd, "locking %s/.lock: %s", real, strerror(-lfd));
+        char cur[64] = "";
+        (void) current_version(rootfd, cur, sizeof cur);
+
+        struct victim {
+                char name[64];
+                int fd;
+                int64_t built_ns;
+        } *v = NULL;
+        size_t n = 0, cap = 0;
+        int removed = 0, r = 0;
+        int dup_fd = dup(rootfd);
+        DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+        if (!d) {
+                safe_close(dup_fd);
+                return hutch_error_set(err, -errno, "reading %s: %m", real);
+        }
+        for (struct dirent *de; (de = readdir(d));) {
+                const char *nm = de->d_name;
+                int64_t built = 0;
+                /* what a crash left: a half-switched link, a half-removed version */
+                if (streq(nm, ".host.new") || strncmp(nm, ".trash-", 7) == 0) {
+                        if (rm_rf_at(rootfd, nm) >= 0)
+                                removed++;
+                        continue;
+                }
+                if (!version_name_valid(nm, &built) || streq(nm, cur) || strlen(nm) >= sizeof v->name)
+                        continue;
+                /* a sandbox being made from it holds it shared */
+                int fd = openat(rootfd, nm, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+                if (fd < 0)
+                        continue;
+                if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                        close(fd);
+                        continue;
+                }
+                if (n == cap) {
+                        size_t nc = cap ? cap * 2 : 8;
+                        struct victim *nv = reallocarray(v, nc, sizeof *v);
+                        if (!nv) {
+                                close(fd);
+                                r = hutch_error_set(err, -ENOMEM, "out of memory");
+                                break;
+                        }
+                        v = nv;
+                        cap = nc;
+                }
+                snprintf(v[n].name, sizeof v[n].name, "%s", nm);
+                v[n].fd = fd;
+                v[n].built_ns = built;
+                n++;
+        }
+        closedir(d);
+
+        /* Who uses what is read only now, with the candidates locked: a
+         * create that held one shared has written its state by the time it
+         * let go, and a new create cannot pick a version that is not current. */
+        template_users u = { 0 };
+        if (r >= 0 && n > 0)
+                r = users(arg, &u, err);
+        for (size_t i = 0; r >= 0 && i < n; i++) {
+                char rootfs[PATH_MAX], trash[80];
+                snprintf(rootfs, sizeof rootfs, "%s/%s/rootfs", real, v[i].name);
+                if (root_in_use(&u, rootfs, v[i].built_ns))
+                        continue;
+                snprintf(trash, sizeof trash, ".trash-%s", v[i].name);
+                if (renameat(rootfd, v[i].name, rootfd, trash) < 0) {
+                        r = hutch_error_set(err, -errno, "renaming %s/%s: %m", real, v[i].name);
+                        break;
+                }
+                int k = rm_rf_at(rootfd, trash);
+                if (k < 0) {
+                        r = hutch_error_set(err, k, "removing %s/%s: %s", real, trash, strerror(-k));
+                        break;
+                }
+                removed++;
+        }
+        for (size_t i = 0; i < n; i++)
+                close(v[i].fd);
+        free(v);
+        template_users_clear(&u);
+        return r < 0 ? r : removed;
+}
+
+void template_users_clear(template_users *u) {
+        if (!u)
+                return;
+        for (size_t i = 0; i < u->n_roots; i++)
+                free(u->roots[i]);
+        free(u->roots);
+        free(u->unknown_created_ns);
+        *u = (template_users){ 0 };
 }

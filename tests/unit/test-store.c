@@ -15,6 +15,7 @@
 #include "store/store.h"
 #include "tap.h"
 #include "util/fsutil.h"
+#include "util/macro.h"
 
 static char db_path[512];
 
@@ -350,6 +351,130 @@ static void test_sandboxes(hutch_store *st, int64_t team, int64_t other_team) {
            "only c is live");
         store_sandbox_array_free(v, n);
         store_sandbox_array_free(NULL, 0);
+}
+
+/* Retention (store-prune.c): ended rows, events and egress records older than
+ * the cutoff go in batches; live rows, a live sandbox's events and rows a
+ * snapshot names stay. Also the unanswered mark of creates. */
+static long long wal_size(void) {
+        char p[600];
+        snprintf(p, sizeof p, "%s-wal", db_path);
+        struct stat sb;
+        return stat(p, &sb) < 0 ? -1 : (long long) sb.st_size;
+}
+
+static void test_retention(hutch_store *st, int64_t team) {
+        hutch_error err = { 0 };
+        store_sandbox old = sbx("rrrrrrrrrrrrrrrrrrr1", team, 100);
+        store_sandbox recent = sbx("rrrrrrrrrrrrrrrrrrr2", team, 100);
+        store_sandbox snapped = sbx("rrrrrrrrrrrrrrrrrrr3", team, 100);
+        store_sandbox live = sbx("rrrrrrrrrrrrrrrrrrr4", team, 100);
+        store_sandbox fresh = sbx("rrrrrrrrrrrrrrrrrrr5", team, 100);
+        fresh.unanswered = true;
+        ok(store_sandbox_insert(st, &old, &err) == 0 && store_sandbox_insert(st, &recent, &err) == 0 &&
+                   store_sandbox_insert(st, &snapped, &err) == 0 && store_sandbox_insert(st, &live, &err) == 0 &&
+                   store_sandbox_insert(st, &fresh, &err) == 0,
+           "retention rows inserted (%s)", err.msg);
+
+        store_sandbox g = { 0 };
+        ok(store_sandbox_get(st, fresh.id, &g, &err) == 0 && g.unanswered, "an unanswered create reads back so");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_get(st, old.id, &g, &err) == 0 && !g.unanswered, "rows are answered by default");
+        store_sandbox_clear(&g);
+        const char *one[] = { fresh.id }, *two[] = { fresh.id, old.id }, *nope[] = { "nope" };
+        ok(store_sandbox_set_answered(st, one, 1, true, &err) == 0 &&
+                   store_sandbox_get(st, fresh.id, &g, &err) == 0 && !g.unanswered,
+           "marked answered");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_set_answered(st, two, 2, false, &err) == 0 &&
+                   store_sandbox_get(st, fresh.id, &g, &err) == 0 && g.unanswered,
+           "two unanswered again in one transaction");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_get(st, old.id, &g, &err) == 0 && g.unanswered, "the second one too");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_set_answered(st, two + 1, 1, true, &err) == 0, "one answered again");
+        ok(store_sandbox_set_answered(st, nope, 1, true, &err) == -ENOENT, "answered: unknown id is ENOENT");
+        ok(raw_int("UPDATE sandboxes SET unanswered = 2 WHERE id = 'rrrrrrrrrrrrrrrrrrr5'") == -1,
+           "the schema refuses an unanswered value other than 0 and 1");
+
+        ok(store_sandbox_end(st, old.id, 1000, "killed", &err) == 1 &&
+                   store_sandbox_end(st, recent.id, 9000, "killed", &err) == 1 &&
+                   store_sandbox_end(st, snapped.id, 1000, "killed", &err) == 1 &&
+                   store_sandbox_end(st, fresh.id, 1000, "create unanswered", &err) == 1,
+           "ended three long ago, one recently");
+        store_snapshot sn = { .team_id = team, .disk_mb = 1, .bytes = 1, .created_ms = 1 };
+        snprintf(sn.id, sizeof sn.id, "snap_rrrrrrrrrrrrrrrrrrrr");
+        snprintf(sn.sandbox_id, sizeof sn.sandbox_id, "%s", snapped.id);
+        snprintf(sn.template_id, sizeof sn.template_id, "host");
+        ok(store_snapshot_insert(st, &sn, &err) == 0, "a snapshot of one of them (%s)", err.msg);
+
+        const char *evs[] = { old.id, old.id, live.id, snapped.id, NULL };
+        for (size_t i = 0; i < ELEMENTSOF(evs); i++)
+                ok(store_event_add(st, team, evs[i], "retention.test", NULL, &err) == 0, "event %zu", i);
+        ok(raw_int("UPDATE events SET ts_ms = 500 WHERE kind = 'retention.test'") == 5, "events made old");
+        ok(store_event_add(st, team, old.id, "retention.recent", NULL, &err) == 0, "a recent event");
+        for (int i = 0; i < 3; i++) {
+                store_egress e = { .team_id = team, .ts_ms = i < 2 ? 500 : 9000, .kind = (char *) "connect",
+                                   .host = (char *) "example.com", .port = 443, .allowed = true };
+                snprintf(e.sandbox_id, sizeof e.sandbox_id, "%s", i == 1 ? live.id : old.id);
+                ok(store_egress_add(st, &e, &err) == 0, "egress record %d", i);
+        }
+
+        store_prune_counts c = { 0 }, total = { 0 };
+        int calls = 0, r;
+        ok(store_prune(st, 5000, 0, &c, &err) == -EINVAL, "limit 0 is EINVAL");
+        while ((r = store_prune(st, 5000, 1, &c, &err)) > 0 && calls < 100) {
+                ok(c.sandboxes <= 1 && c.events <= 1 && c.egress <= 1, "a batch deletes at most its limit");
+                total.sandboxes += c.sandboxes;
+                total.events += c.events;
+                total.egress += c.egress;
+                calls++;
+        }
+        ok(r == 0 && calls > 1, "batches until nothing is left (%d calls, last %d: %s)", calls, r, err.msg);
+        ok(total.sandboxes == 2 && total.events == 4 && total.egress == 2,
+           "pruned 2 rows, 4 events, 2 egress records (%lld, %lld, %lld)", (long long) total.sandboxes,
+           (long long) total.events, (long long) total.egress);
+        ok(store_sandbox_get(st, old.id, &g, &err) == -ENOENT && store_sandbox_get(st, fresh.id, &g, &err) == -ENOENT,
+           "rows ended before the cutoff are gone");
+        ok(store_sandbox_get(st, recent.id, &g, &err) == 0, "a row ended after the cutoff stays");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_get(st, snapped.id, &g, &err) == 0, "a row a snapshot names stays");
+        store_sandbox_clear(&g);
+        ok(store_sandbox_get(st, live.id, &g, &err) == 0 && g.state == STORE_SBX_RUNNING, "a live row stays");
+        store_sandbox_clear(&g);
+        ok(raw_int("SELECT count(*) FROM events WHERE kind = 'retention.test'") == 1 &&
+                   raw_int("SELECT count(*) FROM events WHERE kind = 'retention.test' AND sandbox_id = "
+                           "'rrrrrrrrrrrrrrrrrrr4'") == 1,
+           "old events go, except a live sandbox's");
+        ok(raw_int("SELECT count(*) FROM events WHERE kind = 'retention.recent'") == 1, "recent events stay");
+        ok(raw_int("SELECT count(*) FROM egress_log WHERE sandbox_id LIKE 'rrrrrrrrrrrrrrrrrrr%'") == 1 &&
+                   raw_int("SELECT ts_ms FROM egress_log WHERE sandbox_id LIKE 'rrrrrrrrrrrrrrrrrrr%'") == 9000,
+           "old egress records go, a live sandbox's too; recent ones stay");
+
+        ok(wal_size() > 0, "the WAL holds pages (%lld bytes)", wal_size());
+        ok(store_checkpoint(st, &err) == 0, "checkpoint (%s)", err.msg);
+        ok(wal_size() == 0, "the WAL is truncated (%lld bytes)", wal_size());
+        {
+                /* a reader elsewhere: the checkpoint does not wait for it */
+                sqlite3 *db = NULL;
+                sqlite3_stmt *s = NULL;
+                ok(store_event_add(st, team, NULL, "retention.wal", NULL, &err) == 0, "a write after it");
+                bool reading = sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+                               sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK &&
+                               sqlite3_prepare_v2(db, "SELECT count(*) FROM events", -1, &s, NULL) == SQLITE_OK &&
+                               sqlite3_step(s) == SQLITE_ROW;
+                ok(reading, "another connection holds a read transaction");
+                ok(store_event_add(st, team, NULL, "retention.wal", NULL, &err) == 0, "a write while it reads");
+                ok(store_checkpoint(st, &err) == -EBUSY, "checkpoint under a reader is EBUSY at once (%s)", err.msg);
+                sqlite3_finalize(s);
+                sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+                sqlite3_close(db);
+                ok(store_checkpoint(st, &err) == 0 && wal_size() == 0, "and works once it is gone");
+        }
+        ok(raw_int("DELETE FROM events WHERE kind LIKE 'retention.%'") >= 0 &&
+                   store_sandbox_end(st, live.id, 9000, "killed", &err) == 1 &&
+                   store_snapshot_delete(st, team, sn.id, &err) == 0,
+           "retention rows cleaned up");
 }
 
 static void test_templates(hutch_store *st, int64_t team) {
@@ -792,6 +917,8 @@ int main(void) {
                    raw_int("SELECT count(*) FROM events WHERE sandbox_id IS NULL AND detail_json = '{}'") ==
                            1,
            "events recorded");
+
+        test_retention(st, team);
 
         /* last_used is written at most once a minute */
         int64_t t0 = 0;
