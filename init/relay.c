@@ -95,6 +95,12 @@ static uint32_t next_chan_id = 1;
 static pid_t runsc_pid;
 static uint64_t max_file;
 static int scratch_fd = -1;
+/* the scratch dir's oom-kills and disk-used, opened at set-up: once the
+ * relay reads the guest's bytes it need not create files by name */
+static int oom_kills_fd = -1, disk_used_fd = -1;
+/* set once the relay is the sandbox's uid: runsc (root) is out of reach of
+ * kill() from then on, and PR_SET_PDEATHSIG takes it down with us */
+static bool dropped;
 #define RELAY_OOM_KILLS_MAX (64 * 1024)
 static uint16_t egress_port;
 /* started by `runsc restore`: the guest still has the old relay's state */
@@ -112,8 +118,10 @@ static void link_update(void);
 
 _noreturn_ static void relay_exit(const char *why, int r) {
         fprintf(stderr, "hutch-relay: %s: %s\n", why, strerror(-r));
-        /* runsc (and the sandbox) go too: nothing could reach them. */
-        if (runsc_pid > 0)
+        /* runsc (and the sandbox) go too: nothing could reach them. After
+         * the drop, its PR_SET_PDEATHSIG does it: runsc runs as root, and a
+         * kill() from the sandbox's uid is EPERM. */
+        if (runsc_pid > 0 && !dropped)
                 (void) kill(runsc_pid, SIGKILL);
         _exit(r < 0 ? 1 : 0);
 }
@@ -705,24 +713,17 @@ static bool guest_said_hello;
  * outlives this relay across a checkpoint's restore). Capped. */
 static void count_oom_kills(uint32_t n) {
         static const uint8_t ones[256] = { 0 };
-        int fd = openat(scratch_fd, "oom-kills", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd < 0)
-                return;
         struct stat st;
-        if (fstat(fd, &st) == 0 && st.st_size < RELAY_OOM_KILLS_MAX)
-                (void) !write(fd, ones, MIN(n, sizeof ones));
-        close(fd);
+        if (oom_kills_fd >= 0 && fstat(oom_kills_fd, &st) == 0 && st.st_size < RELAY_OOM_KILLS_MAX)
+                (void) !write(oom_kills_fd, ones, MIN(n, sizeof ones));
 }
 
 /* The guest's latest count of the writable layer's bytes, as 8 bytes
  * (little-endian) in the scratch dir's "disk-used", which the engine's
  * stats read (clamped to the disk limit there: the guest is not trusted). */
 static void note_disk_used(const uint8_t *v) {
-        int fd = openat(scratch_fd, "disk-used", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd < 0)
-                return;
-        (void) !pwrite(fd, v, 8, 0);
-        close(fd);
+        if (disk_used_fd >= 0)
+                (void) !pwrite(disk_used_fd, v, 8, 0);
 }
 
 static int on_frame(const mux_frame *f, void *userdata) {
@@ -951,6 +952,7 @@ int relay_main(int argc, char **argv) {
             setresuid((uid_t) uid, (uid_t) uid, (uid_t) uid) < 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
             prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
                 relay_exit("dropping privileges", negative_errno());
+        dropped = true;
 
         int r = loop_init();
         if (r < 0)
@@ -959,6 +961,12 @@ int relay_main(int argc, char **argv) {
                              .release = noop_release };
         if (sigchld.fd < 0 || source_add(&sigchld, EPOLLIN) < 0)
                 relay_exit("signalfd", -EIO);
+        /* as the sandbox's uid, like the scratch dir; they outlive this
+         * relay across a checkpoint's restore */
+        oom_kills_fd = openat(scratch_fd, "oom-kills", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        disk_used_fd = openat(scratch_fd, "disk-used", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (oom_kills_fd < 0 || disk_used_fd < 0)
+                relay_exit("the scratch dir's counters", negative_errno());
         int fl = fcntl(sp[0], F_GETFL);
         if (fl < 0 || fcntl(sp[0], F_SETFL, fl | O_NONBLOCK) < 0 || mux_link_init(&mlink, sp[0], sp[0]) < 0)
                 relay_exit("the link", -EIO);
