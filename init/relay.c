@@ -21,6 +21,11 @@
  * RELAY_CHAN_QUEUE_MAX per channel for a client that does not read.
  *
  * The relay exits when runsc does: the sandbox is over.
+ *
+ * Once set up (runsc started, privileges dropped, its loop's descriptors
+ * made) and before it reads a byte of the guest's, the relay loads its own
+ * seccomp filter (lib/sandbox/seccomp-relay.c, compiled at build time): the
+ * calls its loop makes and nothing else, which kills it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +40,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -42,6 +48,7 @@
 #include "init.h"
 #include "util/fdutil.h"
 #include "mux.h"
+#include "relay-seccomp.h"
 
 #define RELAY_LISTEN_FD 3
 #define RELAY_CREATOR_FD 4
@@ -95,8 +102,8 @@ static uint32_t next_chan_id = 1;
 static pid_t runsc_pid;
 static uint64_t max_file;
 static int scratch_fd = -1;
-/* the scratch dir's oom-kills and disk-used, opened at set-up: once the
- * relay reads the guest's bytes it need not create files by name */
+/* the scratch dir's oom-kills and disk-used, opened at set-up (the filter
+ * lets nothing be created by name later) */
 static int oom_kills_fd = -1, disk_used_fd = -1;
 /* set once the relay is the sandbox's uid: runsc (root) is out of reach of
  * kill() from then on, and PR_SET_PDEATHSIG takes it down with us */
@@ -119,8 +126,8 @@ static void link_update(void);
 _noreturn_ static void relay_exit(const char *why, int r) {
         fprintf(stderr, "hutch-relay: %s: %s\n", why, strerror(-r));
         /* runsc (and the sandbox) go too: nothing could reach them. After
-         * the drop, its PR_SET_PDEATHSIG does it: runsc runs as root, and a
-         * kill() from the sandbox's uid is EPERM. */
+         * the drop, its PR_SET_PDEATHSIG does it (a kill() would be EPERM,
+         * and the filter does not allow one). */
         if (runsc_pid > 0 && !dropped)
                 (void) kill(runsc_pid, SIGKILL);
         _exit(r < 0 ? 1 : 0);
@@ -887,6 +894,15 @@ static void noop_release(source *s) {
 
 /* ----------------------------------------------------------------- start */
 
+/* The relay's filter, with no_new_privs already set. TSYNC: every thread
+ * gets it, although the relay has only one. */
+static int relay_seccomp_load(void) {
+        struct relay_bpf_prog prog = { .len = relay_seccomp_filter_len, .filter = relay_seccomp_filter };
+        if (syscall(SYS_seccomp, RELAY_SECCOMP_SET_MODE_FILTER, RELAY_SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0)
+                return negative_errno();
+        return 0;
+}
+
 static int parse_u64(const char *s, uint64_t *ret) {
         char *end;
         errno = 0;
@@ -967,6 +983,10 @@ int relay_main(int argc, char **argv) {
         disk_used_fd = openat(scratch_fd, "disk-used", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
         if (oom_kills_fd < 0 || disk_used_fd < 0)
                 relay_exit("the scratch dir's counters", negative_errno());
+        /* Everything below, and the loop, runs under the relay's filter:
+         * the next byte read may be the guest's. */
+        if ((r = relay_seccomp_load()) < 0)
+                relay_exit("loading the relay's seccomp filter", r);
         int fl = fcntl(sp[0], F_GETFL);
         if (fl < 0 || fcntl(sp[0], F_SETFL, fl | O_NONBLOCK) < 0 || mux_link_init(&mlink, sp[0], sp[0]) < 0)
                 relay_exit("the link", -EIO);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What a build-time filter compiler (seccomp.c) shares with others. Build
- * time only: this header needs libseccomp's.
+ * What the two build-time filter compilers share (seccomp.c: the sandbox's
+ * filter; seccomp-relay.c: the gvisor relay's). Build time only: this
+ * header needs libseccomp's.
  */
 #pragma once
 
