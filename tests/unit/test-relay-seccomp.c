@@ -221,6 +221,19 @@ static long c_rt_sigreturn(void) {
 static long c_x32_getpid(void) {
         return syscall(0x40000000 | SYS_getpid);
 }
+
+/* uretprobe (335) and uprobe (336): the kernel lets both past every filter
+ * (docs/security.md), so the relay's cannot kill a caller for them; what
+ * happens without a uprobe trampoline is SIGILL and ENXIO (EPROTO or SIGILL
+ * on other kernel versions). The child exits with the errno it got. */
+static long c_uretprobe(void) {
+        long r = syscall(335);
+        return syscall(SYS_exit_group, r < 0 ? errno : 0);
+}
+static long c_uprobe(void) {
+        long r = syscall(336);
+        return syscall(SYS_exit_group, r < 0 ? errno : 0);
+}
 #endif
 
 int main(void) {
@@ -279,6 +292,12 @@ int main(void) {
         KILLED(c_rt_sigreturn, "rt_sigreturn (the relay installs no handler)");
 #ifdef __x86_64__
         KILLED(c_x32_getpid, "an x32 syscall");
+        int u = run_case(c_uretprobe);
+        ok(u == SIGSYS || u == SIGILL,
+           "uretprobe: killed by the filter or, past it, SIGILL from the kernel (%d)", u);
+        u = run_case(c_uprobe);
+        ok(u == SIGSYS || u == SIGILL || u == 1000 + ENXIO || u == 1000 + EPROTO,
+           "uprobe: killed by the filter or, past it, refused by the kernel (%d)", u);
 #endif
         (void) unlink("/tmp/hutch-relay-seccomp-test");
         return tap_done();
