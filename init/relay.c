@@ -21,6 +21,11 @@
  * RELAY_CHAN_QUEUE_MAX per channel for a client that does not read.
  *
  * The relay exits when runsc does: the sandbox is over.
+ *
+ * Once set up (runsc started, privileges dropped, its loop's descriptors
+ * made) and before it reads a byte of the guest's, the relay loads its own
+ * seccomp filter (lib/sandbox/seccomp-relay.c, compiled at build time): the
+ * calls its loop makes and nothing else, which kills it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +40,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -42,6 +48,7 @@
 #include "init.h"
 #include "util/fdutil.h"
 #include "mux.h"
+#include "relay-seccomp.h"
 
 #define RELAY_LISTEN_FD 3
 #define RELAY_CREATOR_FD 4
@@ -95,6 +102,12 @@ static uint32_t next_chan_id = 1;
 static pid_t runsc_pid;
 static uint64_t max_file;
 static int scratch_fd = -1;
+/* the scratch dir's oom-kills and disk-used, opened at set-up (the filter
+ * lets nothing be created by name later) */
+static int oom_kills_fd = -1, disk_used_fd = -1;
+/* set once the relay is the sandbox's uid: runsc (root) is out of reach of
+ * kill() from then on, and PR_SET_PDEATHSIG takes it down with us */
+static bool dropped;
 #define RELAY_OOM_KILLS_MAX (64 * 1024)
 static uint16_t egress_port;
 /* started by `runsc restore`: the guest still has the old relay's state */
@@ -112,8 +125,10 @@ static void link_update(void);
 
 _noreturn_ static void relay_exit(const char *why, int r) {
         fprintf(stderr, "hutch-relay: %s: %s\n", why, strerror(-r));
-        /* runsc (and the sandbox) go too: nothing could reach them. */
-        if (runsc_pid > 0)
+        /* runsc (and the sandbox) go too: nothing could reach them. After
+         * the drop, its PR_SET_PDEATHSIG does it (a kill() would be EPERM,
+         * and the filter does not allow one). */
+        if (runsc_pid > 0 && !dropped)
                 (void) kill(runsc_pid, SIGKILL);
         _exit(r < 0 ? 1 : 0);
 }
@@ -705,24 +720,17 @@ static bool guest_said_hello;
  * outlives this relay across a checkpoint's restore). Capped. */
 static void count_oom_kills(uint32_t n) {
         static const uint8_t ones[256] = { 0 };
-        int fd = openat(scratch_fd, "oom-kills", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd < 0)
-                return;
         struct stat st;
-        if (fstat(fd, &st) == 0 && st.st_size < RELAY_OOM_KILLS_MAX)
-                (void) !write(fd, ones, MIN(n, sizeof ones));
-        close(fd);
+        if (oom_kills_fd >= 0 && fstat(oom_kills_fd, &st) == 0 && st.st_size < RELAY_OOM_KILLS_MAX)
+                (void) !write(oom_kills_fd, ones, MIN(n, sizeof ones));
 }
 
 /* The guest's latest count of the writable layer's bytes, as 8 bytes
  * (little-endian) in the scratch dir's "disk-used", which the engine's
  * stats read (clamped to the disk limit there: the guest is not trusted). */
 static void note_disk_used(const uint8_t *v) {
-        int fd = openat(scratch_fd, "disk-used", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd < 0)
-                return;
-        (void) !pwrite(fd, v, 8, 0);
-        close(fd);
+        if (disk_used_fd >= 0)
+                (void) !pwrite(disk_used_fd, v, 8, 0);
 }
 
 static int on_frame(const mux_frame *f, void *userdata) {
@@ -886,6 +894,15 @@ static void noop_release(source *s) {
 
 /* ----------------------------------------------------------------- start */
 
+/* The relay's filter, with no_new_privs already set. TSYNC: every thread
+ * gets it, although the relay has only one. */
+static int relay_seccomp_load(void) {
+        struct relay_bpf_prog prog = { .len = relay_seccomp_filter_len, .filter = relay_seccomp_filter };
+        if (syscall(SYS_seccomp, RELAY_SECCOMP_SET_MODE_FILTER, RELAY_SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0)
+                return negative_errno();
+        return 0;
+}
+
 static int parse_u64(const char *s, uint64_t *ret) {
         char *end;
         errno = 0;
@@ -951,6 +968,7 @@ int relay_main(int argc, char **argv) {
             setresuid((uid_t) uid, (uid_t) uid, (uid_t) uid) < 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
             prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
                 relay_exit("dropping privileges", negative_errno());
+        dropped = true;
 
         int r = loop_init();
         if (r < 0)
@@ -959,6 +977,16 @@ int relay_main(int argc, char **argv) {
                              .release = noop_release };
         if (sigchld.fd < 0 || source_add(&sigchld, EPOLLIN) < 0)
                 relay_exit("signalfd", -EIO);
+        /* as the sandbox's uid, like the scratch dir; they outlive this
+         * relay across a checkpoint's restore */
+        oom_kills_fd = openat(scratch_fd, "oom-kills", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        disk_used_fd = openat(scratch_fd, "disk-used", O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (oom_kills_fd < 0 || disk_used_fd < 0)
+                relay_exit("the scratch dir's counters", negative_errno());
+        /* Everything below, and the loop, runs under the relay's filter:
+         * the next byte read may be the guest's. */
+        if ((r = relay_seccomp_load()) < 0)
+                relay_exit("loading the relay's seccomp filter", r);
         int fl = fcntl(sp[0], F_GETFL);
         if (fl < 0 || fcntl(sp[0], F_SETFL, fl | O_NONBLOCK) < 0 || mux_link_init(&mlink, sp[0], sp[0]) < 0)
                 relay_exit("the link", -EIO);

@@ -49,18 +49,10 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "sandbox/seccomp-internal.h"
 #include "sandbox/seccomp.h"
 #include "util/error.h"
 #include "util/macro.h"
-
-#if defined(__x86_64__)
-#define SECCOMP_NATIVE_AUDIT_ARCH AUDIT_ARCH_X86_64
-#define SECCOMP_X32_SYSCALL_BIT 0x40000000u
-#elif defined(__aarch64__)
-#define SECCOMP_NATIVE_AUDIT_ARCH AUDIT_ARCH_AARCH64
-#else
-#error "seccomp.c: add the native audit arch (and any compat ABI check) for this architecture"
-#endif
 
 #ifndef TIOCLINUX
 #define TIOCLINUX 0x541C
@@ -693,9 +685,10 @@ static void seccomp_prefix_fill(struct sock_filter prefix[static PREFIX_LEN], in
         memcpy(prefix, p, sizeof(p));
 }
 
-/* libseccomp 2.5 can only export to an fd; a memfd keeps it in memory. */
-static int seccomp_export(scmp_filter_ctx ctx, struct sock_filter **ret_insns, size_t *ret_len,
-                          hutch_error *err) {
+/* libseccomp 2.5 can only export to an fd; a memfd keeps it in memory. The
+ * program lands after prefix_len free instructions, for the caller's own. */
+int seccomp_export_prefixed(scmp_filter_ctx ctx, size_t prefix_len, struct sock_filter **ret_insns,
+                            size_t *ret_len, hutch_error *err) {
         _cleanup_close_ int fd = -1;
         _cleanup_free_ struct sock_filter *insns = NULL;
         struct stat st;
@@ -717,22 +710,22 @@ static int seccomp_export(scmp_filter_ctx ctx, struct sock_filter **ret_insns, s
                 return hutch_error_set(err, -EINVAL, "seccomp: exported filter has odd size %lld",
                                        (long long) st.st_size);
         len = (size_t) st.st_size / sizeof(struct sock_filter);
-        if (PREFIX_LEN + len > BPF_MAXINSNS)
+        if (prefix_len + len > BPF_MAXINSNS)
                 return hutch_error_set(err, -E2BIG, "seccomp: filter has %zu instructions, over %d",
-                                       PREFIX_LEN + len, BPF_MAXINSNS);
+                                       prefix_len + len, BPF_MAXINSNS);
 
-        insns = calloc(PREFIX_LEN + len, sizeof(struct sock_filter));
+        insns = calloc(prefix_len + len, sizeof(struct sock_filter));
         if (!insns)
                 return hutch_error_set(err, -ENOMEM, "seccomp: out of memory");
 
-        n = pread(fd, insns + PREFIX_LEN, len * sizeof(struct sock_filter), 0);
+        n = pread(fd, insns + prefix_len, len * sizeof(struct sock_filter), 0);
         if (n < 0)
                 return hutch_error_set(err, negative_errno(), "seccomp: reading the filter: %m");
         if ((size_t) n != len * sizeof(struct sock_filter))
                 return hutch_error_set(err, -EIO, "seccomp: short read of the filter");
 
         *ret_insns = TAKE_PTR(insns);
-        *ret_len = PREFIX_LEN + len;
+        *ret_len = prefix_len + len;
         return 0;
 }
 
@@ -776,7 +769,7 @@ int seccomp_filter_compile(struct sock_fprog *ret, hutch_error *err) {
         if (r < 0)
                 return r;
 
-        r = seccomp_export(ctx, &insns, &len, err);
+        r = seccomp_export_prefixed(ctx, PREFIX_LEN, &insns, &len, err);
         if (r < 0)
                 return r;
 

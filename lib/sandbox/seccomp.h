@@ -22,6 +22,11 @@ int seccomp_deny_errno(void);
  * here) and libhutch needs no libseccomp at run time. */
 int seccomp_filter_compile(struct sock_fprog *ret, hutch_error *err);
 
+/* The gvisor relay's filter (seccomp-relay.c): an allowlist that kills
+ * the relay on anything else. Build time only (seccomp-gen --relay); the
+ * relay carries the result (init/relay-seccomp.h). */
+int seccomp_relay_filter_compile(struct sock_fprog *ret, hutch_error *err);
+
 /* The compiled program (generated at build time). */
 int seccomp_filter_get(const struct sock_fprog **ret, hutch_error *err);
 

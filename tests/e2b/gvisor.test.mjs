@@ -158,6 +158,23 @@ test('a paused gvisor sandbox survives a daemon restart; killed while paused, it
     !existsSync(`${env.dataDir}/gvisor/${id}`), { what: `the image, state and scratch of ${id} to go` })
 })
 
+test('a running gvisor sandbox survives a daemon restart: the new daemon reaches it through the relay', opt, async (t) => {
+  // the new daemon connects to the relay's control socket (a new client of
+  // the relay, under the relay's seccomp filter) and re-adopts the process
+  const sbx = await createSandbox(t, GV)
+  await sbx.files.write('/tmp/kept', 'before the restart')
+  const h = await sbx.commands.run('sh -c "while true; do date +%s%N > /tmp/tick; sleep 0.2; done"', { background: true })
+  await restartDaemon()
+  assert.equal((await sbx.commands.run('echo after-restart')).stdout, 'after-restart\n')
+  assert.equal(await sbx.files.read('/tmp/kept'), 'before the restart')
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === h.pid), 'the background process is listed again')
+  const re = await sbx.commands.connect(h.pid)
+  assert.equal(re.pid, h.pid)
+  await re.disconnect()
+  const t1 = (await sbx.files.read('/tmp/tick')).trim()
+  await waitFor(async () => (await sbx.files.read('/tmp/tick')).trim() !== t1, { timeoutMs: 10_000, what: 'the process to go on' })
+})
+
 test('a tampered pause image is refused and the sandbox stays paused', opt, async (t) => {
   const sbx = await createSandbox(t, GV)
   const id = sbx.sandboxId

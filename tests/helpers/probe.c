@@ -104,6 +104,11 @@
 #define NR_listmount 458
 #define NR_lsm_list_modules 461
 #define NR_listns 470
+#ifdef __x86_64__
+/* x86_64 only (Linux 6.11, 6.17); glibc 2.36's headers do not name them */
+#define NR_uretprobe 335
+#define NR_uprobe 336
+#endif
 #define NR_unknown 1000
 
 #define PROBE_DIR "/tmp/hutch-probe"
@@ -838,6 +843,33 @@ static int probe_int80_unshare(int argc, char **argv) {
 }
 #endif
 
+/* -------------------------------------------------- uprobe syscalls */
+
+#ifdef __x86_64__
+/* uretprobe and uprobe are the kernel's own return path from the
+ * trampolines it maps into a process when a host tracer probes it. The
+ * kernel lets both past every seccomp filter (kernel/seccomp.c, "Our single
+ * exception to filtering"), so the filter's errno is not what comes back:
+ * called from anywhere else, uretprobe raises SIGILL at its caller, and
+ * uprobe answers ENXIO (other kernel versions: EPROTO or SIGILL). In a
+ * child: SIGILL ends only the caller. */
+static int uretprobe_child(void) {
+        return err_of(syscall(NR_uretprobe));
+}
+
+static int probe_uretprobe(int argc, char **argv) {
+        return in_child(uretprobe_child);
+}
+
+static int uprobe_child(void) {
+        return err_of(syscall(NR_uprobe));
+}
+
+static int probe_uprobe(int argc, char **argv) {
+        return in_child(uprobe_child);
+}
+#endif
+
 /* ------------------------------------------------------------- misc */
 
 static int probe_getpid(int argc, char **argv) {
@@ -1026,6 +1058,9 @@ static const Probe probes[] = {
         { "int80-getpid", probe_int80, "i386 getpid via int $0x80 (in a child)" },
         { "int80-unshare", probe_int80_unshare,
           "i386 unshare(CLONE_NEWUSER) via int $0x80 (in a child)" },
+        /* past seccomp by the kernel's design */
+        { "uretprobe", probe_uretprobe, "syscall 335 uretprobe, outside a trampoline (in a child)" },
+        { "uprobe", probe_uprobe, "syscall 336 uprobe, outside a trampoline (in a child)" },
 #endif
         /* positive controls */
         { "getpid", probe_getpid, "getpid() (allowed)" },

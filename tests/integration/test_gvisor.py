@@ -86,7 +86,7 @@ def test_the_host_never_runs_the_sandboxes_programs(gvrun, baseline):
     """While a marked program runs inside, no host process has its command
     line; the sentry runs as nobody under seccomp in a user namespace of its own, the
     gofer and the relay are the only other processes, the relay as the
-    sandbox's host uid without capabilities."""
+    sandbox's host uid without capabilities and under its own seccomp filter."""
     marker = f"hutch-gvisor-marker-{os.getpid()}"
     proc = subprocess.Popen([str(hutchtest.hutch_path()), "run", *GV, "--json", "--", "bash", "-c",
                              f"exec -a {marker} sleep 30"],
@@ -112,10 +112,18 @@ def test_the_host_never_runs_the_sandboxes_programs(gvrun, baseline):
         # what capabilities it keeps are its own user namespace's, not the host's
         assert (int(st["CapEff"], 16) == 0 or
                 os.readlink(f"/proc/{sentry[0][0]}/ns/user") != os.readlink("/proc/self/ns/user"))
-        rel = _status(relay[0][0])
-        assert int(rel["Uid"].split()[0]) >= hutchtest.UID_BASE
-        assert int(rel["CapEff"], 16) == 0 and int(rel["CapPrm"], 16) == 0
-        assert rel["NoNewPrivs"].strip() == "1"
+        # the relay parses what the sandbox sends: every thread of it is
+        # under its own seccomp filter, without capabilities, no_new_privs
+        tasks = os.listdir(f"/proc/{relay[0][0]}/task")
+        assert tasks
+        for tid in tasks:
+            rel = _status(f"{relay[0][0]}/task/{tid}")
+            assert int(rel["Uid"].split()[0]) >= hutchtest.UID_BASE, (tid, rel["Uid"])
+            assert rel["Seccomp"].strip() == "2", (tid, rel["Seccomp"])
+            assert int(rel.get("Seccomp_filters", "1")) >= 1, (tid, rel["Seccomp_filters"])
+            for cap in ("CapEff", "CapPrm", "CapInh", "CapAmb"):
+                assert int(rel[cap], 16) == 0, (tid, cap, rel[cap])
+            assert rel["NoNewPrivs"].strip() == "1", tid
         # the relay lives in a network namespace of its own (the proxy's)
         assert os.readlink(f"/proc/{relay[0][0]}/ns/net") != os.readlink("/proc/self/ns/net")
     finally:
