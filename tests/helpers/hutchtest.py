@@ -225,6 +225,16 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
 _stop = stop_process
 
 
+def wait_until(pred, timeout, step=0.1):
+    """pred() until it is truthy or TIMEOUT seconds passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(step)
+
+
 def run_hutch(hutch_args: Sequence, stdin=None, timeout: float = 60,
               env: Optional[dict] = None) -> subprocess.CompletedProcess:
     """Run `hutch HUTCH_ARGS...`; bytes stdout/stderr.

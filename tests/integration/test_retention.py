@@ -26,18 +26,10 @@ from pathlib import Path
 import pytest
 
 import hutchtest
+from hutchtest import wait_until
 from serveclient import ServeDaemon
 
 RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
-
-
-def wait_until(pred, timeout, step=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(step)
 
 
 def _query(data_dir: Path, sql: str, *args) -> list:

@@ -34,6 +34,7 @@ from urllib.parse import quote
 import pytest
 
 import hutchtest
+from hutchtest import wait_until
 from serveclient import (free_port, FLAG_END, HttpConn, ServeDaemon, basic_auth, envelope, frame_events,
                          multipart, parse_frames, sign, stdout_of)
 
@@ -179,15 +180,6 @@ def assert_stream_error(r, code):
 def assert_502(r, sid):
     assert r.status == 502, r
     assert r.json() == {"sandboxId": sid, "message": "The sandbox was not found", "code": 502}, r
-
-
-def wait_until(pred, timeout, step=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(step)
 
 
 def envd_health(serve, sb):

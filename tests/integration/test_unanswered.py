@@ -34,19 +34,11 @@ from pathlib import Path
 import pytest
 
 import hutchtest
+from hutchtest import wait_until
 from serveclient import ServeDaemon
 
 RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
 TRIALS = 8
-
-
-def wait_until(pred, timeout, step=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(step)
 
 
 def _rows(data_dir: Path) -> dict:
