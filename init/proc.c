@@ -339,9 +339,18 @@ static _noreturn_ void spawn_child(const spawn_plan *p, int errfd) {
          *    the mask survive execve. */
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
+        /* every signal, the realtime ones the C library keeps for itself
+         * (32-34, which musl's signal() refuses) included: an ignored one
+         * inherited from whoever started init would survive execve too */
+        struct {
+                void (*handler)(int);
+                unsigned long flags;
+                void (*restorer)(void);
+                uint64_t mask;
+        } dfl = { .handler = SIG_DFL };
         for (int sig = 1; sig < _NSIG; sig++)
                 if (sig != SIGKILL && sig != SIGSTOP)
-                        signal(sig, SIG_DFL);
+                        (void) syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof dfl.mask);
 
         /* 2. Its own process group (so SIGNAL with T_GROUP reaches the
          *    whole job), or its own session with the pty as controlling
