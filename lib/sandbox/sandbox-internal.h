@@ -192,7 +192,6 @@ int initconn_check_fd(int fd, int want);
  * file until it execs). wait=false: -EWOULDBLOCK when busy. */
 int sandbox_busy_take(hutch_sandbox *sb, bool wait);
 void sandbox_busy_release(hutch_sandbox *sb);
-int sandbox_busy_lock_dir(const char *dir, bool wait);
 
 int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);
 int sandbox_validate_id(const char *id);

@@ -176,23 +176,10 @@ int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret) {
         return asprintf(ret, "%s/sandboxes/%s", ctx->run_dir, id) < 0 ? -ENOMEM : 0;
 }
 
-int sandbox_busy_lock_dir(const char *dir, bool wait) {
-        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-        if (fd < 0)
-                return -errno;
-        while (flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) < 0)
-                if (errno != EINTR) {
-                        int r = errno == EAGAIN ? -EWOULDBLOCK : -errno;
-                        close(fd);
-                        return r;
-                }
-        return fd;
-}
-
 int sandbox_busy_take(hutch_sandbox *sb, bool wait) {
         if (sb->busy_fd >= 0)
                 return 0; /* this handle holds it already: flock would wait for itself */
-        int fd = sandbox_busy_lock_dir(sb->dir, wait);
+        int fd = lock_open(AT_FDCWD, sb->dir, O_RDONLY | O_DIRECTORY, wait);
         if (fd < 0)
                 return fd;
         sb->busy_fd = fd;
@@ -1118,7 +1105,7 @@ static int sandbox_open_locked(hutch_ctx *ctx, const char *id, bool wait, hutch_
         _cleanup_free_ char *dir = NULL;
         if (sandbox_dir_path(ctx, id, &dir) < 0)
                 return hutch_error_set(err, -ENOMEM, "out of memory");
-        _cleanup_close_ int lock = sandbox_busy_lock_dir(dir, wait);
+        _cleanup_close_ int lock = lock_open(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY, wait);
         if (lock == -ENOENT)
                 return hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id);
         if (lock < 0)

@@ -125,30 +125,25 @@ int rm_rf_at(int dirfd, const char *name) {
         return 0;
 }
 
-int lock_file_take(int dirfd, const char *name) {
-        int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+int lock_open(int dirfd, const char *name, int open_flags, bool wait) {
+        int fd = openat(dirfd, name, open_flags | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0)
                 return -errno;
-        while (flock(fd, LOCK_EX) < 0)
-                if (errno != EINTR) {
-                        int r = -errno;
-                        close(fd);
-                        return r;
-                }
-        return fd;
-}
-
-int lock_file_try(int dirfd, const char *name) {
-        int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0)
-                return -errno;
-        while (flock(fd, LOCK_EX | LOCK_NB) < 0)
+        while (flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) < 0)
                 if (errno != EINTR) {
                         int r = errno == EAGAIN ? -EWOULDBLOCK : -errno;
                         close(fd);
                         return r;
                 }
         return fd;
+}
+
+int lock_file_take(int dirfd, const char *name) {
+        return lock_open(dirfd, name, O_RDWR | O_CREAT, true);
+}
+
+int lock_file_try(int dirfd, const char *name) {
+        return lock_open(dirfd, name, O_RDWR | O_CREAT, false);
 }
 
 int write_file_atomic(const char *path, const void *data, size_t len, mode_t mode) {
