@@ -570,6 +570,23 @@ static int relay_call(hutch_sandbox *sb, uint16_t type, hutch_error *err) {
         return initconn_call(sb, NULL, 0, NULL, NULL, 30000, err);
 }
 
+/* Start one runsc command (checkpoint, delete): stdin and stdout on
+ * /dev/null, stderr too when quiet (else runsc's complaints reach the
+ * daemon's log), in the network namespace netns_fd when it is >= 0.
+ * Returns its pid (runsc_wait reaps it) or -1 with errno. */
+static pid_t runsc_spawn(const char *runsc, char *const argv[], int netns_fd, bool quiet) {
+        pid_t pid = fork();
+        if (pid == 0) {
+                int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+                if ((netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0) || devnull < 0 || dup2(devnull, 0) < 0 ||
+                    dup2(devnull, 1) < 0 || (quiet && dup2(devnull, 2) < 0))
+                        _exit(127);
+                execv(runsc, argv);
+                _exit(127);
+        }
+        return pid;
+}
+
 /* What runsc keeps of a container in its --root (the .state and .lock files)
  * goes when `runsc run` ends on its own; the relay SIGKILLs runsc when the
  * guest's connection resets first, which after a checkpoint it can (a race
@@ -586,14 +603,7 @@ static void runsc_forget_stale(hutch_sandbox *sb) {
         if (gvisor_runsc_path(sb->ctx, runsc, sizeof runsc) == 0) {
                 snprintf(a_root, sizeof a_root, "--root=%s/runsc", sb->dir);
                 char *argv[] = { runsc, a_root, (char *) "delete", (char *) "--force", sb->id, NULL };
-                pid_t pid = fork();
-                if (pid == 0) {
-                        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-                        if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
-                                _exit(127);
-                        execv(runsc, argv);
-                        _exit(127);
-                }
+                pid_t pid = runsc_spawn(runsc, argv, -1, true);
                 if (pid > 0)
                         (void) runsc_wait(pid, 10000);
         }
@@ -648,15 +658,7 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
                 char nsp[64];
                 snprintf(nsp, sizeof nsp, "/proc/%d/ns/net", (int) sb->init_pid);
                 int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
-                pid_t pid = nsfd < 0 ? -1 : fork();
-                if (pid == 0) {
-                        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-                        if (setns(nsfd, CLONE_NEWNET) < 0 || devnull < 0 || dup2(devnull, 0) < 0 ||
-                            dup2(devnull, 1) < 0)
-                                _exit(127);
-                        execv(runsc, argv);
-                        _exit(127);
-                }
+                pid_t pid = nsfd < 0 ? -1 : runsc_spawn(runsc, argv, nsfd, false);
                 if (nsfd >= 0)
                         close(nsfd);
                 if (pid < 0)
