@@ -168,20 +168,21 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 case OPT_MEMORY:
                         /* the engine's bounds, checked here so that every bad value is a
                          * usage error (2) naming its bound, not a failure (125) */
-                        if (parse_size(optarg, &o->sb.limits.memory_bytes) < 0 || o->sb.limits.memory_bytes < (4u << 20))
+                        if (parse_size(optarg, &o->sb.limits.memory_bytes) < 0 || o->sb.limits.memory_bytes < HUTCH_MIN_MEMORY)
                                 return log_error("invalid --memory '%s' (expected a size of at least 4M, like 512M or 2G)", optarg), -EINVAL;
                         break;
                 case OPT_DISK:
-                        if (parse_size(optarg, &o->sb.limits.disk_bytes) < 0 || o->sb.limits.disk_bytes < (1u << 20) ||
-                            o->sb.limits.disk_bytes > (1ull << 40))
+                        if (parse_size(optarg, &o->sb.limits.disk_bytes) < 0 || o->sb.limits.disk_bytes < HUTCH_MIN_DISK ||
+                            o->sb.limits.disk_bytes > HUTCH_MAX_DISK)
                                 return log_error("invalid --disk '%s' (expected a size from 1M to 1T, like 1G)", optarg), -EINVAL;
                         break;
                 case OPT_PIDS:
-                        if (parse_u64(optarg, 4194304, &o->sb.limits.pids) < 0 || o->sb.limits.pids == 0)
+                        if (parse_u64(optarg, HUTCH_MAX_PIDS, &o->sb.limits.pids) < 0 || o->sb.limits.pids == 0)
                                 return log_error("invalid --pids '%s' (expected a number from 1 to 4194304)", optarg), -EINVAL;
                         break;
                 case OPT_INODES:
-                        if (parse_u64(optarg, 1ull << 32, &o->sb.limits.disk_inodes) < 0 || o->sb.limits.disk_inodes < 64)
+                        if (parse_u64(optarg, HUTCH_MAX_INODES, &o->sb.limits.disk_inodes) < 0 ||
+                            o->sb.limits.disk_inodes < HUTCH_MIN_INODES)
                                 return log_error("invalid --inodes '%s' (expected a number from 64 to 4294967296)", optarg), -EINVAL;
                         break;
                 case OPT_CPUS:

@@ -12,15 +12,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hutch/hutch.h"
+
 #define REQ_METADATA_MAX_KEYS 64
 #define REQ_METADATA_MAX_LEN 1024
 /* A command line is bounded as the kernel bounds execve(): one string at
  * most MAX_ARG_STRLEN less its NUL, argv and env together at most 2 MiB
  * (the engine checks that sum); init takes 1024 strings of each. */
 #define REQ_ENV_MAX_VARS 512
-#define REQ_ENV_MAX_LEN (128 * 1024 - 1)
+#define REQ_ENV_MAX_LEN HUTCH_SPAWN_STRING_MAX
 #define REQ_MAX_ARGS 1000
-#define REQ_MAX_ARG_LEN (128 * 1024 - 1)
+#define REQ_MAX_ARG_LEN HUTCH_SPAWN_STRING_MAX
 #define REQ_MAX_PATH_LEN 4096
 
 typedef struct create_request {

@@ -109,6 +109,15 @@ typedef struct hutch_sandbox_config {
 #define HUTCH_DEFAULT_DISK (1ull << 30)
 #define HUTCH_DEFAULT_INODES 262144
 #define HUTCH_DEFAULT_NOFILE 4096
+/* The bounds hutch_sandbox_create() takes (-EINVAL outside them); the CLI
+ * checks the same ones, so that a bad value is a usage error. */
+#define HUTCH_MIN_MEMORY (4ull << 20)
+#define HUTCH_MIN_DISK (1ull << 20)
+#define HUTCH_MAX_DISK (1ull << 40)
+#define HUTCH_MIN_INODES 64
+#define HUTCH_MAX_INODES (1ull << 32)
+#define HUTCH_MAX_PIDS 4194304
+#define HUTCH_MAX_NOFILE 1048576
 
 int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret,
                          hutch_error *err);
@@ -246,6 +255,12 @@ typedef struct hutch_process {
         int stdout_fd;    /* read end, or -1 (pty: the master, read+write) */
         int stderr_fd;    /* read end, or -1 */
 } hutch_process;
+
+/* What execve takes: one argument or environment string (MAX_ARG_STRLEN
+ * less its NUL) and argv and env together (ARG_MAX with an 8 MiB stack);
+ * hutch_sandbox_spawn() answers -E2BIG past either. */
+#define HUTCH_SPAWN_STRING_MAX (128 * 1024 - 1)
+#define HUTCH_SPAWN_TOTAL_MAX (2 * 1024 * 1024)
 
 /* Start a process. On exec failure returns -errno (e.g. -ENOENT for a
  * missing command) with a message. Descriptors in ret are owned by the caller. */

@@ -52,7 +52,7 @@
 #define INITPROTO_MAX_ARGS 1024     /* argv and env entries, each */
 /* A staged command line (SPAWN_PART): the kernel's own bounds, one string
  * (MAX_ARG_STRLEN less its NUL) and all of argv and env together (ARG_MAX
- * with the default 8 MiB stack limit). */
+ * with the default 8 MiB stack limit), as HUTCH_SPAWN_* in hutch.h. */
 #define INITPROTO_STAGE_MAX_ITEM (128 * 1024 - 1)
 #define INITPROTO_STAGE_MAX_TOTAL (2 * 1024 * 1024)
 /* Metadata (user.e2b.<key> xattrs), as HUTCH_METADATA_* in hutch.h. */

@@ -70,6 +70,10 @@ static int on_spawn_reply(const initproto_msg *m, int *fds, size_t nfds, void *u
         return 0;
 }
 
+/* the protocol's stage holds what the public API promises */
+_Static_assert(HUTCH_SPAWN_STRING_MAX == INITPROTO_STAGE_MAX_ITEM && HUTCH_SPAWN_TOTAL_MAX == INITPROTO_STAGE_MAX_TOTAL,
+               "hutch.h's spawn bounds and initproto.h's stage bounds differ");
+
 /* Does argv + env fit one SPAWN frame (every string within the decoder's
  * bound, and the whole within a payload, with room for the other fields)? */
 static bool spawn_fits_one_frame(const hutch_spawn_config *cfg) {
@@ -93,22 +97,22 @@ static int spawn_stage(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_e
         for (int list = 0; list < 2; list++)
                 for (const char *const *s = list ? cfg->envp : cfg->argv; s && *s; s++) {
                         size_t len = strlen(*s), i = (size_t) (s - (list ? cfg->envp : cfg->argv));
-                        if (len > INITPROTO_STAGE_MAX_ITEM)
+                        if (len > HUTCH_SPAWN_STRING_MAX)
                                 return hutch_error_set(err, -E2BIG,
                                                        "%s %zu is %zu bytes: the kernel takes at most %d bytes in one "
                                                        "argument or environment string",
                                                        list ? "environment variable" : "argument", i, len,
-                                                       INITPROTO_STAGE_MAX_ITEM);
+                                                       HUTCH_SPAWN_STRING_MAX);
                         total += len + 1;
                         if (++*(list ? &n_env : &n_args) > INITPROTO_MAX_ARGS)
                                 return hutch_error_set(err, -E2BIG, "more than %d %s", INITPROTO_MAX_ARGS,
                                                        list ? "environment variables" : "arguments");
                 }
-        if (total > INITPROTO_STAGE_MAX_TOTAL)
+        if (total > HUTCH_SPAWN_TOTAL_MAX)
                 return hutch_error_set(err, -E2BIG,
                                        "the command line and environment are %zu bytes: at most %d (the kernel's "
                                        "ARG_MAX with an 8 MiB stack)",
-                                       total, INITPROTO_STAGE_MAX_TOTAL);
+                                       total, HUTCH_SPAWN_TOTAL_MAX);
         initproto_writer *w = NULL;
         bool first = true;
         int r;

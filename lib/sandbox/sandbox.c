@@ -650,9 +650,10 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes", hostname);
                 goto fail;
         }
-        if (sb->limits.nofile > 1048576 || sb->limits.pids > 4194304 || sb->limits.memory_bytes < (4u << 20) ||
-            sb->limits.disk_bytes < (1u << 20) || sb->limits.disk_bytes > (1ull << 40) ||
-            sb->limits.disk_inodes < 64 || sb->limits.disk_inodes > (1ull << 32)) {
+        if (sb->limits.nofile > HUTCH_MAX_NOFILE || sb->limits.pids > HUTCH_MAX_PIDS ||
+            sb->limits.memory_bytes < HUTCH_MIN_MEMORY || sb->limits.disk_bytes < HUTCH_MIN_DISK ||
+            sb->limits.disk_bytes > HUTCH_MAX_DISK || sb->limits.disk_inodes < HUTCH_MIN_INODES ||
+            sb->limits.disk_inodes > HUTCH_MAX_INODES) {
                 r = hutch_error_set(err, -EINVAL,
                                     "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
                                     "pids <= 4194304, nofile <= 1048576)");
