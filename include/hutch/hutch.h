@@ -78,6 +78,15 @@ const char *hutch_backend_name(int backend);
  * the reason otherwise. Starts nothing. */
 int hutch_gvisor_probe(hutch_ctx *ctx, char *ret_info, size_t n, hutch_error *err);
 
+/* A named volume (see "volumes" below) mounted into a sandbox. */
+typedef struct hutch_volume_mount {
+        const char *volume; /* its id (hutch_volume_id_valid) */
+        const char *path;   /* absolute, clean (hutch_volume_path_check) */
+} hutch_volume_mount;
+#define HUTCH_VOLUME_ID_LEN 36  /* a UUID, lowercase: 8-4-4-4-12 */
+#define HUTCH_VOLUMES_MAX 8     /* mounts per sandbox */
+#define HUTCH_VOLUME_PATH_MAX 255
+
 typedef struct hutch_sandbox_config {
         const char *template_name; /* default "host" */
         hutch_limits limits;       /* zero fields take the defaults below */
@@ -101,6 +110,12 @@ typedef struct hutch_sandbox_config {
         /* Who made it, for `hutch ps` (e.g. "hutch run", "hutch serve
          * /var/lib/hutch"): printable, at most 127 bytes; NULL = unknown. */
         const char *owner;
+        /* Volumes mounted read-write at their paths once the root is set
+         * up, id-mapped into the sandbox's range (on-disk ids 0..65535 are
+         * the sandbox's 0..65535). ns backend only (gvisor: -EOPNOTSUPP).
+         * Never part of the writable layer, so never in a layer snapshot. */
+        const hutch_volume_mount *volumes;
+        size_t n_volumes;
 } hutch_sandbox_config;
 
 #define HUTCH_DEFAULT_MEMORY (512ull << 20)
@@ -431,6 +446,66 @@ int hutch_fs_watch_remove(hutch_sandbox *sb, uint32_t id, hutch_error *err);
  * get the failure (-ENOSPC, -EDQUOT) from the commit. */
 int hutch_fs_write_buffer(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
                           const void *data, size_t len, hutch_error *err);
+
+/* --------------------------------------------------------------- volumes
+ *
+ * A volume is one ext4 image of a fixed size, DATA_DIR/volumes/<id>.img
+ * (sparse: it holds what was written), outliving every sandbox. It is
+ * attached to one loop device while anything uses it (found again by the
+ * image's inode, so every user shares one file system and the kernel counts
+ * the users), and mounted into each sandbox id-mapped into its range. */
+
+bool hutch_volume_id_valid(const char *id);
+/* Why path cannot be a mount point in a sandbox (NULL: it can): not
+ * absolute, not clean, too long, or over a path hutch sets up itself. */
+const char *hutch_volume_path_check(const char *path);
+/* Format a new volume of `bytes` (>= HUTCH_VOLUME_MIN_BYTES) with its root
+ * owned by uid/gid 1000 ("user"). -EEXIST when the id has an image. */
+#define HUTCH_VOLUME_MIN_BYTES (8ull << 20)
+int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_error *err);
+/* Remove the image. Sandboxes that mount it keep its file system until the
+ * last of them is gone; nothing can mount it again. -ENOENT if none. */
+int hutch_volume_remove(hutch_ctx *ctx, const char *id, hutch_error *err);
+/* Size and bytes in use on the host (the image's allocated blocks). */
+int hutch_volume_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_size, uint64_t *ret_used, hutch_error *err);
+
+/* The content of a volume, reached from the host without the host ever
+ * resolving a path in it: each session is a helper process in a user
+ * namespace of its own (an unprivileged host id range), chrooted into the
+ * volume's id-mapped mount, resolving every path with RESOLVE_IN_ROOT. */
+typedef struct hutch_volfs hutch_volfs;
+enum { HUTCH_VOLFS_FILE = 1, HUTCH_VOLFS_DIR = 2, HUTCH_VOLFS_SYMLINK = 3, HUTCH_VOLFS_OTHER = 4 };
+#define HUTCH_VOLFS_PATH_MAX 4096
+typedef struct hutch_volfs_entry {
+        int type; /* HUTCH_VOLFS_* */
+        uint32_t mode, uid, gid; /* permission bits; on-disk ids */
+        uint64_t size;
+        int64_t atime_ns, mtime_ns, ctime_ns;
+        char path[HUTCH_VOLFS_PATH_MAX];   /* absolute inside the volume */
+        char target[HUTCH_VOLFS_PATH_MAX]; /* symlinks */
+} hutch_volfs_entry;
+/* Paths: absolute, '/'-separated, no "." or ".." components (the caller
+ * cleans them), at most HUTCH_VOLFS_PATH_MAX - 1 bytes. ids: -1 = the
+ * default (1000), mode: -1 = the default (0644 files, 0755 directories). */
+int hutch_volfs_open(hutch_ctx *ctx, const char *id, hutch_volfs **ret, hutch_error *err);
+hutch_volfs *hutch_volfs_close(hutch_volfs *v);
+int hutch_volfs_stat(hutch_volfs *v, const char *path, hutch_volfs_entry *ret, hutch_error *err);
+int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_volfs_entry **ret, size_t *ret_n,
+                     hutch_error *err);
+int hutch_volfs_mkdir(hutch_volfs *v, const char *path, int64_t uid, int64_t gid, int64_t mode, bool parents,
+                      hutch_volfs_entry *ret, hutch_error *err);
+int hutch_volfs_remove(hutch_volfs *v, const char *path, hutch_error *err);
+int hutch_volfs_chattr(hutch_volfs *v, const char *path, int64_t uid, int64_t gid, int64_t mode,
+                       hutch_volfs_entry *ret, hutch_error *err);
+/* A regular file opened for reading (the fd is the caller's). */
+int hutch_volfs_open_read(hutch_volfs *v, const char *path, int *ret_fd, hutch_volfs_entry *ret, hutch_error *err);
+/* A new temporary file next to path (missing parents created) for the
+ * caller to write; commit renames it over path with the owner and mode
+ * given, abort (or close) removes it. One write per session at a time. */
+int hutch_volfs_write_begin(hutch_volfs *v, const char *path, int *ret_fd, hutch_error *err);
+int hutch_volfs_write_commit(hutch_volfs *v, int64_t uid, int64_t gid, int64_t mode, hutch_volfs_entry *ret,
+                             hutch_error *err);
+void hutch_volfs_write_abort(hutch_volfs *v);
 
 #ifdef __cplusplus
 }

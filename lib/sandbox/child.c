@@ -304,6 +304,79 @@ static void setup_sys(const child_config *c) {
               "making /sys read-only");
 }
 
+/* ------------------------------------------------------------------ volumes */
+
+typedef struct child_volumes {
+        char paths[HUTCH_VOLUMES_MAX][HUTCH_VOLUME_PATH_MAX + 1];
+        int fds[HUTCH_VOLUMES_MAX];
+        uint32_t n;
+} child_volumes;
+
+/* The second bootstrap message (sandbox.c send_volumes). */
+static void receive_volumes(const child_config *c, child_volumes *v) {
+        char buf[1 + HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_PATH_MAX + 1)];
+        struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
+        union {
+                struct cmsghdr align;
+                char b[CMSG_SPACE(sizeof(int) * HUTCH_VOLUMES_MAX)];
+        } ctl;
+        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b };
+        ssize_t n;
+        do
+                n = recvmsg(c->init_conn, &msg, MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0)
+                child_fail(c, n < 0 ? errno : EPIPE, "waiting for the volume mounts");
+        v->n = (uint32_t) (unsigned char) buf[0];
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        size_t nfds = cm && cm->cmsg_type == SCM_RIGHTS ? (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) : 0;
+        if (v->n > HUTCH_VOLUMES_MAX || nfds != v->n || (size_t) n != 1 + v->n * (HUTCH_VOLUME_PATH_MAX + 1))
+                child_fail(c, EPROTO, "volume message malformed");
+        if (nfds)
+                memcpy(v->fds, CMSG_DATA(cm), nfds * sizeof(int));
+        for (uint32_t i = 0; i < v->n; i++) {
+                memcpy(v->paths[i], buf + 1 + i * (HUTCH_VOLUME_PATH_MAX + 1), HUTCH_VOLUME_PATH_MAX + 1);
+                v->paths[i][HUTCH_VOLUME_PATH_MAX] = 0;
+        }
+}
+
+/* Attach each volume at its path inside the new root ("/" by now). The
+ * directories on the way are made as sandbox root and entered without
+ * following a symlink: the template is not trusted to point them anywhere
+ * (a /mnt -> /proc link must not put a volume over /proc). */
+static void attach_volumes(const child_config *c, child_volumes *v) {
+        for (uint32_t i = 0; i < v->n; i++) {
+                char comp[HUTCH_VOLUME_PATH_MAX + 1];
+                int dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+                CHECK(c, dfd, "opening the root for a volume");
+                for (const char *p = v->paths[i]; *p;) {
+                        while (*p == '/')
+                                p++;
+                        if (!*p)
+                                break;
+                        const char *e = strchrnul(p, '/');
+                        size_t len = (size_t) (e - p);
+                        memcpy(comp, p, len);
+                        comp[len] = 0;
+                        if (mkdirat(dfd, comp, 0755) < 0 && errno != EEXIST)
+                                child_fail(c, errno, "creating a volume's mount point");
+                        int next = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        if (next < 0)
+                                child_fail(c, errno,
+                                           errno == ELOOP || errno == ENOTDIR
+                                                   ? "a volume's mount path crosses a symlink or a file"
+                                                   : "entering a volume's mount point");
+                        close(dfd);
+                        dfd = next;
+                        p = e;
+                }
+                CHECK(c, sys_move_mount(v->fds[i], "", dfd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
+                      "attaching a volume");
+                close(dfd);
+                close(v->fds[i]);
+        }
+}
+
 /* ------------------------------------------------------------- the checklist */
 
 static void child_setup(const child_config *c) {
@@ -368,6 +441,9 @@ static void child_setup(const child_config *c) {
                 layer_fd = has_layer ? fds[1] : -1;
                 bind_fds = fds + 1 + has_layer;
         }
+        /* 1b. The volume mounts, a message of their own. */
+        child_volumes vols;
+        receive_volumes(c, &vols);
 
         /* 2. Become sandbox root (the maps exist now). */
         CHECK(c, setresgid(0, 0, 0), "setresgid(0)");
@@ -448,6 +524,9 @@ static void child_setup(const child_config *c) {
         CHECK(c, sys_pivot_root(".", "."), "pivot_root");
         CHECK(c, umount2(".", MNT_DETACH), "detaching the old root");
         CHECK(c, chdir("/"), "chdir /");
+
+        /* 9b. Volumes, over the finished root. */
+        attach_volumes(c, &vols);
 
         /* 10. Limits every process inherits. */
         struct rlimit nofile = { c->nofile, c->nofile }, core = { 0, 0 };

@@ -129,6 +129,19 @@ int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err);
 int storage_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_bytes);
 /* Remove layer images that no live sandbox owns. */
 int storage_prune(hutch_ctx *ctx, char *const *keep, hutch_error *err);
+/* Shared with volume.c: run a tool (stdout/stderr to /dev/null), whether a
+ * tool is installed, attach an image file to a free loop device
+ * (LO_FLAGS_AUTOCLEAR; returns its number, its fd in *ret_loop_fd). */
+int run_tool(const char *const argv[]);
+bool have_tool(const char *name);
+int loop_attach(int img_fd, int *ret_loop_fd);
+
+/* volume.c: named volumes, one ext4 image each in data_dir/volumes. A
+ * detached mount of the volume's one file system (one loop device per
+ * image, found again by the image's inode), id-mapped into userns_fd. */
+int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd, hutch_error *err);
+/* Record the sandbox's mounts in its directory (file "volumes"). */
+int volume_state_write(const char *sandbox_dir, const hutch_volume_mount *v, size_t n, hutch_error *err);
 
 /* child.c: everything between clone3 and exec of hutch-init. */
 typedef struct child_config {

@@ -517,6 +517,54 @@ static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int l
         return fd_send_with_fds(sock, buf, 2 + t->n_binds * 16, fds, n);
 }
 
+/* The second message the child waits for, after the bootstrap: [n,
+ * n paths of HUTCH_VOLUME_PATH_MAX + 1 bytes] with the n id-mapped volume
+ * mounts (n may be 0: then a descriptor-less message). */
+static int send_volumes(int sock, const hutch_sandbox_config *cfg, const int *vol_fds) {
+        static char buf[1 + HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_PATH_MAX + 1)];
+        memset(buf, 0, sizeof buf);
+        buf[0] = (char) cfg->n_volumes;
+        for (size_t i = 0; i < cfg->n_volumes; i++)
+                snprintf(buf + 1 + i * (HUTCH_VOLUME_PATH_MAX + 1), HUTCH_VOLUME_PATH_MAX + 1, "%s",
+                         cfg->volumes[i].path);
+        size_t len = 1 + cfg->n_volumes * (HUTCH_VOLUME_PATH_MAX + 1);
+        if (cfg->n_volumes == 0)
+                return send(sock, buf, len, MSG_NOSIGNAL) == (ssize_t) len ? 0 : -errno;
+        return fd_send_with_fds(sock, buf, len, vol_fds, cfg->n_volumes);
+}
+
+/* The mounts a create asks for: known ids, paths a sandbox may have, none
+ * twice and none inside another. */
+static int volumes_check(const hutch_sandbox_config *cfg, hutch_error *err) {
+        if (cfg->n_volumes == 0)
+                return 0;
+        if (cfg->n_volumes > HUTCH_VOLUMES_MAX || !cfg->volumes)
+                return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox", HUTCH_VOLUMES_MAX);
+        if (cfg->backend == HUTCH_BACKEND_GVISOR)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "volumes are not supported on the gvisor backend (docs/volumes.md): use the "
+                                       "ns backend for sandboxes that mount volumes");
+        for (size_t i = 0; i < cfg->n_volumes; i++) {
+                const hutch_volume_mount *v = &cfg->volumes[i];
+                if (!hutch_volume_id_valid(v->volume))
+                        return hutch_error_set(err, -EINVAL, "invalid volume id '%s'", v->volume ? v->volume : "");
+                const char *why = hutch_volume_path_check(v->path);
+                if (why)
+                        return hutch_error_set(err, -EINVAL, "volume mount path '%s': %s", v->path ? v->path : "", why);
+                for (size_t j = 0; j < i; j++) {
+                        const char *a = cfg->volumes[j].path, *b = v->path;
+                        size_t la = strlen(a), lb = strlen(b);
+                        if (streq(a, b))
+                                return hutch_error_set(err, -EINVAL, "path '%s' is already used", b);
+                        if ((la < lb && strncmp(a, b, la) == 0 && b[la] == '/') ||
+                            (lb < la && strncmp(a, b, lb) == 0 && a[lb] == '/'))
+                                return hutch_error_set(err, -EINVAL, "volume mount paths '%s' and '%s' are nested", a,
+                                                       b);
+                }
+        }
+        return 0;
+}
+
 /* ------------------------------------------------------ template versions */
 
 static int users_add_root(template_users *u, const char *root) {
@@ -684,6 +732,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
                 goto fail;
         }
+        if ((r = volumes_check(cfg, err)) < 0)
+                goto fail;
 
         r = template_resolve(ctx->data_dir, cfg->template_name, &tpl, err);
         if (r < 0)
@@ -910,6 +960,22 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         layer_fd = safe_close(layer_fd);
         for (size_t i = 0; i < n_bind_fds; i++)
                 safe_close(bind_fds[i]);
+        /* Volumes: id-mapped mounts of their file systems, then the second
+         * message (the child attaches them once its root is set up). */
+        int vol_fds[HUTCH_VOLUMES_MAX];
+        size_t n_vol_fds = 0;
+        for (size_t i = 0; r >= 0 && i < cfg->n_volumes; i++) {
+                if ((r = volume_mount_idmapped(ctx, cfg->volumes[i].volume, userns, &vol_fds[i], &e)) < 0)
+                        step = e.msg;
+                else
+                        n_vol_fds++;
+        }
+        if (r >= 0 && (r = send_volumes(conn[0], cfg, vol_fds)) < 0)
+                step = "sending the volume mounts";
+        for (size_t i = 0; i < n_vol_fds; i++)
+                safe_close(vol_fds[i]);
+        if (r >= 0 && cfg->n_volumes > 0 && (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, &e)) < 0)
+                step = e.msg;
 
         child_error ce = { 0 };
         ssize_t got = 0;

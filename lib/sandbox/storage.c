@@ -41,7 +41,7 @@
 
 extern char **environ;
 
-static int run_tool(const char *const argv[]) {
+int run_tool(const char *const argv[]) {
         pid_t pid;
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
@@ -58,7 +58,7 @@ static int run_tool(const char *const argv[]) {
         return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
 }
 
-static bool have_tool(const char *name) {
+bool have_tool(const char *name) {
         static const char *const dirs[] = { "/usr/sbin", "/sbin", "/usr/bin", "/bin", NULL };
         for (const char *const *d = dirs; *d; d++) {
                 char p[256];
@@ -172,7 +172,7 @@ static int copy_sparse(int src, int dst) {
         }
 }
 
-static int loop_attach(int img_fd, int *ret_loop_fd) {
+int loop_attach(int img_fd, int *ret_loop_fd) {
         _cleanup_close_ int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
         if (ctl < 0)
                 return -errno;

@@ -10,6 +10,7 @@
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -55,6 +56,11 @@ static bool reservation_is_stale(hutch_ctx *ctx, int dfd, const char *name) {
         if (read_file_at(dfd, name, HUTCH_ID_LEN + 8, &owner) < 0)
                 return false;
         owner[strcspn(owner, "\n")] = 0;
+        /* "v<pid>.<n>": a volume content helper (volfs.c) of process pid */
+        if (owner[0] == 'v' && owner[1] >= '1' && owner[1] <= '9') {
+                long pid = strtol(owner + 1, NULL, 10);
+                return pid <= 0 || (kill((pid_t) pid, 0) < 0 && errno == ESRCH);
+        }
         if (sandbox_validate_id(owner) < 0)
                 return true;
         char path[4096];

@@ -58,6 +58,14 @@ enum store_stmt {
         STMT_SNAP_GET,
         STMT_SNAP_DELETE,
         STMT_SNAP_LIST,
+        STMT_VOL_INSERT,
+        STMT_VOL_GET,
+        STMT_VOL_FIND,
+        STMT_VOL_LIST,
+        STMT_VOL_DELETING,
+        STMT_VOL_DELETE,
+        STMT_VOL_LIST_DELETING,
+        STMT_VOL_SET_HASH,
         _STMT_MAX,
 };
 

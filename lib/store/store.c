@@ -157,6 +157,21 @@ static const char *const migrations[] = {
         "CREATE INDEX events_ts ON events(ts_ms);"
         "CREATE INDEX egress_log_ts ON egress_log(ts_ms);"
         "CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id);",
+
+        /* 6: volumes (the ext4 images live in DATA_DIR/volumes). A delete
+         * marks the row deleting (no new mount, no content access) before
+         * the image goes, then removes it; names are unique per team among
+         * the live ones. token_hash: SHA-256 of the content-plane token */
+        "CREATE TABLE volumes ("
+        "  id TEXT PRIMARY KEY NOT NULL CHECK (length(id) = 36),"
+        "  team_id INTEGER NOT NULL REFERENCES teams(id),"
+        "  name TEXT NOT NULL CHECK (length(CAST(name AS BLOB)) BETWEEN 1 AND 128),"
+        "  size_bytes INTEGER NOT NULL CHECK (size_bytes > 0),"
+        "  created_ms INTEGER NOT NULL,"
+        "  deleting_ms INTEGER NOT NULL DEFAULT 0,"
+        "  token_hash BLOB CHECK (token_hash IS NULL OR length(token_hash) = 32)"
+        ") WITHOUT ROWID;"
+        "CREATE UNIQUE INDEX volumes_team_name ON volumes(team_id, name) WHERE deleting_ms = 0;",
 };
 
 int store_schema_version(void) {

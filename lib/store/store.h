@@ -275,3 +275,29 @@ int store_snapshot_prune_missing(hutch_store *st, const char *dir);
  * one name, created before (before_ms, before_id) for paging; at most limit. */
 int store_snapshot_list(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *name, int64_t before_ms,
                         const char *before_id, unsigned limit, store_snapshot **ret, size_t *ret_n, hutch_error *err);
+
+/* --------------------------------------------------------------- volumes */
+
+typedef struct store_volume {
+        char id[37];          /* UUIDv4 */
+        int64_t team_id;
+        char name[129];
+        int64_t size_bytes, created_ms;
+        int64_t deleting_ms;  /* 0: live */
+        uint8_t token_hash[32];
+        bool has_token_hash;
+} store_volume;
+
+/* -EEXIST when the team has a live volume of that name. */
+int store_volume_insert(hutch_store *st, const store_volume *v, hutch_error *err);
+/* A live volume by id (team_id < 0: any team's), or by name in a team. -ENOENT otherwise. */
+int store_volume_get(hutch_store *st, int64_t team_id, const char *id, store_volume *ret, hutch_error *err);
+int store_volume_find(hutch_store *st, int64_t team_id, const char *name, store_volume *ret, hutch_error *err);
+/* The team's live volumes, oldest first (at most 10000). */
+int store_volume_list(hutch_store *st, int64_t team_id, store_volume **ret, size_t *ret_n, hutch_error *err);
+/* Mark a live volume deleting; -ENOENT if there is none. */
+int store_volume_set_deleting(hutch_store *st, int64_t team_id, const char *id, hutch_error *err);
+int store_volume_delete(hutch_store *st, const char *id, hutch_error *err);
+/* Rows marked deleting (a delete cut short by a crash: finish it). */
+int store_volume_list_deleting(hutch_store *st, store_volume **ret, size_t *ret_n, hutch_error *err);
+int store_volume_set_token_hash(hutch_store *st, const char *id, const uint8_t hash[32], hutch_error *err);
