@@ -17,6 +17,15 @@ int verb_kill(int argc, char **argv);
 int verb_gc(int argc, char **argv);
 int verb_serve(int argc, char **argv);
 int verb_key(int argc, char **argv);
+int verb_volume(int argc, char **argv);
+
+/* volume.c, shared with run.c (--volume) */
+struct hutch_store;
+bool cli_volume_name_valid(const char *s);
+int cli_volume_new_id(char out[HUTCH_VOLUME_ID_LEN + 1]);
+int cli_volume_team(struct hutch_store *st, const char *team, bool create, int64_t *ret, hutch_error *err);
+/* Names of the default team's volumes in $HUTCH_DATA_DIR to ids; prints the error. */
+int cli_volume_resolve(const char *const *names, size_t n, char (*ret_ids)[HUTCH_VOLUME_ID_LEN + 1]);
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

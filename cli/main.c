@@ -12,6 +12,7 @@ static void usage(FILE *f) {
               "  run [OPTIONS] -- CMD [ARG...]   run a command in a fresh sandbox\n"
               "  serve [OPTIONS]                 the E2B-compatible API daemon (--help)\n"
               "  key create|list|revoke          manage the daemon's API keys\n"
+              "  volume create|ls|rm             manage named persistent volumes (--help)\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
@@ -53,6 +54,8 @@ int main(int argc, char **argv) {
                 return verb_serve(argc - 1, argv + 1);
         if (streq(verb, "key"))
                 return verb_key(argc - 1, argv + 1);
+        if (streq(verb, "volume"))
+                return verb_volume(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

@@ -48,6 +48,8 @@ static void run_usage(FILE *f) {
               "  --timeout DURATION   kill the sandbox after this long: 500ms, 10s, 2m, 1h\n"
               "  --no-new-privs       set no_new_privs (sudo and setuid binaries stop working)\n"
               "  --json               print a JSON summary as the last line of stderr\n"
+              "  --volume NAME:PATH   mount the volume NAME (hutch volume create) read-write at PATH\n"
+              "                       (absolute; repeatable, at most 8; the default team's volumes)\n"
               "\n"
               "Exit status: the command's; 128+N when killed by signal N; 124 on timeout;\n"
               "126 not executable; 127 not found; 2 usage error; 125 hutch failed.\n",
@@ -72,6 +74,7 @@ enum {
         OPT_TIMEOUT,
         OPT_NNP,
         OPT_JSON,
+        OPT_VOLUME,
         OPT_HELP,
 };
 
@@ -121,6 +124,11 @@ typedef struct run_opts {
         const char *dns;
         bool net_log;
         char **cmd;
+        /* --volume NAME:PATH: names here, ids resolved before the create */
+        char *vol_names[HUTCH_VOLUMES_MAX];
+        char vol_ids[HUTCH_VOLUMES_MAX][HUTCH_VOLUME_ID_LEN + 1];
+        hutch_volume_mount vols[HUTCH_VOLUMES_MAX];
+        size_t n_vols;
 } run_opts;
 
 static int parse_args(int argc, char **argv, run_opts *o) {
@@ -142,6 +150,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 { "timeout", required_argument, NULL, OPT_TIMEOUT },
                 { "no-new-privs", no_argument, NULL, OPT_NNP },
                 { "json", no_argument, NULL, OPT_JSON },
+                { "volume", required_argument, NULL, OPT_VOLUME },
                 { "help", no_argument, NULL, OPT_HELP },
                 {},
         };
@@ -240,6 +249,27 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 case OPT_JSON:
                         o->json = true;
                         break;
+                case OPT_VOLUME: {
+                        char *colon = strchr(optarg, ':');
+                        if (!colon || colon == optarg)
+                                return log_error("invalid --volume '%s' (expected NAME:/PATH)", optarg), -EINVAL;
+                        if (o->n_vols >= HUTCH_VOLUMES_MAX)
+                                return log_error("at most %d --volume options", HUTCH_VOLUMES_MAX), -EINVAL;
+                        *colon = 0;
+                        const char *why = hutch_volume_path_check(colon + 1);
+                        if (!cli_volume_name_valid(optarg))
+                                return log_error("invalid --volume name '%s'", optarg), -EINVAL;
+                        if (why)
+                                return log_error("invalid --volume path '%s': %s", colon + 1, why), -EINVAL;
+                        for (size_t i = 0; i < o->n_vols; i++)
+                                if (streq(o->vols[i].path, colon + 1))
+                                        return log_error("--volume: path '%s' is already used", colon + 1), -EINVAL;
+                        o->vol_names[o->n_vols] = optarg;
+                        o->vols[o->n_vols].path = colon + 1;
+                        o->vols[o->n_vols].volume = o->vol_ids[o->n_vols];
+                        o->n_vols++;
+                        break;
+                }
                 case 'h':
                 case OPT_HELP:
                         run_usage(stdout);
@@ -277,6 +307,16 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 o->uid = o->gid = (uid_t) uid;
         else
                 return log_error("invalid --user '%s' (expected user, root or a uid from 0 to 65535)", user), -EINVAL;
+        return 0;
+}
+
+/* --volume names to ids (volume.c). */
+static int resolve_volumes(run_opts *o) {
+        int r = cli_volume_resolve((const char *const *) o->vol_names, o->n_vols, o->vol_ids);
+        if (r < 0)
+                return r;
+        o->sb.volumes = o->vols;
+        o->sb.n_volumes = o->n_vols;
         return 0;
 }
 
@@ -482,6 +522,8 @@ int verb_run(int argc, char **argv) {
         sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 
         if (cli_ctx(&ctx) < 0)
+                goto out;
+        if (o.n_vols > 0 && resolve_volumes(&o) < 0)
                 goto out;
         if (hutch_sandbox_create(ctx, &o.sb, &sb, &err) < 0) {
                 log_error("%s", err.msg);

@@ -113,6 +113,8 @@ static int volumes_lock(hutch_ctx *ctx, hutch_error *err) {
         return lfd;
 }
 
+static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err);
+
 int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_error *err) {
         if (!hutch_volume_id_valid(id))
                 return hutch_error_set(err, -EINVAL, "invalid volume id '%s'", id ? id : "");
@@ -156,6 +158,13 @@ int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_er
                 unlink(tmp);
                 return r;
         }
+        /* mkfs's lost+found is no file of the user's */
+        _cleanup_close_ int mnt = -1;
+        if ((r = volume_mount_locked(ctx, id, &mnt, err)) < 0) {
+                unlink(img);
+                return r;
+        }
+        (void) unlinkat(mnt, "lost+found", AT_REMOVEDIR);
         return 0;
 }
 
@@ -193,14 +202,12 @@ static int loop_find(dev_t dev, ino_t ino, int *ret_fd) {
         return found;
 }
 
-int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd, hutch_error *err) {
+/* A detached mount of the volume's one file system (lock held by the caller). */
+static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err) {
         char img[PATH_MAX];
         int r = image_path(ctx, id, img, sizeof img);
         if (r < 0)
                 return hutch_error_set(err, r, "invalid volume id '%s'", id ? id : "");
-        _cleanup_close_ int lfd = volumes_lock(ctx, err);
-        if (lfd < 0)
-                return lfd;
         _cleanup_close_ int imgfd = open(img, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         struct stat st;
         if (imgfd < 0 || fstat(imgfd, &st) < 0)
@@ -220,9 +227,21 @@ int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *re
         if (fsfd < 0 || sys_fsconfig(fsfd, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
             sys_fsconfig(fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
                 return hutch_error_set(err, -errno, "volume %s: mounting its file system (%s): %m", id, dev);
-        _cleanup_close_ int mnt = sys_fsmount(fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+        int mnt = sys_fsmount(fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
         if (mnt < 0)
                 return hutch_error_set(err, -errno, "volume %s: fsmount: %m", id);
+        *ret_fd = mnt;
+        return 0;
+}
+
+int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd, hutch_error *err) {
+        _cleanup_close_ int lfd = volumes_lock(ctx, err);
+        if (lfd < 0)
+                return lfd;
+        _cleanup_close_ int mnt = -1;
+        int r = volume_mount_locked(ctx, id, &mnt, err);
+        if (r < 0)
+                return r;
         struct mount_attr attr = {
                 .attr_set = MOUNT_ATTR_IDMAP,
                 .userns_fd = (uint64_t) userns_fd,
