@@ -39,8 +39,8 @@ bool cli_volume_name_valid(const char *s) {
         if (n == 0 || n > 128)
                 return false;
         for (const char *p = s; *p; p++)
-                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
-                      *p == '-'))
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                      (*p >= '0' && *p <= '9') || *p == '_' || *p == '-'))
                         return false;
         return true;
 }
@@ -52,8 +52,9 @@ int cli_volume_new_id(char out[HUTCH_VOLUME_ID_LEN + 1]) {
         b[6] = (uint8_t) ((b[6] & 0x0f) | 0x40);
         b[8] = (uint8_t) ((b[8] & 0x3f) | 0x80);
         snprintf(out, HUTCH_VOLUME_ID_LEN + 1,
-                 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-                 b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+                 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+                 b[15]);
         return 0;
 }
 
@@ -80,8 +81,10 @@ int cli_volume_resolve(const char *const *names, size_t n, char (*ret_ids)[HUTCH
                 if (r >= 0)
                         memcpy(ret_ids[i], v.id, HUTCH_VOLUME_ID_LEN + 1);
                 else if (r == -ENOENT)
-                        hutch_error_set(&err, r, "volume '%s' not found (create it with `hutch volume create %s`)",
-                                        names[i], names[i]);
+                        hutch_error_set(
+                                &err, r,
+                                "volume '%s' not found (create it with `hutch volume create %s`)",
+                                names[i], names[i]);
         }
         store_close(st);
         if (r < 0)
@@ -105,8 +108,10 @@ int verb_volume(int argc, char **argv) {
                         team = argv[++i];
                 else if (streq(argv[i], "--size") && i + 1 < argc) {
                         const char *v = argv[++i];
-                        if (parse_size(v, &size) < 0 || size < HUTCH_VOLUME_MIN_BYTES || size > HUTCH_MAX_DISK) {
-                                log_error("volume: invalid --size '%s' (expected a size from 8M to 1T, like 1G)", v);
+                        if (parse_size(v, &size) < 0 || size < HUTCH_VOLUME_MIN_BYTES ||
+                            size > HUTCH_MAX_DISK) {
+                                log_error("volume: invalid --size '%s' (expected a size from 8M to 1T, like 1G)",
+                                          v);
                                 return EXIT_USAGE;
                         }
                 } else if (!name && argv[i][0] != '-')
@@ -134,7 +139,8 @@ int verb_volume(int argc, char **argv) {
                 return EXIT_USAGE;
         }
         if (name && !cli_volume_name_valid(name)) {
-                log_error("volume: invalid name '%s' (letters, digits, '_' and '-', at most 128)", name);
+                log_error("volume: invalid name '%s' (letters, digits, '_' and '-', at most 128)",
+                          name);
                 return EXIT_USAGE;
         }
         hutch_store *st = NULL;
@@ -148,15 +154,19 @@ int verb_volume(int argc, char **argv) {
         if (r >= 0)
                 r = cli_volume_team(st, team, is_create, &team_id, &err);
         if (r == -ENOENT && !is_create)
-                r = hutch_error_set(&err, -ENOENT, is_ls ? "team '%s' has no volumes" : "volume '%s' not found",
+                r = hutch_error_set(&err, -ENOENT,
+                                    is_ls ? "team '%s' has no volumes" : "volume '%s' not found",
                                     is_ls ? team : name);
         if (r >= 0 && is_create) {
-                store_volume v = { .team_id = team_id, .size_bytes = (int64_t) size, .created_ms = (int64_t) time(NULL) * 1000 };
+                store_volume v = { .team_id = team_id,
+                                   .size_bytes = (int64_t) size,
+                                   .created_ms = (int64_t) time(NULL) * 1000 };
                 store_volume old;
                 hutch_error e2 = { 0 };
                 snprintf(v.name, sizeof v.name, "%s", name);
                 if (store_volume_find(st, team_id, name, &old, &e2) == 0)
-                        r = hutch_error_set(&err, -EEXIST, "volume with name '%s' already exists", name);
+                        r = hutch_error_set(&err, -EEXIST, "volume with name '%s' already exists",
+                                            name);
                 if (r >= 0 && (r = cli_volume_new_id(v.id)) < 0)
                         hutch_error_set(&err, r, "getrandom: %s", strerror(-r));
                 if (r >= 0)

@@ -44,6 +44,15 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         sbx *sb = NULL;
         *ret_responded = true;
 
+        /* the volume content plane: its own token, never an API key */
+        if (!port && startswith(req->url, "/volumecontent/")) {
+                const char *cl = http_header(c, "Content-Length");
+                if (!streq(req->method, "PUT") && cl && strtoull(cl, NULL, 10) > srv->cfg.max_body_bytes)
+                        return http_reply_error(c, 413, "request body exceeds %llu bytes",
+                                                (unsigned long long) srv->cfg.max_body_bytes);
+                return volumes_content_begin(srv, req, ret_responded);
+        }
+
         if (port) {
                 req->data_plane = true;
                 if (!id || !route_sandbox_id_valid(id))
@@ -567,6 +576,11 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 return snapshots_list(srv, req);
         case ROUTE_TEMPLATE_DELETE:
                 return snapshot_delete(srv, req, rt.secret);
+        case ROUTE_VOLUMES_CREATE:
+        case ROUTE_VOLUMES_LIST:
+        case ROUTE_VOLUME_GET:
+        case ROUTE_VOLUME_DELETE:
+                return volumes_dispatch(srv, req, &rt);
         default:
                 break;
         }
@@ -613,6 +627,8 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
 }
 
 enum MHD_Result api_dispatch(server *srv, request *req) {
+        if (req->vol)
+                return volumes_content_dispatch(srv, req);
         if (req->data_plane) {
                 sbx *sb = sbx_find(srv, req->sbx_id);
                 if (!sb || sb->paused)

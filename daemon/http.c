@@ -288,6 +288,7 @@ static void request_free(request *req) {
                 MHD_destroy_response(req->deferred);
         if (req->upload)
                 files_upload_free(req->upload);
+        volumes_request_free(req->vol);
         free(req->created);
         free(req->body);
         free(req->url);
@@ -434,6 +435,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         deferring = NULL;
                         return r;
                 }
+                if (req->body_mode == BODY_VOLUME)
+                        return volumes_content_body(srv, req, upload_data, upload_size);
                 size_t n = *upload_size;
                 if (req->body_len + n > srv->cfg.max_body_bytes) {
                         deferring = req;

@@ -77,6 +77,34 @@ int route_control(const char *method, const char *url, route *ret) {
                 *ret = r;
                 return 0;
         }
+        if (streq(url, "/volumes")) {
+                if (streq(method, "POST"))
+                        r.kind = ROUTE_VOLUMES_CREATE;
+                else if (streq(method, "GET"))
+                        r.kind = ROUTE_VOLUMES_LIST;
+                else
+                        return -EPERM;
+                *ret = r;
+                return 0;
+        }
+        if (startswith(url, "/volumes/")) {
+                /* /volumes/{id}: one path segment, bounded */
+                const char *p = url + strlen("/volumes/");
+                size_t n = 0;
+                for (; *p && *p != '/' && n + 1 < sizeof r.secret; p++)
+                        r.secret[n++] = *p;
+                r.secret[n] = 0;
+                if (*p || n == 0)
+                        return -ENOENT;
+                if (streq(method, "GET"))
+                        r.kind = ROUTE_VOLUME_GET;
+                else if (streq(method, "DELETE"))
+                        r.kind = ROUTE_VOLUME_DELETE;
+                else
+                        return -EPERM;
+                *ret = r;
+                return 0;
+        }
         if (streq(url, "/secrets")) {
                 if (streq(method, "GET"))
                         r.kind = ROUTE_SECRETS_LIST;

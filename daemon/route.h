@@ -36,6 +36,10 @@ enum {
         ROUTE_SANDBOX_FORK,
         ROUTE_SNAPSHOTS_LIST,
         ROUTE_TEMPLATE_DELETE,
+        ROUTE_VOLUMES_CREATE,
+        ROUTE_VOLUMES_LIST,
+        ROUTE_VOLUME_GET,
+        ROUTE_VOLUME_DELETE,
         _ROUTE_MAX, /* not a route: one past the last */
 };
 
@@ -43,7 +47,7 @@ typedef struct route {
         int kind;               /* ROUTE_* */
         bool v2;                /* /v2/… (list: states and filters) */
         char id[HUTCH_ID_LEN + 1]; /* ROUTE_SANDBOX_*: "" when the path's id is not a valid sandbox id */
-        char secret[161];          /* ROUTE_SECRET_*: the id or name, percent-decoded */
+        char secret[161];          /* ROUTE_SECRET_*: the id or name, percent-decoded; ROUTE_VOLUME_*: the id */
 } route;
 
 /* 0 and *ret; -ENOENT no such path (404); -EPERM known path, other method (405). */

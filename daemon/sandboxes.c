@@ -179,7 +179,11 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, con
                 snprintf(owner, sizeof owner, "hutch serve %s team %lld", srv->cfg.data_dir, (long long) sb->team_id);
         else
                 snprintf(owner, sizeof owner, "hutch serve %s", srv->cfg.data_dir);
+        hutch_volume_mount vols[HUTCH_VOLUMES_MAX];
+        size_t n_vols = volumes_mounts_config(json_object_get(sb->extra, "volumeMounts"), vols, HUTCH_VOLUMES_MAX);
         hutch_sandbox_config sc = {
+                .volumes = vols,
+                .n_volumes = n_vols,
                 .owner = owner,
                 .template_name = template_name,
                 .layer_from = checkpoint ? NULL : layer_from,
@@ -413,9 +417,16 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         uint64_t timeout_s = cr.timeout_s;
         json_t *md = cr.metadata, *envs = cr.env;
-        json_t *egress_spec = NULL;
-        if ((r = egress_spec_from_create(srv, body, &egress_spec, why, sizeof why)) < 0)
+        json_t *egress_spec = NULL, *mounts = NULL;
+        {
+                char vwhy[4096];
+                if ((r = volumes_mounts_parse(srv, team, body, &mounts, vwhy, sizeof vwhy)) < 0)
+                        return hutch_error_set(err, r, "%s", vwhy);
+        }
+        if ((r = egress_spec_from_create(srv, body, &egress_spec, why, sizeof why)) < 0) {
+                json_decref(mounts);
                 return hutch_error_set(err, r, "%s", why);
+        }
         /* secret references in envVars: checked now, placeholders once the id is known */
         if (json_is_object(envs)) {
                 json_t *copy = json_deep_copy(envs), *names = json_array();
@@ -424,12 +435,14 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 json_decref(names);
                 if (r < 0) {
                         json_decref(egress_spec);
+                        json_decref(mounts);
                         return hutch_error_set(err, r, "%s", why);
                 }
         }
         if ((uint64_t) sbx_live_count(srv, team) >= srv->cfg.max_sandboxes_per_team) {
                 *ret_status = 429;
                 json_decref(egress_spec);
+                        json_decref(mounts);
                 return hutch_error_set(err, -EAGAIN, "team has reached its limit of %llu live sandboxes",
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
@@ -443,6 +456,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 if (r < 0) {
                         *ret_status = r == -EBADMSG ? 422 : 500;
                         json_decref(egress_spec);
+                        json_decref(mounts);
                         return r;
                 }
         }
@@ -460,19 +474,29 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
                 *ret_status = 409;
                 json_decref(egress_spec);
+                        json_decref(mounts);
                 if (layer_from[0] && !borrowed)
                         unlink(layer_from);
                 return hutch_error_set(err, -EOPNOTSUPP, "snapshot %s is of a %s sandbox; it cannot start a %s one",
                                        snap.id, checkpoint ? "gvisor" : "namespace (ns)", hutch_backend_name(backend));
         }
+        if (mounts && backend == HUTCH_BACKEND_GVISOR) {
+                json_decref(egress_spec);
+                json_decref(mounts);
+                if (layer_from[0] && !borrowed)
+                        unlink(layer_from);
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "volume mounts are not supported on the gvisor backend (docs/volumes.md)");
+        }
         /* the pool holds sandboxes of the operator's default backend */
-        bool poolable = streq(template_name, "host") && !snap.id[0] &&
+        bool poolable = streq(template_name, "host") && !snap.id[0] && !mounts &&
                         backend == hutch_backend_from_name(srv->cfg.backend);
         sbx *sb = poolable ? pool_take(srv) : NULL;
         if (!sb) {
                 sb = sbx_alloc(srv);
                 if (!sb) {
                         json_decref(egress_spec);
+                        json_decref(mounts);
                         if (layer_from[0] && !borrowed)
                                 unlink(layer_from);
                         return hutch_error_set(err, -ENOMEM, "out of memory");
@@ -491,6 +515,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         sb->pause_keep_memory = cr.pause_keep_memory;
         sb->extra = extra_json(sb, body);
         json_object_set_new(sb->extra, "egress", egress_spec);
+        if (mounts)
+                json_object_set_new(sb->extra, "volumeMounts", mounts);
         {
                 json_t *names = json_array();
                 if (secrets_env_rewrite(srv, team, sb->id, sb->envs, names, why, sizeof why) < 0)
@@ -1166,7 +1192,13 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
                               started, "endAt", end, "state", sb->paused ? "paused" : "running", "cpuCount",
                               (json_int_t) sb->cpu_count, "memoryMB", (json_int_t) sb->memory_mb, "diskSizeMB",
                               (json_int_t) sb->disk_mb, "envdVersion", ENVD_VERSION, "metadata", sb->metadata);
-        json_object_set_new(o, "volumeMounts", json_array());
+        json_t *vm = json_array(), *m;
+        size_t vi;
+        json_array_foreach(json_object_get(sb->extra, "volumeMounts"), vi, m) {
+                json_array_append_new(vm, json_pack("{s:O, s:O}", "name", json_object_get(m, "name"), "path",
+                                                    json_object_get(m, "path")));
+        }
+        json_object_set_new(o, "volumeMounts", vm);
         if (detail) {
                 json_object_set_new(o, "envdAccessToken", json_string(sb->token));
                 json_object_set_new(o, "domain", json_null());

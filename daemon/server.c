@@ -75,6 +75,8 @@ static const struct cfg_entry {
         { "retention", CFG_SECONDS, U(retention_s), 1, 87600 * 3600, "168h", "how long the database keeps ended sandboxes' rows and events, and egress records (pruned at start and then every retention/2, at most every 10 minutes)" },
         { "max-snapshots-per-team", CFG_U64, U(max_snapshots_per_team), 1, 1000000, "100", "snapshots a team may keep (429 beyond)" },
         { "snapshot-reserve", CFG_SIZE, U(snapshot_reserve_bytes), 0, 1ull << 50, "1G", "free disk a snapshot must leave on the data dir's file system (507 otherwise)" },
+        { "volume-size", CFG_SIZE, U(volume_size_bytes), 8ull << 20, 1ull << 40, "1G", "size limit of a volume made by POST /volumes (ENOSPC past it; sparse on disk)" },
+        { "max-volumes-per-team", CFG_U64, U(max_volumes_per_team), 1, 1000000, "100", "volumes a team may keep (429 beyond)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
         { "backend", CFG_STR, S(backend), 0, 0, "ns", "isolation backend of sandboxes whose create names none: ns (namespaces) or gvisor (runsc)" },
         { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base and host; e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
@@ -667,6 +669,7 @@ int server_run(const server_config *cfg) {
         r = snapshots_setup(srv);
         if (r < 0)
                 goto out;
+        volumes_setup(srv);
         r = egress_setup(srv);
         if (r < 0)
                 goto out;

@@ -69,6 +69,8 @@ typedef struct server_config {
         uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
+        uint64_t volume_size_bytes;      /* POST /volumes makes volumes of this size */
+        uint64_t max_volumes_per_team;
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -248,7 +250,7 @@ struct server {
 /* ---------------------------------------------------------------- http.c */
 
 /* One request's state across MHD's access-handler calls. */
-enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3 };
+enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3, BODY_VOLUME = 4 };
 struct request {
         server *srv;
         struct MHD_Connection *conn;
@@ -259,6 +261,7 @@ struct request {
         size_t body_len, body_cap;
         bool too_large;
         struct files_upload *upload; /* BODY_FILES */
+        struct vol_request *vol;     /* /volumecontent/…: its session (daemon/volumes.c) */
         bool responded;
         bool authenticated;     /* its connection got idle-timeout (http_conn_authenticated) */
         struct MHD_Response *deferred; /* a reply waiting for the body to be read */
@@ -466,3 +469,21 @@ enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb);
 enum MHD_Result snapshots_list(server *srv, request *req);
 enum MHD_Result snapshot_delete(server *srv, request *req, const char *id);
 enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb);
+
+/* ---------------------------------------------------------------- volumes */
+
+struct route;
+/* Finish deletes a crash cut short. */
+void volumes_setup(server *srv);
+enum MHD_Result volumes_dispatch(server *srv, request *req, const struct route *rt);
+/* /volumecontent/…: authenticated by the volume's token, not an API key.
+ * Called with the headers (a PUT's body then streams into the volume). */
+enum MHD_Result volumes_content_begin(server *srv, request *req, bool *ret_responded);
+enum MHD_Result volumes_content_body(server *srv, request *req, const char *data, size_t *size);
+enum MHD_Result volumes_content_dispatch(server *srv, request *req);
+void volumes_request_free(struct vol_request *v);
+/* volumeMounts of a create body: [{name, path, id}] resolved in the team,
+ * NULL when there are none; -EINVAL (-ENOENT) with E2B's message. */
+int volumes_mounts_parse(server *srv, int64_t team, json_t *body, json_t **ret, char *why, size_t wl);
+/* The engine's mounts from a sandbox's extra.volumeMounts. */
+size_t volumes_mounts_config(json_t *mounts, hutch_volume_mount *out, size_t max);

@@ -60,7 +60,7 @@ typedef struct volfs_req {
 } volfs_req;
 
 typedef struct volfs_reply {
-        int32_t err; /* negative errno */
+        int32_t err;   /* negative errno */
         uint32_t more; /* VOP_LIST: an entry, more follow */
         char msg[256];
         hutch_volfs_entry e;
@@ -114,12 +114,13 @@ static int split(const char *path, char *parent, char *base) {
         return 0;
 }
 
-static void fill_entry(hutch_volfs_entry *e, int dirfd, const char *name, const struct stat *st, const char *path) {
+static void fill_entry(hutch_volfs_entry *e, int dirfd, const char *name, const struct stat *st,
+                       const char *path) {
         memset(e, 0, sizeof *e);
-        e->type = S_ISREG(st->st_mode)   ? HUTCH_VOLFS_FILE
-                  : S_ISDIR(st->st_mode) ? HUTCH_VOLFS_DIR
-                  : S_ISLNK(st->st_mode) ? HUTCH_VOLFS_SYMLINK
-                                         : HUTCH_VOLFS_OTHER;
+        e->type = S_ISREG(st->st_mode) ? HUTCH_VOLFS_FILE
+                : S_ISDIR(st->st_mode) ? HUTCH_VOLFS_DIR
+                : S_ISLNK(st->st_mode) ? HUTCH_VOLFS_SYMLINK
+                                       : HUTCH_VOLFS_OTHER;
         e->mode = st->st_mode & 07777;
         e->uid = st->st_uid;
         e->gid = st->st_gid;
@@ -163,7 +164,8 @@ static int reply(int sock, int err, bool more, const hutch_volfs_entry *e, const
         return send(sock, &rp, sizeof rp, MSG_NOSIGNAL) == (ssize_t) sizeof rp ? 0 : -errno;
 }
 
-static int list_dir(int sock, int dirfd, const char *prefix, unsigned level, unsigned depth, unsigned *count) {
+static int list_dir(int sock, int dirfd, const char *prefix, unsigned level, unsigned depth,
+                    unsigned *count) {
         int dup_fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 3);
         DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
         if (!d) {
@@ -181,8 +183,8 @@ static int list_dir(int sock, int dirfd, const char *prefix, unsigned level, uns
                         break;
                 }
                 char path[HUTCH_VOLFS_PATH_MAX];
-                if (snprintf(path, sizeof path, "%s/%s", streq(prefix, "/") ? "" : prefix, de->d_name) >=
-                    (int) sizeof path)
+                if (snprintf(path, sizeof path, "%s/%s", streq(prefix, "/") ? "" : prefix,
+                             de->d_name) >= (int) sizeof path)
                         continue;
                 struct stat st;
                 if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
@@ -191,7 +193,8 @@ static int list_dir(int sock, int dirfd, const char *prefix, unsigned level, uns
                 if ((r = reply(sock, 0, true, &e, NULL)) < 0)
                         break;
                 if (S_ISDIR(st.st_mode) && level + 1 < depth) {
-                        int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        int sub = openat(dirfd, de->d_name,
+                                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                         if (sub >= 0) {
                                 r = list_dir(sock, sub, path, level + 1, depth, count);
                                 close(sub);
@@ -207,7 +210,8 @@ static int64_t id_or_default(int64_t v) {
 }
 
 /* mkdir -p (parents) or mkdir, each new directory given the owner and mode. */
-static int make_dirs(const char *path, int64_t uid, int64_t gid, int64_t mode, bool parents, bool *ret_created) {
+static int make_dirs(const char *path, int64_t uid, int64_t gid, int64_t mode, bool parents,
+                     bool *ret_created) {
         char prefix[HUTCH_VOLFS_PATH_MAX];
         size_t n = strlen(path);
         *ret_created = false;
@@ -234,8 +238,8 @@ static int make_dirs(const char *path, int64_t uid, int64_t gid, int64_t mode, b
                 mode_t m = mode < 0 ? 0755 : (mode_t) mode;
                 if (mkdirat(pfd, base, m) < 0)
                         return -errno;
-                if (fchownat(pfd, base, (uid_t) id_or_default(uid), (gid_t) id_or_default(gid), AT_SYMLINK_NOFOLLOW) <
-                            0 ||
+                if (fchownat(pfd, base, (uid_t) id_or_default(uid), (gid_t) id_or_default(gid),
+                             AT_SYMLINK_NOFOLLOW) < 0 ||
                     fchmodat(pfd, base, m, 0) < 0)
                         return -errno;
                 if (last)
@@ -294,8 +298,8 @@ static int do_chattr(const volfs_req *q, hutch_volfs_entry *e) {
         if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 return -errno;
         if ((q->uid >= 0 || q->gid >= 0) &&
-            fchownat(pfd, base, q->uid >= 0 ? (uid_t) q->uid : (uid_t) -1, q->gid >= 0 ? (gid_t) q->gid : (gid_t) -1,
-                     AT_SYMLINK_NOFOLLOW) < 0)
+            fchownat(pfd, base, q->uid >= 0 ? (uid_t) q->uid : (uid_t) -1,
+                     q->gid >= 0 ? (gid_t) q->gid : (gid_t) -1, AT_SYMLINK_NOFOLLOW) < 0)
                 return -errno;
         if (q->mode >= 0) {
                 if (S_ISLNK(st.st_mode))
@@ -345,14 +349,16 @@ static int serve_one(int sock, const volfs_req *q) {
                 r = do_chattr(q, &e);
                 return reply(sock, r, false, r < 0 ? NULL : &e, NULL);
         case VOP_OPEN_READ: {
-                _cleanup_close_ int fd = open_in_root(q->path[1] ? q->path + 1 : ".", O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
+                _cleanup_close_ int fd = open_in_root(q->path[1] ? q->path + 1 : ".",
+                                                      O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
                 struct stat st;
                 if (fd < 0)
                         return reply(sock, fd, false, NULL, NULL);
                 if (fstat(fd, &st) < 0)
                         return reply(sock, -errno, false, NULL, NULL);
                 if (!S_ISREG(st.st_mode))
-                        return reply(sock, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, false, NULL, NULL);
+                        return reply(sock, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, false, NULL,
+                                     NULL);
                 fill_entry(&e, -1, "", &st, q->path);
                 return reply(sock, 0, false, &e, &fd);
         }
@@ -380,8 +386,8 @@ static int serve_one(int sock, const volfs_req *q) {
                         close(pfd);
                         return reply(sock, -EIO, false, NULL, NULL);
                 }
-                snprintf(w_tmp, sizeof w_tmp, ".hutch-upload-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
-                         rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+                snprintf(w_tmp, sizeof w_tmp, ".hutch-upload-%02x%02x%02x%02x%02x%02x%02x%02x",
+                         rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
                 int fd = openat(pfd, w_tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
                 if (fd < 0) {
                         r = -errno;
@@ -453,7 +459,9 @@ static _Noreturn void helper_main(int sock, uid_t base) {
                         struct cmsghdr align;
                         char c[CMSG_SPACE(sizeof(int))];
                 } ctl;
-                struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.c,
+                struct msghdr msg = { .msg_iov = &iov,
+                                      .msg_iovlen = 1,
+                                      .msg_control = ctl.c,
                                       .msg_controllen = sizeof ctl.c };
                 if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) <= 0)
                         _exit(124);
@@ -657,7 +665,9 @@ static int call(hutch_volfs *v, const volfs_req *q, volfs_reply *rp, int *ret_fd
                         struct cmsghdr align;
                         char c[CMSG_SPACE(sizeof(int))];
                 } ctl;
-                struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.c,
+                struct msghdr msg = { .msg_iov = &iov,
+                                      .msg_iovlen = 1,
+                                      .msg_control = ctl.c,
                                       .msg_controllen = sizeof ctl.c };
                 ssize_t n = recvmsg(v->sock, &msg, MSG_CMSG_CLOEXEC);
                 if (n < 0 && errno == EINTR)
@@ -692,7 +702,8 @@ static int req_init(volfs_req *q, uint32_t op, const char *path, hutch_error *er
         q->op = op;
         q->uid = q->gid = q->mode = -1;
         if (!path || path[0] != '/' || strlen(path) >= sizeof q->path)
-                return hutch_error_set(err, -EINVAL, "path must be absolute and shorter than %d bytes",
+                return hutch_error_set(err, -EINVAL,
+                                       "path must be absolute and shorter than %d bytes",
                                        HUTCH_VOLFS_PATH_MAX);
         strcpy(q->path, path);
         return 0;
@@ -716,8 +727,8 @@ int hutch_volfs_stat(hutch_volfs *v, const char *path, hutch_volfs_entry *ret, h
         return r;
 }
 
-int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_volfs_entry **ret, size_t *ret_n,
-                     hutch_error *err) {
+int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_volfs_entry **ret,
+                     size_t *ret_n, hutch_error *err) {
         volfs_req q;
         int r = req_init(&q, VOP_LIST, path, err);
         if (r < 0)
@@ -740,7 +751,8 @@ int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_vol
                                         v->sock = safe_close(v->sock);
                                 else if (reply_buf.err < 0) {
                                         const char *t = errno_text(reply_buf.err);
-                                        r = hutch_error_set(err, reply_buf.err, "%s", t ? t : strerror(-reply_buf.err));
+                                        r = hutch_error_set(err, reply_buf.err, "%s",
+                                                            t ? t : strerror(-reply_buf.err));
                                 }
                         }
                         if (r < 0 && !err->msg[0])
@@ -773,8 +785,8 @@ int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_vol
         return 0;
 }
 
-int hutch_volfs_mkdir(hutch_volfs *v, const char *path, int64_t uid, int64_t gid, int64_t mode, bool parents,
-                      hutch_volfs_entry *ret, hutch_error *err) {
+int hutch_volfs_mkdir(hutch_volfs *v, const char *path, int64_t uid, int64_t gid, int64_t mode,
+                      bool parents, hutch_volfs_entry *ret, hutch_error *err) {
         volfs_req q;
         int r = req_init(&q, VOP_MKDIR, path, err);
         if (r >= 0)
@@ -812,7 +824,8 @@ int hutch_volfs_chattr(hutch_volfs *v, const char *path, int64_t uid, int64_t gi
         return r;
 }
 
-int hutch_volfs_open_read(hutch_volfs *v, const char *path, int *ret_fd, hutch_volfs_entry *ret, hutch_error *err) {
+int hutch_volfs_open_read(hutch_volfs *v, const char *path, int *ret_fd, hutch_volfs_entry *ret,
+                          hutch_error *err) {
         volfs_req q;
         int fd = -1;
         int r = req_init(&q, VOP_OPEN_READ, path, err);
@@ -854,8 +867,8 @@ int hutch_volfs_write_begin(hutch_volfs *v, const char *path, int *ret_fd, hutch
         return 0;
 }
 
-int hutch_volfs_write_commit(hutch_volfs *v, int64_t uid, int64_t gid, int64_t mode, hutch_volfs_entry *ret,
-                             hutch_error *err) {
+int hutch_volfs_write_commit(hutch_volfs *v, int64_t uid, int64_t gid, int64_t mode,
+                             hutch_volfs_entry *ret, hutch_error *err) {
         volfs_req q;
         if (!v->writing)
                 return hutch_error_set(err, -EBADF, "no write under way");

@@ -122,7 +122,8 @@ int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_er
                 return hutch_error_set(err, -EINVAL, "a volume's size must be between 8M and 1T");
         bytes &= ~(uint64_t) 4095;
         if (access("/dev/loop-control", R_OK | W_OK) != 0 || !have_tool("mkfs.ext4"))
-                return hutch_error_set(err, -ENODEV, "volumes need /dev/loop-control and mkfs.ext4 (e2fsprogs)");
+                return hutch_error_set(err, -ENODEV,
+                                       "volumes need /dev/loop-control and mkfs.ext4 (e2fsprogs)");
         _cleanup_close_ int lfd = volumes_lock(ctx, err);
         if (lfd < 0)
                 return lfd;
@@ -135,7 +136,8 @@ int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_er
                 return hutch_error_set(err, -EEXIST, "volume %s already has an image", id);
         snprintf(tmp, sizeof tmp, "%s.new", img);
         (void) unlink(tmp);
-        _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                                      0600);
         if (fd < 0)
                 return hutch_error_set(err, -errno, "creating %s: %m", tmp);
         if (ftruncate(fd, (off_t) bytes) < 0) {
@@ -146,12 +148,21 @@ int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_er
         /* A journal (the data outlives crashes), no reserved blocks (the
          * whole size is the user's), lazily initialised inode tables and
          * journal (the image stays sparse), the root owned by "user". */
-        const char *argv[] = { "mkfs.ext4", "-q", "-F", "-m", "0", "-E",
-                               "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=1000:1000", "-L",
-                               "hutch-volume", tmp, NULL };
+        const char *argv[] = { "mkfs.ext4",
+                               "-q",
+                               "-F",
+                               "-m",
+                               "0",
+                               "-E",
+                               "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=1000:1000",
+                               "-L",
+                               "hutch-volume",
+                               tmp,
+                               NULL };
         if ((r = run_tool(argv)) < 0) {
                 unlink(tmp);
-                return hutch_error_set(err, r, "mkfs.ext4 of a %llu-byte volume failed", (unsigned long long) bytes);
+                return hutch_error_set(err, r, "mkfs.ext4 of a %llu-byte volume failed",
+                                       (unsigned long long) bytes);
         }
         if (fsync(fd) < 0 || rename(tmp, img) < 0) {
                 r = hutch_error_set(err, -errno, "installing %s: %m", img);
@@ -211,22 +222,25 @@ static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutc
         _cleanup_close_ int imgfd = open(img, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         struct stat st;
         if (imgfd < 0 || fstat(imgfd, &st) < 0)
-                return hutch_error_set(err, errno == ENOENT ? -ENOENT : -errno, "volume %s: %s: %m", id,
-                                       errno == ENOENT ? "no image" : "opening its image");
+                return hutch_error_set(err, errno == ENOENT ? -ENOENT : -errno, "volume %s: %s: %m",
+                                       id, errno == ENOENT ? "no image" : "opening its image");
         if (!S_ISREG(st.st_mode))
-                return hutch_error_set(err, -EINVAL, "volume %s: its image is not a regular file", id);
+                return hutch_error_set(err, -EINVAL, "volume %s: its image is not a regular file",
+                                       id);
         _cleanup_close_ int loopfd = -1;
         int n = loop_find(st.st_dev, st.st_ino, &loopfd);
         if (n == -ENOENT)
                 n = loop_attach(imgfd, &loopfd);
         if (n < 0)
-                return hutch_error_set(err, n, "volume %s: attaching its image to a loop device: %s", id, strerror(-n));
+                return hutch_error_set(err, n, "volume %s: attaching its image to a loop device: %s",
+                                       id, strerror(-n));
         char dev[64];
         snprintf(dev, sizeof dev, "/dev/loop%d", n);
         _cleanup_close_ int fsfd = sys_fsopen("ext4", FSOPEN_CLOEXEC);
         if (fsfd < 0 || sys_fsconfig(fsfd, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
             sys_fsconfig(fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-                return hutch_error_set(err, -errno, "volume %s: mounting its file system (%s): %m", id, dev);
+                return hutch_error_set(err, -errno, "volume %s: mounting its file system (%s): %m",
+                                       id, dev);
         int mnt = sys_fsmount(fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
         if (mnt < 0)
                 return hutch_error_set(err, -errno, "volume %s: fsmount: %m", id);
@@ -234,7 +248,8 @@ static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutc
         return 0;
 }
 
-int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd, hutch_error *err) {
+int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd,
+                          hutch_error *err) {
         _cleanup_close_ int lfd = volumes_lock(ctx, err);
         if (lfd < 0)
                 return lfd;
@@ -261,12 +276,14 @@ int hutch_volume_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
         if (lfd < 0)
                 return lfd;
         if (unlink(img) < 0)
-                return hutch_error_set(err, -errno, errno == ENOENT ? "volume %s has no image" : "removing %s: %m",
-                                       errno == ENOENT ? id : img);
+                return hutch_error_set(
+                        err, -errno, errno == ENOENT ? "volume %s has no image" : "removing %s: %m",
+                        errno == ENOENT ? id : img);
         return 0;
 }
 
-int hutch_volume_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_size, uint64_t *ret_used, hutch_error *err) {
+int hutch_volume_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_size, uint64_t *ret_used,
+                       hutch_error *err) {
         char img[PATH_MAX];
         int r = image_path(ctx, id, img, sizeof img);
         if (r < 0)
@@ -279,14 +296,16 @@ int hutch_volume_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_size, uint6
         return 0;
 }
 
-int volume_state_write(const char *sandbox_dir, const hutch_volume_mount *v, size_t n, hutch_error *err) {
+int volume_state_write(const char *sandbox_dir, const hutch_volume_mount *v, size_t n,
+                       hutch_error *err) {
         char path[PATH_MAX];
         char buf[HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4)];
         size_t len = 0;
         if (n > HUTCH_VOLUMES_MAX)
                 return hutch_error_set(err, -E2BIG, "too many volumes");
         for (size_t i = 0; i < n; i++)
-                len += (size_t) snprintf(buf + len, sizeof buf - len, "%s %s\n", v[i].volume, v[i].path);
+                len += (size_t) snprintf(buf + len, sizeof buf - len, "%s %s\n", v[i].volume,
+                                         v[i].path);
         snprintf(path, sizeof path, "%s/volumes", sandbox_dir);
         int r = write_file_atomic(path, buf, len, 0600);
         if (r < 0)

@@ -31,7 +31,8 @@ static void from_row(sqlite3_stmt *s, store_volume *v) {
 int store_volume_insert(hutch_store *st, const store_volume *v, hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, STMT_VOL_INSERT,
-                           "INSERT INTO volumes (" VOL_COLUMNS ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6)", &s, err);
+                           "INSERT INTO volumes (" VOL_COLUMNS ") VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6)",
+                           &s, err);
         if (r < 0)
                 return r;
         int rc = store_bind_text(s, 1, v->id);
@@ -51,7 +52,8 @@ int store_volume_insert(hutch_store *st, const store_volume *v, hutch_error *err
         return store_step_done(st, s, err, "recording a volume");
 }
 
-static int get_one(hutch_store *st, sqlite3_stmt *s, store_volume *ret, const char *what, hutch_error *err) {
+static int get_one(hutch_store *st, sqlite3_stmt *s, store_volume *ret, const char *what,
+                   hutch_error *err) {
         int r = store_step_row(st, s, err, "reading a volume");
         if (r < 0)
                 return r;
@@ -61,10 +63,12 @@ static int get_one(hutch_store *st, sqlite3_stmt *s, store_volume *ret, const ch
         return 0;
 }
 
-int store_volume_get(hutch_store *st, int64_t team_id, const char *id, store_volume *ret, hutch_error *err) {
+int store_volume_get(hutch_store *st, int64_t team_id, const char *id, store_volume *ret,
+                     hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, STMT_VOL_GET,
-                           "SELECT " VOL_COLUMNS " FROM volumes WHERE id = ?1 AND (?2 < 0 OR team_id = ?2)"
+                           "SELECT " VOL_COLUMNS
+                           " FROM volumes WHERE id = ?1 AND (?2 < 0 OR team_id = ?2)"
                            " AND deleting_ms = 0",
                            &s, err);
         if (r < 0)
@@ -77,10 +81,12 @@ int store_volume_get(hutch_store *st, int64_t team_id, const char *id, store_vol
         return get_one(st, s, ret, id, err);
 }
 
-int store_volume_find(hutch_store *st, int64_t team_id, const char *name, store_volume *ret, hutch_error *err) {
+int store_volume_find(hutch_store *st, int64_t team_id, const char *name, store_volume *ret,
+                      hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, STMT_VOL_FIND,
-                           "SELECT " VOL_COLUMNS " FROM volumes WHERE team_id = ?1 AND name = ?2 AND deleting_ms = 0",
+                           "SELECT " VOL_COLUMNS
+                           " FROM volumes WHERE team_id = ?1 AND name = ?2 AND deleting_ms = 0",
                            &s, err);
         if (r < 0)
                 return r;
@@ -92,7 +98,8 @@ int store_volume_find(hutch_store *st, int64_t team_id, const char *name, store_
         return get_one(st, s, ret, name, err);
 }
 
-static int list_rows(hutch_store *st, sqlite3_stmt *s, store_volume **ret, size_t *ret_n, hutch_error *err) {
+static int list_rows(hutch_store *st, sqlite3_stmt *s, store_volume **ret, size_t *ret_n,
+                     hutch_error *err) {
         size_t n = 0, cap = 0;
         store_volume *v = NULL;
         for (;;) {
@@ -120,7 +127,8 @@ static int list_rows(hutch_store *st, sqlite3_stmt *s, store_volume **ret, size_
         return 0;
 }
 
-int store_volume_list(hutch_store *st, int64_t team_id, store_volume **ret, size_t *ret_n, hutch_error *err) {
+int store_volume_list(hutch_store *st, int64_t team_id, store_volume **ret, size_t *ret_n,
+                      hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, STMT_VOL_LIST,
                            "SELECT " VOL_COLUMNS " FROM volumes WHERE team_id = ?1 AND deleting_ms = 0"
@@ -137,7 +145,8 @@ int store_volume_list(hutch_store *st, int64_t team_id, store_volume **ret, size
 int store_volume_list_deleting(hutch_store *st, store_volume **ret, size_t *ret_n, hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, STMT_VOL_LIST_DELETING,
-                           "SELECT " VOL_COLUMNS " FROM volumes WHERE deleting_ms != 0 ORDER BY id", &s, err);
+                           "SELECT " VOL_COLUMNS " FROM volumes WHERE deleting_ms != 0 ORDER BY id",
+                           &s, err);
         if (r < 0)
                 return r;
         return list_rows(st, s, ret, ret_n, err);
@@ -145,9 +154,10 @@ int store_volume_list_deleting(hutch_store *st, store_volume **ret, size_t *ret_
 
 int store_volume_set_deleting(hutch_store *st, int64_t team_id, const char *id, hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
-        int r = store_stmt(st, STMT_VOL_DELETING,
-                           "UPDATE volumes SET deleting_ms = ?3 WHERE id = ?1 AND team_id = ?2 AND deleting_ms = 0", &s,
-                           err);
+        int r = store_stmt(
+                st, STMT_VOL_DELETING,
+                "UPDATE volumes SET deleting_ms = ?3 WHERE id = ?1 AND team_id = ?2 AND deleting_ms = 0",
+                &s, err);
         if (r < 0)
                 return r;
         int rc = store_bind_text(s, 1, id);
@@ -160,7 +170,9 @@ int store_volume_set_deleting(hutch_store *st, int64_t team_id, const char *id, 
         r = store_step_done(st, s, err, "marking a volume deleted");
         if (r < 0)
                 return r;
-        return sqlite3_changes(st->db) > 0 ? 0 : hutch_error_set(err, -ENOENT, "volume %s not found", id);
+        return sqlite3_changes(st->db) > 0
+                ? 0
+                : hutch_error_set(err, -ENOENT, "volume %s not found", id);
 }
 
 int store_volume_delete(hutch_store *st, const char *id, hutch_error *err) {
@@ -174,9 +186,11 @@ int store_volume_delete(hutch_store *st, const char *id, hutch_error *err) {
         return store_step_done(st, s, err, "deleting a volume");
 }
 
-int store_volume_set_token_hash(hutch_store *st, const char *id, const uint8_t hash[32], hutch_error *err) {
+int store_volume_set_token_hash(hutch_store *st, const char *id, const uint8_t hash[32],
+                                hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
-        int r = store_stmt(st, STMT_VOL_SET_HASH, "UPDATE volumes SET token_hash = ?2 WHERE id = ?1", &s, err);
+        int r = store_stmt(st, STMT_VOL_SET_HASH,
+                           "UPDATE volumes SET token_hash = ?2 WHERE id = ?1", &s, err);
         if (r < 0)
                 return r;
         int rc = store_bind_text(s, 1, id);

@@ -144,8 +144,10 @@ if [[ -z "${HUTCH_E2B_DISK:-}" && "$HUTCH_E2B_BACKEND" == gvisor ]]; then
 fi
 disk_args=()
 [[ -n "${HUTCH_E2B_DISK:-}" ]] && disk_args=(--disk "$HUTCH_E2B_DISK")
+# volumes made by POST /volumes: small, so that a test fills one in a moment
+export HUTCH_E2B_VOLUME_SIZE="${HUTCH_E2B_VOLUME_SIZE:-32M}"
 "$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
-	"${disk_args[@]}" >>"$log" 2>&1 &
+	--volume-size "$HUTCH_E2B_VOLUME_SIZE" "${disk_args[@]}" >>"$log" 2>&1 &
 first_pid=$!
 echo "$first_pid" >"$pidfile"
 
@@ -168,6 +170,8 @@ fi
 
 export E2B_API_URL="http://$listen"
 export E2B_SANDBOX_URL="http://$listen"
+# the SDK sends volume content requests (/volumecontent/...) here, not to E2B_API_URL
+export E2B_VOLUME_API_URL="http://$listen"
 export E2B_API_KEY="$key"
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN E2B_VALIDATE_API_KEY
 export HUTCH_DATA_DIR="$tmp/data" HUTCH_RUN_DIR="$tmp/run" HUTCH_SERVE_PID="$first_pid"
