@@ -88,8 +88,15 @@ static int open_in_root(const char *rel, int flags, mode_t mode) {
                 .mode = (flags & O_CREAT) ? mode : 0,
                 .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
         };
-        int fd = sys_openat2(root_fd, rel, &how, sizeof how);
-        return fd < 0 ? -errno : fd;
+        /* EAGAIN: a rename or mount anywhere on the host (the kernel's
+         * counters are global) raced a ".." step; openat2(2) says retry */
+        for (int i = 0;; i++) {
+                int fd = sys_openat2(root_fd, rel, &how, sizeof how);
+                if (fd >= 0)
+                        return fd;
+                if (errno != EAGAIN || i >= 64)
+                        return -errno;
+        }
 }
 
 /* "/a/b/c" -> parent "a/b" (or "."), base "c"; "/" -> ".", ".". */
