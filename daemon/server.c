@@ -480,8 +480,9 @@ static void print_env(server *srv) {
                 "hutch: point the E2B SDK at it with:\n"
                 "export E2B_API_URL=%s://%s\n"
                 "export E2B_SANDBOX_URL=%s://%s\n"
+                "export E2B_VOLUME_API_URL=%s://%s\n"
                 "export E2B_API_KEY=%s\n",
-                scheme, srv->cfg.listen, scheme, srv->cfg.listen, scheme, srv->cfg.listen,
+                scheme, srv->cfg.listen, scheme, srv->cfg.listen, scheme, srv->cfg.listen, scheme, srv->cfg.listen,
                 key[0] ? key : "$(cat api-key) # the first key was written to DATA_DIR/api-key");
         fflush(stderr);
 }

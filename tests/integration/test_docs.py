@@ -53,7 +53,7 @@ def run_help_flags(hutch_bin):
             continue
         # a metavar is one space after the flag: SIZE, K=V, ns|gvisor, CIDR,...
         meta = m.group(2)
-        if meta and not (re.fullmatch(r"[A-Z][A-Z0-9_=.,]*", meta) or "|" in meta):
+        if meta and not (re.fullmatch(r"[A-Z][A-Z0-9_=.,:]*", meta) or "|" in meta):
             meta = None
         flags[m.group(1)] = meta
     assert len(flags) >= 10, flags
@@ -85,6 +85,7 @@ RUN_SAMPLES = {
     "K=V": "HUTCH_DOCS=1",
     "DIR": "/tmp",
     "DURATION": "1s",
+    "NAME:PATH": "docs:/mnt/docs",
 }
 
 
