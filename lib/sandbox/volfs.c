@@ -30,7 +30,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 
 #include "sandbox/sandbox-internal.h"
 #include "util/error.h"
@@ -536,20 +535,14 @@ hutch_volfs *hutch_volfs_close(hutch_volfs *v) {
                 return NULL;
         v->sock = safe_close(v->sock);
         if (v->pid > 0) {
-                /* EOF ends it; a helper stuck in the kernel is killed */
-                int status;
-                for (int i = 0; i < 200; i++) {
-                        pid_t p = waitpid(v->pid, &status, WNOHANG);
-                        if (p == v->pid || (p < 0 && errno != EINTR))
-                                break;
-                        if (i == 199) {
-                                (void) kill(v->pid, SIGKILL);
-                                (void) waitpid(v->pid, &status, 0);
-                                break;
-                        }
-                        struct timespec ts = { 0, 5000000 };
-                        nanosleep(&ts, NULL);
-                }
+                /* EOF ends it at once; one stuck in the kernel for a second
+                 * longer is killed */
+                int pfd = sys_pidfd_open(v->pid, 0);
+                if (pfd >= 0 && wait_readable(pfd, 1000) == -ETIMEDOUT)
+                        (void) kill(v->pid, SIGKILL);
+                safe_close(pfd);
+                while (waitpid(v->pid, NULL, 0) < 0 && errno == EINTR)
+                        ;
         }
         if (v->uid_slot != UINT32_MAX)
                 (void) uidrange_release(v->ctx, v->uid_slot, v->owner);

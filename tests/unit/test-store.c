@@ -839,6 +839,53 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
         store_secret_clear(&a);
 }
 
+/* Volumes: names unique per team among live ones, team-scoped lookups, the
+ * deleting mark hides a volume and frees its name. */
+static void test_volumes(hutch_store *st, int64_t team, int64_t other) {
+        hutch_error err = { 0 };
+        store_volume v = {
+                .team_id = team, .size_bytes = 1 << 20, .created_ms = 1000, .has_token_hash = true
+        };
+        snprintf(v.id, sizeof v.id, "11111111-1111-4111-8111-111111111111");
+        snprintf(v.name, sizeof v.name, "data");
+        memset(v.token_hash, 7, sizeof v.token_hash);
+        ok(store_volume_insert(st, &v, &err) == 0, "insert a volume (%s)", err.msg);
+        store_volume dup = v;
+        snprintf(dup.id, sizeof dup.id, "22222222-2222-4222-8222-222222222222");
+        ok(store_volume_insert(st, &dup, &err) == -EEXIST, "the same name twice in a team: -EEXIST");
+        dup.team_id = other;
+        ok(store_volume_insert(st, &dup, &err) == 0, "the same name in another team (%s)", err.msg);
+        store_volume g;
+        ok(store_volume_get(st, team, v.id, &g, &err) == 0 && streq(g.name, "data") &&
+                   g.size_bytes == 1 << 20 && g.has_token_hash && g.token_hash[31] == 7,
+           "get by id");
+        ok(store_volume_get(st, other, v.id, &g, &err) == -ENOENT, "another team's id is not found");
+        ok(store_volume_get(st, -1, dup.id, &g, &err) == 0 && g.team_id == other,
+           "any team's with team -1");
+        ok(store_volume_find(st, other, "data", &g, &err) == 0 && streq(g.id, dup.id),
+           "find by name in a team");
+        store_volume *list = NULL;
+        size_t n = 0;
+        ok(store_volume_list(st, team, &list, &n, &err) == 0 && n == 1 && streq(list[0].id, v.id),
+           "list the team's");
+        free(list);
+        ok(store_volume_set_deleting(st, team, v.id, &err) == 0, "mark deleting");
+        ok(store_volume_set_deleting(st, team, v.id, &err) == -ENOENT, "twice: -ENOENT");
+        ok(store_volume_get(st, team, v.id, &g, &err) == -ENOENT &&
+                   store_volume_find(st, team, "data", &g, &err) == -ENOENT,
+           "a deleting volume is hidden");
+        store_volume again = v;
+        snprintf(again.id, sizeof again.id, "33333333-3333-4333-8333-333333333333");
+        ok(store_volume_insert(st, &again, &err) == 0, "its name is free again (%s)", err.msg);
+        ok(store_volume_list_deleting(st, &list, &n, &err) == 0 && n == 1 && streq(list[0].id, v.id),
+           "the deleting ones are listed");
+        free(list);
+        ok(store_volume_delete(st, v.id, &err) == 0 &&
+                   store_volume_list_deleting(st, &list, &n, &err) == 0 && n == 0,
+           "and deleted");
+        free(list);
+}
+
 int main(void) {
         char tmpl[] = "/tmp/hutch-storetest-XXXXXX";
         char *dir = mkdtemp(tmpl);
@@ -900,6 +947,7 @@ int main(void) {
         test_keys(st, team, other, key);
         test_sandboxes(st, team, other);
         test_templates(st, team);
+        test_volumes(st, team, other);
 
         test_secrets_nokey(st, team, "keyed", "no secrets key");
         store_set_secrets_key(st, secrets_key);
