@@ -442,7 +442,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if ((uint64_t) sbx_live_count(srv, team) >= srv->cfg.max_sandboxes_per_team) {
                 *ret_status = 429;
                 json_decref(egress_spec);
-                        json_decref(mounts);
+                json_decref(mounts);
                 return hutch_error_set(err, -EAGAIN, "team has reached its limit of %llu live sandboxes",
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
@@ -474,7 +474,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
                 *ret_status = 409;
                 json_decref(egress_spec);
-                        json_decref(mounts);
+                json_decref(mounts);
                 if (layer_from[0] && !borrowed)
                         unlink(layer_from);
                 return hutch_error_set(err, -EOPNOTSUPP, "snapshot %s is of a %s sandbox; it cannot start a %s one",
