@@ -73,8 +73,56 @@ static void new_uuid(char out[37]) {
                  b[13], b[14], b[15]);
 }
 
+/* The content plane keeps a volume's file system mounted (a detached
+ * mount, in no namespace) for VOLUME_HOLD_MS after its last request, so
+ * that a burst of requests mounts it once, not once each (an ext4 mount
+ * and unmount with its journal is most of a request's cost). Dropped when
+ * the volume is deleted; expired ones are closed at the next request. */
+#define VOLUME_HOLD_MS 30000
+#define VOLUME_HOLDS 32
+static struct vol_hold {
+        char id[37];
+        int fd;
+        int64_t last_ms;
+} holds[VOLUME_HOLDS];
+
+static void holds_expire(int64_t now, const char *drop_id) {
+        for (size_t i = 0; i < VOLUME_HOLDS; i++)
+                if (holds[i].id[0] &&
+                    (now - holds[i].last_ms > VOLUME_HOLD_MS ||
+                     (drop_id && streq(holds[i].id, drop_id)))) {
+                        close(holds[i].fd);
+                        memset(&holds[i], 0, sizeof holds[i]);
+                }
+}
+
+static void hold_touch(server *srv, const char *id) {
+        int64_t now = wall_ms();
+        holds_expire(now, NULL);
+        size_t oldest = 0;
+        for (size_t i = 0; i < VOLUME_HOLDS; i++) {
+                if (streq(holds[i].id, id)) {
+                        holds[i].last_ms = now;
+                        return;
+                }
+                if (holds[i].last_ms < holds[oldest].last_ms)
+                        oldest = i;
+        }
+        if (holds[oldest].id[0])
+                close(holds[oldest].fd);
+        memset(&holds[oldest], 0, sizeof holds[oldest]);
+        hutch_error err = { 0 };
+        int fd;
+        if (hutch_volume_hold(srv->ctx, id, &fd, &err) < 0)
+                return; /* only slower: the request mounts it itself */
+        snprintf(holds[oldest].id, sizeof holds[oldest].id, "%s", id);
+        holds[oldest].fd = fd;
+        holds[oldest].last_ms = now;
+}
+
 /* Remove a volume whose row is marked deleting: image, then row. */
 static int volume_finish_delete(server *srv, const char *id, hutch_error *err) {
+        holds_expire(wall_ms(), id);
         int r = hutch_volume_remove(srv->ctx, id, err);
         if (r < 0 && r != -ENOENT)
                 return r;
@@ -359,6 +407,7 @@ enum MHD_Result volumes_content_begin(server *srv, request *req, bool *ret_respo
                 free(vr);
                 return content_error(c, 400, "%s", why);
         }
+        hold_touch(srv, id);
         if ((r = hutch_volfs_open(srv->ctx, id, &vr->fs, &err)) < 0) {
                 free(vr);
                 log_error("volume %s: %s", id, err.msg);

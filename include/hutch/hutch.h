@@ -466,6 +466,11 @@ int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_er
 /* Remove the image. Sandboxes that mount it keep its file system until the
  * last of them is gone; nothing can mount it again. -ENOENT if none. */
 int hutch_volume_remove(hutch_ctx *ctx, const char *id, hutch_error *err);
+/* A detached mount of the volume's file system (in no namespace; the fd
+ * is the caller's): while it is open the file system stays mounted, so
+ * that the next user does not pay for mounting it (journal recovery
+ * included) again. */
+int hutch_volume_hold(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err);
 /* Size and bytes in use on the host (the image's allocated blocks). */
 int hutch_volume_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_size, uint64_t *ret_used, hutch_error *err);
 

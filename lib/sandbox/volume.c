@@ -267,6 +267,13 @@ int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *re
         return 0;
 }
 
+int hutch_volume_hold(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err) {
+        _cleanup_close_ int lfd = volumes_lock(ctx, err);
+        if (lfd < 0)
+                return lfd;
+        return volume_mount_locked(ctx, id, ret_fd, err);
+}
+
 int hutch_volume_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
         char img[PATH_MAX];
         int r = image_path(ctx, id, img, sizeof img);
