@@ -112,12 +112,19 @@ test('mounts: two sandboxes share a volume; ids are the sandbox ids on disk; dat
   assert.equal((await vol.getInfo('/root.txt')).uid, 0)
   assert.equal((await a.commands.run('stat -c %u /mnt/data/root.txt')).stdout, '0\n')
 
+  // b lives through a restart of the daemon: re-adopted with its mount, it
+  // still shares one file system with sandboxes made after the restart
   await a.kill()
-  await b.kill()
   await restartDaemon()
+  assert.deepEqual((await Sandbox.getInfo(b.sandboxId)).volumeMounts, [{ name: vol.name, path: '/data' }])
   const c = await createSandbox(t, { volumeMounts: { '/v': vol } })
   assert.equal((await c.commands.run('cat /v/shared.txt')).stdout, 'from-a\n')
-  assert.equal(await vol.readFile('/root.txt'), 'root-b\n')
+  await b.commands.run('echo after-restart > /data/late.txt')
+  assert.equal((await c.commands.run('cat /v/late.txt')).stdout, 'after-restart\n')
+  assert.equal(await vol.readFile('/late.txt'), 'after-restart\n')
+  await b.kill()
+  await c.kill()
+  assert.equal(await vol.readFile('/root.txt'), 'root-b\n', 'the data outlives every sandbox')
 })
 
 test('mounts: the size limit is ENOSPC inside the sandbox', async (t) => {

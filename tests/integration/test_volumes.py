@@ -77,6 +77,8 @@ def test_volume_cli_lifecycle(sandboxed_hutch, tmp_path):
         assert cp.returncode == 2 and why in cp.stderr, (spec, cp.stderr)
     cp = _hutch(data, "run", "--volume", "work:/a", "--volume", "work:/a", "--", "true")
     assert cp.returncode == 2 and b"already used" in cp.stderr
+    cp = _hutch(data, "run", "--backend", "gvisor", "--volume", "work:/m", "--", "true")
+    assert cp.returncode == 125 and b"not supported on the gvisor backend" in cp.stderr, cp.stderr
     cp = _hutch(data, "run", "--volume", "missing:/m", "--", "true")
     assert cp.returncode == 125 and b"volume 'missing' not found" in cp.stderr, cp.stderr
 
