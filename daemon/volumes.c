@@ -518,6 +518,10 @@ static enum MHD_Result content_patch(request *req, vol_request *v) {
         return http_reply_json(req->conn, 200, entry_json(&e));
 }
 
+static int list_add(const hutch_volfs_entry *e, void *userdata) {
+        return json_array_append_new(userdata, entry_json(e)) < 0 ? -ENOMEM : 0;
+}
+
 enum MHD_Result volumes_content_dispatch(server *srv, request *req) {
         vol_request *v = req->vol;
         const char *m = req->method;
@@ -546,17 +550,14 @@ enum MHD_Result volumes_content_dispatch(server *srv, request *req) {
                                                      err.msg);
                         return http_reply_json(req->conn, 201, entry_json(&e));
                 } else {
-                        hutch_volfs_entry *list = NULL;
-                        size_t n = 0;
                         /* a file is not a directory to list: 400 */
-                        if ((r = hutch_volfs_list(v->fs, v->path, (unsigned) v->depth, &list, &n,
-                                                  &err)) < 0)
+                        json_t *arr = json_array();
+                        if ((r = hutch_volfs_list(v->fs, v->path, (unsigned) v->depth, list_add,
+                                                  arr, &err)) < 0) {
+                                json_decref(arr);
                                 return content_error(req->conn, status_of(r), "%s: %s", v->path,
                                                      err.msg);
-                        json_t *arr = json_array();
-                        for (size_t i = 0; i < n; i++)
-                                json_array_append_new(arr, entry_json(&list[i]));
-                        free(list);
+                        }
                         return http_reply_json(req->conn, 200, arr);
                 }
         case VOLC_FILE:

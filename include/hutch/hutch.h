@@ -495,7 +495,11 @@ typedef struct hutch_volfs_entry {
 int hutch_volfs_open(hutch_ctx *ctx, const char *id, hutch_volfs **ret, hutch_error *err);
 hutch_volfs *hutch_volfs_close(hutch_volfs *v);
 int hutch_volfs_stat(hutch_volfs *v, const char *path, hutch_volfs_entry *ret, hutch_error *err);
-int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_volfs_entry **ret, size_t *ret_n,
+/* Every entry under path to depth levels (at most HUTCH_VOLFS_LIST_MAX),
+ * handed to fn as it comes, never collected here: fn < 0 stops the list. */
+#define HUTCH_VOLFS_LIST_MAX 100000
+typedef int (*hutch_volfs_list_fn)(const hutch_volfs_entry *e, void *userdata);
+int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_volfs_list_fn fn, void *userdata,
                      hutch_error *err);
 int hutch_volfs_mkdir(hutch_volfs *v, const char *path, int64_t uid, int64_t gid, int64_t mode, bool parents,
                       hutch_volfs_entry *ret, hutch_error *err);

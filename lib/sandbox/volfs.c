@@ -37,7 +37,7 @@
 #include "util/syscalls.h"
 
 #define VOLFS_TIMEOUT_MS 60000
-#define VOLFS_LIST_MAX 100000
+#define VOLFS_LIST_MAX HUTCH_VOLFS_LIST_MAX
 #define VOLFS_DEFAULT_ID 1000
 
 enum {
@@ -727,62 +727,47 @@ int hutch_volfs_stat(hutch_volfs *v, const char *path, hutch_volfs_entry *ret, h
         return r;
 }
 
-int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_volfs_entry **ret,
-                     size_t *ret_n, hutch_error *err) {
+int hutch_volfs_list(hutch_volfs *v, const char *path, unsigned depth, hutch_volfs_list_fn fn,
+                     void *userdata, hutch_error *err) {
         volfs_req q;
         int r = req_init(&q, VOP_LIST, path, err);
         if (r < 0)
                 return r;
         q.depth = depth ? depth : 1;
-        size_t n = 0, cap = 0;
-        hutch_volfs_entry *arr = NULL;
-        bool first = true;
-        for (;;) {
-                if (first) {
+        int stop = 0;
+        for (bool first = true;; first = false) {
+                if (first)
                         r = call(v, &q, &reply_buf, NULL, err);
-                        first = false;
-                } else {
+                else {
                         /* the rest of the sequence: replies without a request */
                         r = wait_readable(v->sock, VOLFS_TIMEOUT_MS);
-                        if (r >= 0) {
+                        if (r < 0)
+                                hutch_error_set(err, r, "volume helper: %s", strerror(-r));
+                        else {
                                 ssize_t k = recv(v->sock, &reply_buf, sizeof reply_buf, 0);
-                                r = k == (ssize_t) sizeof reply_buf ? 0 : -EPROTO;
-                                if (r < 0)
+                                if (k != (ssize_t) sizeof reply_buf) {
                                         v->sock = safe_close(v->sock);
-                                else if (reply_buf.err < 0) {
+                                        r = hutch_error_set(err, -EPROTO,
+                                                            "volume helper: a broken reply");
+                                } else if (reply_buf.err < 0) {
                                         const char *t = errno_text(reply_buf.err);
                                         r = hutch_error_set(err, reply_buf.err, "%s",
                                                             t ? t : strerror(-reply_buf.err));
                                 }
                         }
-                        if (r < 0 && !err->msg[0])
-                                hutch_error_set(err, r, "volume helper: %s", strerror(-r));
                 }
                 if (r < 0 || !reply_buf.more)
                         break;
-                if (n == cap) {
-                        size_t nc = cap ? cap * 2 : 16;
-                        hutch_volfs_entry *na = reallocarray(arr, nc, sizeof *na);
-                        if (!na) {
-                                /* drain the sequence so the session stays usable */
-                                free(arr);
-                                v->sock = safe_close(v->sock); /* mid-sequence: unusable */
-                                return hutch_error_set(err, -ENOMEM, "out of memory");
-                        }
-                        arr = na;
-                        cap = nc;
-                }
                 reply_buf.e.path[sizeof reply_buf.e.path - 1] = 0;
                 reply_buf.e.target[sizeof reply_buf.e.target - 1] = 0;
-                arr[n++] = reply_buf.e;
+                /* after a stop the sequence is still read to its end, so
+                 * that the session stays in step */
+                if (stop >= 0)
+                        stop = fn(&reply_buf.e, userdata);
         }
-        if (r < 0) {
-                free(arr);
+        if (r < 0)
                 return r;
-        }
-        *ret = arr;
-        *ret_n = n;
-        return 0;
+        return stop < 0 ? hutch_error_set(err, stop, "listing stopped: %s", strerror(-stop)) : 0;
 }
 
 int hutch_volfs_mkdir(hutch_volfs *v, const char *path, int64_t uid, int64_t gid, int64_t mode,
