@@ -446,6 +446,10 @@ static _Noreturn void helper_main(int sock, uid_t base) {
         if (sys_close_range(4, ~0U, 0) < 0)
                 _exit(120);
         (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* it holds a copy of the caller's memory (keys included): nobody
+         * but host root may read it, not even its own uid range */
+        if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+                _exit(120);
         /* The user namespace belongs to the range's root, not host root
          * (as sandboxes' do: sandbox.c); real and saved ids stay 0 until the
          * maps exist. */
