@@ -12,12 +12,15 @@
  * daemon never resolves a path of a volume, it streams through the
  * descriptors the helper opened.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/hmac.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/route.h"
@@ -143,6 +146,39 @@ void volumes_setup(server *srv) {
                         log_warning("volume %s: finishing its delete: %s", v[i].id, e.msg);
         }
         free(v);
+        /* Images no row knows (a create cut short between the image and
+         * its row): removed once they are a minute old, so that a CLI's
+         * create under way is left alone. */
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/volumes", srv->cfg.data_dir);
+        DIR *d = opendir(dir);
+        if (!d)
+                return;
+        unsigned removed = 0;
+        for (struct dirent *de; (de = readdir(d));) {
+                char id[37];
+                size_t len = strlen(de->d_name);
+                bool img = len == 40 && streq(de->d_name + 36, ".img"),
+                     tmp = len == 44 && streq(de->d_name + 36, ".img.new");
+                if (!img && !tmp)
+                        continue;
+                memcpy(id, de->d_name, 36);
+                id[36] = 0;
+                struct stat st;
+                store_volume row;
+                hutch_error e = { 0 };
+                if (!hutch_volume_id_valid(id) ||
+                    fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+                    !S_ISREG(st.st_mode) || wall_ms() - (int64_t) st.st_mtime * 1000 < 60000)
+                        continue;
+                if (img && store_volume_get(srv->store, -1, id, &row, &e) != -ENOENT)
+                        continue;
+                if (unlinkat(dirfd(d), de->d_name, 0) == 0)
+                        removed++;
+        }
+        closedir(d);
+        if (removed)
+                log_info("volumes: removed %u image(s) no volume owns", removed);
 }
 
 /* ------------------------------------------------------------ control plane */
