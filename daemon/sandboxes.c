@@ -796,8 +796,8 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
 void save_sandbox_extra(server *srv, sbx *sb) {
         json_t *old = sb->extra;
         sb->extra = extra_json(sb, NULL);
-        /* what create said about the network stays */
-        const char *keep[] = { "network", "allowInternetAccess", "egress", "secretRefs" };
+        /* what create said about the network and the volumes stays */
+        const char *keep[] = { "network", "allowInternetAccess", "egress", "secretRefs", "volumeMounts" };
         for (size_t i = 0; i < ELEMENTSOF(keep); i++) {
                 json_t *v = json_object_get(old, keep[i]);
                 if (v)

@@ -216,3 +216,15 @@ test('hostile: links planted by a sandbox never lead the content plane out of th
   assert.equal(st.type, 'symlink')
   assert.equal(st.target, '../../../../../../../../etc/passwd')
 })
+
+test('pause and resume keep the mount; the content plane works while the sandbox is paused', async (t) => {
+  const vol = await createVolume(t)
+  const sb = await createSandbox(t, { volumeMounts: { '/mnt/v': vol } })
+  await sb.commands.run('echo before > /mnt/v/p')
+  assert.equal(await sb.pause(), true)
+  await vol.writeFile('/while-paused', 'api')
+  assert.equal(await vol.readFile('/p'), 'before\n')
+  const again = await Sandbox.connect(sb.sandboxId)
+  assert.equal((await again.commands.run('cat /mnt/v/p /mnt/v/while-paused')).stdout, 'before\napi')
+  assert.deepEqual((await again.getInfo()).volumeMounts, [{ name: vol.name, path: '/mnt/v' }])
+})
