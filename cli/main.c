@@ -14,6 +14,7 @@ static void usage(FILE *f) {
               "  key create|list|revoke          manage the daemon's API keys\n"
               "  volume create|ls|rm             manage named persistent volumes (--help)\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
+              "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
               "  doctor                          check what the kernel offers\n"
@@ -50,6 +51,8 @@ int main(int argc, char **argv) {
                 return verb_ps(argc - 1, argv + 1);
         if (streq(verb, "kill"))
                 return verb_kill(argc - 1, argv + 1);
+        if (streq(verb, "exec"))
+                return verb_exec(argc - 1, argv + 1);
         if (streq(verb, "serve"))
                 return verb_serve(argc - 1, argv + 1);
         if (streq(verb, "key"))
