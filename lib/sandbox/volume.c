@@ -237,7 +237,11 @@ static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutc
         char dev[64];
         snprintf(dev, sizeof dev, "/dev/loop%d", n);
         _cleanup_close_ int fsfd = sys_fsopen("ext4", FSOPEN_CLOEXEC);
+        /* noinit_itable: the kernel would otherwise zero every inode
+         * table in the background, filling the sparse image (1.6 GiB for
+         * 100 GiB); its holes read as zeros already */
         if (fsfd < 0 || sys_fsconfig(fsfd, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
+            sys_fsconfig(fsfd, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0 ||
             sys_fsconfig(fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
                 return hutch_error_set(err, -errno, "volume %s: mounting its file system (%s): %m",
                                        id, dev);
