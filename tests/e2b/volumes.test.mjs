@@ -228,3 +228,14 @@ test('pause and resume keep the mount; the content plane works while the sandbox
   assert.equal((await again.commands.run('cat /mnt/v/p /mnt/v/while-paused')).stdout, 'before\napi')
   assert.deepEqual((await again.getInfo()).volumeMounts, [{ name: vol.name, path: '/mnt/v' }])
 })
+
+test('e2b 2.45 (POST /sandboxes): Volume and volumeMounts work the same', async (t) => {
+  const { Sandbox: Sandbox245, Volume: Volume245 } = await import('e2b-245')
+  const vol = await Volume245.create(uniqueTag('old'))
+  t.after(() => Volume245.destroy(vol.volumeId).catch(() => {}))
+  await vol.writeFile('/from-245.txt', 'old sdk')
+  const sb = await Sandbox245.create({ volumeMounts: { '/mnt/old': vol } })
+  t.after(() => sb.kill().catch(() => {}))
+  assert.equal((await sb.commands.run('cat /mnt/old/from-245.txt')).stdout, 'old sdk')
+  assert.deepEqual((await sb.getInfo()).volumeMounts, [{ name: vol.name, path: '/mnt/old' }])
+})
