@@ -388,11 +388,11 @@ static int content_query(struct MHD_Connection *c, vol_request *v, const char **
         if ((r = volquery_u64(http_query(c, "mode"), 07777, &x)) < 0)
                 return *why = "mode must be a number from 0 to 4095 (07777)", r;
         v->mode = r ? (int64_t) x : -1;
-        if ((r = volquery_u64(http_query(c, "depth"), 1000, &x)) < 0)
-                return *why = "depth must be a number from 1 to 1000", r;
+        if ((r = volquery_u64(http_query(c, "depth"), 100, &x)) < 0)
+                return *why = "depth must be a number from 1 to 100", r;
         v->depth = r ? x : 1;
         if (v->depth == 0)
-                return *why = "depth must be a number from 1 to 1000", -EINVAL;
+                return *why = "depth must be a number from 1 to 100", -EINVAL;
         if ((r = volquery_bool(http_query(c, "force"), &v->force)) < 0)
                 return *why = "force must be true or false", r;
         return 0;
