@@ -498,7 +498,10 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
         if (ic->state == ST_SENDING && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
                 int r = up_read_head(ic);
                 if (r < 0) {
-                        ic_fail(ic, r == -ECONNRESET || r == -ECONNREFUSED ? 0 : 1);
+                        /* closed before a byte: nothing serves the port
+                         * (really: the listener went away); else a bad answer */
+                        bool silent = (r == -ECONNRESET || r == -ECONNREFUSED) && ic->in.len == 0;
+                        ic_fail(ic, silent ? 0 : 1);
                         return;
                 }
                 if (r == 1)
