@@ -69,15 +69,15 @@ struct ingress_conn {
         request *req; /* NULL once MHD freed the request */
         struct MHD_Connection *conn;
         int state;
-        watcher uw;   /* upstream socket */
-        watcher cw;   /* the client's socket, once upgraded */
+        watcher uw; /* upstream socket */
+        watcher cw; /* the client's socket, once upgraded */
         bool suspended;
         bool req_chunked, req_done, head_request;
         bool up_eof, up_wr_dead, body_done, body_error;
         bool resp_alive; /* the MHD response (its reader) holds us */
         bool cut;
-        bool closed;  /* fds closed, off the live list */
-        bool c_eof;   /* upgraded: the client's side ended */
+        bool closed; /* fds closed, off the live list */
+        bool c_eof;  /* upgraded: the client's side ended */
         bool c_shut, u_shut;
         int fail_kind; /* ST_FAILED: 0 closed port, 1 bad response, 2 gone */
         ibuf out;      /* to the upstream */
@@ -87,6 +87,11 @@ struct ingress_conn {
         uint64_t body_left;
         struct MHD_UpgradeResponseHandle *urh;
         int parked_fd; /* the upstream between the 101 and the upgrade handler */
+        bool reused;   /* the upstream came from the idle pool */
+        bool leftover; /* the upstream sent bytes after its response: never reused */
+        bool up_close; /* the response says the upstream closes (or HTTP/1.0) */
+        char *replay;  /* a bodiless request's head, resent once if a reused upstream was gone */
+        size_t replay_len;
         ingress_conn *next, *prev;
         ingress_conn *next_zombie;
 };
@@ -94,6 +99,89 @@ struct ingress_conn {
 static ingress_conn *live;
 static ingress_conn *zombies;
 static int self_netns = -1;
+
+/* Idle upstream connections, kept after a cleanly framed response so that
+ * the next request to the same port of the same sandbox skips the connect
+ * (and the server's accept). Any byte or hang-up while idle closes one: a
+ * server that writes unasked would otherwise answer the next request. */
+#define POOL_PER_PORT 8
+typedef struct idle_up {
+        watcher w;
+        char sbx_id[HUTCH_ID_LEN + 1];
+        unsigned port;
+        struct idle_up *next, *prev;
+} idle_up;
+static idle_up *idle;
+
+static void idle_drop(server *srv, idle_up *u) {
+        int fd = u->w.fd;
+        loop_del(srv, &u->w);
+        safe_close(fd);
+        if (u->prev)
+                u->prev->next = u->next;
+        else
+                idle = u->next;
+        if (u->next)
+                u->next->prev = u->prev;
+        /* a readable event of it may still be in this batch */
+        u->w.cb = NULL;
+        u->next = u->prev = NULL;
+        free(u); /* the loop never sees u again: its fd left the epoll set */
+}
+
+static void on_idle(server *srv, watcher *w, uint32_t revents) {
+        idle_drop(srv, w->data);
+}
+
+static void pool_put(server *srv, const char *sbx_id, unsigned port, int fd) {
+        unsigned n = 0;
+        for (idle_up *u = idle; u; u = u->next)
+                n += u->port == port && streq(u->sbx_id, sbx_id);
+        idle_up *u = n < POOL_PER_PORT ? calloc(1, sizeof *u) : NULL;
+        if (!u) {
+                close(fd);
+                return;
+        }
+        memcpy(u->sbx_id, sbx_id, sizeof u->sbx_id);
+        u->port = port;
+        u->w.cb = on_idle;
+        u->w.data = u;
+        if (loop_add(srv, &u->w, fd, EPOLLIN | EPOLLRDHUP) < 0) {
+                close(fd);
+                free(u);
+                return;
+        }
+        u->next = idle;
+        if (idle)
+                idle->prev = u;
+        idle = u;
+}
+
+static int pool_take(server *srv, const char *sbx_id, unsigned port) {
+        for (idle_up *u = idle; u; u = u->next) {
+                if (u->port != port || !streq(u->sbx_id, sbx_id))
+                        continue;
+                int fd = u->w.fd;
+                loop_del(srv, &u->w);
+                u->w.fd = -1;
+                idle_drop(srv, u);
+                char c;
+                ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (n < 0 && errno == EAGAIN)
+                        return fd;
+                close(fd); /* closed, or bytes nobody asked for */
+                return -1;
+        }
+        return -1;
+}
+
+static void pool_cut(server *srv, const char *sbx_id) {
+        for (idle_up *u = idle, *next; u; u = next) {
+                next = u->next;
+                if (!sbx_id || streq(u->sbx_id, sbx_id))
+                        idle_drop(srv, u);
+        }
+}
 
 /* ------------------------------------------------------------- buffers */
 
@@ -213,11 +301,18 @@ void ingress_reap(server *srv) {
                 free(ic->out.p);
                 free(ic->in.p);
                 free(ic->head);
+                free(ic->replay);
                 free(ic);
         }
 }
 
+static void up_finish(ingress_conn *ic);
+
 void ingress_request_gone(ingress_conn *ic) {
+        /* MHD stops calling the reader once a known length is sent: the
+         * upstream's response may be complete without an END_OF_STREAM */
+        if (ic->state == ST_RESPONDING && ic->body_done && ib_pending(&ic->in) == 0 && !ic->closed)
+                up_finish(ic);
         ic->req = NULL;
         ic->conn = NULL;
         ic->suspended = false;
@@ -228,6 +323,7 @@ void ingress_request_gone(ingress_conn *ic) {
 }
 
 void ingress_sbx_cut(server *srv, sbx *sb) {
+        pool_cut(srv, sb->id);
         for (ingress_conn *ic = live, *next; ic; ic = next) {
                 next = ic->next;
                 if (!streq(ic->sbx_id, sb->id))
@@ -239,6 +335,7 @@ void ingress_sbx_cut(server *srv, sbx *sb) {
 }
 
 void ingress_stop(server *srv) {
+        pool_cut(srv, NULL);
         for (ingress_conn *ic = live, *next; ic; ic = next) {
                 next = ic->next;
                 ic->cut = true;
@@ -267,8 +364,8 @@ static enum MHD_Result reply_closed_port(struct MHD_Connection *c, const char *i
         }
         return http_reply_json(c, 502,
                                json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", id, "message",
-                                         "The sandbox is running but port is not open", "port", (int) port, "code",
-                                         502));
+                                         "The sandbox is running but port is not open", "port",
+                                         (int) port, "code", 502));
 }
 
 static enum MHD_Result reply_failed(ingress_conn *ic) {
@@ -276,10 +373,11 @@ static enum MHD_Result reply_failed(ingress_conn *ic) {
         if (ic->fail_kind == 2)
                 return http_reply_502(c, ic->sbx_id);
         if (ic->fail_kind == 1)
-                return http_reply_json(c, 502,
-                                       json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", ic->sbx_id, "message",
-                                                 "The sandbox's server on this port sent no valid HTTP response",
-                                                 "port", (int) ic->port, "code", 502));
+                return http_reply_json(
+                        c, 502,
+                        json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", ic->sbx_id, "message",
+                                  "The sandbox's server on this port sent no valid HTTP response",
+                                  "port", (int) ic->port, "code", 502));
         return reply_closed_port(c, ic->sbx_id, ic->port);
 }
 
@@ -305,6 +403,7 @@ static void ic_fail(ingress_conn *ic, int kind) {
 /* ------------------------------------------------------------- upstream */
 
 static void up_update(ingress_conn *ic);
+static bool up_retry(ingress_conn *ic);
 
 static void up_events(ingress_conn *ic, uint32_t ev) {
         if (ic->uw.fd >= 0)
@@ -317,10 +416,14 @@ static int body_take(ingress_conn *ic, size_t n) {
         switch (ic->head->body) {
         case INGRESS_BODY_NONE:
                 ic->body_done = true;
+                if (n > 0)
+                        ic->leftover = true;
                 return 0; /* anything after a bodiless response is dropped */
         case INGRESS_BODY_LENGTH:
-                if (n > ic->body_left)
+                if (n > ic->body_left) {
                         n = (size_t) ic->body_left;
+                        ic->leftover = true;
+                }
                 ic->body_left -= n;
                 ic->in.len += n;
                 if (ic->body_left == 0)
@@ -332,8 +435,11 @@ static int body_take(ingress_conn *ic, size_t n) {
                 if (d < 0)
                         return (int) d;
                 ic->in.len += (size_t) d;
-                if (ic->ck.done)
+                if (ic->ck.done) {
                         ic->body_done = true;
+                        if (used < n)
+                                ic->leftover = true;
+                }
                 return 0;
         }
         default:
@@ -377,8 +483,9 @@ static int up_read_head(ingress_conn *ic) {
                         return -ECONNRESET;
                 ic->in.len += (size_t) n;
                 for (;;) {
-                        int r = ingress_resp_head_parse(ic->in.p + ic->in.off, ic->in.len - ic->in.off,
-                                                        ic->head_request, ic->head);
+                        int r = ingress_resp_head_parse(ic->in.p + ic->in.off,
+                                                        ic->in.len - ic->in.off, ic->head_request,
+                                                        ic->head);
                         if (r < 0)
                                 return r;
                         if (r == 0)
@@ -392,7 +499,8 @@ static int up_read_head(ingress_conn *ic) {
                                 memmove(ic->in.p, ic->in.p + ic->in.off, ic->in.len - ic->in.off);
                                 ic->in.len -= ic->in.off;
                                 ic->in.off = 0;
-                                r = ingress_resp_head_parse(ic->in.p, ic->in.len, ic->head_request, ic->head);
+                                r = ingress_resp_head_parse(ic->in.p, ic->in.len, ic->head_request,
+                                                            ic->head);
                                 if (r <= 0)
                                         return -EBADMSG;
                         }
@@ -448,7 +556,8 @@ static int up_read_body(ingress_conn *ic) {
 
 static int up_write(ingress_conn *ic) {
         while (ib_pending(&ic->out) > 0) {
-                ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out), MSG_NOSIGNAL);
+                ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out),
+                                 MSG_NOSIGNAL);
                 if (n < 0) {
                         if (errno == EAGAIN || errno == EINTR)
                                 return 0;
@@ -501,6 +610,8 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
                         /* closed before a byte: nothing serves the port
                          * (really: the listener went away); else a bad answer */
                         bool silent = (r == -ECONNRESET || r == -ECONNREFUSED) && ic->in.len == 0;
+                        if (silent && up_retry(ic))
+                                return;
                         ic_fail(ic, silent ? 0 : 1);
                         return;
                 }
@@ -525,7 +636,8 @@ static void up_update(ingress_conn *ic) {
                 ev |= EPOLLOUT;
         if (ic->state == ST_SENDING)
                 ev |= EPOLLIN;
-        if (ic->state == ST_RESPONDING && !ic->body_done && !ic->up_eof && ib_pending(&ic->in) < BUF_CAP)
+        if (ic->state == ST_RESPONDING && !ic->body_done && !ic->up_eof &&
+            ib_pending(&ic->in) < BUF_CAP)
                 ev |= EPOLLIN;
         up_events(ic, ev);
 }
@@ -584,7 +696,8 @@ static void upgraded_pump(ingress_conn *ic) {
                                 goto broken;
                 }
                 if (ib_pending(&ic->out) > 0) {
-                        ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out), MSG_NOSIGNAL);
+                        ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out),
+                                         MSG_NOSIGNAL);
                         if (n > 0) {
                                 ic->out.off += (size_t) n;
                                 if (ic->out.off == ic->out.len)
@@ -613,7 +726,8 @@ static void upgraded_pump(ingress_conn *ic) {
                                 goto broken;
                 }
                 if (ib_pending(&ic->in) > 0) {
-                        ssize_t n = send(ic->cw.fd, ic->in.p + ic->in.off, ib_pending(&ic->in), MSG_NOSIGNAL);
+                        ssize_t n = send(ic->cw.fd, ic->in.p + ic->in.off, ib_pending(&ic->in),
+                                         MSG_NOSIGNAL);
                         if (n > 0) {
                                 ic->in.off += (size_t) n;
                                 if (ic->in.off == ic->in.len)
@@ -654,8 +768,9 @@ static void on_client(server *srv, watcher *w, uint32_t revents) {
                 upgraded_pump(ic);
 }
 
-static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_cls, const char *extra_in,
-                       size_t extra_in_size, MHD_socket sock, struct MHD_UpgradeResponseHandle *urh) {
+static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_cls,
+                       const char *extra_in, size_t extra_in_size, MHD_socket sock,
+                       struct MHD_UpgradeResponseHandle *urh) {
         ingress_conn *ic = cls;
         ic->urh = urh;
         if (ic->closed || ic->cut) {
@@ -692,6 +807,23 @@ static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_c
 
 /* ------------------------------------------------------------- responses */
 
+/* The response is complete: the upstream goes back to the pool when both
+ * messages were framed and nothing is left over, else it is closed. */
+static void up_finish(ingress_conn *ic) {
+        if (ic->uw.fd < 0)
+                return;
+        int fd = ic->uw.fd;
+        loop_del(ic->srv, &ic->uw);
+        const ingress_resp_head *h = ic->head;
+        bool ok = !ic->up_close && !ic->leftover && !ic->up_eof && !ic->up_wr_dead &&
+                ic->req_done && ib_pending(&ic->out) == 0 && h->body != INGRESS_BODY_CLOSE &&
+                ic->body_done && !ic->cut;
+        if (ok)
+                pool_put(ic->srv, ic->sbx_id, ic->port, fd);
+        else
+                close(fd);
+}
+
 static ssize_t resp_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         ingress_conn *ic = cls;
         (void) pos;
@@ -708,11 +840,7 @@ static ssize_t resp_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                 return (ssize_t) n;
         }
         if (ic->body_done) {
-                if (ic->uw.fd >= 0) {
-                        int fd = ic->uw.fd;
-                        loop_del(ic->srv, &ic->uw);
-                        close(fd);
-                }
+                up_finish(ic);
                 return MHD_CONTENT_READER_END_OF_STREAM;
         }
         if (ic->closed || ic->uw.fd < 0)
@@ -736,7 +864,8 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
                 resp = MHD_create_response_for_upgrade(on_upgrade, ic);
         } else if (h->body == INGRESS_BODY_NONE) {
                 if (ic->head_request && h->status != 304 && h->status != 204)
-                        resp = MHD_create_response_from_callback(h->content_length, 4096, resp_reader, ic, resp_free);
+                        resp = MHD_create_response_from_callback(h->content_length, 4096,
+                                                                 resp_reader, ic, resp_free);
                 else
                         resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
         } else {
@@ -745,15 +874,17 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
         }
         if (!resp)
                 return MHD_NO;
-        bool with_reader = !upgrade && (h->body != INGRESS_BODY_NONE ||
-                                        (ic->head_request && h->status != 304 && h->status != 204));
+        bool with_reader = !upgrade &&
+                (h->body != INGRESS_BODY_NONE ||
+                 (ic->head_request && h->status != 304 && h->status != 204));
         char name[256], value[8192];
         for (size_t i = 0; i < h->n_fields; i++) {
                 const ingress_field *f = &h->fields[i];
                 if (f->name_len >= sizeof name || f->value_len >= sizeof value)
                         continue;
                 bool is_upgrade_field = f->name_len == 7 && strncasecmp(f->name, "Upgrade", 7) == 0;
-                if (!(upgrade && is_upgrade_field) && ingress_resp_field_is_hop(h, f->name, f->name_len))
+                if (!(upgrade && is_upgrade_field) &&
+                    ingress_resp_field_is_hop(h, f->name, f->name_len))
                         continue;
                 memcpy(name, f->name, f->name_len);
                 name[f->name_len] = 0;
@@ -771,6 +902,16 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
                 enum MHD_Result mr = reply_failed(ic);
                 ic_close(ic);
                 return mr;
+        }
+        ic->up_close = h->minor == 0;
+        for (size_t i = 0; i < h->n_fields; i++) {
+                const ingress_field *f = &h->fields[i];
+                if (f->name_len == 10 && strncasecmp(f->name, "Connection", 10) == 0) {
+                        if (ingress_list_has(f->value, f->value_len, "close"))
+                                ic->up_close = true;
+                        else if (ingress_list_has(f->value, f->value_len, "keep-alive"))
+                                ic->up_close = false;
+                }
         }
         /* everything in `in` from here is body; the head was copied */
         int r = body_start(ic);
@@ -790,7 +931,9 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
                 loop_del(ic->srv, &ic->uw);
         } else if (!with_reader) {
                 ic->state = ST_RESPONDING;
-                ic_close(ic); /* a bodiless answer: the upstream is done */
+                ic->body_done = true;
+                up_finish(ic); /* a bodiless answer: the upstream is done */
+                ic_close(ic);
         } else {
                 ic->state = ST_RESPONDING;
                 if (r < 0)
@@ -811,8 +954,19 @@ typedef struct head_ctx {
 
 static bool req_field_dropped(const head_ctx *hc, const char *key) {
         static const char *const drop[] = {
-                "Host", "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "TE", "Trailer",
-                "Transfer-Encoding", "Upgrade", "Content-Length", "Expect", "E2b-Sandbox-Id", "E2b-Sandbox-Port",
+                "Host",
+                "Connection",
+                "Keep-Alive",
+                "Proxy-Connection",
+                "Proxy-Authorization",
+                "TE",
+                "Trailer",
+                "Transfer-Encoding",
+                "Upgrade",
+                "Content-Length",
+                "Expect",
+                "E2b-Sandbox-Id",
+                "E2b-Sandbox-Port",
                 "E2b-Traffic-Access-Token",
         };
         for (size_t i = 0; i < ELEMENTSOF(drop); i++)
@@ -821,13 +975,14 @@ static bool req_field_dropped(const head_ctx *hc, const char *key) {
         return hc->conn_value && ingress_list_has(hc->conn_value, strlen(hc->conn_value), key);
 }
 
-static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
-                                  const char *value, size_t value_size) {
+static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  size_t key_size, const char *value, size_t value_size) {
         head_ctx *hc = cls;
         if (req_field_dropped(hc, key))
                 return MHD_YES;
         if (ib_append(hc->b, key, key_size) < 0 || ib_append(hc->b, ": ", 2) < 0 ||
-            ib_append(hc->b, value ? value : "", value ? value_size : 0) < 0 || ib_append(hc->b, "\r\n", 2) < 0) {
+            ib_append(hc->b, value ? value : "", value ? value_size : 0) < 0 ||
+            ib_append(hc->b, "\r\n", 2) < 0) {
                 hc->err = -ENOMEM;
                 return MHD_NO;
         }
@@ -836,7 +991,7 @@ static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char
 
 static bool is_tchar(unsigned char c) {
         return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-               strchr("!#$%&'*+-.^_`|~", c) != NULL;
+                strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
 typedef struct check_ctx {
@@ -847,8 +1002,8 @@ typedef struct check_ctx {
 /* Every field a name of tchars and a value without CR, LF or other control
  * bytes (they would end a line in the head the daemon writes); at most one
  * Content-Length. */
-static enum MHD_Result check_field(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
-                                   const char *value, size_t value_size) {
+static enum MHD_Result check_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   size_t key_size, const char *value, size_t value_size) {
         check_ctx *cc = cls;
         if (key_size == 0) {
                 cc->why = "an empty header name";
@@ -878,7 +1033,8 @@ static void traffic_token(server *srv, const char *id, char out[65]) {
         int n = snprintf(msg, sizeof msg, "traffic-token:%s", id);
         uint8_t mac[32];
         unsigned maclen = sizeof mac;
-        HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac, &maclen);
+        HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac,
+             &maclen);
         static const char hexd[] = "0123456789abcdef";
         for (int i = 0; i < 20; i++) {
                 out[2 * i] = hexd[mac[i] >> 4];
@@ -912,7 +1068,8 @@ json_t *ingress_domain_json(server *srv) {
 void ingress_network_json(sbx *sb, json_t *network) {
         json_object_set_new(network, "allowPublicTraffic", json_boolean(ingress_public(sb)));
         json_t *m = json_object_get(sbx_network_create(sb), "maskRequestHost");
-        json_object_set_new(network, "maskRequestHost", json_is_string(m) ? json_incref(m) : json_null());
+        json_object_set_new(network, "maskRequestHost",
+                            json_is_string(m) ? json_incref(m) : json_null());
 }
 
 int ingress_create_check(json_t *body, char *why, size_t wl) {
@@ -930,12 +1087,15 @@ int ingress_create_check(json_t *body, char *why, size_t wl) {
         if (m && !json_is_null(m)) {
                 const char *s = json_string_value(m);
                 if (!s || !*s || strlen(s) > 253) {
-                        snprintf(why, wl, "network.maskRequestHost must be a host name (at most 253 bytes)");
+                        snprintf(why, wl,
+                                 "network.maskRequestHost must be a host name (at most 253 bytes)");
                         return -EINVAL;
                 }
                 for (const char *p = s; *p; p++)
-                        if ((unsigned char) *p <= 0x20 || *p == 0x7f || *p == '/' || *p == '@' || *p == '\\') {
-                                snprintf(why, wl, "network.maskRequestHost holds a byte a host name cannot");
+                        if ((unsigned char) *p <= 0x20 || *p == 0x7f || *p == '/' || *p == '@' ||
+                            *p == '\\') {
+                                snprintf(why, wl,
+                                         "network.maskRequestHost holds a byte a host name cannot");
                                 return -EINVAL;
                         }
         }
@@ -964,6 +1124,45 @@ static int host_value(sbx *sb, struct MHD_Connection *c, unsigned port, char *ou
         return 0;
 }
 
+static bool upgrade_requested(struct MHD_Connection *c) {
+        const char *conn_v = http_header(c, "Connection");
+        return http_header(c, "Upgrade") && conn_v &&
+                ingress_list_has(conn_v, strlen(conn_v), "upgrade");
+}
+
+/* A reused upstream failed before its first response byte: once, a fresh
+ * connection gets the same (bodiless) request. */
+static bool up_retry(ingress_conn *ic) {
+        if (!ic->reused || !ic->replay || ic->in.len > 0)
+                return false;
+        ic->reused = false;
+        sbx *sb = sbx_find(ic->srv, ic->sbx_id);
+        int fd = -1;
+        if (!sb || sb->paused || up_socket(sb, &fd) < 0)
+                return false;
+        struct sockaddr_in sin = { .sin_family = AF_INET,
+                                   .sin_port = htons((uint16_t) ic->port),
+                                   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        if (connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+                close(fd);
+                return false;
+        }
+        int old = ic->uw.fd;
+        loop_del(ic->srv, &ic->uw);
+        safe_close(old);
+        if (loop_add(ic->srv, &ic->uw, fd, EPOLLOUT | EPOLLIN) < 0) {
+                close(fd);
+                return false;
+        }
+        ic->out.off = ic->out.len = 0;
+        ic->in.off = ic->in.len = 0;
+        ic->up_wr_dead = false;
+        if (ib_append(&ic->out, ic->replay, ic->replay_len) < 0)
+                return false;
+        ic->state = ST_CONNECTING;
+        return true;
+}
+
 enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port, bool *ret_responded) {
         struct MHD_Connection *c = req->conn;
         *ret_responded = true;
@@ -985,23 +1184,29 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                 return http_reply_error(c, 400, "the request target must be a path (origin-form)");
         for (const char *p = target; *p; p++)
                 if ((unsigned char) *p <= 0x20 || *p == 0x7f)
-                        return http_reply_error(c, 400, "a control byte or space in the request target");
+                        return http_reply_error(c, 400,
+                                                "a control byte or space in the request target");
 
-        int fd = -1;
-        int r = up_socket(sb, &fd);
+        /* a pooled upstream may be closing as it is taken: only a request
+         * that can be sent again (no body, not an upgrade) takes one */
+        int fd = upgrade_requested(c) || cl || te ? -1 : pool_take(srv, sb->id, port);
+        bool reused = fd >= 0;
+        int r = reused ? 0 : up_socket(sb, &fd);
         if (r == -EOPNOTSUPP)
-                return http_reply_json(c, 502,
-                                       json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "message",
-                                                 "ports of gvisor sandboxes cannot be reached from outside yet",
-                                                 "port", (int) port, "code", 502));
+                return http_reply_json(
+                        c, 502,
+                        json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "message",
+                                  "ports of gvisor sandboxes cannot be reached from outside yet",
+                                  "port", (int) port, "code", 502));
         if (r < 0) {
                 log_warning("sandbox %s: ingress socket: %s", sb->id, strerror(-r));
                 return http_reply_502(c, sb->id);
         }
-        struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t) port),
+        struct sockaddr_in sin = { .sin_family = AF_INET,
+                                   .sin_port = htons((uint16_t) port),
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         bool connecting = false;
-        if (connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
+        if (!reused && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
                 if (errno != EINPROGRESS) {
                         close(fd);
                         return reply_closed_port(c, sb->id, port);
@@ -1025,6 +1230,7 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         ic->conn = c;
         ic->cw.fd = -1;
         ic->parked_fd = -1;
+        ic->reused = reused;
         ic->state = connecting ? ST_CONNECTING : ST_SENDING;
         ic->head_request = streq(req->method, "HEAD");
         ic->uw.cb = on_up;
@@ -1048,8 +1254,7 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         }
         if (r >= 0 && upgrade)
                 r = ib_printf(&ic->out, "Connection: upgrade\r\nUpgrade: %.4000s\r\n", upg);
-        else if (r >= 0)
-                r = ib_printf(&ic->out, "Connection: close\r\n");
+        /* else none: HTTP/1.1 keeps the upstream open for the pool */
         if (r >= 0 && cl)
                 r = ib_printf(&ic->out, "Content-Length: %s\r\n", cl);
         else if (r >= 0 && te) {
@@ -1058,6 +1263,15 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         }
         if (r >= 0)
                 r = ib_append(&ic->out, "\r\n", 2);
+        if (r >= 0 && reused && !cl && !te) {
+                /* the pooled upstream may have been closed a moment ago:
+                 * a bodiless request can be sent again on a new one */
+                ic->replay = malloc(ic->out.len);
+                if (ic->replay) {
+                        memcpy(ic->replay, ic->out.p, ic->out.len);
+                        ic->replay_len = ic->out.len;
+                }
+        }
         if (r >= 0)
                 r = loop_add(srv, &ic->uw, fd, EPOLLOUT | EPOLLIN);
         if (r < 0) {
@@ -1075,6 +1289,10 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         req->ingress = ic;
         req->body_mode = BODY_INGRESS;
         *ret_responded = false;
+        /* connected already (pooled, or loopback's instant connect): the
+         * head goes now, not one loop turn later */
+        if (ic->state == ST_SENDING && up_write(ic) == 0)
+                up_update(ic);
         return MHD_YES;
 }
 
@@ -1105,8 +1323,13 @@ enum MHD_Result ingress_on_request(server *srv, request *req, const char *data, 
                 if (r < 0)
                         return MHD_NO;
                 *size -= n;
-                if (ic->state != ST_CONNECTING)
-                        up_events(ic, EPOLLOUT | EPOLLIN);
+                if (ic->state != ST_CONNECTING && !ic->closed) {
+                        if (up_write(ic) < 0) {
+                                ic->up_wr_dead = true;
+                                ic->out.off = ic->out.len = 0;
+                        }
+                        up_update(ic);
+                }
                 return MHD_YES;
         }
         if (!ic->req_done) {
@@ -1143,12 +1366,13 @@ int ingress_check_access(server *srv, request *req, sbx *sb, unsigned port) {
 }
 
 enum MHD_Result ingress_reply_forbidden(struct MHD_Connection *c, const char *id, bool missing) {
-        return http_reply_json(c, 403,
-                               json_pack("{s:s, s:s, s:i}", "sandboxId", id, "message",
-                                         missing ? "the sandbox is private: the request has no "
-                                                   "e2b-traffic-access-token header"
-                                                 : "the sandbox is private: invalid e2b-traffic-access-token",
-                                         "code", 403));
+        return http_reply_json(
+                c, 403,
+                json_pack("{s:s, s:s, s:i}", "sandboxId", id, "message",
+                          missing ? "the sandbox is private: the request has no "
+                                    "e2b-traffic-access-token header"
+                                  : "the sandbox is private: invalid e2b-traffic-access-token",
+                          "code", 403));
 }
 
 int ingress_auto_resume(server *srv, sbx *sb) {
@@ -1167,7 +1391,8 @@ int ingress_auto_resume(server *srv, sbx *sb) {
         hutch_error e2 = { 0 };
         if (store_sandbox_set_end(srv->store, sb->id, sb->end_ms, &e2) < 0)
                 log_error("sandbox %s: database: %s", sb->id, e2.msg);
-        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.resume", "{\"reason\":\"traffic\"}", &e2);
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.resume",
+                               "{\"reason\":\"traffic\"}", &e2);
         log_debug("sandbox %s: resumed by traffic", sb->id);
         return 0;
 }

@@ -32,14 +32,16 @@ static void head(const uint8_t *data, size_t size) {
                 abort();
         if (r != 1)
                 return;
-        if (h.head_len > size || h.head_len < 4 || h.status < 100 || h.status > 999 || h.n_fields > INGRESS_HEADERS_MAX)
+        if (h.head_len > size || h.head_len < 4 || h.status < 100 || h.status > 999 ||
+            h.n_fields > INGRESS_HEADERS_MAX)
                 abort();
         if (memcmp(data + h.head_len - 4, "\r\n\r\n", 4) != 0)
                 abort();
         for (size_t i = 0; i < h.n_fields; i++) {
                 const ingress_field *f = &h.fields[i];
                 const char *lo = (const char *) data, *hi = lo + h.head_len;
-                if (f->name < lo || f->name + f->name_len > hi || f->value < lo || f->value + f->value_len > hi)
+                if (f->name < lo || f->name + f->name_len > hi || f->value < lo ||
+                    f->value + f->value_len > hi)
                         abort();
                 if (f->name_len == 0 || memchr(f->name, ':', f->name_len))
                         abort();
@@ -51,7 +53,8 @@ static void head(const uint8_t *data, size_t size) {
         }
         if (h.body < INGRESS_BODY_NONE || h.body > INGRESS_BODY_CLOSE)
                 abort();
-        if ((head_request || h.status == 204 || h.status == 304 || h.status < 200) && h.body != INGRESS_BODY_NONE)
+        if ((head_request || h.status == 204 || h.status == 304 || h.status < 200) &&
+            h.body != INGRESS_BODY_NONE)
                 abort();
 }
 
@@ -110,7 +113,8 @@ static void host(const uint8_t *data, size_t size) {
                 p = buf + size + 2;
         unsigned port;
         char id[HUTCH_ID_LEN + 1];
-        if (ingress_host_parse(h, d, &port, id) == 0 && (port == 0 || port > 65535 || !route_sandbox_id_valid(id)))
+        if (ingress_host_parse(h, d, &port, id) == 0 &&
+            (port == 0 || port > 65535 || !route_sandbox_id_valid(id)))
                 abort();
         if (ingress_port_parse(p, &port) == 0 && (port == 0 || port > 65535))
                 abort();
