@@ -106,6 +106,7 @@ bench: deps-test build
 	BENCH_N=$(BENCH_N) HUTCH_BUILD_DIR=build bench/run.sh
 	HUTCH_BUILD_DIR=build bench/sdk.sh | tee build/bench-sdk.md
 	HUTCH_BUILD_DIR=build $(PYTHON) bench/egress.py | tee build/bench-egress.md
+	HUTCH_BUILD_DIR=build $(PYTHON) bench/ingress.py | tee build/bench-ingress.md
 	HUTCH_BUILD_DIR=build bench/snapshots.sh | tee build/bench-snapshots.md
 	HUTCH_BUILD_DIR=build bench/backends.sh | tee build/bench-backends.md
 
