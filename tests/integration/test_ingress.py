@@ -197,3 +197,88 @@ def test_response_framing_is_the_daemons(world):
     out = raw(d, f"GET /chunk-bad HTTP/1.1\r\nE2b-Sandbox-Id: {sb['sandboxID']}\r\nE2b-Sandbox-Port: {PORT}\r\n"
                  f"Host: x\r\n\r\n".encode())
     assert out.startswith(b"HTTP/1.1 200") and not out.endswith(b"0\r\n\r\n"), out
+
+
+def test_ports_over_tls_and_a_websocket_through_it(sandboxed_hutch, tmp_path):
+    """With tls-cert/tls-key the sandbox ports are served over HTTPS on the
+    same port, upgrades included (libmicrohttpd relays the TLS side)."""
+    import base64
+    import hashlib
+    import http.client
+    import json
+    import socket
+    import ssl
+    from serveclient import free_port
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=hutch-test",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:*.sbx.hutch.test"], check=True, capture_output=True)
+    port = free_port()
+    data = tmp_path / "data"
+    proc = subprocess.Popen([str(sandboxed_hutch), "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
+                             "--pool-size", "0", "--tls-cert", str(cert), "--tls-key", str(key)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ctx = ssl.create_default_context(cafile=str(cert))
+    d = ServeDaemon(sandboxed_hutch, data)
+    d.port = port
+    d.proc = proc
+
+    def https(method, path, body=None, headers=None):
+        c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+    sid = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if https("GET", "/health")[0] == 200:
+                    break
+            except (OSError, ssl.SSLError):
+                time.sleep(0.1)
+        api = (data / "api-key").read_text().strip()
+        st, body = https("POST", "/sandboxes", json.dumps({"templateID": "base"}),
+                         {"X-API-KEY": api, "Content-Type": "application/json"})
+        assert st == 201, body
+        sb = json.loads(body)
+        sid = sb["sandboxID"]
+        envd = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983", "X-Access-Token": sb["envdAccessToken"]}
+        srv = (Path(__file__).resolve().parent.parent / "e2b" / "fixtures" / "ingress_server.py").read_bytes()
+        st, _ = https("POST", "/files?path=/tmp/s.py", srv, {**envd, "Content-Type": "application/octet-stream"})
+        assert st == 200
+        from serveclient import envelope
+        st, _ = https("POST", "/process.Process/Start",
+                      envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "(setsid python3 /tmp/s.py 8000 "
+                                                                              ">/dev/null 2>&1 &); sleep 1"]}}),
+                      {**envd, "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
+        assert st == 200
+        port_h = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "8000"}
+        assert https("GET", "/", None, port_h) == (200, b"hello from the sandbox\n")
+        s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+        k = base64.b64encode(os.urandom(16)).decode()
+        s.sendall(f"GET /ws HTTP/1.1\r\nHost: 8000-{sid}.sbx.hutch.test\r\nE2b-Sandbox-Id: {sid}\r\n"
+                  f"E2b-Sandbox-Port: 8000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: {k}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(4096)
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        accept = base64.b64encode(hashlib.sha1((k + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        assert accept in head, head
+        payload, mask = b"over tls", b"\x01\x02\x03\x04"
+        s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(payload)))
+        while len(buf) < 2 + len(payload):
+            buf += s.recv(4096)
+        assert buf[:2 + len(payload)] == bytes([0x81, len(payload)]) + payload
+        s.close()
+        assert https("GET", "/", None, port_h)[0] == 200
+    finally:
+        if sid:
+            https("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": api})
+        proc.terminate()
+        proc.wait(20)
