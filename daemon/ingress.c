@@ -42,11 +42,13 @@
 #include "daemon/ingress_http.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
+#include "sandbox/initproto.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
 
-#define BUF_CAP (256 * 1024) /* per direction */
+#define BUF_CAP (256 * 1024)                   /* per direction */
+#define GVISOR_INIT_PATH INITPROTO_GVISOR_INIT /* hutch-init inside a gvisor sandbox */
 
 enum {
         ST_CONNECTING = 1,
@@ -69,7 +71,9 @@ struct ingress_conn {
         request *req; /* NULL once MHD freed the request */
         struct MHD_Connection *conn;
         int state;
-        watcher uw; /* upstream socket */
+        watcher uw; /* upstream socket (gvisor: the connector's stdout, read) */
+        watcher ww; /* gvisor: the connector's stdin, written; fd -1 on ns (uw both ways) */
+        int parked_wfd;
         watcher cw; /* the client's socket, once upgraded */
         bool suspended;
         bool req_chunked, req_done, head_request;
@@ -250,14 +254,22 @@ static void ic_resume(ingress_conn *ic) {
         }
 }
 
+static void up_close_fds(ingress_conn *ic) {
+        watcher *ws[2] = { &ic->uw, &ic->ww };
+        for (int i = 0; i < 2; i++)
+                if (ws[i]->fd >= 0) {
+                        int fd = ws[i]->fd;
+                        loop_del(ic->srv, ws[i]);
+                        close(fd);
+                }
+}
+
 static void ic_close_fds(ingress_conn *ic) {
-        if (ic->uw.fd >= 0) {
-                int fd = ic->uw.fd;
-                loop_del(ic->srv, &ic->uw);
-                close(fd);
-        }
+        up_close_fds(ic);
         ic->uw.cb = NULL;
+        ic->ww.cb = NULL;
         ic->parked_fd = safe_close(ic->parked_fd);
+        ic->parked_wfd = safe_close(ic->parked_wfd);
         if (ic->cw.fd >= 0)
                 loop_del(ic->srv, &ic->cw); /* MHD's socket: MHD closes it */
         ic->cw.cb = NULL;
@@ -391,11 +403,7 @@ static void ic_fail(ingress_conn *ic, int kind) {
         }
         ic->state = ST_FAILED;
         ic->fail_kind = kind;
-        if (ic->uw.fd >= 0) {
-                int fd = ic->uw.fd;
-                loop_del(ic->srv, &ic->uw);
-                close(fd);
-        }
+        up_close_fds(ic);
         ic->out.off = ic->out.len = 0;
         ic_resume(ic);
 }
@@ -405,9 +413,27 @@ static void ic_fail(ingress_conn *ic, int kind) {
 static void up_update(ingress_conn *ic);
 static bool up_retry(ingress_conn *ic);
 
+static bool up_split(const ingress_conn *ic) {
+        return ic->ww.fd >= 0;
+}
+
 static void up_events(ingress_conn *ic, uint32_t ev) {
+        if (up_split(ic)) {
+                (void) loop_mod(ic->srv, &ic->ww, ev & EPOLLOUT);
+                ev &= ~(uint32_t) EPOLLOUT;
+        }
         if (ic->uw.fd >= 0)
                 (void) loop_mod(ic->srv, &ic->uw, ev);
+}
+
+static ssize_t up_send(ingress_conn *ic, const void *p, size_t n) {
+        if (up_split(ic))
+                return write(ic->ww.fd, p, n);
+        if (ic->uw.fd < 0) {
+                errno = EPIPE;
+                return -1;
+        }
+        return send(ic->uw.fd, p, n, MSG_NOSIGNAL);
 }
 
 /* Decode what was just read at in.p[in.len .. in.len + n) into the body. */
@@ -556,8 +582,7 @@ static int up_read_body(ingress_conn *ic) {
 
 static int up_write(ingress_conn *ic) {
         while (ib_pending(&ic->out) > 0) {
-                ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out),
-                                 MSG_NOSIGNAL);
+                ssize_t n = up_send(ic, ic->out.p + ic->out.off, ib_pending(&ic->out));
                 if (n < 0) {
                         if (errno == EAGAIN || errno == EINTR)
                                 return 0;
@@ -576,6 +601,18 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
         ingress_conn *ic = w->data;
         if (ic->closed)
                 return;
+        if (w == &ic->ww && (revents & (EPOLLERR | EPOLLHUP))) {
+                /* the connector stopped reading: what is left of the request is dropped */
+                int fd = ic->ww.fd;
+                loop_del(srv, &ic->ww);
+                close(fd);
+                ic->up_wr_dead = true;
+                ic->u_shut = true;
+                ic->out.off = ic->out.len = 0;
+                if (ic->state == ST_UPGRADED)
+                        ic->c_eof = true;
+                return;
+        }
         if (ic->state == ST_UPGRADED) {
                 upgraded_pump(ic);
                 return;
@@ -645,8 +682,6 @@ static void up_update(ingress_conn *ic) {
 /* The upstream socket, made in the sandbox's netns: the sandbox gains no
  * route, the daemon gets a socket whose loopback is the sandbox's. */
 static int up_socket(sbx *sb, int *ret_fd) {
-        if (hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR)
-                return -EOPNOTSUPP;
         if (self_netns < 0) {
                 self_netns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
                 if (self_netns < 0)
@@ -673,6 +708,41 @@ static int up_socket(sbx *sb, int *ret_fd) {
         return 0;
 }
 
+/* gvisor: the sandbox's loopback is inside the sentry. A connector
+ * (hutch-init --ingress-connect PORT, init/connect.c) spawned in the
+ * sandbox joins its stdin and stdout, which the relay carries as mux
+ * streams, to 127.0.0.1:PORT there. Returns the read and write ends. */
+static int up_connector(server *srv, sbx *sb, unsigned port, int *ret_rfd, int *ret_wfd) {
+        char ps[8];
+        snprintf(ps, sizeof ps, "%u", port);
+        const char *argv[] = { GVISOR_INIT_PATH, "--ingress-connect", ps, NULL };
+        const char *envp[] = { "PATH=/usr/bin:/bin", NULL };
+        hutch_spawn_config cfg = {
+                .argv = argv, .envp = envp, .cwd = "/", .uid = 0, .gid = 0, .stdin_mode = HUTCH_STDIN_PIPE
+        };
+        hutch_process pr = { .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1 };
+        hutch_error err = { 0 };
+        int r = hutch_sandbox_spawn(sb->h, &cfg, &pr, &err);
+        sbx_mark_dirty(sb); /* events may have come with the reply */
+        if (r < 0) {
+                log_warning("sandbox %s: ingress connector: %s", sb->id, err.msg);
+                return r;
+        }
+        safe_close(pr.stderr_fd);
+        int fds[2] = { pr.stdout_fd, pr.stdin_fd };
+        for (int i = 0; i < 2; i++) {
+                int fl = fcntl(fds[i], F_GETFL);
+                if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) < 0) {
+                        safe_close(pr.stdout_fd);
+                        safe_close(pr.stdin_fd);
+                        return -errno;
+                }
+        }
+        *ret_rfd = pr.stdout_fd;
+        *ret_wfd = pr.stdin_fd;
+        return 0;
+}
+
 /* ------------------------------------------------------------- upgrade */
 
 static void upgraded_finish_if_done(ingress_conn *ic) {
@@ -696,8 +766,7 @@ static void upgraded_pump(ingress_conn *ic) {
                                 goto broken;
                 }
                 if (ib_pending(&ic->out) > 0) {
-                        ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out),
-                                         MSG_NOSIGNAL);
+                        ssize_t n = up_send(ic, ic->out.p + ic->out.off, ib_pending(&ic->out));
                         if (n > 0) {
                                 ic->out.off += (size_t) n;
                                 if (ic->out.off == ic->out.len)
@@ -711,12 +780,17 @@ static void upgraded_pump(ingress_conn *ic) {
         }
         if (ic->c_eof && ib_pending(&ic->out) == 0 && !ic->u_shut) {
                 ic->u_shut = true;
-                (void) shutdown(ic->uw.fd, SHUT_WR);
+                if (up_split(ic)) {
+                        int fd = ic->ww.fd;
+                        loop_del(ic->srv, &ic->ww);
+                        close(fd);
+                } else
+                        (void) shutdown(ic->uw.fd, SHUT_WR);
         }
         /* upstream → client */
         for (;;) {
                 if (!ic->up_eof && ib_pending(&ic->in) < BUF_CAP) {
-                        ssize_t n = recv(ic->uw.fd, buf, sizeof buf, 0);
+                        ssize_t n = read(ic->uw.fd, buf, sizeof buf);
                         if (n > 0) {
                                 if (ib_append(&ic->in, buf, (size_t) n) < 0)
                                         goto broken;
@@ -755,7 +829,7 @@ static void upgraded_pump(ingress_conn *ic) {
                 ce |= EPOLLIN;
         if (ib_pending(&ic->in) > 0)
                 ce |= EPOLLOUT;
-        (void) loop_mod(ic->srv, &ic->uw, ue);
+        up_events(ic, ue);
         (void) loop_mod(ic->srv, &ic->cw, ce);
         return;
 broken:
@@ -794,11 +868,18 @@ static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_c
                 ic_close(ic);
                 return;
         }
-        int ufd = ic->parked_fd;
-        ic->parked_fd = -1;
-        if (loop_add(ic->srv, &ic->uw, ufd, EPOLLIN | EPOLLOUT) < 0) {
+        int ufd = ic->parked_fd, wfd = ic->parked_wfd;
+        ic->parked_fd = ic->parked_wfd = -1;
+        if (loop_add(ic->srv, &ic->uw, ufd, wfd >= 0 ? EPOLLIN : EPOLLIN | EPOLLOUT) < 0) {
                 ic->uw.fd = -1;
                 close(ufd);
+                safe_close(wfd);
+                ic_close(ic);
+                return;
+        }
+        if (wfd >= 0 && loop_add(ic->srv, &ic->ww, wfd, EPOLLOUT) < 0) {
+                ic->ww.fd = -1;
+                close(wfd);
                 ic_close(ic);
                 return;
         }
@@ -814,6 +895,14 @@ static void up_finish(ingress_conn *ic) {
                 return;
         int fd = ic->uw.fd;
         loop_del(ic->srv, &ic->uw);
+        if (up_split(ic)) {
+                /* a connector serves one request */
+                close(fd);
+                int wfd = ic->ww.fd;
+                loop_del(ic->srv, &ic->ww);
+                close(wfd);
+                return;
+        }
         const ingress_resp_head *h = ic->head;
         bool ok = !ic->up_close && !ic->leftover && !ic->up_eof && !ic->up_wr_dead &&
                 ic->req_done && ib_pending(&ic->out) == 0 && h->body != INGRESS_BODY_CLOSE &&
@@ -929,6 +1018,10 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
                  * (a hang-up meanwhile would be reported again and again) */
                 ic->parked_fd = ic->uw.fd;
                 loop_del(ic->srv, &ic->uw);
+                if (up_split(ic)) {
+                        ic->parked_wfd = ic->ww.fd;
+                        loop_del(ic->srv, &ic->ww);
+                }
         } else if (!with_reader) {
                 ic->state = ST_RESPONDING;
                 ic->body_done = true;
@@ -1189,15 +1282,11 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
 
         /* a pooled upstream may be closing as it is taken: only a request
          * that can be sent again (no body, not an upgrade) takes one */
-        int fd = upgrade_requested(c) || cl || te ? -1 : pool_take(srv, sb->id, port);
+        bool gvisor = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
+        int fd = upgrade_requested(c) || cl || te || gvisor ? -1 : pool_take(srv, sb->id, port);
+        int wfd = -1;
         bool reused = fd >= 0;
-        int r = reused ? 0 : up_socket(sb, &fd);
-        if (r == -EOPNOTSUPP)
-                return http_reply_json(
-                        c, 502,
-                        json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "message",
-                                  "ports of gvisor sandboxes cannot be reached from outside yet",
-                                  "port", (int) port, "code", 502));
+        int r = reused ? 0 : gvisor ? up_connector(srv, sb, port, &fd, &wfd) : up_socket(sb, &fd);
         if (r < 0) {
                 log_warning("sandbox %s: ingress socket: %s", sb->id, strerror(-r));
                 return http_reply_502(c, sb->id);
@@ -1206,7 +1295,7 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                                    .sin_port = htons((uint16_t) port),
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         bool connecting = false;
-        if (!reused && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
+        if (!reused && !gvisor && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
                 if (errno != EINPROGRESS) {
                         close(fd);
                         return reply_closed_port(c, sb->id, port);
@@ -1220,6 +1309,7 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                 free(ic);
                 free(head);
                 close(fd);
+                safe_close(wfd);
                 return MHD_NO;
         }
         ic->srv = srv;
@@ -1229,12 +1319,15 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         ic->req = req;
         ic->conn = c;
         ic->cw.fd = -1;
-        ic->parked_fd = -1;
+        ic->ww.fd = -1;
+        ic->parked_fd = ic->parked_wfd = -1;
         ic->reused = reused;
         ic->state = connecting ? ST_CONNECTING : ST_SENDING;
         ic->head_request = streq(req->method, "HEAD");
         ic->uw.cb = on_up;
         ic->uw.data = ic;
+        ic->ww.cb = on_up;
+        ic->ww.data = ic;
 
         /* the request head, the daemon's own */
         const char *conn_v = http_header(c, "Connection");
@@ -1254,7 +1347,11 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         }
         if (r >= 0 && upgrade)
                 r = ib_printf(&ic->out, "Connection: upgrade\r\nUpgrade: %.4000s\r\n", upg);
-        /* else none: HTTP/1.1 keeps the upstream open for the pool */
+        /* else none: HTTP/1.1 keeps the upstream open for the pool; a
+         * gvisor connector serves one request, and ends when its server
+         * closes */
+        else if (r >= 0 && gvisor)
+                r = ib_printf(&ic->out, "Connection: close\r\n");
         if (r >= 0 && cl)
                 r = ib_printf(&ic->out, "Content-Length: %s\r\n", cl);
         else if (r >= 0 && te) {
@@ -1273,10 +1370,13 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                 }
         }
         if (r >= 0)
-                r = loop_add(srv, &ic->uw, fd, EPOLLOUT | EPOLLIN);
+                r = loop_add(srv, &ic->uw, fd, gvisor ? EPOLLIN : EPOLLOUT | EPOLLIN);
+        if (r >= 0 && gvisor && (r = loop_add(srv, &ic->ww, wfd, EPOLLOUT)) < 0)
+                loop_del(srv, &ic->uw);
         if (r < 0) {
-                ic->uw.fd = -1;
+                ic->uw.fd = ic->ww.fd = -1;
                 close(fd);
+                safe_close(wfd);
                 free(ic->out.p);
                 free(ic->head);
                 free(ic);
