@@ -1485,9 +1485,16 @@ int ingress_auto_resume(server *srv, sbx *sb) {
                 log_warning("sandbox %s: auto-resume on traffic: %s", sb->id, err.msg);
                 return -EIO;
         }
-        int64_t want = wall_ms() + (int64_t) srv->cfg.default_timeout_s * 1000;
-        if (want > sb->end_ms)
-                sb->end_ms = want;
+        /* E2B: a fresh timeout from the resume, the one create gave, at
+         * least 5 minutes */
+        json_t *t = json_object_get(sb->extra, "timeoutS");
+        int64_t secs = json_is_integer(t) ? (int64_t) json_integer_value(t)
+                                          : (int64_t) srv->cfg.default_timeout_s;
+        if (secs < 300)
+                secs = 300;
+        if ((uint64_t) secs > srv->cfg.max_timeout_s)
+                secs = (int64_t) srv->cfg.max_timeout_s;
+        sb->end_ms = wall_ms() + secs * 1000;
         hutch_error e2 = { 0 };
         if (store_sandbox_set_end(srv->store, sb->id, sb->end_ms, &e2) < 0)
                 log_error("sandbox %s: database: %s", sb->id, e2.msg);

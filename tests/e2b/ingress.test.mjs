@@ -271,14 +271,19 @@ test('maskRequestHost: the server sees the mask, ${PORT} replaced', async (t) =>
 })
 
 test('autoResume: a request to a paused sandbox resumes it and is answered', async (t) => {
-  const sbx = await createSandbox(t, { lifecycle: { onTimeout: 'pause', autoResume: true } })
+  const sbx = await createSandbox(t, { timeoutMs: 600_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
   await startServer(sbx)
+  await sbx.setTimeout(60_000)
   await sbx.pause()
   assert.equal((await sbx.getInfo()).state, 'paused')
   const res = await portFetch(sbx, '/')
   assert.equal(res.status, 200)
   assert.equal(await res.text(), 'hello from the sandbox\n')
-  assert.equal((await sbx.getInfo()).state, 'running')
+  const info = await sbx.getInfo()
+  assert.equal(info.state, 'running')
+  // E2B: a fresh timeout from the resume, the one create gave (10 min here)
+  const left = info.endAt.getTime() - Date.now()
+  assert.ok(left > 570_000 && left <= 600_000, `the resumed sandbox has ${left} ms left`)
   // without autoResume a paused sandbox answers 502 and stays paused
   const other = await createSandbox(t)
   await startServer(other)
