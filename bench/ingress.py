@@ -6,6 +6,7 @@ throughput of a large body both ways. Markdown on stdout, progress on stderr.
 
     bench/ingress.py                              # what `make bench` runs
     BENCH_INGRESS_N=500 BENCH_INGRESS_MB=100 bench/ingress.py
+    BENCH_INGRESS_BACKEND=gvisor BENCH_INGRESS_MB=20 bench/ingress.py
 
 The server is tests/e2b/fixtures/ingress_server.py (Python's threading
 http.server) on port 8000 of one sandbox. The client is
@@ -29,6 +30,7 @@ from serveclient import ServeDaemon  # noqa: E402
 
 N = int(os.environ.get("BENCH_INGRESS_N", "300"))
 MB = int(os.environ.get("BENCH_INGRESS_MB", "100"))
+BACKEND = os.environ.get("BENCH_INGRESS_BACKEND", "ns")
 BUILD = Path(os.environ.get("HUTCH_BUILD_DIR", "build"))
 if not BUILD.is_absolute():
     BUILD = ROOT / BUILD
@@ -50,7 +52,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="hutch-bench-ingress-") as work:
         os.chmod(work, 0o755)
         d = ServeDaemon(HUTCH, Path(work) / "data", ["--run-dir", str(Path(work) / "run"), "--pool-size", "0",
-                                                      "--memory", "1G"])
+                                                      "--memory", "1G", "--backend", BACKEND])
         d.start()
         try:
             sb = d.create(timeout=600)
@@ -73,7 +75,7 @@ def main():
             d.stop()
     dl, vl = direct["lat_ms"], via["lat_ms"]
     dm, vm = statistics.median(dl), statistics.median(vl)
-    print(f"### Ingress: {N} GETs on one keep-alive connection, {MB} MiB each way\n")
+    print(f"### Ingress ({BACKEND}): {N} GETs on one keep-alive connection, {MB} MiB each way\n")
     print("| | direct, inside the netns | through hutch | ratio |")
     print("|---|---|---|---|")
     print(f"| GET / p50 (ms) | {dm:.3f} | {vm:.3f} | {vm / dm:.2f}x |")

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -94,8 +95,8 @@ struct ingress_conn {
         bool reused;   /* the upstream came from the idle pool */
         bool leftover; /* the upstream sent bytes after its response: never reused */
         bool up_close; /* the response says the upstream closes (or HTTP/1.0) */
-        char *replay;  /* a bodiless request's head, resent once if a reused upstream was gone */
-        size_t replay_len;
+        ibuf replay;   /* a reused upstream's request so far, resent once if it was gone */
+        bool replay_on;
         ingress_conn *next, *prev;
         ingress_conn *next_zombie;
 };
@@ -110,7 +111,8 @@ static int self_netns = -1;
  * server that writes unasked would otherwise answer the next request. */
 #define POOL_PER_PORT 8
 typedef struct idle_up {
-        watcher w;
+        watcher w; /* the read end (the socket on ns) */
+        int wfd;   /* gvisor: the connector's stdin; -1 on ns */
         char sbx_id[HUTCH_ID_LEN + 1];
         unsigned port;
         struct idle_up *next, *prev;
@@ -121,6 +123,7 @@ static void idle_drop(server *srv, idle_up *u) {
         int fd = u->w.fd;
         loop_del(srv, &u->w);
         safe_close(fd);
+        safe_close(u->wfd);
         if (u->prev)
                 u->prev->next = u->next;
         else
@@ -137,21 +140,24 @@ static void on_idle(server *srv, watcher *w, uint32_t revents) {
         idle_drop(srv, w->data);
 }
 
-static void pool_put(server *srv, const char *sbx_id, unsigned port, int fd) {
+static void pool_put(server *srv, const char *sbx_id, unsigned port, int fd, int wfd) {
         unsigned n = 0;
         for (idle_up *u = idle; u; u = u->next)
                 n += u->port == port && streq(u->sbx_id, sbx_id);
         idle_up *u = n < POOL_PER_PORT ? calloc(1, sizeof *u) : NULL;
         if (!u) {
                 close(fd);
+                safe_close(wfd);
                 return;
         }
+        u->wfd = wfd;
         memcpy(u->sbx_id, sbx_id, sizeof u->sbx_id);
         u->port = port;
         u->w.cb = on_idle;
         u->w.data = u;
         if (loop_add(srv, &u->w, fd, EPOLLIN | EPOLLRDHUP) < 0) {
                 close(fd);
+                safe_close(wfd);
                 free(u);
                 return;
         }
@@ -161,19 +167,23 @@ static void pool_put(server *srv, const char *sbx_id, unsigned port, int fd) {
         idle = u;
 }
 
-static int pool_take(server *srv, const char *sbx_id, unsigned port) {
+static int pool_take(server *srv, const char *sbx_id, unsigned port, int *ret_wfd) {
+        *ret_wfd = -1;
         for (idle_up *u = idle; u; u = u->next) {
                 if (u->port != port || !streq(u->sbx_id, sbx_id))
                         continue;
-                int fd = u->w.fd;
+                int fd = u->w.fd, wfd = u->wfd;
                 loop_del(srv, &u->w);
-                u->w.fd = -1;
+                u->w.fd = u->wfd = -1;
                 idle_drop(srv, u);
-                char c;
-                ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                if (n < 0 && errno == EAGAIN)
+                /* still open, and quiet (a socket or a pipe alike) */
+                struct pollfd pf = { .fd = fd, .events = POLLIN | POLLRDHUP };
+                if (poll(&pf, 1, 0) == 0) {
+                        *ret_wfd = wfd;
                         return fd;
+                }
                 close(fd); /* closed, or bytes nobody asked for */
+                safe_close(wfd);
                 return -1;
         }
         return -1;
@@ -238,6 +248,18 @@ static int ib_printf(ibuf *b, const char *fmt, ...) {
 }
 
 /* ------------------------------------------------------------ lifecycle */
+
+#define REPLAY_MAX (128 * 1024)
+
+static void replay_add(ingress_conn *ic, const void *p, size_t n) {
+        if (!ic->replay_on)
+                return;
+        if (ic->replay.len + n > REPLAY_MAX || ib_append(&ic->replay, p, n) < 0) {
+                ic->replay_on = false;
+                free(ic->replay.p);
+                ic->replay = (ibuf) { 0 };
+        }
+}
 
 static void ic_suspend(ingress_conn *ic) {
         if (!ic->suspended && ic->conn) {
@@ -313,7 +335,7 @@ void ingress_reap(server *srv) {
                 free(ic->out.p);
                 free(ic->in.p);
                 free(ic->head);
-                free(ic->replay);
+                free(ic->replay.p);
                 free(ic);
         }
 }
@@ -893,24 +915,19 @@ static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_c
 static void up_finish(ingress_conn *ic) {
         if (ic->uw.fd < 0)
                 return;
-        int fd = ic->uw.fd;
+        int fd = ic->uw.fd, wfd = ic->ww.fd;
         loop_del(ic->srv, &ic->uw);
-        if (up_split(ic)) {
-                /* a connector serves one request */
-                close(fd);
-                int wfd = ic->ww.fd;
-                loop_del(ic->srv, &ic->ww);
-                close(wfd);
-                return;
-        }
+        loop_del(ic->srv, &ic->ww);
         const ingress_resp_head *h = ic->head;
         bool ok = !ic->up_close && !ic->leftover && !ic->up_eof && !ic->up_wr_dead &&
                 ic->req_done && ib_pending(&ic->out) == 0 && h->body != INGRESS_BODY_CLOSE &&
                 ic->body_done && !ic->cut;
         if (ok)
-                pool_put(ic->srv, ic->sbx_id, ic->port, fd);
-        else
+                pool_put(ic->srv, ic->sbx_id, ic->port, fd, wfd);
+        else {
                 close(fd);
+                safe_close(wfd);
+        }
 }
 
 static ssize_t resp_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -1226,33 +1243,41 @@ static bool upgrade_requested(struct MHD_Connection *c) {
 /* A reused upstream failed before its first response byte: once, a fresh
  * connection gets the same (bodiless) request. */
 static bool up_retry(ingress_conn *ic) {
-        if (!ic->reused || !ic->replay || ic->in.len > 0)
+        if (!ic->reused || !ic->replay_on || ic->in.len > 0)
                 return false;
         ic->reused = false;
         sbx *sb = sbx_find(ic->srv, ic->sbx_id);
-        int fd = -1;
-        if (!sb || sb->paused || up_socket(sb, &fd) < 0)
+        if (!sb || sb->paused)
+                return false;
+        bool gvisor = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
+        int fd = -1, wfd = -1;
+        if (gvisor ? up_connector(ic->srv, sb, ic->port, &fd, &wfd) < 0 : up_socket(sb, &fd) < 0)
                 return false;
         struct sockaddr_in sin = { .sin_family = AF_INET,
                                    .sin_port = htons((uint16_t) ic->port),
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        if (connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+        if (!gvisor && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 && errno != EINPROGRESS) {
                 close(fd);
                 return false;
         }
-        int old = ic->uw.fd;
-        loop_del(ic->srv, &ic->uw);
-        safe_close(old);
-        if (loop_add(ic->srv, &ic->uw, fd, EPOLLOUT | EPOLLIN) < 0) {
+        up_close_fds(ic);
+        if (loop_add(ic->srv, &ic->uw, fd, gvisor ? EPOLLIN : EPOLLOUT | EPOLLIN) < 0) {
+                ic->uw.fd = -1;
                 close(fd);
+                safe_close(wfd);
+                return false;
+        }
+        if (gvisor && loop_add(ic->srv, &ic->ww, wfd, EPOLLOUT) < 0) {
+                ic->ww.fd = -1;
+                close(wfd);
                 return false;
         }
         ic->out.off = ic->out.len = 0;
         ic->in.off = ic->in.len = 0;
         ic->up_wr_dead = false;
-        if (ib_append(&ic->out, ic->replay, ic->replay_len) < 0)
+        if (ib_append(&ic->out, ic->replay.p, ic->replay.len) < 0)
                 return false;
-        ic->state = ST_CONNECTING;
+        ic->state = gvisor ? ST_SENDING : ST_CONNECTING;
         return true;
 }
 
@@ -1283,10 +1308,16 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         /* a pooled upstream may be closing as it is taken: only a request
          * that can be sent again (no body, not an upgrade) takes one */
         bool gvisor = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
-        int fd = upgrade_requested(c) || cl || te || gvisor ? -1 : pool_take(srv, sb->id, port);
+        /* a pooled upstream may be closing as it is taken: only a request
+         * that can be sent again whole (no upgrade, a body of known and
+         * small size) takes one */
         int wfd = -1;
+        bool poolable = !upgrade_requested(c) && !te &&
+                (!cl || strtoull(cl, NULL, 10) <= REPLAY_MAX / 2);
+        int fd = poolable ? pool_take(srv, sb->id, port, &wfd) : -1;
         bool reused = fd >= 0;
         int r = reused ? 0 : gvisor ? up_connector(srv, sb, port, &fd, &wfd) : up_socket(sb, &fd);
+        gvisor = wfd >= 0; /* split ends: a connector's pipes, fresh or pooled */
         if (r < 0) {
                 log_warning("sandbox %s: ingress socket: %s", sb->id, strerror(-r));
                 return http_reply_502(c, sb->id);
@@ -1347,11 +1378,8 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         }
         if (r >= 0 && upgrade)
                 r = ib_printf(&ic->out, "Connection: upgrade\r\nUpgrade: %.4000s\r\n", upg);
-        /* else none: HTTP/1.1 keeps the upstream open for the pool; a
-         * gvisor connector serves one request, and ends when its server
-         * closes */
-        else if (r >= 0 && gvisor)
-                r = ib_printf(&ic->out, "Connection: close\r\n");
+        /* else none: HTTP/1.1 keeps the upstream (or gvisor's connector)
+         * open for the pool */
         if (r >= 0 && cl)
                 r = ib_printf(&ic->out, "Content-Length: %s\r\n", cl);
         else if (r >= 0 && te) {
@@ -1360,14 +1388,11 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         }
         if (r >= 0)
                 r = ib_append(&ic->out, "\r\n", 2);
-        if (r >= 0 && reused && !cl && !te) {
+        if (r >= 0 && reused) {
                 /* the pooled upstream may have been closed a moment ago:
-                 * a bodiless request can be sent again on a new one */
-                ic->replay = malloc(ic->out.len);
-                if (ic->replay) {
-                        memcpy(ic->replay, ic->out.p, ic->out.len);
-                        ic->replay_len = ic->out.len;
-                }
+                 * the request can be sent again on a new one */
+                ic->replay_on = true;
+                replay_add(ic, ic->out.p, ic->out.len);
         }
         if (r >= 0)
                 r = loop_add(srv, &ic->uw, fd, gvisor ? EPOLLIN : EPOLLOUT | EPOLLIN);
@@ -1416,10 +1441,13 @@ enum MHD_Result ingress_on_request(server *srv, request *req, const char *data, 
                 int r = 0;
                 if (ic->req_chunked)
                         r = ib_printf(&ic->out, "%zx\r\n", n);
+                size_t from = ic->out.len;
                 if (r >= 0)
                         r = ib_append(&ic->out, data, n);
                 if (r >= 0 && ic->req_chunked)
                         r = ib_append(&ic->out, "\r\n", 2);
+                if (r >= 0 && ic->replay_on)
+                        replay_add(ic, ic->out.p + from, ic->out.len - from);
                 if (r < 0)
                         return MHD_NO;
                 *size -= n;
