@@ -739,9 +739,13 @@ static int up_connector(server *srv, sbx *sb, unsigned port, int *ret_rfd, int *
         snprintf(ps, sizeof ps, "%u", port);
         const char *argv[] = { GVISOR_INIT_PATH, "--ingress-connect", ps, NULL };
         const char *envp[] = { "PATH=/usr/bin:/bin", NULL };
-        hutch_spawn_config cfg = {
-                .argv = argv, .envp = envp, .cwd = "/", .uid = 0, .gid = 0, .stdin_mode = HUTCH_STDIN_PIPE
-        };
+        hutch_spawn_config cfg = { .argv = argv,
+                                   .envp = envp,
+                                   .cwd = "/",
+                                   .uid = 0,
+                                   .gid = 0,
+                                   .stdin_mode = HUTCH_STDIN_PIPE,
+                                   .tag = INGRESS_CONNECTOR_TAG };
         hutch_process pr = { .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1 };
         hutch_error err = { 0 };
         int r = hutch_sandbox_spawn(sb->h, &cfg, &pr, &err);

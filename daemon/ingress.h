@@ -10,6 +10,10 @@
 
 #include "daemon/server.h"
 
+/* The tag of gvisor's ingress connectors (hutch-init --ingress-connect):
+ * a restarted daemon kills those it finds instead of adopting them. */
+#define INGRESS_CONNECTOR_TAG "hutch-ingress"
+
 /* The request names port (not envd's) of the running sandbox sb and passed
  * the access checks: connect to it and proxy. MHD_YES with *ret_responded
  * false when proxying; the request's body mode is BODY_INGRESS then. */
