@@ -10,7 +10,6 @@ and what a sandbox writes back is read as a response, never as a request.
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 
@@ -149,3 +148,37 @@ def test_what_the_sandbox_writes_back_is_never_a_request(world):
     assert r.status == 502 and "no valid HTTP response" in r.json()["message"], r
     # and the daemon is fine
     assert d.request("GET", "/health", key="").status == 200
+
+
+RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
+
+
+@pytest.mark.skipif(not os.access(RUNSC, os.X_OK), reason="runsc is not installed")
+def test_gvisor_ports_stay_each_sandboxs_own(sandboxed_hutch, tmp_path):
+    """gvisor: the daemon reaches a port through a connector spawned in the
+    sandbox the request names; A's port never answers from B, the daemon's
+    own port named as a sandbox port is the sandbox's (closed), and a
+    request written back is a 502."""
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0", "--backend", "gvisor"])
+    d.start()
+    try:
+        a, b = d.create(timeout=120), d.create(timeout=120)
+        for sb in (a, b):
+            assert d.upload(sb, "/tmp/s.py", SERVER.encode()).status == 200
+            d.run(sb, f"(setsid python3 /tmp/s.py {PORT} >/dev/null 2>&1 &)")
+        for sb in (a, b):
+            deadline = time.monotonic() + 30
+            while get(d, sb, "/").status != 200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert get(d, a, "/").body == a["sandboxID"].encode()
+        assert get(d, b, "/").body == b["sandboxID"].encode()
+        r = get(d, a, "/v2/sandboxes", port=d.port)
+        assert r.status == 502 and r.json()["message"] == "The sandbox is running but port is not open", r
+        r = get(d, b, "/request")
+        assert r.status == 502 and "no valid HTTP response" in r.json()["message"], r
+        d.run(a, "pkill -f /tmp/s.py; sleep 0.5")
+        r = get(d, a, "/")
+        assert r.status == 502 and r.json()["sandboxId"] == a["sandboxID"], r
+        assert get(d, b, "/").body == b["sandboxID"].encode()
+    finally:
+        d.stop()
