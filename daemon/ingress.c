@@ -99,6 +99,7 @@ struct ingress_conn {
         bool replay_on;
         ingress_conn *next, *prev;
         ingress_conn *next_zombie;
+        bool zombie;
 };
 
 static ingress_conn *live;
@@ -118,6 +119,7 @@ typedef struct idle_up {
         struct idle_up *next, *prev;
 } idle_up;
 static idle_up *idle;
+static idle_up *idle_zombies;
 
 static void idle_drop(server *srv, idle_up *u) {
         int fd = u->w.fd;
@@ -130,10 +132,12 @@ static void idle_drop(server *srv, idle_up *u) {
                 idle = u->next;
         if (u->next)
                 u->next->prev = u->prev;
-        /* a readable event of it may still be in this batch */
+        /* an event of it may still be in this batch of the loop: freed
+         * after it (ingress_reap) */
         u->w.cb = NULL;
-        u->next = u->prev = NULL;
-        free(u); /* the loop never sees u again: its fd left the epoll set */
+        u->prev = NULL;
+        u->next = idle_zombies;
+        idle_zombies = u;
 }
 
 static void on_idle(server *srv, watcher *w, uint32_t revents) {
@@ -307,8 +311,9 @@ static void ic_close_fds(ingress_conn *ic) {
 static void ic_maybe_free(ingress_conn *ic) {
         if (ic->req || ic->resp_alive || !ic->closed || ic->urh)
                 return;
-        if (ic->next_zombie || zombies == ic)
+        if (ic->zombie)
                 return;
+        ic->zombie = true;
         ic->next_zombie = zombies;
         zombies = ic;
 }
@@ -329,6 +334,11 @@ static void ic_close(ingress_conn *ic) {
 }
 
 void ingress_reap(server *srv) {
+        while (idle_zombies) {
+                idle_up *u = idle_zombies;
+                idle_zombies = u->next;
+                free(u);
+        }
         while (zombies) {
                 ingress_conn *ic = zombies;
                 zombies = ic->next_zombie;
@@ -497,11 +507,9 @@ static int body_take(ingress_conn *ic, size_t n) {
 }
 
 static void head_arrived(ingress_conn *ic) {
-        /* the bytes after the head are the body's start */
-        size_t rest = ic->in.len - ic->head->head_len;
-        char *start = ic->in.p + ic->head->head_len;
-        /* the fields point into in: copied into the MHD response before
-         * in moves (the final call queues at once if it already came) */
+        /* the fields point into in, which stays as it is until the final
+         * call copies them into the MHD response (body_start then moves
+         * the bytes after the head to in's front) */
         ic->state = ST_HEAD;
         if (ic->head->body == INGRESS_BODY_LENGTH) {
                 ic->body_left = ic->head->content_length;
@@ -511,8 +519,6 @@ static void head_arrived(ingress_conn *ic) {
         if (ic->head->body == INGRESS_BODY_NONE && ic->head->status != 101)
                 ic->body_done = true;
         ic_resume(ic);
-        (void) start;
-        (void) rest;
 }
 
 static int up_read_head(ingress_conn *ic) {
