@@ -14,6 +14,7 @@ int verb_run(int argc, char **argv);
 int verb_doctor(int argc, char **argv);
 int verb_ps(int argc, char **argv);
 int verb_kill(int argc, char **argv);
+int verb_exec(int argc, char **argv);
 int verb_gc(int argc, char **argv);
 int verb_serve(int argc, char **argv);
 int verb_key(int argc, char **argv);

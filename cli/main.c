@@ -13,6 +13,7 @@ static void usage(FILE *f) {
               "  serve [OPTIONS]                 the E2B-compatible API daemon (--help)\n"
               "  key create|list|revoke          manage the daemon's API keys\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
+              "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
               "  doctor                          check what the kernel offers\n"
@@ -49,6 +50,8 @@ int main(int argc, char **argv) {
                 return verb_ps(argc - 1, argv + 1);
         if (streq(verb, "kill"))
                 return verb_kill(argc - 1, argv + 1);
+        if (streq(verb, "exec"))
+                return verb_exec(argc - 1, argv + 1);
         if (streq(verb, "serve"))
                 return verb_serve(argc - 1, argv + 1);
         if (streq(verb, "key"))

@@ -53,11 +53,11 @@ static void fuzz_response(const uint8_t *d, size_t n, uint16_t qtype, const char
                 /* a message of the wrong id is never read past its header */
                 if (other_id && r != -ENOMSG && r != -EBADMSG)
                         abort();
-                if (other_id && r == -EBADMSG && n >= 12 && n <= DNS_MSG_MAX)
+                if (other_id && r == -EBADMSG && n >= 12 && n <= DNS_TCP_MSG_MAX)
                         abort();
                 return;
         }
-        if (other_id || n < 12 || n > DNS_MSG_MAX)
+        if (other_id || n < 12 || n > DNS_TCP_MSG_MAX)
                 abort();
         if (res.n_addrs < 1 || res.n_addrs > DNS_ADDRS_MAX || res.ttl > INT32_MAX)
                 abort();

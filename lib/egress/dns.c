@@ -378,13 +378,19 @@ int dns_parse_response(const uint8_t *msg, size_t len, uint16_t id, const char *
         r = name_from_text(name, &q);
         if (r < 0)
                 return r;
-        if (!msg || len < HEADER_SIZE || len > DNS_MSG_MAX)
+        if (!msg || len < HEADER_SIZE || len > DNS_TCP_MSG_MAX)
                 return -EBADMSG;
 
         /* Is this the answer to our query at all? */
         flags = get16(msg + 2);
-        if (!(flags & FLAG_QR) || get16(msg) != id || (flags & FLAG_OPCODE) != 0 ||
-            get16(msg + 4) != 1)
+        if (!(flags & FLAG_QR) || get16(msg) != id || (flags & FLAG_OPCODE) != 0)
+                return -ENOMSG;
+        /* Some servers cut a truncated answer down to its header. All it can
+         * make the proxy do is ask the same nameserver again over TCP, where
+         * the question is checked as here: take it as truncated. */
+        if ((flags & FLAG_TC) && get16(msg + 4) == 0)
+                return -EMSGSIZE;
+        if (get16(msg + 4) != 1)
                 return -ENOMSG;
         p = HEADER_SIZE;
         r = name_read(msg, len, &p, &qname);

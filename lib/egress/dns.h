@@ -13,7 +13,9 @@
  *   send q to a nameserver, then for each datagram r that comes back:
  *           k = dns_parse_response(r, rlen, id, h.text, DNS_TYPE_A, &res)
  *           k == -ENOMSG: not the answer to this query; keep waiting
- *           k == -EMSGSIZE: truncated; no answer over UDP (no TCP fallback)
+ *           k == -EMSGSIZE: truncated (TC): the proxy asks that nameserver
+ *                           again over TCP (RFC 7766: two length bytes, then
+ *                           the same query) and parses that answer the same way
  *           otherwise: the answer (k == 0: res.addrs for egress_decide_address)
  *
  * EDNS0 (RFC 6891): every query carries an OPT record advertising
@@ -40,6 +42,9 @@
  * refused, which also bounds the work one answer costs. A datagram cut by
  * recv() (MSG_TRUNC) is not an answer. */
 #define DNS_MSG_MAX DNS_EDNS_UDP_SIZE
+/* Over TCP (after a truncated UDP answer) a message may be longer: the
+ * largest one the proxy reads there and dns_parse_response() takes. */
+#define DNS_TCP_MSG_MAX 16384
 #define DNS_QUERY_MAX 282    /* header 12 + name 255 + type/class 4 + OPT 11 */
 #define DNS_ADDRS_MAX 32     /* addresses kept from one answer */
 #define DNS_CNAME_HOPS_MAX 8 /* CNAME records followed from the name asked */
@@ -86,14 +91,16 @@ int dns_build_query(const char *name, uint16_t id, uint16_t qtype, uint8_t *buf,
  *  stray or forged datagram must not end the wait for the real answer): QR=0,
  *  another id, opcode not QUERY, not exactly one question, or a question other
  *  than name (compared case-insensitively, so 0x20 mixing passes), qtype, IN.
- * -EMSGSIZE: TC=1 (the rest of the message is not read).
+ * -EMSGSIZE: TC=1 (the rest of the message is not read), also a header
+ *  with TC=1 and no question, as some servers send a truncated answer.
  * -EBADMSG: malformed: shorter than its counts say, bytes after the last
  *  record, a record out of bounds, a name over 255 bytes, a compression
  *  pointer that is not strictly backwards into the message body (so loops are
  *  impossible), a name through more than 16 pointers, a reserved label
  *  type, an A rdlength other than 4 or AAAA other than 16, CNAME rdata that
  *  is not exactly one name, more than one OPT or an OPT not owned by the
- *  root, two different CNAMEs for one name; also a message over DNS_MSG_MAX.
+ *  root, two different CNAMEs for one name; also a message over
+ *  DNS_TCP_MSG_MAX (the UDP receive buffer holds DNS_MSG_MAX).
  * -ENXIO: RCODE NXDOMAIN. -EIO: any other non-zero RCODE, extended RCODE
  *  from the OPT record included.
  * -ELOOP: the CNAME chain from name is longer than DNS_CNAME_HOPS_MAX (a

@@ -60,7 +60,7 @@
 #define DNS_ADDRS_TRY 8
 #define MASK_VALUE_MAX EGRESS_MASK_VALUE_MAX
 
-enum ev_kind { EV_LISTEN = 1, EV_CLIENT, EV_UPSTREAM, EV_DNS, EV_TIMER };
+enum ev_kind { EV_LISTEN = 1, EV_CLIENT, EV_UPSTREAM, EV_DNS, EV_DNS_TCP, EV_TIMER };
 enum { ICPT_HEAD = 1, ICPT_BODY, ICPT_RESPONSE };
 
 typedef struct ev {
@@ -89,7 +89,7 @@ struct conn {
         egress_site *site;
         conn *next, *prev;
         bool dead;     /* closed; freed at the end of the dispatch round */
-        ev cl, up, dns;
+        ev cl, up, dns, dns_tcp;
         conn_state state;
         egress_kind kind;
         int64_t started_ms, started_real_ms, deadline_ms;
@@ -106,6 +106,11 @@ struct conn {
         /* resolution */
         uint16_t qid[2];   /* A, AAAA */
         bool qdone[2];
+        bool qtrunc[2];    /* truncated over UDP: asked again over TCP */
+        int tcp_q;         /* the query on dns_tcp, or -1 */
+        bool tcp_sent;
+        uint8_t *tcp_buf;  /* its answer: 2 length bytes, then the message */
+        size_t tcp_have, tcp_want;
         unsigned ns_index, tries;
         int64_t try_deadline_ms;
         egress_addr addrs[DNS_ADDRS_TRY];
@@ -332,6 +337,7 @@ static void conn_free(conn *c, bool record) {
         ev_close(p, &c->cl);
         ev_close(p, &c->up);
         ev_close(p, &c->dns);
+        ev_close(p, &c->dns_tcp);
         if (c->prev)
                 c->prev->next = c->next;
         else
@@ -354,6 +360,7 @@ static void proxy_bury(egress_proxy *p) {
                 free(c->req);
                 free(c->socks);
                 free(c->framer);
+                free(c->tcp_buf);
                 free(c->c2u.data);
                 free(c->u2c.data);
                 for (size_t i = 0; i < c->n_mask; i++) {
@@ -1016,14 +1023,29 @@ static void conn_connected(conn *c) {
 /* ---------------------------------------------------------------- DNS */
 
 static void conn_dns_send(conn *c);
+static void conn_dns_tcp_start(conn *c);
+
+static const uint16_t dns_qtypes[2] = { DNS_TYPE_A, DNS_TYPE_AAAA };
+
+static void conn_dns_tcp_close(conn *c) {
+        ev_close(c->site->proxy, &c->dns_tcp);
+        free(c->tcp_buf);
+        c->tcp_buf = NULL;
+        c->tcp_have = c->tcp_want = 0;
+        c->tcp_sent = false;
+        c->tcp_q = -1;
+}
 
 static void conn_dns_done(conn *c) {
         ev_close(c->site->proxy, &c->dns);
+        conn_dns_tcp_close(c);
         c->addr_next = 0;
         conn_try_next_address(c);
 }
 
-static int dns_socket(egress_proxy *p, unsigned idx) {
+/* The nameserver idx as a connected, non-blocking socket of type (UDP:
+ * only its datagrams are received; TCP: the connect is under way). */
+static int dns_socket(egress_proxy *p, unsigned idx, int type) {
         const egress_addr *ns = &p->cfg.nameservers[idx];
         egress_host lit;
         memset(&lit, 0, sizeof lit);
@@ -1034,11 +1056,10 @@ static int dns_socket(egress_proxy *p, unsigned idx) {
         int r = egress_host_sockaddr(&lit, p->cfg.dns_port ? p->cfg.dns_port : 53, &ss, &sl);
         if (r < 0)
                 return r;
-        int fd = socket(ns->family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        int fd = socket(ns->family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        /* connect(): only datagrams from the nameserver are received. */
-        if (connect(fd, (struct sockaddr *) &ss, sl) < 0) {
+        if (connect(fd, (struct sockaddr *) &ss, sl) < 0 && errno != EINPROGRESS) {
                 r = -errno;
                 close(fd);
                 return r;
@@ -1049,6 +1070,7 @@ static int dns_socket(egress_proxy *p, unsigned idx) {
 static void conn_dns_send(conn *c) {
         egress_proxy *p = c->site->proxy;
         ev_close(p, &c->dns);
+        conn_dns_tcp_close(c);
         while (c->ns_index < p->cfg.n_nameservers) {
                 if (c->tries >= DNS_TRIES) {
                         c->ns_index++;
@@ -1056,20 +1078,20 @@ static void conn_dns_send(conn *c) {
                         continue;
                 }
                 c->tries++;
-                int fd = dns_socket(p, c->ns_index);
+                int fd = dns_socket(p, c->ns_index, SOCK_DGRAM);
                 if (fd < 0) {
                         c->tries = DNS_TRIES;
                         continue;
                 }
-                c->dns = (ev){ .kind = EV_DNS, .obj = c, .fd = fd };
-                static const uint16_t qtypes[2] = { DNS_TYPE_A, DNS_TYPE_AAAA };
+                c->dns = (ev) { .kind = EV_DNS, .obj = c, .fd = fd };
                 for (int i = 0; i < 2; i++) {
                         if (c->qdone[i])
                                 continue;
+                        c->qtrunc[i] = false;
                         uint8_t q[DNS_QUERY_MAX];
                         if (getrandom(&c->qid[i], sizeof c->qid[i], 0) != sizeof c->qid[i])
                                 c->qid[i] = (uint16_t) (now_ms() ^ (uintptr_t) c);
-                        int n = dns_build_query(c->host.text, c->qid[i], qtypes[i], q, sizeof q);
+                        int n = dns_build_query(c->host.text, c->qid[i], dns_qtypes[i], q, sizeof q);
                         if (n < 0 || send(fd, q, (size_t) n, MSG_DONTWAIT | MSG_NOSIGNAL) != n) {
                                 c->dns_error = "cannot send the query";
                                 continue;
@@ -1082,13 +1104,45 @@ static void conn_dns_send(conn *c) {
                 return;
         }
         if (!c->dns_error)
-                c->dns_error = p->cfg.n_nameservers ? "no answer from the nameservers" : "no nameserver configured";
+                c->dns_error = p->cfg.n_nameservers ? "no answer from the nameservers"
+                                                    : "no nameserver configured";
         conn_dns_done(c);
+}
+
+/* Query i has its answer (k and res as dns_parse_response() gave them);
+ * then, when both have one, the resolution is over. */
+static void conn_dns_answer(conn *c, int i, int k, const dns_result *res) {
+        c->qdone[i] = true;
+        if (k == -ENXIO)
+                c->dns_error = "no such name (NXDOMAIN)";
+        else if (k == -ENODATA) {
+                if (!c->dns_error)
+                        c->dns_error = "the name has no address";
+        } else if (k == -EMSGSIZE) {
+                if (!c->dns_error)
+                        c->dns_error = "the answer is too large, over TCP too";
+        } else if (k < 0) {
+                if (!c->dns_error)
+                        c->dns_error = "the nameserver failed (SERVFAIL or similar)";
+        }
+        for (size_t j = 0; k >= 0 && j < res->n_addrs && c->n_addrs < DNS_ADDRS_TRY; j++)
+                c->addrs[c->n_addrs++] = res->addrs[j];
+        if (c->qdone[0] && c->qdone[1])
+                return conn_dns_done(c);
+        if (c->n_addrs && !c->qtrunc[!i]) {
+                /* One family answered: give the other a moment. */
+                int64_t linger = now_ms() + DNS_LINGER_MS;
+                if (linger < c->deadline_ms) {
+                        c->deadline_ms = linger;
+                        timer_want(c->site->proxy, linger);
+                }
+        }
 }
 
 static void conn_dns_read(conn *c) {
         uint8_t msg[DNS_MSG_MAX];
-        for (int rounds = 0; rounds < 8 && c->dns.fd >= 0; rounds++) {
+        for (int rounds = 0; rounds < 8 && c->dns.fd >= 0 && !c->dead && c->state == S_RESOLVE;
+             rounds++) {
                 ssize_t n = recv(c->dns.fd, msg, sizeof msg, MSG_DONTWAIT);
                 if (n < 0) {
                         if (errno == ECONNREFUSED) { /* ICMP: nobody there; next server */
@@ -1097,38 +1151,118 @@ static void conn_dns_read(conn *c) {
                         }
                         return;
                 }
-                static const uint16_t qtypes[2] = { DNS_TYPE_A, DNS_TYPE_AAAA };
                 for (int i = 0; i < 2; i++) {
-                        if (c->qdone[i])
+                        if (c->qdone[i] || c->qtrunc[i])
                                 continue;
                         dns_result res;
-                        int k = dns_parse_response(msg, (size_t) n, c->qid[i], c->host.text, qtypes[i], &res);
+                        int k = dns_parse_response(msg, (size_t) n, c->qid[i], c->host.text,
+                                                   dns_qtypes[i], &res);
                         if (k == -ENOMSG || k == -EBADMSG)
                                 continue; /* not this query's answer (or garbage): keep waiting */
-                        c->qdone[i] = true;
-                        if (k == -ENXIO)
-                                c->dns_error = "no such name (NXDOMAIN)";
-                        else if (k == -ENODATA) {
-                                if (!c->dns_error)
-                                        c->dns_error = "the name has no address";
-                        } else if (k < 0) {
-                                if (!c->dns_error)
-                                        c->dns_error = "the nameserver failed (SERVFAIL or similar)";
+                        if (k == -EMSGSIZE) {
+                                /* truncated (TC): ask that nameserver again over TCP (RFC 7766) */
+                                c->qtrunc[i] = true;
+                                conn_dns_tcp_start(c);
+                                break;
                         }
-                        for (size_t j = 0; k >= 0 && j < res.n_addrs && c->n_addrs < DNS_ADDRS_TRY; j++)
-                                c->addrs[c->n_addrs++] = res.addrs[j];
+                        conn_dns_answer(c, i, k, &res);
                         break;
                 }
-                if (c->qdone[0] && c->qdone[1])
-                        return conn_dns_done(c);
-                if ((c->qdone[0] || c->qdone[1]) && c->n_addrs) {
-                        /* One family answered: give the other a moment. */
-                        int64_t linger = now_ms() + DNS_LINGER_MS;
-                        if (linger < c->deadline_ms) {
-                                c->deadline_ms = linger;
-                                timer_want(c->site->proxy, linger);
-                        }
+        }
+}
+
+/* ---------------------------------------------------------- DNS over TCP */
+
+/* The next truncated query over TCP to the nameserver that truncated it,
+ * one at a time; the UDP try's deadline bounds it like the UDP answer. */
+static void conn_dns_tcp_start(conn *c) {
+        egress_proxy *p = c->site->proxy;
+        if (c->dns_tcp.fd >= 0)
+                return;
+        int i = c->qtrunc[0] && !c->qdone[0] ? 0 : c->qtrunc[1] && !c->qdone[1] ? 1 : -1;
+        if (i < 0)
+                return;
+        int fd = dns_socket(p, c->ns_index, SOCK_STREAM);
+        if (fd < 0) {
+                c->dns_error = "the answer was truncated and TCP to the nameserver failed";
+                dns_result none = { .n_addrs = 0 };
+                return conn_dns_answer(c, i, -EIO, &none);
+        }
+        c->dns_tcp = (ev) { .kind = EV_DNS_TCP, .obj = c, .fd = fd };
+        c->tcp_q = i;
+        (void) ev_set(p, &c->dns_tcp, EPOLLOUT);
+}
+
+static void conn_dns_tcp_fail(conn *c, const char *why) {
+        int i = c->tcp_q;
+        conn_dns_tcp_close(c);
+        if (!c->dns_error)
+                c->dns_error = why;
+        dns_result none = { .n_addrs = 0 };
+        conn_dns_answer(c, i, -EIO, &none);
+        if (!c->dead && c->state == S_RESOLVE)
+                conn_dns_tcp_start(c);
+}
+
+static void conn_dns_tcp_event(conn *c) {
+        egress_proxy *p = c->site->proxy;
+        int i = c->tcp_q;
+        if (i < 0)
+                return;
+        if (!c->tcp_sent) {
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                if (getsockopt(c->dns_tcp.fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr)
+                        return conn_dns_tcp_fail(
+                                c, "the answer was truncated and TCP to the nameserver failed");
+                /* the query again, behind its two length bytes: a few hundred
+                 * bytes into an empty socket buffer go in one send */
+                uint8_t q[2 + DNS_QUERY_MAX];
+                int n = dns_build_query(c->host.text, c->qid[i], dns_qtypes[i], q + 2, sizeof q - 2);
+                if (n < 0)
+                        return conn_dns_tcp_fail(c, "cannot send the query");
+                q[0] = (uint8_t) (n >> 8);
+                q[1] = (uint8_t) n;
+                if (send(c->dns_tcp.fd, q, (size_t) n + 2, MSG_DONTWAIT | MSG_NOSIGNAL) != n + 2)
+                        return conn_dns_tcp_fail(
+                                c, "the answer was truncated and TCP to the nameserver failed");
+                c->tcp_sent = true;
+                c->tcp_want = 2;
+                c->tcp_buf = malloc(2 + DNS_TCP_MSG_MAX);
+                if (!c->tcp_buf)
+                        return conn_dns_tcp_fail(c, "out of memory");
+                (void) ev_set(p, &c->dns_tcp, EPOLLIN);
+                return;
+        }
+        for (;;) {
+                ssize_t n = recv(c->dns_tcp.fd, c->tcp_buf + c->tcp_have, c->tcp_want - c->tcp_have,
+                                 MSG_DONTWAIT);
+                if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                        return;
+                if (n <= 0)
+                        return conn_dns_tcp_fail(c, "the nameserver closed TCP before its answer");
+                c->tcp_have += (size_t) n;
+                if (c->tcp_have < c->tcp_want)
+                        continue;
+                if (c->tcp_want == 2) {
+                        size_t len = (size_t) c->tcp_buf[0] << 8 | c->tcp_buf[1];
+                        if (len == 0 || len > DNS_TCP_MSG_MAX)
+                                return conn_dns_tcp_fail(c,
+                                                         "the nameserver's TCP answer is too large");
+                        c->tcp_want = 2 + len;
+                        continue;
                 }
+                dns_result res;
+                int k = dns_parse_response(c->tcp_buf + 2, c->tcp_want - 2, c->qid[i], c->host.text,
+                                           dns_qtypes[i], &res);
+                if (k == -ENOMSG || k == -EBADMSG)
+                        return conn_dns_tcp_fail(
+                                c, "the nameserver's TCP answer is not one to the query");
+                conn_dns_tcp_close(c);
+                conn_dns_answer(c, i, k, &res);
+                if (!c->dead && c->state == S_RESOLVE)
+                        conn_dns_tcp_start(c);
+                return;
         }
 }
 
@@ -1742,6 +1876,8 @@ static void conn_event(conn *c, ev *e, uint32_t revents) {
         case S_RESOLVE:
                 if (e->kind == EV_DNS)
                         conn_dns_read(c);
+                else if (e->kind == EV_DNS_TCP)
+                        conn_dns_tcp_event(c);
                 return;
         case S_CONNECTING:
                 if (e->kind == EV_UPSTREAM)
@@ -1832,6 +1968,8 @@ static void site_accept(egress_site *s) {
                 c->cl = (ev){ .kind = EV_CLIENT, .obj = c, .fd = fd };
                 c->up = (ev){ .kind = EV_UPSTREAM, .obj = c, .fd = -1 };
                 c->dns = (ev){ .kind = EV_DNS, .obj = c, .fd = -1 };
+                c->dns_tcp = (ev){ .kind = EV_DNS_TCP, .obj = c, .fd = -1 };
+                c->tcp_q = -1;
                 c->state = S_SNIFF;
                 c->started_ms = now_ms();
                 c->started_real_ms = real_ms();

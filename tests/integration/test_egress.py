@@ -258,6 +258,26 @@ def test_dns_rebinding_is_checked_per_connection(env, clean):
         sd.kill(sb["sandboxID"])
 
 
+def test_a_truncated_dns_answer_is_asked_again_over_tcp(env, clean):
+    """A name with 40 addresses does not fit the test server's 512-byte UDP
+    answers: it sets TC, and the proxy asks the same nameserver again over
+    TCP (RFC 7766) instead of failing the name."""
+    net, sd = env
+    name = "many.example.test"
+    net.set_zone({name: [OK_IP] + [f"198.51.100.{100 + i}" for i in range(39)]})
+    sb = new_sandbox(env, allow_internet_access=False, network={"allowOut": [name]})
+    try:
+        code, out, err = sh(sd, sb, f"curl -sS -m 10 http://{name}/many")
+        assert code == 0, (out, err)
+        assert json.loads(out)["sink"] == "ok"
+        a = net.dns_queries(name, "A")
+        assert [q["transport"] for q in a] == ["udp", "tcp"], a
+        assert [e["decision"] for e in log_of(sd, sb) if e["host"] == name] == ["allow"]
+    finally:
+        sd.kill(sb["sandboxID"])
+        net.reset_zone()
+
+
 def test_sni_must_match_the_connect_host(env, only_ok, clean):
     net, sd = env
     res = client(sd, only_ok, "tls", "ok.example.test", "443", "evil.test", CA)

@@ -275,6 +275,12 @@ def test_a_daemon_killed_during_a_create_restarts(sandboxed_hutch, tmp_path):
     d.start()
     try:
         for _ in range(8):
+            # give the last claim back, then claim a pooled sandbox: the pool
+            # refills at once, and the kill lands in that create
+            for sid in list(d.created):
+                d.kill(sid)
+                del d.created[sid]
+            d.create()
             # a pooled id whose sandbox has no state yet: a create under way
             def filling():
                 try:
@@ -282,15 +288,12 @@ def test_a_daemon_killed_during_a_create_restarts(sandboxed_hutch, tmp_path):
                 except OSError:
                     return False
                 return any(not (hutchtest.STATE_DIR / i / "state").exists() for i in ids)
-            wait_until(filling, 10, 0.001)
+            assert wait_until(filling, 10, 0.001), "no pool create under way to kill"
             d.proc.kill()
             d.proc.wait(10)
             d.start()          # refused while the lock is held: "did not become ready"
             # the old daemon's argv (its data dir) names no process but the new one
             assert wait_until(lambda: _procs_with_arg(str(data)) == [d.proc.pid], 10), \
                 (_procs_with_arg(str(data)), d.proc.pid)
-            # the pool is refilled again, so that the next kill lands in a create
-            for sid in list(d.created):
-                d.kill(sid)
     finally:
         _stop(d)

@@ -21,7 +21,7 @@
 #define ID 0x1234
 
 typedef struct msg {
-        uint8_t b[DNS_MSG_MAX + 16];
+        uint8_t b[DNS_TCP_MSG_MAX + 16];
         size_t n;
 } msg;
 
@@ -382,6 +382,16 @@ static void test_answers(void) {
                    res.ttl == 1000 - (DNS_ADDRS_MAX - 1),
            "%d A records: %d kept, TTL of those kept (got %d, %zu)", DNS_ADDRS_MAX + 3,
            DNS_ADDRS_MAX, r, r == 0 ? res.n_addrs : 0);
+
+        /* longer than a UDP answer may be: what TCP brings after a TC */
+        start(&m, QR_RD_RA, 300, 0, 0, "example.com", DNS_TYPE_A);
+        for (unsigned i = 0; i < 300; i++) {
+                put_ptr(&m, 12);
+                a_rr(&m, 60, 10, 1, (uint8_t) (i >> 8), (uint8_t) i);
+        }
+        r = parse_as(&m, "example.com", DNS_TYPE_A);
+        ok(m.n > DNS_MSG_MAX && r == 0 && res.n_addrs == DNS_ADDRS_MAX && res.addrs[0].bytes[1] == 1,
+           "a %zu-byte answer (over TCP): parsed, %d addresses kept (got %d)", m.n, DNS_ADDRS_MAX, r);
 }
 
 static void test_cnames(void) {
@@ -595,6 +605,16 @@ static void test_rcodes(void) {
         expect_err("TC=1 with a partial answer", &m, "example.com", DNS_TYPE_A, -EMSGSIZE);
         start(&m, QR_RD_RA | 0x0200, 0, 0, 0, "example.com", DNS_TYPE_A);
         expect_err("TC=1, empty", &m, "example.com", DNS_TYPE_A, -EMSGSIZE);
+        /* a truncated answer cut down to its header: no question to check */
+        m.n = 0;
+        header(&m, ID, QR_RD_RA | 0x0200, 0, 0, 0, 0);
+        expect_err("TC=1, header only", &m, "example.com", DNS_TYPE_A, -EMSGSIZE);
+        m.n = 0;
+        header(&m, ID ^ 1, QR_RD_RA | 0x0200, 0, 0, 0, 0);
+        expect_err("TC=1, header only, another id", &m, "example.com", DNS_TYPE_A, -ENOMSG);
+        m.n = 0;
+        header(&m, ID, QR_RD_RA, 0, 0, 0, 0);
+        expect_err("no question and no TC", &m, "example.com", DNS_TYPE_A, -ENOMSG);
 
         start(&m, QR_RD_RA | DNS_RCODE_NXDOMAIN, 0, 1, 1, "nope.example.com", DNS_TYPE_A);
         soa_rr(&m, "example.com");
@@ -697,9 +717,9 @@ static void test_malformed(void) {
         put16(&m, 0);
         expect_err("OPT not owned by the root", &m, "example.com", DNS_TYPE_A, -EBADMSG);
 
-        static uint8_t big[DNS_MSG_MAX + 1];
+        static uint8_t big[DNS_TCP_MSG_MAX + 1];
         ok(dns_parse_response(big, sizeof big, 0, "a.test", DNS_TYPE_A, &res) == -EBADMSG,
-           "message over DNS_MSG_MAX: -EBADMSG");
+           "message over DNS_TCP_MSG_MAX: -EBADMSG");
         ok(dns_parse_response(big, 11, 0, "a.test", DNS_TYPE_A, &res) == -EBADMSG,
            "11 bytes: -EBADMSG");
         ok(dns_parse_response(NULL, 0, 0, "a.test", DNS_TYPE_A, &res) == -EBADMSG,
