@@ -80,6 +80,11 @@ test('getHost(port) names the port under the daemon\'s domain; Host and header r
   assert.equal(h.status, 200)
   assert.equal(h.headers['content-length'], '12345', 'a HEAD keeps the length the server gave')
 
+  // the daemon keeps its connection to the server for the next request
+  const p1 = await (await portFetch(sbx, '/peer')).text()
+  const p2 = await (await portFetch(sbx, '/peer')).text()
+  assert.equal(p1, p2, 'two requests, one upstream connection')
+
   const r = await portFetch(sbx, '/headers', { headers: { 'X-Custom': 'yes', 'E2b-Traffic-Access-Token': 'x' } })
   assert.equal(r.status, 200)
   const names = (await r.text()).split('\n')
