@@ -121,6 +121,35 @@ typedef struct idle_up {
 static idle_up *idle;
 static idle_up *idle_zombies;
 
+/* gvisor: a connector costs a spawn, which blocks the loop for a while
+ * (~100 ms on ptrace), and a port needs no key: a port found closed is
+ * answered from here for a second, so that a flood of requests to closed
+ * ports of a known sandbox cannot keep the daemon spawning. */
+#define CLOSED_CACHE 64
+#define CLOSED_CACHE_MS 1000
+static struct closed_port {
+        char sbx_id[HUTCH_ID_LEN + 1];
+        unsigned port;
+        int64_t until_ms;
+} closed_cache[CLOSED_CACHE];
+static unsigned closed_next;
+
+static void closed_note(const char *sbx_id, unsigned port) {
+        struct closed_port *c = &closed_cache[closed_next++ % CLOSED_CACHE];
+        memcpy(c->sbx_id, sbx_id, sizeof c->sbx_id);
+        c->port = port;
+        c->until_ms = wall_ms() + CLOSED_CACHE_MS;
+}
+
+static bool closed_recently(const char *sbx_id, unsigned port) {
+        int64_t now = wall_ms();
+        for (unsigned i = 0; i < CLOSED_CACHE; i++)
+                if (closed_cache[i].until_ms > now && closed_cache[i].port == port &&
+                    streq(closed_cache[i].sbx_id, sbx_id))
+                        return true;
+        return false;
+}
+
 static void idle_drop(server *srv, idle_up *u) {
         int fd = u->w.fd;
         loop_del(srv, &u->w);
@@ -280,6 +309,10 @@ static void ic_resume(ingress_conn *ic) {
         }
 }
 
+static bool up_split(const ingress_conn *ic) {
+        return ic->ww.fd >= 0; /* gvisor: a connector's two pipes */
+}
+
 static void up_close_fds(ingress_conn *ic) {
         watcher *ws[2] = { &ic->uw, &ic->ww };
         for (int i = 0; i < 2; i++)
@@ -435,6 +468,8 @@ static void ic_fail(ingress_conn *ic, int kind) {
         }
         ic->state = ST_FAILED;
         ic->fail_kind = kind;
+        if (kind == 0 && up_split(ic))
+                closed_note(ic->sbx_id, ic->port);
         up_close_fds(ic);
         ic->out.off = ic->out.len = 0;
         ic_resume(ic);
@@ -445,9 +480,6 @@ static void ic_fail(ingress_conn *ic, int kind) {
 static void up_update(ingress_conn *ic);
 static bool up_retry(ingress_conn *ic);
 
-static bool up_split(const ingress_conn *ic) {
-        return ic->ww.fd >= 0;
-}
 
 static void up_events(ingress_conn *ic, uint32_t ev) {
         if (up_split(ic)) {
@@ -1325,6 +1357,8 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         bool poolable = !upgrade_requested(c) && !te &&
                 (!cl || strtoull(cl, NULL, 10) <= REPLAY_MAX / 2);
         int fd = poolable ? pool_take(srv, sb->id, port, &wfd) : -1;
+        if (fd < 0 && gvisor && closed_recently(sb->id, port))
+                return reply_closed_port(c, sb->id, port);
         bool reused = fd >= 0;
         int r = reused ? 0 : gvisor ? up_connector(srv, sb, port, &fd, &wfd) : up_socket(sb, &fd);
         gvisor = wfd >= 0; /* split ends: a connector's pipes, fresh or pooled */
