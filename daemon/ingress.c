@@ -141,6 +141,11 @@ static void closed_note(const char *sbx_id, unsigned port) {
         c->until_ms = wall_ms() + CLOSED_CACHE_MS;
 }
 
+/* gvisor: connectors of one sandbox, in use or pooled, are at most this many */
+#define CONNECTORS_MAX 64
+
+static unsigned connectors_of(const char *sbx_id);
+
 static bool closed_recently(const char *sbx_id, unsigned port) {
         int64_t now = wall_ms();
         for (unsigned i = 0; i < CLOSED_CACHE; i++)
@@ -220,6 +225,15 @@ static int pool_take(server *srv, const char *sbx_id, unsigned port, int *ret_wf
                 return -1;
         }
         return -1;
+}
+
+static unsigned connectors_of(const char *sbx_id) {
+        unsigned n = 0;
+        for (idle_up *u = idle; u; u = u->next)
+                n += u->wfd >= 0 && streq(u->sbx_id, sbx_id);
+        for (ingress_conn *ic = live; ic; ic = ic->next)
+                n += (ic->ww.fd >= 0 || ic->parked_wfd >= 0) && streq(ic->sbx_id, sbx_id);
+        return n;
 }
 
 static void pool_cut(server *srv, const char *sbx_id) {
@@ -1359,6 +1373,11 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         int fd = poolable ? pool_take(srv, sb->id, port, &wfd) : -1;
         if (fd < 0 && gvisor && closed_recently(sb->id, port))
                 return reply_closed_port(c, sb->id, port);
+        if (fd < 0 && gvisor && connectors_of(sb->id) >= CONNECTORS_MAX)
+                return http_reply_json(c, 503,
+                                       json_pack("{s:s, s:s, s:i}", "sandboxId", sb->id, "message",
+                                                 "too many open connections to this sandbox's ports",
+                                                 "code", 503));
         bool reused = fd >= 0;
         int r = reused ? 0 : gvisor ? up_connector(srv, sb, port, &fd, &wfd) : up_socket(sb, &fd);
         gvisor = wfd >= 0; /* split ends: a connector's pipes, fresh or pooled */
