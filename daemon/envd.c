@@ -20,6 +20,7 @@
 
 #include "daemon/connect.h"
 #include "daemon/requests.h"
+#include "daemon/ingress.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -563,6 +564,12 @@ void proc_readopt(server *srv, sbx *sb) {
         }
         for (size_t i = 0; i < n; i++) {
                 hutch_process hp;
+                if (v[i].tag && streq(v[i].tag, INGRESS_CONNECTOR_TAG)) {
+                        /* a gvisor ingress connector of the previous daemon:
+                         * nobody holds its pipes any more */
+                        (void) hutch_sandbox_signal(sb->h, v[i].pid, SIGKILL, false, &err);
+                        continue;
+                }
                 if (hutch_sandbox_attach_process(sb->h, v[i].pid, NULL, &hp, &err) < 0) {
                         log_debug("sandbox %s: attaching pid %d: %s", sb->id, (int) v[i].pid, err.msg);
                         continue;

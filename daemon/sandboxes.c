@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "daemon/requests.h"
+#include "daemon/ingress.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -514,6 +515,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         sb->auto_resume = cr.auto_resume;
         sb->pause_keep_memory = cr.pause_keep_memory;
         sb->extra = extra_json(sb, body);
+        json_object_set_new(sb->extra, "timeoutS", json_integer((json_int_t) timeout_s)); /* auto-resume's */
         json_object_set_new(sb->extra, "egress", egress_spec);
         if (mounts)
                 json_object_set_new(sb->extra, "volumeMounts", mounts);
@@ -688,11 +690,13 @@ void sbx_cut_streams(server *srv, sbx *sb) {
         for (stream *st = srv->streams; st; st = st->next)
                 if (st->sb == sb)
                         stream_cut(st);
+        ingress_sbx_cut(srv, sb);
 }
 
 static void pause_image_remove(server *srv, const char *id);
 
 static void sbx_detach_all(server *srv, sbx *sb) {
+        ingress_sbx_cut(srv, sb);
         for (stream *st = srv->streams; st; st = st->next)
                 if (st->sb == sb) {
                         stream_cut(st);
@@ -797,7 +801,7 @@ void save_sandbox_extra(server *srv, sbx *sb) {
         json_t *old = sb->extra;
         sb->extra = extra_json(sb, NULL);
         /* what create said about the network and the volumes stays */
-        const char *keep[] = { "network", "allowInternetAccess", "egress", "secretRefs", "volumeMounts" };
+        const char *keep[] = { "network", "allowInternetAccess", "egress", "secretRefs", "volumeMounts", "timeoutS" };
         for (size_t i = 0; i < ELEMENTSOF(keep); i++) {
                 json_t *v = json_object_get(old, keep[i]);
                 if (v)
@@ -1201,7 +1205,7 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
         json_object_set_new(o, "volumeMounts", vm);
         if (detail) {
                 json_object_set_new(o, "envdAccessToken", json_string(sb->token));
-                json_object_set_new(o, "domain", json_null());
+                json_object_set_new(o, "domain", ingress_domain_json(sb->srv));
                 json_t *aia = NULL;
                 json_object_set_new(o, "network", egress_network_json(sb->srv, sb, &aia));
                 json_object_set_new(o, "allowInternetAccess", aia);

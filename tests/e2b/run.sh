@@ -146,8 +146,11 @@ disk_args=()
 [[ -n "${HUTCH_E2B_DISK:-}" ]] && disk_args=(--disk "$HUTCH_E2B_DISK")
 # volumes made by POST /volumes: small, so that a test fills one in a moment
 export HUTCH_E2B_VOLUME_SIZE="${HUTCH_E2B_VOLUME_SIZE:-32M}"
+# The sandbox domain: getHost(port) is "<port>-<id>.sandbox.localhost:<daemon
+# port>", which ingress.test.mjs resolves to 127.0.0.1 as wildcard DNS would.
+export HUTCH_E2B_SANDBOX_DOMAIN="sandbox.localhost:$port"
 "$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
-	--volume-size "$HUTCH_E2B_VOLUME_SIZE" "${disk_args[@]}" >>"$log" 2>&1 &
+	--volume-size "$HUTCH_E2B_VOLUME_SIZE" --sandbox-domain "$HUTCH_E2B_SANDBOX_DOMAIN" "${disk_args[@]}" >>"$log" 2>&1 &
 first_pid=$!
 echo "$first_pid" >"$pidfile"
 
