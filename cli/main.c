@@ -15,6 +15,7 @@ static void usage(FILE *f) {
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
+              "  template import|ls|rm|prune     templates from OCI images (`hutch template help`)\n"
               "  doctor                          check what the kernel offers\n"
               "  version                         print the version\n"
               "\n"
@@ -53,6 +54,8 @@ int main(int argc, char **argv) {
                 return verb_serve(argc - 1, argv + 1);
         if (streq(verb, "key"))
                 return verb_key(argc - 1, argv + 1);
+        if (streq(verb, "template"))
+                return verb_template(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

@@ -46,9 +46,9 @@ typedef struct image_progress {
  * served; an index selects the host's platform) as template NAME: layers
  * already in the store are not read again. media_type may be NULL (taken
  * from the manifest's mediaType). source is recorded in template.json. */
-int image_install(const char *data_dir, const char *name, const char *source, const uint8_t *manifest,
-                  size_t len, const char *media_type, image_blob_open_fn open_blob, void *arg,
-                  const image_progress *p, hutch_error *err);
+int image_install(const char *data_dir, const char *name, const char *source,
+                  const uint8_t *manifest, size_t len, const char *media_type,
+                  image_blob_open_fn open_blob, void *arg, const image_progress *p, hutch_error *err);
 
 /* Import a `docker save` archive or an OCI image layout (a directory or a
  * tar of one) at path as template name (NULL: from the archive's tag). */
@@ -86,8 +86,8 @@ typedef struct image_config {
 const char *image_host_arch(void);
 const char *image_host_variant(void);
 
-int image_manifest_parse(const uint8_t *buf, size_t len, const char *media_type, image_manifest *ret,
-                         hutch_error *err);
+int image_manifest_parse(const uint8_t *buf, size_t len, const char *media_type,
+                         image_manifest *ret, hutch_error *err);
 void image_manifest_clear(image_manifest *m);
 int image_config_parse(const uint8_t *buf, size_t len, image_config *ret, hutch_error *err);
 void image_config_clear(image_config *c);

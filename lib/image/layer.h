@@ -50,8 +50,8 @@ int layer_unpack(const char *data_dir, int fd, const char *blob_digest, const ch
  * uid_shift: on-disk uid uid_shift+k becomes k) into the layer store as a
  * new layer; returns its digest "sha256:<hex>" of a canonical tar of it
  * (owner of the caller: build; implemented by images). */
-int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift, char ret_digest[LAYER_DIGEST_MAX],
-                   hutch_error *err);
+int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift,
+                   char ret_digest[LAYER_DIGEST_MAX], hutch_error *err);
 
 /* The digests ("sha256:<hex>") the store holds, complete ones only. */
 int layer_list(const char *data_dir, char ***ret, size_t *ret_n, hutch_error *err);

@@ -23,22 +23,23 @@
 
 typedef struct hutch_template {
         char *name;
-        char *rootfs;   /* host path of the lower layer (real path) */
+        char *rootfs;                              /* host path of the lower layer (real path) */
         const char *binds[TEMPLATE_MAX_BINDS + 1]; /* host dirs bound at the same path, read-only */
         size_t n_binds;
-        int lock_fd;    /* its version's directory, flocked shared until template_free */
-        bool rebuilt;   /* host: this resolve built a new version */
-        char **layers;  /* host paths of the layer dirs, TOP FIRST (overlay lowerdir order); NULL for host */
+        int lock_fd;  /* its version's directory, flocked shared until template_free */
+        bool rebuilt; /* host: this resolve built a new version */
+        char **layers; /* host paths of the layer dirs, TOP FIRST (overlay lowerdir order); NULL for host */
         size_t n_layers;
-        char **env;      /* "K=V", NULL-terminated; defaults for every process (NULL: none) */
-        char *workdir;   /* default cwd, or NULL */
-        char *user;      /* default user name, or NULL ("user" where it exists) */
-        char **cmd;      /* the image's Entrypoint + Cmd, NULL-terminated, or NULL */
+        char **env;    /* "K=V", NULL-terminated; defaults for every process (NULL: none) */
+        char *workdir; /* default cwd, or NULL */
+        char *user;    /* default user name, or NULL ("user" where it exists) */
+        char **cmd;    /* the image's Entrypoint + Cmd, NULL-terminated, or NULL */
         char *start_cmd; /* run in every sandbox created from it, or NULL (owner of the behaviour: interp) */
-        char *ready_cmd; /* polled until it exits 0 before a create returns, or NULL */
-        char *kind;      /* "host", "image", "build", "snapshot" */
-        int64_t team;    /* 0 = public */
-        char *version;   /* the version directory's name (<name>.<ns>) */
+        char *ready_cmd;  /* polled until it exits 0 before a create returns, or NULL */
+        char *kind;       /* "host", "image", "build", "snapshot" */
+        int64_t team;     /* 0 = public */
+        char *version;    /* the version directory's name (<name>@<ns>; host.<ns> for host) */
+        int64_t uid, gid; /* user resolved against the image's /etc/passwd; -1 when user is NULL */
 } hutch_template;
 
 /* What template.json of a non-host template version holds (CONTRACTS §1).
@@ -60,9 +61,11 @@ typedef struct hutch_template_meta {
         const char *build_id;
 } hutch_template_meta;
 
-/* Write a template version (template.json, and an empty rootfs/ that the
- * engine mounts the layers over) and swap templates/<name> to it, under
- * templates/.lock. Every layer must be in the store (-ENOENT otherwise).
+/* Write a template version <name>@<ns> (template.json, and rootfs/: the
+ * small top layer hutch adds over the image's: mount points, the
+ * synthesized /etc/hosts, hostname and resolv.conf, a `user` account and
+ * /home/user where the image has none) and swap templates/<name> to it,
+ * under templates/.lock. Every layer must be in the store (-ENOENT otherwise).
  * The previous version stays until template_gc() finds no user of it. */
 int template_write(const char *data_dir, const hutch_template_meta *meta, hutch_error *err);
 
@@ -78,12 +81,14 @@ typedef struct template_info {
 int template_list(const char *data_dir, template_info **ret, size_t *ret_n, hutch_error *err);
 void template_info_free(template_info *v, size_t n);
 
-/* Remove templates/<name> (the link; its versions go at the next GC once
- * no sandbox uses them). -ENOENT, -EBUSY when users() reports a live
- * sandbox from one of its versions, -EPERM for host. */
+/* Remove templates/<name>: the name goes now (no new sandbox can use it);
+ * its versions and layers go at the next template_gc() once no live
+ * sandbox uses them (a sandbox keeps the version it was made from, so a
+ * remove never pulls a layer from under one). -ENOENT, -EPERM for host. */
+int template_remove(const char *data_dir, const char *name, hutch_error *err);
+
 typedef struct template_users template_users;
 typedef int (*template_users_fn)(void *arg, template_users *ret, hutch_error *err);
-int template_remove(const char *data_dir, const char *name, template_users_fn users, void *arg, hutch_error *err);
 
 /* Resolve a template by name ("base" is an alias of "host"), building the
  * host template on first use or when an input it copies from the host
@@ -120,4 +125,5 @@ void template_users_clear(template_users *u);
  * with what a crash left in templates/. Under templates/.lock: waits for
  * it when wait, else returns 0 at once while a build holds it. Returns how
  * many it removed. */
-int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait, hutch_error *err);
+int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait,
+                hutch_error *err);
