@@ -61,8 +61,7 @@ typedef struct pull_view {
         uint64_t start_ms, last_ms, dl_start_ms;
         const char *last_phase;
         unsigned last_layer;
-        bool line_open;
-        uint64_t dl_total;
+        bool line_open, dl_finished;
 } pull_view;
 
 static void human(uint64_t v, char *buf, size_t n) {
@@ -91,6 +90,9 @@ static void on_progress(void *arg, const image_progress_event *ev) {
         if (is_dl && phase_changed)
                 v->dl_start_ms = t;
         bool final_dl = is_dl && ev->done == ev->total && ev->layer == ev->n_layers;
+        if (final_dl && v->dl_finished)
+                return;
+        v->dl_finished |= final_dl;
         /* download ticks: at most 10 a second, and the last one */
         if (is_dl && !phase_changed && !final_dl && t - v->last_ms < 100)
                 return;
@@ -143,13 +145,12 @@ static void on_progress(void *arg, const image_progress_event *ev) {
                 return;
         }
         view_close_line(v);
-        if (streq(ev->phase, "resolve"))
-                fprintf(stderr, "resolved %s to %s\n", v->ref, ev->digest ? ev->digest : "?");
+        if (streq(ev->phase, "resolve") && ev->digest)
+                fprintf(stderr, "resolved %s to %s\n", v->ref, ev->digest);
         else if (streq(ev->phase, "layer") || streq(ev->phase, "exists"))
                 fprintf(stderr, "layer %u/%u %.19s %s\n", ev->layer, ev->n_layers, ev->digest ? ev->digest : "",
                         streq(ev->phase, "exists") ? "already in the store" : "unpacking");
-        else if (!streq(ev->phase, "done"))
-                fprintf(stderr, "%s\n", ev->phase);
+
 }
 
 static const char *errno_name(int r) {
