@@ -25,7 +25,7 @@
 #define IMAGE_MEDIA_DOCKER_CONFIG "application/vnd.docker.container.image.v1+json"
 
 #define IMAGE_MAX_MANIFEST (4u << 20) /* a manifest, index or config */
-#define IMAGE_MAX_LAYERS 256u
+#define IMAGE_MAX_LAYERS ((unsigned) HUTCH_MAX_LAYERS)
 
 /* Opens the blob with that digest for reading (a regular file, positioned
  * at 0); the caller verifies the digest while it reads. */
