@@ -104,9 +104,9 @@ static void on_progress(void *arg, const image_progress_event *ev) {
         double secs = (double) (t - v->dl_start_ms) / 1000.0;
         double rate = secs > 0.05 ? (double) ev->done / secs : 0;
         if (v->json) {
-                json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:i}", "phase", ev->phase, "done", (json_int_t) ev->done,
-                                      "total", (json_int_t) ev->total, "layer", (int) ev->layer, "n_layers",
-                                      (int) ev->n_layers);
+                json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:i}", "phase", ev->phase, "done",
+                                      (json_int_t) ev->done, "total", (json_int_t) ev->total,
+                                      "layer", (int) ev->layer, "n_layers", (int) ev->n_layers);
                 if (ev->digest)
                         json_object_set_new(j, "digest", json_string(ev->digest));
                 if (is_dl)
@@ -130,8 +130,8 @@ static void on_progress(void *arg, const image_progress_event *ev) {
                 for (unsigned i = 0; i < 20; i++)
                         bar[i] = i < fill ? '#' : '.';
                 bar[20] = '\0';
-                fprintf(stderr, "\r\033[Kdownloading [%s] %3u%% %s / %s, %u/%u blobs, %s/s", bar, pct, a, b,
-                        ev->layer, ev->n_layers, r);
+                fprintf(stderr, "\r\033[Kdownloading [%s] %3u%% %s / %s, %u/%u blobs, %s/s", bar,
+                        pct, a, b, ev->layer, ev->n_layers, r);
                 v->line_open = true;
                 if (final_dl)
                         view_close_line(v);
@@ -148,23 +148,31 @@ static void on_progress(void *arg, const image_progress_event *ev) {
         if (streq(ev->phase, "resolve") && ev->digest)
                 fprintf(stderr, "resolved %s to %s\n", v->ref, ev->digest);
         else if (streq(ev->phase, "layer") || streq(ev->phase, "exists"))
-                fprintf(stderr, "layer %u/%u %.19s %s\n", ev->layer, ev->n_layers, ev->digest ? ev->digest : "",
+                fprintf(stderr, "layer %u/%u %.19s %s\n", ev->layer, ev->n_layers,
+                        ev->digest ? ev->digest : "",
                         streq(ev->phase, "exists") ? "already in the store" : "unpacking");
-
 }
 
 static const char *errno_name(int r) {
         switch (-r) {
-        case ENOENT: return "not_found";
-        case EACCES: return "unauthorized";
-        case EBADMSG: return "digest_mismatch";
-        case EFBIG: return "too_large";
+        case ENOENT:
+                return "not_found";
+        case EACCES:
+                return "unauthorized";
+        case EBADMSG:
+                return "digest_mismatch";
+        case EFBIG:
+                return "too_large";
         case EHOSTUNREACH:
         case ECONNREFUSED:
-        case ETIMEDOUT: return "network";
-        case EPROTO: return "tls";
-        case EINVAL: return "invalid";
-        default: return "failed";
+        case ETIMEDOUT:
+                return "network";
+        case EPROTO:
+                return "tls";
+        case EINVAL:
+                return "invalid";
+        default:
+                return "failed";
         }
 }
 
@@ -207,16 +215,24 @@ int template_pull_main(int argc, char **argv) {
                 fputs(pull_usage, stderr);
                 return EXIT_USAGE;
         }
-        pull_view v = { .json = json, .tty = !json && isatty(STDERR_FILENO), .ref = ref, .start_ms = now_ms() };
+        image_reference parsed = { 0 };
+        hutch_error err = { 0 };
+        if (image_reference_parse(ref, &parsed, &err) < 0) {
+                log_error("pull %s: %s", ref, err.msg);
+                return EXIT_USAGE;
+        }
+        image_reference_clear(&parsed);
+        pull_view v = {
+                .json = json, .tty = !json && isatty(STDERR_FILENO), .ref = ref, .start_ms = now_ms()
+        };
         image_progress p = { .fn = on_progress, .arg = &v };
         image_pull_result res = { 0 };
-        hutch_error err = { 0 };
         int r = image_pull(data_dir(), ref, name, &opts, &p, &res, &err);
         view_close_line(&v);
         if (r < 0) {
                 if (json) {
-                        json_t *j = json_pack("{s:s, s:s, s:s}", "phase", "error", "error", errno_name(r), "message",
-                                              err.msg);
+                        json_t *j = json_pack("{s:s, s:s, s:s}", "phase", "error", "error",
+                                              errno_name(r), "message", err.msg);
                         char *s = json_dumps(j, JSON_COMPACT);
                         if (s)
                                 printf("%s\n", s);
@@ -224,15 +240,16 @@ int template_pull_main(int argc, char **argv) {
                         json_decref(j);
                 }
                 log_error("pull %s: %s", ref, err.msg);
-                return r == -EINVAL ? EXIT_USAGE : EXIT_HUTCH;
+                return EXIT_HUTCH;
         }
         double secs = (double) (now_ms() - v.start_ms) / 1000.0;
         if (json) {
-                json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:i, s:i, s:i, s:i}", "phase", "pulled", "name",
-                                      res.name, "source", res.source, "host", res.host, "bytes_downloaded",
-                                      (json_int_t) res.bytes_downloaded, "blobs_downloaded", (int) res.blobs_downloaded,
-                                      "layers", (int) res.layers, "layers_present", (int) res.layers_present, "ms",
-                                      (int) (secs * 1000));
+                json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:i, s:i, s:i, s:i}", "phase",
+                                      "pulled", "name", res.name, "source", res.source, "host",
+                                      res.host, "bytes_downloaded", (json_int_t) res.bytes_downloaded,
+                                      "blobs_downloaded", (int) res.blobs_downloaded, "layers",
+                                      (int) res.layers, "layers_present", (int) res.layers_present,
+                                      "ms", (int) (secs * 1000));
                 char *s = json_dumps(j, JSON_COMPACT);
                 if (s)
                         printf("%s\n", s);
@@ -241,7 +258,8 @@ int template_pull_main(int argc, char **argv) {
         } else {
                 char b[32];
                 human(res.bytes_downloaded, b, sizeof b);
-                fprintf(stderr, "pulled %s as template %s: %u layers (%u already stored), %s downloaded in %.1f s\n",
+                fprintf(stderr,
+                        "pulled %s as template %s: %u layers (%u already stored), %s downloaded in %.1f s\n",
                         res.source, res.name, res.layers, res.layers_present, b, secs);
                 printf("%s\n", res.name);
         }
@@ -302,7 +320,8 @@ int template_login_main(int argc, char **argv) {
                 return EXIT_USAGE;
         }
         if (!image_registry_host_valid(host)) {
-                log_error("invalid registry '%s' (HOST[:PORT], as an image reference names it)", host);
+                log_error("invalid registry '%s' (HOST[:PORT], as an image reference names it)",
+                          host);
                 return EXIT_USAGE;
         }
         char path[4096];
@@ -335,7 +354,9 @@ int template_login_main(int argc, char **argv) {
                 log_error("login %s: %s", host, err.msg);
                 return EXIT_HUTCH;
         }
-        fprintf(stderr, remove ? "removed the credentials for %s from %s\n" : "stored the credentials for %s in %s\n",
+        fprintf(stderr,
+                remove ? "removed the credentials for %s from %s\n"
+                       : "stored the credentials for %s in %s\n",
                 host, path);
         return 0;
 }

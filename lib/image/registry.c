@@ -203,14 +203,13 @@ int registry_auth_get(const char *auth_path, const char *host, char **ret_user, 
         size_t bl = strlen(b64);
         _cleanup_free_ unsigned char *raw = malloc(bl / 4 * 3 + 4);
         int n = raw ? EVP_DecodeBlock(raw, (const unsigned char *) b64, (int) bl) : -1;
+        /* EVP_DecodeBlock counts the padding as zero bytes */
+        for (size_t k = bl; n > 0 && k > 0 && b64[k - 1] == '='; k--)
+                n--;
         json_decref(j);
-        if (n < 0) {
+        if (n < 0)
                 return hutch_error_set(err, -EINVAL, "%s: the credentials for %s are not base64",
                                        auth_path, host);
-        }
-        /* EVP_DecodeBlock counts the padding as zero bytes */
-        while (bl > 0 && b64[--bl] == '=')
-                n--;
         raw[n] = '\0';
         char *colon = memchr(raw, ':', (size_t) n);
         if (!colon || memchr(raw, '\0', (size_t) n))

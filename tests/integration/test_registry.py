@@ -237,11 +237,12 @@ def test_multi_layer_pull_runs_and_second_pull_downloads_nothing(world, data):
     assert not list(blobs.glob("*.partial"))
     env = dict(os.environ, HUTCH_DATA_DIR=str(data))
     run = subprocess.run([str(hutchtest.hutch_path()), "run", "--template", "multi", "--", "/bin/sh", "-c",
-                          "cat /marker.txt; wc -c < /data2.bin"], env=env, capture_output=True, text=True,
+                          "read -r l < /marker.txt; echo \"$l\"; for f in /data1.bin /data2.bin; do [ -s $f ] && echo $f; done"],
+                         env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split("\n")[0] == "multi-layer image"
-    assert int(run.stdout.split("\n")[1]) == 2 << 20
+    # the bottom layer's file and each upper layer's: all three layers stacked
+    assert run.stdout.splitlines() == ["multi-layer image", "/data1.bin", "/data2.bin"]
 
     again = pull(world, data, "pull", "--json", "127.0.0.1:5000/test/multi:1", "--name", "multi2")
     assert again.returncode == 0, again.stderr
