@@ -17,7 +17,7 @@ every request, so a test switches it without a restart):
 The token endpoint /token hands out STATE_DIR/token's contents; any
 /v2/ request without "Authorization: Bearer <that>" gets a 401 with the
 challenge. Every Authorization header the facade sees is appended to
-STATE_DIR/facade-auth.log.
+STATE_DIR/facade-auth.log, every Range header to STATE_DIR/ranges.log.
 """
 
 import http.server
@@ -94,17 +94,22 @@ class Facade(http.server.BaseHTTPRequestHandler):
             loc = "http://127.0.0.2:%d%s?signed=1&d=%s" % (PORT + 1, self.path, digest)
             return self.send(307, b"", [("Location", loc)])
         hdrs = {"Accept": self.headers.get("Accept", "*/*")}
+        if self.headers.get("Range"):
+            hdrs["Range"] = self.headers["Range"]   # a resumed download
+            log("ranges.log", self.headers["Range"])
         code, rh, body = fetch(self.path, hdrs)
         out = [(k, v) for k, v in rh.items()
-               if k.lower() in ("content-type", "docker-content-digest")]
-        if not is_blob or code != 200:
+               if k.lower() in ("content-type", "docker-content-digest", "content-range")]
+        if not is_blob or code not in (200, 206):
             return self.send(code, body, out)
         if mode == "corrupt":
             body = bytes([body[0] ^ 1]) + body[1:]
         elif mode == "oversize":
             body = body + b"\0" * (1 << 20)
         elif mode == "slow":
-            self.send_response(200)
+            self.send_response(code)
+            for k, v in out:
+                self.send_header(k, v)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             for i in range(0, len(body), 16384):
@@ -112,7 +117,7 @@ class Facade(http.server.BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(0.2)
             return None
-        return self.send(200, body, out)
+        return self.send(code, body, out)
 
     do_HEAD = do_GET
 

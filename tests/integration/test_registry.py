@@ -398,11 +398,12 @@ def test_404_and_bad_reference(world, data):
     assert not (data / "templates").exists() or not any((data / "templates").glob("nope*"))
 
 
-def test_kill9_mid_pull_leaves_nothing_after_gc(world, data):
+def kill_mid_pull(world, data, name):
+    """Start a pull through the slow facade, kill -9 it once a download has bytes."""
     world.facade_mode("slow")
     env = dict(os.environ, HUTCH_DATA_DIR=str(data))
     p = subprocess.Popen(world.in_ns([str(hutchtest.hutch_path()), "template", "pull",
-                                      "127.0.0.1:5080/test/multi:1", "--name", "killed"]),
+                                      "127.0.0.1:5080/test/multi:1", "--name", name]),
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     blobs = data / "images" / "blobs" / "sha256"
     try:
@@ -412,14 +413,29 @@ def test_kill9_mid_pull_leaves_nothing_after_gc(world, data):
         p.send_signal(signal.SIGKILL)   # nsenter execs hutch: this is the pull itself
         p.wait(timeout=10)
         world.facade_mode("ok")
+    assert p.returncode == -signal.SIGKILL
     assert list(blobs.glob("*.partial"))
-    assert not (data / "templates" / "killed").exists()
+    assert not (data / "templates" / name).exists()
+    return blobs
+
+
+def test_kill9_mid_pull_then_gc_or_resume(world, data):
+    env = dict(os.environ, HUTCH_DATA_DIR=str(data))
+    blobs = kill_mid_pull(world, data, "killed")
     cp = subprocess.run([str(hutchtest.hutch_path()), "gc"], env=env, capture_output=True, text=True,
                         timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert "interrupted download" in cp.stdout
     assert not list(blobs.glob("*.partial"))
     assert not (data / "templates" / "killed").exists()
-    # and a new pull completes
+    # killed again: the next pull resumes the partial blob (a Range request)
+    # and completes, verified as a whole
+    ranges = world.root / "facade" / "ranges.log"
+    ranges.unlink(missing_ok=True)
+    kill_mid_pull(world, data, "killed")
     cp = pull(world, data, "pull", "127.0.0.1:5080/test/multi:1", "--name", "killed")
     assert cp.returncode == 0, cp.stderr
+    assert any(line.startswith("bytes=") and not line.startswith("bytes=0-")
+               for line in ranges.read_text().splitlines()), ranges.read_text()
+    assert not list(blobs.glob("*.partial"))
+    assert (data / "templates" / "killed" / "template.json").is_file()
