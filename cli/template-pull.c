@@ -58,10 +58,8 @@ static uint64_t now_ms(void) {
 typedef struct pull_view {
         bool json, tty;
         const char *ref;
-        uint64_t start_ms, last_ms, dl_start_ms;
-        const char *last_phase;
-        unsigned last_layer;
-        bool line_open, dl_finished;
+        uint64_t start_ms, last_dl_ms, dl_start_ms;
+        bool line_open, dl_started, dl_finished;
 } pull_view;
 
 static void human(uint64_t v, char *buf, size_t n) {
@@ -85,22 +83,22 @@ static void view_close_line(pull_view *v) {
 static void on_progress(void *arg, const image_progress_event *ev) {
         pull_view *v = arg;
         uint64_t t = now_ms();
-        bool phase_changed = !v->last_phase || !streq(v->last_phase, ev->phase);
         bool is_dl = streq(ev->phase, "download");
-        if (is_dl && phase_changed)
+        /* download ticks arrive between the layer events (layers unpack while
+         * the next ones download): the download's own state is kept apart */
+        bool first_dl = is_dl && !v->dl_started;
+        if (first_dl) {
+                v->dl_started = true;
                 v->dl_start_ms = t;
+        }
         bool final_dl = is_dl && ev->done == ev->total && ev->layer == ev->n_layers;
-        if (final_dl && v->dl_finished)
+        if (is_dl && v->dl_finished)
                 return;
+        if (is_dl && !first_dl && !final_dl && t - v->last_dl_ms < 100)
+                return; /* at most 10 a second, and the last one */
         v->dl_finished |= final_dl;
-        /* download ticks: at most 10 a second, and the last one */
-        if (is_dl && !phase_changed && !final_dl && t - v->last_ms < 100)
-                return;
-        if (!is_dl && !phase_changed && ev->layer == v->last_layer && !v->json)
-                return;
-        v->last_ms = t;
-        v->last_phase = ev->phase;
-        v->last_layer = ev->layer;
+        if (is_dl)
+                v->last_dl_ms = t;
         double secs = (double) (t - v->dl_start_ms) / 1000.0;
         double rate = secs > 0.05 ? (double) ev->done / secs : 0;
         if (v->json) {
@@ -138,9 +136,9 @@ static void on_progress(void *arg, const image_progress_event *ev) {
                 return;
         }
         if (is_dl) {
-                if (phase_changed)
+                if (first_dl)
                         fprintf(stderr, "downloading %u blobs, %s\n", ev->n_layers, b);
-                else if (final_dl)
+                if (final_dl)
                         fprintf(stderr, "downloaded %s in %.1f s (%s/s)\n", a, secs, r);
                 return;
         }

@@ -1,11 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* image_pull: a registry's image into a template (lib/image/pull.h). */
 #include <errno.h>
+#include <openssl/evp.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "image/image.h"
@@ -47,7 +53,32 @@ typedef struct pull_ctx {
         const image_progress *p;
         unsigned n_downloaded;
         uint64_t bytes;
+        /* the downloader child (see dl_start) */
+        pid_t dl_pid;
+        int dl_fd;
+        bool dl_ended;
+        int dl_r;
+        char dl_msg[sizeof((hutch_error *) 0)->msg];
 } pull_ctx;
+
+/* What the downloader child tells the pull: progress (dropped when the pipe
+ * is full: the parent may be busy unpacking), then one end record. Each
+ * fits PIPE_BUF, so a write is atomic. */
+typedef struct dl_record {
+        int32_t end, r;
+        uint64_t done, total, bytes;
+        uint32_t blobs_done, n_blobs;
+        char msg[sizeof((hutch_error *) 0)->msg];
+} dl_record;
+
+static void sha256_digest(const uint8_t *buf, size_t len, char out[72]) {
+        unsigned char md[32];
+        unsigned int ml = 0;
+        EVP_Digest(buf, len, md, &ml, EVP_sha256(), NULL);
+        strcpy(out, "sha256:");
+        for (int i = 0; i < 32; i++)
+                sprintf(out + 7 + 2 * i, "%02x", md[i]);
+}
 
 static void client_freep(registry_client **c) {
         registry_client_free(*c);
@@ -82,6 +113,151 @@ static int cache_open(pull_ctx *x, const char *digest, int64_t size, int *ret_fd
         return 0;
 }
 
+static void dl_forward(pull_ctx *x, const dl_record *rec) {
+        if (rec->end) {
+                x->dl_ended = true;
+                x->dl_r = rec->r;
+                snprintf(x->dl_msg, sizeof x->dl_msg, "%s", rec->msg);
+                x->bytes += rec->bytes;
+                x->n_downloaded += rec->n_blobs;
+                return;
+        }
+        if (x->p && x->p->fn) {
+                image_progress_event ev = { .phase = "download",
+                                            .done = rec->done,
+                                            .total = rec->total,
+                                            .layer = rec->blobs_done,
+                                            .n_layers = rec->n_blobs };
+                x->p->fn(x->p->arg, &ev);
+        }
+}
+
+/* One record from the downloader (blocking); false at EOF. */
+static bool dl_read(pull_ctx *x) {
+        dl_record rec;
+        for (;;) {
+                ssize_t k = read(x->dl_fd, &rec, sizeof rec);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k != (ssize_t) sizeof rec) {
+                        if (!x->dl_ended) {
+                                x->dl_ended = true;
+                                x->dl_r = -EIO;
+                                snprintf(x->dl_msg, sizeof x->dl_msg, "the downloader died");
+                        }
+                        return false;
+                }
+                dl_forward(x, &rec);
+                return true;
+        }
+}
+
+/* Until the downloader has put digest into the cache, or ended. */
+static int dl_wait_for(pull_ctx *x, const char *digest, hutch_error *err) {
+        char path[4096];
+        for (;;) {
+                if (registry_cache_path(x->blob_dir, digest, path, sizeof path) == 0 && path[0])
+                        return 0;
+                if (x->dl_fd < 0 || x->dl_ended) {
+                        if (x->dl_ended && x->dl_r < 0)
+                                return hutch_error_set(err, x->dl_r, "%s", x->dl_msg);
+                        return 0; /* cache_open downloads it */
+                }
+                if (!dl_read(x) && x->dl_r < 0)
+                        return hutch_error_set(err, x->dl_r, "%s", x->dl_msg);
+        }
+}
+
+static void dl_send(int fd, const dl_record *rec, bool must) {
+        for (;;) {
+                ssize_t k = write(fd, rec, sizeof *rec);
+                if (k >= 0 || !must)
+                        return;
+                if (errno == EAGAIN) {
+                        struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+                        poll(&pfd, 1, 1000);
+                } else if (errno != EINTR)
+                        return;
+        }
+}
+
+typedef struct dl_child {
+        int fd;
+        uint64_t last_ms;
+        unsigned last_blobs;
+} dl_child;
+
+static void dl_child_progress(void *arg, uint64_t done, uint64_t total, unsigned blobs_done,
+                              unsigned n_blobs) {
+        dl_child *c = arg;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t now = (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+        if (blobs_done == c->last_blobs && now - c->last_ms < 50)
+                return;
+        c->last_ms = now;
+        c->last_blobs = blobs_done;
+        dl_record rec = { .done = done, .total = total, .blobs_done = blobs_done, .n_blobs = n_blobs };
+        dl_send(c->fd, &rec, false);
+}
+
+/* Download the blobs in a child process while this one installs: image_install
+ * unpacks layer i while layers i+1... arrive (a pull costs about the longer of
+ * the download and the unpack, not their sum). A process, not a thread: the
+ * unpacker forks, and a fork must not copy a thread's held locks. The child
+ * dies with the pull (PR_SET_PDEATHSIG), leaving its .partial files to a
+ * resume or to gc. */
+static int dl_start(pull_ctx *x, const registry_blob *want, size_t n_want, hutch_error *err) {
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return hutch_error_set(err, -errno, "pipe: %m");
+        pid_t parent = getpid();
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0) {
+                close(p[0]);
+                close(p[1]);
+                return hutch_error_set(err, -errno, "fork: %m");
+        }
+        if (pid == 0) {
+                close(p[0]);
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (getppid() != parent)
+                        _exit(1);
+                fcntl(p[1], F_SETFL, O_NONBLOCK);
+                dl_child c = { .fd = p[1] };
+                hutch_error e = { 0 };
+                uint64_t bytes = 0;
+                unsigned nb = 0;
+                int r = registry_fetch_blobs(x->client, want, n_want, dl_child_progress, &c, &bytes,
+                                             &nb, &e);
+                dl_record rec = { .end = 1, .r = r < 0 ? r : 0, .bytes = bytes, .n_blobs = nb };
+                snprintf(rec.msg, sizeof rec.msg, "%s", e.msg);
+                dl_send(p[1], &rec, true);
+                _exit(r < 0 ? 1 : 0);
+        }
+        close(p[1]);
+        x->dl_pid = pid;
+        x->dl_fd = p[0];
+        return 0;
+}
+
+/* Reap the downloader: drain what it says, or kill it when the pull ended
+ * without it (failed, or needed nothing more). */
+static void dl_finish(pull_ctx *x, bool kill_it) {
+        if (x->dl_pid <= 0)
+                return;
+        if (kill_it && !x->dl_ended)
+                kill(x->dl_pid, SIGKILL);
+        else
+                while (!x->dl_ended && dl_read(x))
+                        ;
+        while (waitpid(x->dl_pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        x->dl_pid = 0;
+        x->dl_fd = safe_close(x->dl_fd);
+}
+
 /* image_install's blob source: the cache, downloading what it lacks. */
 static int open_blob(void *arg, const char *digest, int *ret_fd, hutch_error *err) {
         pull_ctx *x = arg;
@@ -98,20 +274,10 @@ static int open_blob(void *arg, const char *digest, int *ret_fd, hutch_error *er
                 return hutch_error_set(err, -EPERM,
                                        "layer %s is a foreign (non-distributable) layer: refused",
                                        digest);
+        int r = dl_wait_for(x, digest, err);
+        if (r < 0)
+                return r;
         return cache_open(x, digest, d->size, ret_fd, err);
-}
-
-static void download_progress(void *arg, uint64_t done, uint64_t total, unsigned blobs_done,
-                              unsigned n_blobs) {
-        pull_ctx *x = arg;
-        if (!x->p || !x->p->fn)
-                return;
-        image_progress_event ev = { .phase = "download",
-                                    .done = done,
-                                    .total = total,
-                                    .layer = blobs_done,
-                                    .n_layers = n_blobs };
-        x->p->fn(x->p->arg, &ev);
 }
 
 static int read_small(int fd, uint8_t **ret, size_t *ret_n, hutch_error *err) {
@@ -186,7 +352,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         if ((r = image_reference_candidates(rf, conf, &cands, &n_cands, err)) < 0)
                 return r;
 
-        pull_ctx x = { .data_dir = data_dir, .p = p };
+        pull_ctx x = { .data_dir = data_dir, .p = p, .dl_fd = -1 };
         if (image_blob_dir(data_dir, x.blob_dir, sizeof x.blob_dir) < 0) {
                 image_candidates_free(cands, n_cands);
                 return hutch_error_set(err, -ENAMETOOLONG, "data dir path too long");
@@ -281,6 +447,17 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 r = read_small(cfd, &cbuf, &clen, err);
                 close(cfd);
         }
+        char cdigest[72];
+        if (r >= 0 && (sha256_digest(cbuf, clen, cdigest), !streq(cdigest, m.config.digest))) {
+                /* damaged in the cache (it is not fsync'd): gone, and the next pull fetches it */
+                char path[4096];
+                if (registry_cache_path(x.blob_dir, m.config.digest, path, sizeof path) == 0 &&
+                    path[0])
+                        unlink(path);
+                r = hutch_error_set(err, -EBADMSG,
+                                    "the cached config %s had digest %s: removed, pull again",
+                                    m.config.digest, cdigest);
+        }
         image_config cfg = { 0 };
         if (r >= 0 && (r = image_config_parse(cbuf, clen, &cfg, err)) < 0)
                 hutch_error_wrap(err, r, "the config of %s: ", source);
@@ -312,19 +489,17 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                                                    .size = m.layers[i].size };
         }
         image_config_clear(&cfg);
-        uint64_t bytes = 0;
-        unsigned nb = 0;
-        if (r >= 0 && n_want > 0) {
-                r = registry_fetch_blobs(client, want, n_want, download_progress, &x, &bytes, &nb,
-                                         err);
-                x.bytes += bytes;
-                x.n_downloaded += nb;
-        }
+        if (r >= 0 && n_want > 0)
+                r = dl_start(&x, want, n_want, err);
         if (r >= 0)
                 r = image_install(data_dir, tname, source, mbuf, mlen, mtype, open_blob, &x, p, err);
-        /* the layers are unpacked in the store now (or the pull failed and a
-         * next one downloads again): their compressed copies go; configs stay */
-        for (size_t i = 0; r >= 0 && i < m.n_layers; i++) {
+        dl_finish(&x, r < 0);
+        if (r >= 0 && x.dl_ended && x.dl_r < 0)
+                r = hutch_error_set(err, x.dl_r, "%s", x.dl_msg);
+        /* the layers are unpacked in the store now: their compressed copies
+         * go (configs stay); after a digest that did not match, every copy
+         * goes, so that the next pull downloads them again */
+        for (size_t i = 0; (r >= 0 || r == -EBADMSG) && i < m.n_layers; i++) {
                 char path[4096];
                 if (registry_cache_path(x.blob_dir, m.layers[i].digest, path, sizeof path) == 0 &&
                     path[0])
