@@ -247,6 +247,16 @@ int image_reference_parse(const char *s, image_reference *ret, hutch_error *err)
                         break;
                 p = e + 1;
         }
+        /* Docker's bound is on the normalized name: docker.io/library/NAME
+         * for a short one-component name */
+        size_t full = (r.registry ? strlen(r.registry) + 1
+                                  : strlen(DOCKER_HUB "/") + (strchr(path, '/') ? 0 : 8)) +
+                strlen(path);
+        if (full > REFERENCE_NAME_MAX) {
+                hutch_error_set(err, -EINVAL, "image name longer than %d bytes (with its registry)",
+                                REFERENCE_NAME_MAX);
+                goto fail;
+        }
         r.repository = strdup(path);
         if (!r.repository)
                 goto oom;
@@ -402,6 +412,11 @@ int registries_conf_parse(const char *text, size_t len, registries_conf *ret, hu
                                 }
                                 if ((r = conf_push(c.search, &c.n_search, a, line, err)) < 0)
                                         goto fail;
+                        }
+                        if (c.n_search == 0) {
+                                r = hutch_error_set(err, -EINVAL,
+                                                    "line %u: usage: search REGISTRY...", line);
+                                goto fail;
                         }
                 } else if (streq(kw, "mirror") || streq(kw, "ca")) {
                         bool ca = streq(kw, "ca");

@@ -106,6 +106,12 @@ int main(void) {
         buf[256] = '\0';
         ref_bad(buf, "longer than");
 
+        memset(buf, 'a', 240);
+        buf[240] = '\0';
+        ref_bad(buf, "with its registry"); /* docker.io/library/ + 240 > 255 */
+        snprintf(tagged, sizeof tagged, "ns/%s", buf);
+        ref_is(tagged, NULL, tagged, "latest", NULL, tagged); /* docker.io/ns/ + 240 fits */
+
         name_is("python:3.12", "python-3.12");
         name_is("localhost:5000/ns/my_img:V1", "my_img-v1"); /* the tag may have upper case */
         snprintf(buf, sizeof buf, "busybox@%s", D);
@@ -159,12 +165,12 @@ int main(void) {
         registries_conf_clear(&c);
         const char *bad[] = { "serch docker.io\n",  "mirror docker.io\n", "mirror a b c\n",
                               "ca host rel/path\n", "insecure\n",         "search a\nsearch b\n",
-                              "search bad_host\n",  "search ok\0x" };
+                              "search bad_host\n",  "search   # none\n",  "search ok\0x" };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-                size_t bl = i == 7 ? 11 : strlen(bad[i]);
+                size_t bl = i == 8 ? 11 : strlen(bad[i]);
                 err.msg[0] = '\0';
                 k = registries_conf_parse(bad[i], bl, &c, &err);
-                ok(k < 0 && (i == 7 || strstr(err.msg, "line ")), "bad conf %zu refused (%s)", i,
+                ok(k < 0 && (i == 8 || strstr(err.msg, "line ")), "bad conf %zu refused (%s)", i,
                    err.msg);
         }
         k = registries_conf_load("/nonexistent/registries.conf", &c, &err);
