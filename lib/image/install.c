@@ -281,6 +281,13 @@ static int tar_member(import_src *s, const char *want, uint64_t max, int *ret_fd
                         snprintf(s->tmpdir, sizeof s->tmpdir, "%s/layers/sha256/.tmp-import-%d",
                                  s->data_dir, (int) getpid());
                         (void) rm_rf_at(AT_FDCWD, s->tmpdir);
+                        int busy = store_hold(s->data_dir, err); /* creates the store, 0700 */
+                        if (busy < 0) {
+                                r = busy;
+                                s->tmpdir[0] = 0;
+                                break;
+                        }
+                        close(busy);
                         if (mkdir(s->tmpdir, 0700) < 0) {
                                 r = hutch_error_set(err, -errno, "creating %s: %m", s->tmpdir);
                                 s->tmpdir[0] = 0;

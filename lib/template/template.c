@@ -808,7 +808,9 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
         char tpl_root[PATH_MAX], real[PATH_MAX];
         snprintf(tpl_root, sizeof tpl_root, "%s/templates", data_dir);
         if (!realpath(tpl_root, real))
-                return errno == ENOENT ? 0 : hutch_error_set(err, -errno, "%s: %m", tpl_root);
+                /* no template at all: every layer (and crash leftover) is unused */
+                return errno == ENOENT ? layer_gc(data_dir, NULL, 0, err)
+                                       : hutch_error_set(err, -errno, "%s: %m", tpl_root);
         _cleanup_close_ int rootfd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (rootfd < 0)
                 return hutch_error_set(err, -errno, "opening %s: %m", real);
@@ -912,7 +914,7 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
         template_users_clear(&u);
         /* then the layers that no version left names (a live sandbox's
          * version is left, and so are its layers) */
-        if (r >= 0 && (removed > 0 || wait)) {
+        if (r >= 0) {
                 char **keep = NULL;
                 size_t nk = 0;
                 int k = image_versions_layers(rootfd, &keep, &nk);
