@@ -534,11 +534,11 @@ typedef struct feeder {
 
 static int feed(feeder *f, const void *buf, size_t len, hutch_error *err) {
         f->total += len;
-        if (f->total > LAYER_MAX_EXPANSION)
+        if (f->total > max_expansion)
                 return hutch_error_set(
                         err, -EFBIG,
                         "the layer expands to more than %llu bytes (a compression bomb?)",
-                        (unsigned long long) LAYER_MAX_EXPANSION);
+                        (unsigned long long) max_expansion);
         EVP_DigestUpdate(f->md, buf, len);
         if (f->child_gone)
                 return 0;
