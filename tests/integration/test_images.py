@@ -214,3 +214,34 @@ def test_daemon_creates_from_a_multi_layer_template(sandboxed_hutch, env, tmp_pa
         assert r.status == 404, r
     finally:
         sd.stop()
+
+
+def test_an_image_umoci_built(sandboxed_hutch, env, tmp_path):
+    """Interop: a layout written by a real tool (umoci), a file removed in a
+    second layer (umoci's whiteout), its config's Env and WorkingDir."""
+    e, data = env
+    img, b1, b2 = tmp_path / "img", tmp_path / "b1", tmp_path / "b2"
+
+    def umoci(*a):
+        subprocess.run(["umoci", *a], check=True, capture_output=True, timeout=60)
+    umoci("init", "--layout", str(img))
+    umoci("new", "--image", f"{img}:latest")
+    umoci("unpack", "--image", f"{img}:latest", str(b1))
+    (b1 / "rootfs" / "bin").mkdir()
+    (b1 / "rootfs" / "etc").mkdir()
+    (b1 / "rootfs" / "bin" / "busybox").write_bytes(BUSYBOX.read_bytes())
+    (b1 / "rootfs" / "bin" / "busybox").chmod(0o755)
+    for tool in ("sh", "cat", "ls"):
+        (b1 / "rootfs" / "bin" / tool).symlink_to("busybox")
+    (b1 / "rootfs" / "etc" / "os-release").write_text("ID=umoci\n")
+    (b1 / "rootfs" / "etc" / "drop").write_text("x\n")
+    umoci("repack", "--image", f"{img}:latest", str(b1))
+    umoci("unpack", "--image", f"{img}:latest", str(b2))
+    (b2 / "rootfs" / "etc" / "drop").unlink()
+    umoci("repack", "--image", f"{img}:latest", str(b2))
+    umoci("config", "--image", f"{img}:latest", "--config.env", "UMOCI=yes", "--config.workingdir", "/etc")
+    hutch(sandboxed_hutch, e, "template", "import", str(img), "--name", "um")
+    p = hutch(sandboxed_hutch, e, "run", "--template", "um", "--", "sh", "-c",
+              "cat /etc/os-release; echo $UMOCI; pwd; ls /etc/drop 2>&1; true")
+    lines = p.stdout.decode().splitlines()
+    assert lines[:3] == ["ID=umoci", "yes", "/etc"] and "No such file" in lines[3], lines
