@@ -108,6 +108,10 @@ def test_import_oci_layout_and_run_with_its_defaults(sandboxed_hutch, env, tmp_p
     assert "GONE-EXISTS" not in out and "DELME-EXISTS" not in out
     assert out[-3:] == ["hutch", "1", "HOME-OK"], out
 
+    # the gvisor backend refuses an image template, saying why
+    p = hutch(sandboxed_hutch, e, "run", "--backend", "gvisor", "--template", "bb", "--", "true", check=False)
+    assert p.returncode == 125 and b"gvisor backend does not stack" in p.stderr, p.stderr
+
     # ls: kind, layers, size
     p = hutch(sandboxed_hutch, e, "template", "ls", "--json")
     t = {x["name"]: x for x in json.loads(p.stdout)}["bb"]
