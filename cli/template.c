@@ -237,6 +237,15 @@ int verb_template(int argc, char **argv) {
         if (dd[0] != '/' || strlen(dd) > 1024)
                 return log_error("HUTCH_DATA_DIR must be an absolute path of at most 1024 bytes"),
                        EXIT_USAGE;
+        const char *mx = getenv("HUTCH_IMAGE_MAX_BYTES");
+        if (mx && *mx) {
+                char *e;
+                unsigned long long b = strtoull(mx, &e, 10);
+                if (*e || b == 0)
+                        return log_error("invalid HUTCH_IMAGE_MAX_BYTES '%s' (bytes, > 0)", mx),
+                               EXIT_USAGE;
+                image_set_max_expansion(b);
+        }
         if (streq(v, "import"))
                 return do_import(argc - 1, argv + 1);
         if (streq(v, "ls") || streq(v, "list"))

@@ -55,6 +55,10 @@ int image_install(const char *data_dir, const char *name, const char *source,
 int image_import(const char *data_dir, const char *path, const char *name, const image_progress *p,
                  char **ret_name, hutch_error *err);
 
+/* The bound on what one layer's stream may expand to (0: the default,
+ * LAYER_MAX_EXPANSION); `hutch template` takes it from HUTCH_IMAGE_MAX_BYTES. */
+void image_set_max_expansion(uint64_t bytes);
+
 /* ---- the parsers (exposed for the fuzz targets and unit tests) ---- */
 
 typedef struct image_descriptor {

@@ -71,9 +71,7 @@ static int read_small_blob(image_blob_open_fn open_blob, void *arg, const char *
         return 0;
 }
 
-/* The layer store's busy lock, shared for as long as an install runs:
- * layer_gc leaves the store alone meanwhile. */
-static int store_hold(const char *data_dir, hutch_error *err) {
+int layer_store_hold(const char *data_dir, hutch_error *err) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/layers", data_dir);
         int r = mkdir_p(p, 0700);
@@ -118,7 +116,7 @@ static int install_layers(const char *data_dir, const char *name, const char *so
                 return hutch_error_set(err, -EPROTONOSUPPORT,
                                        "the image is for %.40s, this host is %s", cfg->architecture,
                                        image_host_arch());
-        _cleanup_close_ int busy = store_hold(data_dir, err);
+        _cleanup_close_ int busy = layer_store_hold(data_dir, err);
         if (busy < 0)
                 return busy;
         for (size_t i = 0; i < n; i++) {
@@ -281,6 +279,13 @@ static int tar_member(import_src *s, const char *want, uint64_t max, int *ret_fd
                         snprintf(s->tmpdir, sizeof s->tmpdir, "%s/layers/sha256/.tmp-import-%d",
                                  s->data_dir, (int) getpid());
                         (void) rm_rf_at(AT_FDCWD, s->tmpdir);
+                        int busy = layer_store_hold(s->data_dir, err); /* creates the store, 0700 */
+                        if (busy < 0) {
+                                r = busy;
+                                s->tmpdir[0] = 0;
+                                break;
+                        }
+                        close(busy);
                         if (mkdir(s->tmpdir, 0700) < 0) {
                                 r = hutch_error_set(err, -errno, "creating %s: %m", s->tmpdir);
                                 s->tmpdir[0] = 0;

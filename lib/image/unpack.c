@@ -60,6 +60,12 @@
 
 #define CHUNK (256u << 10)
 
+static uint64_t max_expansion = LAYER_MAX_EXPANSION;
+
+void image_set_max_expansion(uint64_t bytes) {
+        max_expansion = bytes ? bytes : LAYER_MAX_EXPANSION;
+}
+
 /* ------------------------------------------------------------- hashing */
 
 int sha256_hex_final(EVP_MD_CTX *md, char out[65]) {
@@ -149,10 +155,14 @@ static int split_path(unpack_state *st, const char *path, char *buf, size_t bufs
         return 0;
 }
 
+/* Every lookup is scoped to the layer's root, and follows no symlink at
+ * all: a layer that writes through a link it made (a/ -> /etc, then
+ * a/shadow) is refused, as no tar of a real tree does that. */
 static int open_in_root(unpack_state *st, const char *rel, int flags) {
         struct open_how how = {
                 .flags = (uint64_t) (flags | O_CLOEXEC),
-                .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
+                .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+                        RESOLVE_NO_XDEV,
         };
         int fd = sys_openat2(st->rootfd, *rel ? rel : ".", &how, sizeof how);
         return fd < 0 ? -errno : fd;
@@ -186,6 +196,9 @@ static int open_parent(unpack_state *st, const char *const *comps, unsigned n) {
                         sub = open_in_root(st, prefix, O_RDONLY | O_DIRECTORY);
                 }
                 close(fd);
+                if (sub == -ELOOP)
+                        FAIL(st, -ELOOP,
+                             "'%.200s' is a symlink: the layer writes through it, refused", prefix);
                 if (sub < 0)
                         FAIL(st, sub, "'%.200s': %s", prefix, strerror(-sub));
                 fd = sub;
@@ -521,11 +534,11 @@ typedef struct feeder {
 
 static int feed(feeder *f, const void *buf, size_t len, hutch_error *err) {
         f->total += len;
-        if (f->total > LAYER_MAX_EXPANSION)
+        if (f->total > max_expansion)
                 return hutch_error_set(
                         err, -EFBIG,
                         "the layer expands to more than %llu bytes (a compression bomb?)",
-                        (unsigned long long) LAYER_MAX_EXPANSION);
+                        (unsigned long long) max_expansion);
         EVP_DigestUpdate(f->md, buf, len);
         if (f->child_gone)
                 return 0;

@@ -618,7 +618,8 @@ int image_template_resolve(const char *tpl_root, const char *data_dir, const cha
 int image_versions_layers(int rootfd, char ***ret, size_t *ret_n) {
         *ret = NULL;
         *ret_n = 0;
-        int dup_fd = dup(rootfd);
+        /* a fresh open, not a dup: a dup shares the caller's read offset */
+        int dup_fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
         if (!d) {
                 safe_close(dup_fd);
