@@ -29,7 +29,10 @@ work=$(mktemp -d /tmp/hutch-bench-pull.XXXXXX)
 ns=hxb$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
 reg_pid=
 cleanup() {
-        [[ -n $reg_pid ]] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
+        if [[ -n $reg_pid ]]; then
+                kill "$reg_pid" 2>/dev/null || true
+                wait "$reg_pid" 2>/dev/null || true
+        fi
         ip netns del "$ns" 2>/dev/null || true
         rm -rf "$work"
 }
@@ -48,7 +51,9 @@ storage:
 http:
   addr: 127.0.0.1:5000
 EOF
-in_ns docker-registry serve "$work/reg.yml" >"$work/reg.log" 2>&1 &
+# nsenter execs the registry: $! is the registry itself (a shell function
+# here would put a subshell between, and the kill would miss the registry)
+nsenter --net="/run/netns/$ns" docker-registry serve "$work/reg.yml" >"$work/reg.log" 2>&1 &
 reg_pid=$!
 
 echo "building a $layers-layer image, $mib MiB of random bytes a layer" >&2
