@@ -624,6 +624,12 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         registry_blob *want = NULL;
         size_t n_want = 0;
         unsigned present = 0;
+        /* from the presence checks until image_install names every layer in
+         * template.json, a layer GC must not take the ones this pull found or
+         * unpacked (layer_gc waits for no holder) */
+        _cleanup_close_ int hold = r >= 0 ? layer_store_hold(data_dir, err) : -1;
+        if (r >= 0 && hold < 0)
+                r = hold;
         _cleanup_free_ size_t *need = calloc(m.n_layers + 1, sizeof *need);
         if (r >= 0 && (!(want = calloc(m.n_layers + 1, sizeof *want)) || !need))
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
