@@ -959,6 +959,8 @@ static int xfer_start(xfer *x, CURLM *m, hutch_error *err) {
         curl_easy_setopt(x->e, CURLOPT_HEADERDATA, x);
         curl_easy_setopt(x->e, CURLOPT_ERRORBUFFER, x->errbuf);
         curl_easy_setopt(x->e, CURLOPT_PRIVATE, x);
+        /* 16 KiB by default: 16 times the recv and write calls for a blob */
+        curl_easy_setopt(x->e, CURLOPT_BUFFERSIZE, 256L << 10);
         if (x->off > 0 && x->resume)
                 curl_easy_setopt(x->e, CURLOPT_RESUME_FROM_LARGE, (curl_off_t) x->off);
         else if (x->off > 0) {
