@@ -302,7 +302,12 @@ static int unpack_start(pull_ctx *x, const image_manifest *m, const image_config
                 if (getppid() != parent)
                         _exit(1);
                 hutch_error e = { 0 };
-                int k = layer_unpack(x->data_dir, blob, m->layers[i].digest, cfg->diff_ids[i],
+                /* The blob's digest was checked as it arrived (registry.c), so
+                 * the unpacker's own pass over the compressed bytes is skipped
+                 * (NULL): it still checks the uncompressed stream against the
+                 * config's diff_id, which the config's checked digest binds, so
+                 * a blob a crash damaged in the (unsynced) cache fails there. */
+                int k = layer_unpack(x->data_dir, blob, NULL, cfg->diff_ids[i],
                                      (uint64_t) m->layers[i].size, &e);
                 int32_t code = k < 0 ? k : 0;
                 struct iovec iov[2] = { { &code, sizeof code }, { e.msg, strlen(e.msg) } };

@@ -1062,11 +1062,11 @@ static int xfer_finish(xfer *x, CURLcode res, bool *ret_reauth, hutch_error *err
                 return hutch_error_set(err, -EBADMSG, "digest mismatch: %s sent %s for blob %s",
                                        c->host, got, x->b->digest);
         }
-        /* No fsync: the cache is a staging area whose every reader verifies
-         * the digest again (layer_unpack, the config's check in pull.c); a
-         * blob a crash damaged fails that check, and the pull that meets it
-         * removes it. Syncing 100 MiB of layers cost more than the rest of
-         * the download (bench/pull.sh). */
+        /* No fsync: the cache is a staging area whose readers check what they
+         * read (pull.c: the config against its digest, a layer's uncompressed
+         * stream against the config's diff_id); a blob a crash damaged fails
+         * there, and the pull that meets it removes it. Syncing 100 MiB of
+         * layers cost more than the rest of the download (bench/pull.sh). */
         if (rename(x->partial, x->final) < 0)
                 return hutch_error_set(err, -errno, "storing %s: %m", x->final);
         x->fd = safe_close(x->fd);
