@@ -216,6 +216,21 @@ def test_daemon_creates_from_a_multi_layer_template(sandboxed_hutch, env, tmp_pa
         assert "ID=hutchtest" in lines and lines[-5:] == ["mid", "hi", "daemon create", "/srv", "user"], lines
         r = sd.request("POST", "/v2/sandboxes", {"templateID": "no-such-template"})
         assert r.status == 404, r
+
+        # a snapshot of it restores over the same layers, and keeps the template from `rm`
+        end, _, err, _ = sd.run(sb, "echo kept > /srv/written", user="root")
+        assert end.get("exitCode", 0) == 0, err
+        r = sd.request("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})
+        assert r.status == 201, r
+        snap = r.json()["snapshotID"]
+        sb2 = sd.create(templateID=snap)
+        end, out, err, _ = sd.run(sb2, "cat /srv/mid /srv/written /app/hello")
+        assert out == b"mid\nkept\nhi\n", (out, err)
+        p = hutch(sandboxed_hutch, e, "template", "rm", "three", check=False)
+        assert p.returncode != 0 and b"base of 1 snapshot" in p.stderr, p.stderr
+        assert (data / "templates" / "three").is_symlink()
+        hutch(sandboxed_hutch, e, "template", "rm", "--force", "three")
+        assert not (data / "templates" / "three").exists()
     finally:
         sd.stop()
 
