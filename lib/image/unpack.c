@@ -725,6 +725,7 @@ int layer_unpack(const char *data_dir, int fd, const char *blob_digest, const ch
                 r = hutch_error_set(err, -errno, "socketpair: %m");
                 goto fail;
         }
+        pid_t parent = getpid();
         pid = (pid_t) syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL,
                               NULL);
         if (pid < 0) {
@@ -734,6 +735,9 @@ int layer_unpack(const char *data_dir, int fd, const char *blob_digest, const ch
         if (pid == 0) {
                 /* only the two sockets survive: no descriptor of the caller's */
                 int s = ctl[1], d = data[1];
+                /* dies with the import: never an unpacker writing on alone */
+                if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+                        _exit(1);
                 if (dup2(s, 3) < 0 || dup2(d, 4) < 0)
                         _exit(1);
                 syscall(SYS_close_range, 5, ~0u, 0);
