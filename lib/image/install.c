@@ -180,18 +180,25 @@ int image_install(const char *data_dir, const char *name, const char *source, co
         if (r < 0)
                 goto out;
         const image_manifest *im = &m;
-        if (m.is_index) {
-                if ((r = read_small_blob(open_blob, arg, m.chosen.digest, m.chosen.size, &mbuf,
-                                         &mlen, err)) < 0)
-                        goto out;
-                const char *mt = m.chosen.media_type[0] ? m.chosen.media_type : NULL;
-                if ((r = image_manifest_parse(mbuf, mlen, mt, &chosen, err)) < 0)
-                        goto out;
-                if (chosen.is_index) {
+        /* an index may name one more index (an OCI layout's index.json
+         * naming a multi-platform image), never deeper */
+        for (unsigned depth = 0; im->is_index; depth++) {
+                if (depth == 2) {
                         r = hutch_error_set(err, -EBADMSG,
-                                            "an image index names another index: refused");
+                                            "image indexes nested more than two deep: refused");
                         goto out;
                 }
+                image_manifest next = { 0 };
+                free(mbuf);
+                mbuf = NULL;
+                if ((r = read_small_blob(open_blob, arg, im->chosen.digest, im->chosen.size, &mbuf,
+                                         &mlen, err)) < 0)
+                        goto out;
+                const char *mt = im->chosen.media_type[0] ? im->chosen.media_type : NULL;
+                if ((r = image_manifest_parse(mbuf, mlen, mt, &next, err)) < 0)
+                        goto out;
+                image_manifest_clear(&chosen);
+                chosen = next;
                 im = &chosen;
         }
         progress(p, "config", im->config.digest, 0, (uint64_t) im->config.size, 0,

@@ -216,6 +216,21 @@ def test_daemon_creates_from_a_multi_layer_template(sandboxed_hutch, env, tmp_pa
         assert "ID=hutchtest" in lines and lines[-5:] == ["mid", "hi", "daemon create", "/srv", "user"], lines
         r = sd.request("POST", "/v2/sandboxes", {"templateID": "no-such-template"})
         assert r.status == 404, r
+
+        # a snapshot of it restores over the same layers, and keeps the template from `rm`
+        end, _, err, _ = sd.run(sb, "echo kept > /srv/written", user="root")
+        assert end.get("exitCode", 0) == 0, err
+        r = sd.request("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})
+        assert r.status == 201, r
+        snap = r.json()["snapshotID"]
+        sb2 = sd.create(templateID=snap)
+        end, out, err, _ = sd.run(sb2, "cat /srv/mid /srv/written /app/hello")
+        assert out == b"mid\nkept\nhi\n", (out, err)
+        p = hutch(sandboxed_hutch, e, "template", "rm", "three", check=False)
+        assert p.returncode != 0 and b"base of 1 snapshot" in p.stderr, p.stderr
+        assert (data / "templates" / "three").is_symlink()
+        hutch(sandboxed_hutch, e, "template", "rm", "--force", "three")
+        assert not (data / "templates" / "three").exists()
     finally:
         sd.stop()
 
@@ -249,3 +264,76 @@ def test_an_image_umoci_built(sandboxed_hutch, env, tmp_path):
               "cat /etc/os-release; echo $UMOCI; pwd; ls /etc/drop 2>&1; true")
     lines = p.stdout.decode().splitlines()
     assert lines[:3] == ["ID=umoci", "yes", "/etc"] and "No such file" in lines[3], lines
+
+
+def test_docker_media_types_and_platform_choice(sandboxed_hutch, env, tmp_path, base_layer):
+    """A Docker schema 2 manifest list with an arm64 and an amd64 image: the
+    host's platform is chosen (the arm64 entry points at a blob that is not
+    there, so choosing it would fail)."""
+    e, data = env
+    lay = tmp_path / "oci"
+
+    def docker(m):
+        m["mediaType"] = "application/vnd.docker.distribution.manifest.v2+json"
+        m["config"]["mediaType"] = "application/vnd.docker.container.image.v1+json"
+        for l in m["layers"]:
+            l["mediaType"] = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+    oi.write_oci_layout(lay, [base_layer], manifest_hook=docker)
+    idx = json.loads((lay / "index.json").read_text())
+    amd = idx["manifests"][0]
+    amd["mediaType"] = "application/vnd.docker.distribution.manifest.v2+json"
+    arm = dict(amd, digest="sha256:" + "e" * 64, platform={"os": "linux", "architecture": "arm64", "variant": "v8"})
+    lst = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
+           "manifests": [arm, amd]}
+    lb = json.dumps(lst).encode()
+    (lay / "blobs" / "sha256" / oi.sha(lb)[7:]).write_bytes(lb)
+    idx["manifests"] = [{"mediaType": lst["mediaType"], "digest": oi.sha(lb), "size": len(lb)}]
+    (lay / "index.json").write_text(json.dumps(idx))
+    # the layout's index names the list (as docker save of a multi-platform
+    # image does), the list the manifests: the amd64 one is chosen
+    hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "dk")
+    p = hutch(sandboxed_hutch, e, "run", "--template", "dk", "--", "cat", "/etc/os-release")
+    assert b"ID=hutchtest" in p.stdout
+    # three levels of index: refused (a chain of indexes is never followed far)
+    loop = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
+    lst3 = dict(lst, manifests=[{"mediaType": lst["mediaType"], "digest": oi.sha(lb), "size": len(lb),
+                                 "platform": {"os": "linux", "architecture": "amd64"}}])
+    lb = json.dumps(lst3).encode()
+    (lay / "blobs" / "sha256" / oi.sha(lb)[7:]).write_bytes(lb)
+    (lay / "index.json").write_text(json.dumps(dict(loop, manifests=[
+        {"mediaType": lst["mediaType"], "digest": oi.sha(lb), "size": len(lb)}])))
+    p = hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "dk3", check=False)
+    assert p.returncode != 0 and b"nested more than two deep" in p.stderr, p.stderr
+    # only other platforms: refused, naming what the image has
+    (lay / "index.json").write_text(json.dumps(dict(lst, manifests=[arm])))
+    p = hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "dk2", check=False)
+    assert p.returncode != 0 and b"no manifest for linux/amd64" in p.stderr and b"linux/arm64/v8" in p.stderr, \
+        p.stderr
+
+
+def test_import_killed_midway_leaves_nothing(sandboxed_hutch, env, tmp_path):
+    """kill -9 of an import while it unpacks: no template, and the next
+    collection removes the half layer."""
+    import signal
+    import time
+    e, data = env
+    big = oi.make_tar([oi.dir_entry("d")] + [oi.file_entry(f"d/f{i}", b"\0" * (32 << 20)) for i in range(4)])
+    oi.write_oci_layout(tmp_path / "oci", [big], compression=None)
+    del big
+    p = subprocess.Popen([str(sandboxed_hutch), "template", "import", str(tmp_path / "oci"), "--name", "big"],
+                         env=e, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store_dir = data / "layers" / "sha256"
+    deadline = time.monotonic() + 60
+    seen = False
+    while time.monotonic() < deadline and p.poll() is None:
+        if store_dir.exists() and any(x.name.startswith(".tmp-") for x in store_dir.iterdir()):
+            seen = True
+            break
+        time.sleep(0.005)
+    assert seen, "the import never started unpacking"
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    assert not (data / "templates" / "big").exists()
+    assert store(data) == []
+    hutch(sandboxed_hutch, e, "template", "prune")
+    assert [x.name for x in store_dir.iterdir() if x.name not in (".lock", ".busy")] == []
