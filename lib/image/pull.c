@@ -512,6 +512,33 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         if ((r = image_reference_candidates(rf, conf, &cands, &n_cands, err)) < 0)
                 return r;
 
+        if (opts->configured_only) {
+                /* drop what the file does not name; none left: refused */
+                size_t kept = 0;
+                for (size_t i = 0; i < n_cands; i++) {
+                        const char *h = cands[i].mirror ? cands[i].host : cands[i].registry;
+                        if (registries_conf_names(conf, h)) {
+                                image_candidate t = cands[kept];
+                                cands[kept++] = cands[i];
+                                cands[i] = t;
+                        }
+                }
+                if (kept == 0) {
+                        r = hutch_error_set(
+                                err, -EPERM,
+                                "%s names a registry %s does not list (search, mirror or allow lines): "
+                                "refused",
+                                ref, conf_path);
+                        image_candidates_free(cands, n_cands);
+                        return r;
+                }
+                for (size_t i = kept; i < n_cands; i++) {
+                        free(cands[i].host);
+                        free(cands[i].registry);
+                        free(cands[i].repository);
+                }
+                n_cands = kept;
+        }
         pull_ctx x = { .data_dir = data_dir, .p = p, .dl_fd = -1 };
         if (image_blob_dir(data_dir, x.blob_dir, sizeof x.blob_dir) < 0) {
                 image_candidates_free(cands, n_cands);

@@ -390,6 +390,18 @@ def test_a_lying_registry_is_refused(world, data, mode, words):
             assert hashlib.sha256(f.read_bytes()).hexdigest() == f.name
 
 
+def test_configured_only_refuses_unlisted_registries(world, data):
+    # what hutch serve does for a client's reference: only hosts the file names
+    (data / "registries.conf").write_text("insecure 127.0.0.1:5000 127.0.0.1:5080\n")
+    cp = pull(world, data, "pull", "--configured-only", "--json", "127.0.0.1:5000/test/multi:1", "--name", "r")
+    assert cp.returncode == 125 and "does not list" in cp.stderr, cp.stderr
+    assert last_json(cp)[0]["error"] == "not_allowed"
+    assert not (data / "templates" / "r").exists()
+    (data / "registries.conf").write_text("insecure 127.0.0.1:5000\nallow 127.0.0.1:5000\n")
+    cp = pull(world, data, "pull", "--configured-only", "127.0.0.1:5000/test/multi:1", "--name", "r")
+    assert cp.returncode == 0, cp.stderr
+
+
 def test_404_and_bad_reference(world, data):
     cp = pull(world, data, "pull", "127.0.0.1:5000/test/nope:1")
     assert cp.returncode == 125 and "manifest unknown" in cp.stderr and "404" in cp.stderr, cp.stderr
