@@ -8,6 +8,8 @@ The network namespace has only lo: 127.0.0.1 serves
   :5000  docker-registry, plain HTTP (marked insecure in registries.conf)
   :5443  docker-registry, HTTPS with a test CA, htpasswd basic auth
          (the same storage: what is pushed to :5000 is there too)
+  :5001  docker-registry, plain HTTP, distribution's bearer-token auth
+         (auth.token), its tokens from :5002 (tests/helpers/registry_token.py)
   :5080  the facade (HTTP, bearer tokens) in front of :5000, and
          127.0.0.2:5081 the "blob storage" its redirects point to.
 Nothing leaves the namespace; `hutch template pull` runs in it (nsenter),
@@ -99,13 +101,23 @@ class World:
             common + "http:\n  addr: 127.0.0.1:5443\n  tls:\n"
             f"    certificate: {r / 'leaf.pem'}\n    key: {r / 'leaf.key'}\n"
             f"auth:\n  htpasswd:\n    realm: hutch-test\n    path: {r / 'htpasswd'}\n")
+        # :5001, the same storage behind distribution's own bearer-token auth
+        sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(r / "token.key"), "-out", str(r / "token.pem"), "-days", "2",
+            "-subj", "/CN=hutch test token issuer"])
+        (r / "token.yml").write_text(
+            common + "http:\n  addr: 127.0.0.1:5001\n"
+            "auth:\n  token:\n    realm: http://127.0.0.1:5002/token\n    service: hutch-test\n"
+            f"    issuer: hutch-test-issuer\n    rootcertbundle: {r / 'token.pem'}\n")
         (r / "facade").mkdir()
-        for cfg in ("plain.yml", "tls.yml"):
+        self.spawn([sys.executable, str(HELPERS / "registry_token.py"), "5002", str(r / "token.key"),
+                    str(r / "token.pem"), str(r / "facade")])
+        for cfg in ("plain.yml", "tls.yml", "token.yml"):
             self.spawn(["docker-registry", "serve", str(r / cfg)])
         self.spawn([sys.executable, str(HELPERS / "registry_facade.py"), "5080", "http://127.0.0.1:5000",
                     str(r / "facade")])
         for host, port in (("127.0.0.1", 5000), ("127.0.0.1", 5443), ("127.0.0.1", 5080),
-                           ("127.0.0.2", 5081)):
+                           ("127.0.0.2", 5081), ("127.0.0.1", 5001), ("127.0.0.1", 5002)):
             wait_port(self.ns, host, port)
 
     def spawn(self, argv):
@@ -352,6 +364,20 @@ def test_https_basic_auth_login_and_credentials_stay_put(world, data):
     # --remove forgets them
     cp = pull(world, data, "login", "--remove", "127.0.0.1:5443")
     assert cp.returncode == 0 and PASSWORD not in auth.read_text()
+
+
+def test_bearer_token_flow_of_the_real_registry(world, data):
+    (data / "registries.conf").write_text("insecure 127.0.0.1:5001\n")
+    log = world.root / "facade" / "token-requests.log"
+    log.unlink(missing_ok=True)
+    cp = pull(world, data, "pull", "--json", "127.0.0.1:5001/test/multi:1", "--name", "tokened")
+    assert cp.returncode == 0, cp.stderr
+    reqs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert reqs, "no token was asked for"
+    q = dict(x.split("=", 1) for x in reqs[0]["query"].split("&"))
+    assert q["service"] == "hutch-test" and q["scope"] == "repository%3Atest%2Fmulti%3Apull", q
+    assert all(r["auth"] is None for r in reqs)   # anonymous: no credentials for this host
+    assert last_json(cp)[0]["blobs_downloaded"] == 4
 
 
 def test_bearer_token_and_redirect_drops_authorization(world, data):
