@@ -378,6 +378,15 @@ def test_bearer_token_flow_of_the_real_registry(world, data):
     assert q["service"] == "hutch-test" and q["scope"] == "repository%3Atest%2Fmulti%3Apull", q
     assert all(r["auth"] is None for r in reqs)   # anonymous: no credentials for this host
     assert last_json(cp)[0]["blobs_downloaded"] == 4
+    # logged in: the credentials go to the token realm, as basic auth
+    cp = pull(world, data, "login", "--username", USER, "127.0.0.1:5001", stdin=PASSWORD + "\n")
+    assert cp.returncode == 0, cp.stderr
+    log.unlink()
+    cp = pull(world, data, "pull", "127.0.0.1:5001/test/multi:1", "--name", "tokened2")
+    assert cp.returncode == 0, cp.stderr
+    import base64
+    want = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    assert [json.loads(x)["auth"] for x in log.read_text().splitlines()] == [want]
 
 
 def test_bearer_token_and_redirect_drops_authorization(world, data):
