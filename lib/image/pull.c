@@ -598,7 +598,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
 
         image_manifest m = { 0 };
         if ((r = image_manifest_parse(mbuf, mlen, mtype, &m, err)) < 0)
-                return hutch_error_wrap(err, r, "the manifest of %s: ", source);
+                return hutch_error_wrap(err, r, "the manifest of %s", source);
         if (m.is_index) {
                 /* the host platform's manifest, by digest (verified) */
                 _cleanup_free_ char *chosen = m.chosen.digest ? strdup(m.chosen.digest) : NULL;
@@ -615,7 +615,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 if ((r = registry_get_manifest(client, chosen, &mbuf, &mlen, &mtype, d2, err)) < 0)
                         return r;
                 if ((r = image_manifest_parse(mbuf, mlen, mtype, &m, err)) < 0)
-                        return hutch_error_wrap(err, r, "the manifest %s: ", chosen);
+                        return hutch_error_wrap(err, r, "the manifest %s", chosen);
                 if (m.is_index) {
                         image_manifest_clear(&m);
                         return hutch_error_set(err, -EINVAL,
@@ -647,7 +647,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         }
         image_config cfg = { 0 };
         if (r >= 0 && (r = image_config_parse(cbuf, clen, &cfg, err)) < 0)
-                hutch_error_wrap(err, r, "the config of %s: ", source);
+                hutch_error_wrap(err, r, "the config of %s", source);
         free(cbuf);
         if (r >= 0 && cfg.n_diff_ids != m.n_layers)
                 r = hutch_error_set(err, -EBADMSG,

@@ -529,7 +529,7 @@ int registries_conf_load(const char *path, registries_conf *ret, hutch_error *er
         }
         int r = registries_conf_parse(buf, n, ret, err);
         if (r < 0)
-                return hutch_error_wrap(err, r, "%s: ", path);
+                return hutch_error_wrap(err, r, "%s", path);
         return 0;
 }
 

@@ -323,6 +323,19 @@ def test_index_selects_the_host_platform(world, data, tmp_path):
     res, _ = last_json(cp)
     # the source names the index (what the tag points to)
     assert res["source"].endswith(ociimage.sha(ib))
+    # an index without this host's platform: refused, saying so
+    other = [d for d in descs if d["platform"]["architecture"] == "riscv64"]
+    ob = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                     "manifests": other}).encode()
+    (blobs / hashlib.sha256(ob).hexdigest()).write_bytes(ob)
+    (layout / "index.json").write_text(json.dumps({
+        "schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.index.v1+json", "digest": ociimage.sha(ob),
+            "size": len(ob), "annotations": {"org.opencontainers.image.ref.name": "riscv"}}]}))
+    world.push(layout, "riscv", "test/multiarch:riscv")
+    cp = pull(world, data, "pull", "127.0.0.1:5000/test/multiarch:riscv", "--name", "riscv")
+    assert cp.returncode == 125 and "no manifest for linux/" in cp.stderr, cp.stderr
+    assert not (data / "templates" / "riscv").exists()
 
 
 def test_https_basic_auth_login_and_credentials_stay_put(world, data):
