@@ -264,6 +264,45 @@ def test_multi_layer_pull_runs_and_second_pull_downloads_nothing(world, data):
     assert not any(x["phase"] == "download" for x in lines2)
 
 
+def test_two_pulls_of_one_image_at_once(world, data):
+    # the same blobs: one downloads each (its .partial is flocked), the other
+    # waits for it and takes the blob, or finds the layer unpacked
+    env = dict(os.environ, HUTCH_DATA_DIR=str(data))
+    ps = [subprocess.Popen(world.in_ns([str(hutchtest.hutch_path()), "template", "pull", "--parallel", "1",
+                                        "127.0.0.1:5000/test/multi:1", "--name", f"twin{i}"]),
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in ps]
+    for p, (out, errout) in zip(ps, outs):
+        assert p.returncode == 0, errout
+    assert template_json(data, "twin0")["layers"] == template_json(data, "twin1")["layers"]
+    assert not list((data / "images" / "blobs" / "sha256").glob("*.partial"))
+
+
+def test_a_blob_another_pull_is_downloading_is_waited_for(world, data):
+    import fcntl
+    man = json.loads(sh(world.in_ns(["curl", "-sf", "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
+                                     "http://127.0.0.1:5000/v2/test/multi/manifests/1"])).stdout)
+    digest = man["layers"][-1]["digest"]
+    blobs = data / "images" / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    partial = blobs / (digest[7:] + ".partial")
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)   # "another pull" holds this download
+    env = dict(os.environ, HUTCH_DATA_DIR=str(data))
+    p = subprocess.Popen(world.in_ns([str(hutchtest.hutch_path()), "template", "pull",
+                                      "127.0.0.1:5000/test/multi:1", "--name", "waiter"]),
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)
+        assert p.poll() is None, p.communicate()   # it waits, rather than racing the holder
+    finally:
+        os.close(fd)   # the holder went away without finishing
+    out, errout = p.communicate(timeout=60)
+    assert p.returncode == 0, errout
+    assert not partial.exists()
+
+
 def test_short_name_through_a_mirror(world, data):
     # A site without Docker Hub: debian:stable comes from the mirror; Docker Hub
     # itself is unreachable in this namespace (no DNS, no route).
