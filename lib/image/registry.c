@@ -29,6 +29,7 @@
 #define MAX_HEADER_VALUE 4096u
 #define MAX_ERROR_BODY 4096u
 #define MAX_RETRIES 2
+#define MAX_REAUTH 4
 
 /* ------------------------------------------------------------ challenges */
 
@@ -305,6 +306,7 @@ struct registry_client {
         char *authz;       /* "Authorization: ..." once a challenge was answered */
         bool sent_creds;   /* the current authz came from the credentials */
         char *last_challenge;
+        unsigned auth_gen; /* bumped by each authenticate(): which token a transfer was sent with */
         uint64_t done_bytes;
 };
 
@@ -576,6 +578,7 @@ static int authenticate(registry_client *c, const char *www_auth, hutch_error *e
                         c->host);
         free_secret(c->authz);
         c->authz = NULL;
+        c->auth_gen++;
         free(c->last_challenge);
         c->last_challenge = strdup(www_auth);
         if (ch.scheme == REGISTRY_AUTH_BASIC) {
@@ -841,7 +844,8 @@ typedef struct xfer {
         CURL *e;
         struct curl_slist *h;
         char errbuf[CURL_ERROR_SIZE];
-        http_resp hdrs; /* WWW-Authenticate of a 401 */
+        unsigned auth_gen; /* the client's auth_gen when this transfer started */
+        http_resp hdrs;    /* WWW-Authenticate of a 401 */
         size_t discarded;
 } xfer;
 
@@ -949,6 +953,7 @@ static int xfer_start(xfer *x, CURLM *m, hutch_error *err) {
         snprintf(url, sizeof url, "%s/v2/%s/blobs/%s", c->base, c->repository, x->b->digest);
         if (!(x->e = curl_easy_init()))
                 return hutch_error_set(err, -ENOMEM, "out of memory");
+        x->auth_gen = c->auth_gen;
         if (c->authz && !(x->h = curl_slist_append(NULL, c->authz)))
                 return hutch_error_set(err, -ENOMEM, "out of memory");
         easy_common(c, x->e, url, c->insecure);
@@ -1002,7 +1007,7 @@ static bool cache_has(const char *final, int64_t size) {
 
 /* Finish a transfer whose curl result is res: 1 done, 0 to be started again
  * (the caller re-adds it), < 0 failed. */
-static int xfer_finish(xfer *x, CURLcode res, bool *ret_reauth, hutch_error *err) {
+static int xfer_finish(xfer *x, CURLcode res, unsigned *reauths, hutch_error *err) {
         registry_client *c = x->c;
         if (!x->status_checked)
                 curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &x->code);
@@ -1028,12 +1033,18 @@ static int xfer_finish(xfer *x, CURLcode res, bool *ret_reauth, hutch_error *err
                 }
                 return curl_fail(c, res, x->b->digest, x->errbuf, err);
         }
-        if (x->code == 401 && !*ret_reauth && x->hdrs.www_auth) {
-                /* a token expired: answer the challenge once, then again */
+        if (x->code == 401 && x->auth_gen != c->auth_gen) {
+                /* sent with a token another transfer has replaced since: again */
+                return 0;
+        }
+        if (x->code == 401 && *reauths < MAX_REAUTH && x->hdrs.www_auth) {
+                /* the token expired (Docker Hub's last 5 minutes): answer the
+                 * challenge again, then this transfer again; the others in
+                 * flight with the old token come back through the case above */
                 int r = authenticate(c, x->hdrs.www_auth, err);
                 if (r < 0)
                         return r;
-                *ret_reauth = true;
+                (*reauths)++;
                 return 0;
         }
         if (x->code == 401 || x->code == 403)
@@ -1113,7 +1124,7 @@ int registry_fetch_blobs(registry_client *c, const registry_blob *blobs, size_t 
         for (int pass = 0; pass < 2 && r >= 0; pass++) {
                 size_t next = 0;
                 unsigned active = 0;
-                bool reauth = false;
+                unsigned reauths = 0;
                 for (;;) {
                         while (r >= 0 && active < c->parallel && next < n_x) {
                                 xfer *x = &xs[next++];
@@ -1158,7 +1169,7 @@ int registry_fetch_blobs(registry_client *c, const registry_blob *blobs, size_t 
                                 curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &x);
                                 CURLcode res = msg->data.result;
                                 curl_multi_remove_handle(m, x->e);
-                                int k = xfer_finish(x, res, &reauth, err);
+                                int k = xfer_finish(x, res, &reauths, err);
                                 if (k < 0) {
                                         r = k;
                                         break;

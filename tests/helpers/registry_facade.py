@@ -12,6 +12,7 @@ every request, so a test switches it without a restart):
     slow      blob bodies 16 KiB at a time, 0.2 s apart (for kill -9 mid-pull)
     hugemanifest  a 5 MiB manifest
     badtoken  the token endpoint answers a token with CR LF in it
+    expire    the token changes at the second blob request (an expiry mid-pull)
     redirect  blobs answered 307 to 127.0.0.2 on LISTEN_PORT+1, another
               "host" (the blob storage), which logs the Authorization header
               it got to STATE_DIR/storage-auth.log
@@ -32,6 +33,7 @@ import urllib.error
 import urllib.request
 
 PORT = int(sys.argv[1])
+LOCK = threading.Lock()
 UPSTREAM = sys.argv[2].rstrip("/")
 STATE = sys.argv[3]
 
@@ -86,6 +88,17 @@ class Facade(http.server.BaseHTTPRequestHandler):
             return self.send(200, body, [("Content-Type", "application/json")])
         if not self.path.startswith("/v2/"):
             return self.send(404)
+        if state("mode", "ok") == "expire" and "/blobs/" in self.path:
+            # the token expires at the second blob request: it and every
+            # request still carrying the old token get a 401
+            with LOCK:
+                n = int(state("blobcount", "0")) + 1
+                with open(os.path.join(STATE, "blobcount"), "w") as f:
+                    f.write(str(n))
+                if n == 2:
+                    with open(os.path.join(STATE, "token"), "w") as f:
+                        f.write(token + "-renewed")
+            token = state("token", "t0ken")
         if auth != "Bearer " + token:
             repo = self.path[4:].split("/manifests/")[0].split("/blobs/")[0]
             chal = ('Bearer realm="http://127.0.0.1:%d/token",service="facade",'

@@ -456,6 +456,22 @@ def test_bearer_token_and_redirect_drops_authorization(world, data):
     assert all(x == "auth=<none>" for x in storage), storage   # and never with the token
 
 
+def test_a_token_that_expires_mid_pull_is_renewed(world, data):
+    facade = world.root / "facade"
+    token = "tok-" + secrets.token_hex(8)
+    (facade / "token").write_text(token)
+    (facade / "blobcount").unlink(missing_ok=True)
+    (facade / "facade-auth.log").unlink(missing_ok=True)
+    world.facade_mode("expire")
+    try:
+        cp = pull(world, data, "pull", "--parallel", "4", "127.0.0.1:5080/test/multi:1", "--name", "renewed")
+    finally:
+        world.facade_mode("ok")
+    assert cp.returncode == 0, cp.stderr
+    seen = set((facade / "facade-auth.log").read_text().splitlines())
+    assert seen == {f"Bearer {token}", f"Bearer {token}-renewed"}, seen
+
+
 @pytest.mark.parametrize("mode,words", [("corrupt", "digest mismatch"), ("oversize", "stopped"),
                                         ("hugemanifest", "larger than 4194304 bytes"),
                                         ("badtoken", "no usable token")])
