@@ -27,6 +27,13 @@ int cli_volume_new_id(char out[HUTCH_VOLUME_ID_LEN + 1]);
 int cli_volume_team(struct hutch_store *st, const char *team, bool create, int64_t *ret, hutch_error *err);
 /* Names of the default team's volumes in $HUTCH_DATA_DIR to ids; prints the error. */
 int cli_volume_resolve(const char *const *names, size_t n, char (*ret_ids)[HUTCH_VOLUME_ID_LEN + 1]);
+int verb_template(int argc, char **argv);
+
+/* `hutch template pull|login ...` (cli/template-pull.c, owner: registry):
+ * argv[0] is the sub-verb ("pull" or "login"). Weak here so that the CLI
+ * links without that file; `hutch template` says so when it is absent. */
+int template_pull_main(int argc, char **argv) __attribute__((weak));
+int template_login_main(int argc, char **argv) __attribute__((weak));
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

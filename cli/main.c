@@ -17,6 +17,7 @@ static void usage(FILE *f) {
               "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
+              "  template import|ls|rm|prune     templates from OCI images (`hutch template help`)\n"
               "  doctor                          check what the kernel offers\n"
               "  version                         print the version\n"
               "\n"
@@ -59,6 +60,8 @@ int main(int argc, char **argv) {
                 return verb_key(argc - 1, argv + 1);
         if (streq(verb, "volume"))
                 return verb_volume(argc - 1, argv + 1);
+        if (streq(verb, "template"))
+                return verb_template(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* hutch ps / hutch kill: the sandboxes of this host, without a daemon. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "cli/cli.h"
+#include "image/pull.h"
 #include "util/log.h"
 #include "util/parse.h"
 
@@ -22,15 +24,15 @@ typedef struct ps_filter {
         const char *key, *value;
 } ps_filter;
 
-static bool ps_matches(const ps_filter *f, size_t n, const char *id, const char *state, const char *backend,
-                       const char *template_name, const char *owner) {
+static bool ps_matches(const ps_filter *f, size_t n, const char *id, const char *state,
+                       const char *backend, const char *template_name, const char *owner) {
         for (size_t i = 0; i < n; i++) {
                 const char *k = f[i].key, *v = f[i].value;
-                bool ok = streq(k, "state")      ? streq(state, v)
-                          : streq(k, "backend")  ? streq(backend, v)
-                          : streq(k, "template") ? streq(template_name, v)
-                          : streq(k, "owner")    ? strstr(owner, v) != NULL
-                                                 : startswith(id, v); /* id */
+                bool ok = streq(k, "state")    ? streq(state, v)
+                        : streq(k, "backend")  ? streq(backend, v)
+                        : streq(k, "template") ? streq(template_name, v)
+                        : streq(k, "owner")    ? strstr(owner, v) != NULL
+                                               : startswith(id, v); /* id */
                 if (!ok)
                         return false;
         }
@@ -67,7 +69,8 @@ int verb_ps(int argc, char **argv) {
                         const char *f = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
                         const char *eq = f ? strchr(f, '=') : NULL;
                         size_t kl = eq ? (size_t) (eq - f) : 0;
-                        static const char *const keys[] = { "state", "backend", "template", "owner", "id" };
+                        static const char *const keys[] = { "state", "backend", "template", "owner",
+                                                            "id" };
                         const char *key = NULL;
                         for (size_t k = 0; eq && k < ELEMENTSOF(keys); k++)
                                 if (strlen(keys[k]) == kl && strncmp(f, keys[k], kl) == 0)
@@ -99,8 +102,8 @@ int verb_ps(int argc, char **argv) {
         if (json)
                 printf("[");
         else if (!quiet)
-                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", "ID", "PID", "TEMPLATE", "BACKEND", "AGE",
-                       "MEMORY", "STATE", "OWNER");
+                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", "ID", "PID", "TEMPLATE",
+                       "BACKEND", "AGE", "MEMORY", "STATE", "OWNER");
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         bool first = true;
@@ -116,8 +119,8 @@ int verb_ps(int argc, char **argv) {
                         else if (json)
                                 printf("%s{\"id\":\"%s\",\"state\":\"dead\"}", first ? "" : ",", *id);
                         else
-                                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", *id, "-", "-", "-", "-", "-",
-                                       "dead", "(hutch gc removes it)");
+                                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", *id, "-",
+                                       "-", "-", "-", "-", "dead", "(hutch gc removes it)");
                         first = false;
                         continue;
                 }
@@ -125,7 +128,8 @@ int verb_ps(int argc, char **argv) {
                 const char *state = hutch_sandbox_is_suspended(sb) ? "suspended" : "running";
                 const char *backend = hutch_backend_name(hutch_sandbox_backend(sb));
                 const char *owner = hutch_sandbox_owner(sb);
-                if (!ps_matches(filters, n_filters, *id, state, backend, hutch_sandbox_template(sb), owner)) {
+                if (!ps_matches(filters, n_filters, *id, state, backend, hutch_sandbox_template(sb),
+                                owner)) {
                         hutch_sandbox_unref(sb);
                         continue;
                 }
@@ -142,14 +146,16 @@ int verb_ps(int argc, char **argv) {
                 else if (json) {
                         printf("%s{\"id\":\"%s\",\"state\":\"%s\",\"init_pid\":%d,\"template\":\"%s\",\"memory_bytes\":%llu,"
                                "\"backend\":\"%s\",\"owner\":\"",
-                               first ? "" : ",", *id, state, hutch_sandbox_init_pid(sb), hutch_sandbox_template(sb),
-                               (unsigned long long) st.memory_current, backend);
+                               first ? "" : ",", *id, state, hutch_sandbox_init_pid(sb),
+                               hutch_sandbox_template(sb), (unsigned long long) st.memory_current,
+                               backend);
                         ps_json_str(owner);
                         printf("\"}");
                 } else
-                        printf("%-20s  %8d  %-10s  %-7s  %7.0fs  %10s  %-9s  %s\n", *id, hutch_sandbox_init_pid(sb),
-                               hutch_sandbox_template(sb), backend, age, format_size(st.memory_current, mem, sizeof mem),
-                               state, *owner ? owner : "?");
+                        printf("%-20s  %8d  %-10s  %-7s  %7.0fs  %10s  %-9s  %s\n", *id,
+                               hutch_sandbox_init_pid(sb), hutch_sandbox_template(sb), backend, age,
+                               format_size(st.memory_current, mem, sizeof mem), state,
+                               *owner ? owner : "?");
                 first = false;
                 hutch_sandbox_unref(sb);
         }
@@ -215,6 +221,14 @@ int verb_gc(int argc, char **argv) {
                 log_error("%s", e2.msg);
         else if (t > 0)
                 printf("removed %d unused template version%s\n", t, t == 1 ? "" : "s");
+        /* and the downloads a killed pull left in the blob cache */
+        hutch_error e3 = { 0 };
+        const char *dd = getenv("HUTCH_DATA_DIR");
+        int b = image_pull_gc(dd && *dd ? dd : "/var/lib/hutch", &e3);
+        if (b < 0)
+                log_error("%s", e3.msg);
+        else if (b > 0)
+                printf("removed %d interrupted download%s\n", b, b == 1 ? "" : "s");
         hutch_ctx_free(ctx);
-        return r < 0 || err.code || t < 0 ? EXIT_HUTCH : 0;
+        return r < 0 || err.code || t < 0 || b < 0 ? EXIT_HUTCH : 0;
 }
