@@ -113,6 +113,9 @@ def test_import_oci_layout_and_run_with_its_defaults(sandboxed_hutch, env, tmp_p
     assert p.returncode == 125 and b"gvisor backend does not stack" in p.stderr, p.stderr
 
     # ls: kind, layers, size
+    rows = hutch(sandboxed_hutch, e, "template", "ls").stdout.decode().splitlines()
+    assert rows[0].split() == ["NAME", "KIND", "LAYERS", "SIZE", "CREATED"]
+    assert [r.split()[:3] for r in rows[1:]] == [["bb", "image", "2"]], rows
     p = hutch(sandboxed_hutch, e, "template", "ls", "--json")
     t = {x["name"]: x for x in json.loads(p.stdout)}["bb"]
     assert t["kind"] == "image" and t["layers"] == 2 and t["size"] > len(BUSYBOX.read_bytes())
@@ -337,3 +340,18 @@ def test_import_killed_midway_leaves_nothing(sandboxed_hutch, env, tmp_path):
     assert store(data) == []
     hutch(sandboxed_hutch, e, "template", "prune")
     assert [x.name for x in store_dir.iterdir() if x.name not in (".lock", ".busy")] == []
+
+
+def test_reimport_switches_the_version_and_prune_takes_the_old(sandboxed_hutch, env, tmp_path, base_layer):
+    e, data = env
+    oi.write_oci_layout(tmp_path / "v1", [base_layer, _top_layer(b"v1\n")])
+    oi.write_oci_layout(tmp_path / "v2", [base_layer, _top_layer(b"v2\n")])
+    hutch(sandboxed_hutch, e, "template", "import", str(tmp_path / "v1"), "--name", "t")
+    hutch(sandboxed_hutch, e, "template", "import", str(tmp_path / "v2"), "--name", "t")
+    versions = [p.name for p in (data / "templates").iterdir() if p.name.startswith("t@")]
+    assert len(versions) == 2 and len(store(data)) == 3
+    assert hutch(sandboxed_hutch, e, "run", "--template", "t", "--", "cat", "/app/hello").stdout == b"v2\n"
+    hutch(sandboxed_hutch, e, "template", "prune")
+    assert [p.name for p in (data / "templates").iterdir() if p.name.startswith("t@")] == \
+        [os.readlink(data / "templates" / "t")]
+    assert len(store(data)) == 2  # v1's top layer went with its version
