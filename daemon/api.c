@@ -16,6 +16,7 @@
 
 #include "daemon/route.h"
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -104,6 +105,11 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
                         return http_reply_error(c, 405, "method %s not allowed on /health", req->method);
                 *ret_responded = false;
                 return MHD_YES;
+        }
+        if (startswith(req->url, "/upload/")) {
+                enum MHD_Result mr = templates_upload_begin(srv, req);
+                *ret_responded = req->body_mode != BODY_TPL_UPLOAD;
+                return mr;
         }
         const char *key = http_header(c, "X-API-KEY");
         const char *auth = http_header(c, "Authorization");
@@ -566,7 +572,8 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         case ROUTE_SNAPSHOTS_LIST:
                 return snapshots_list(srv, req);
         case ROUTE_TEMPLATE_DELETE:
-                return snapshot_delete(srv, req, rt.secret);
+        case ROUTE_TPL_REQUEST ... ROUTE_TPL_TAGS_GET:
+                return templates_dispatch(srv, req, &rt);
         default:
                 break;
         }

@@ -22,6 +22,7 @@
 
 #include "daemon/requests.h"
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "snapshot/seal.h"
@@ -396,6 +397,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         const char *template_name, *alias;
         char layer_from[PATH_MAX] = "";
         store_snapshot snap = { 0 };
+        _cleanup_(json_decrefp) json_t *built = NULL; /* a built template's ready build */
+        char built_tid[32] = "", built_alias[64] = "";
         if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
                 template_name = "host";
                 alias = cr.template_id;
@@ -407,6 +410,15 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 }
                 template_name = "host";
                 alias = cr.template_id;
+        } else if (templates_resolve(srv, team, cr.template_id, built_tid, built_alias, &built, err) == 0) {
+                /* a built template (templates.c): the host template under its cached layer */
+                template_name = "host";
+                alias = built_alias;
+                const char *layer = json_string_value(json_object_get(built, "layer"));
+                if (layer && templates_layer_path(srv, layer, layer_from, sizeof layer_from) < 0) {
+                        *ret_status = 500;
+                        return hutch_error_set(err, -ENOENT, "template '%s': its layer is missing", cr.template_id);
+                }
         } else {
                 *ret_status = 404;
                 return hutch_error_set(err, -ENOENT, "template '%s' not found", cr.template_id);
@@ -434,7 +446,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
 
-        bool borrowed = false; /* a fork's stream, unsealed once for all its sandboxes */
+        bool borrowed = built != NULL; /* a fork's stream, unsealed once for all its sandboxes; a build's layer */
         if (snap.id[0] && srv->fork_stream[0] && streq(srv->fork_snapshot, snap.id)) {
                 snprintf(layer_from, sizeof layer_from, "%s", srv->fork_stream);
                 borrowed = true;
@@ -466,7 +478,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        snap.id, checkpoint ? "gvisor" : "namespace (ns)", hutch_backend_name(backend));
         }
         /* the pool holds sandboxes of the operator's default backend */
-        bool poolable = streq(template_name, "host") && !snap.id[0] &&
+        bool poolable = streq(template_name, "host") && !snap.id[0] && !built &&
                         backend == hutch_backend_from_name(srv->cfg.backend);
         sbx *sb = poolable ? pool_take(srv) : NULL;
         if (!sb) {
@@ -482,7 +494,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 sb->backend = backend;
         }
         sb->team_id = team;
-        snprintf(sb->template_id, sizeof sb->template_id, "%s", snap.id[0] ? snap.id : template_name);
+        snprintf(sb->template_id, sizeof sb->template_id, "%s", snap.id[0] ? snap.id : built ? built_tid : template_name);
         snprintf(sb->alias, sizeof sb->alias, "%s", alias);
         sb->metadata = json_is_object(md) ? json_deep_copy(md) : json_object();
         sb->envs = json_is_object(envs) ? json_deep_copy(envs) : json_object();
@@ -491,6 +503,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         sb->pause_keep_memory = cr.pause_keep_memory;
         sb->extra = extra_json(sb, body);
         json_object_set_new(sb->extra, "egress", egress_spec);
+        if (built)
+                json_object_set(sb->extra, "template", built); /* user, workdir, startCmd, readyCmd */
         {
                 json_t *names = json_array();
                 if (secrets_env_rewrite(srv, team, sb->id, sb->envs, names, why, sizeof why) < 0)

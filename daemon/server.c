@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "daemon/serve.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -667,6 +668,9 @@ int server_run(const server_config *cfg) {
         r = snapshots_setup(srv);
         if (r < 0)
                 goto out;
+        r = templates_setup(srv);
+        if (r < 0)
+                goto out;
         r = egress_setup(srv);
         if (r < 0)
                 goto out;
@@ -757,6 +761,7 @@ int server_run(const server_config *cfg) {
         if (streq(srv->cfg.on_stop, "kill"))
                 sbx_kill_all(srv, "daemon stopped");
 out:
+        templates_teardown(srv);
         http_stop(srv);
         egress_teardown(srv);
         /* a start refused before the lock owns nothing in the data dir: the

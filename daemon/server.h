@@ -248,7 +248,7 @@ struct server {
 /* ---------------------------------------------------------------- http.c */
 
 /* One request's state across MHD's access-handler calls. */
-enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3 };
+enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3, BODY_TPL_UPLOAD = 4 };
 struct request {
         server *srv;
         struct MHD_Connection *conn;
@@ -259,6 +259,7 @@ struct request {
         size_t body_len, body_cap;
         bool too_large;
         struct files_upload *upload; /* BODY_FILES */
+        struct tpl_upload *tpl_upload; /* BODY_TPL_UPLOAD (templates.c) */
         bool responded;
         bool authenticated;     /* its connection got idle-timeout (http_conn_authenticated) */
         struct MHD_Response *deferred; /* a reply waiting for the body to be read */

@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Template builds (daemon/templates.c): the E2B build API. */
+#pragma once
+
+#include "daemon/server.h"
+
+struct route;
+struct tpl_upload;
+
+int templates_setup(server *srv);    /* DATA_DIR/builds; fail what a previous daemon left */
+void templates_teardown(server *srv); /* kill running builders */
+enum MHD_Result templates_dispatch(server *srv, request *req, const struct route *rt);
+/* PUT /upload/<templateID>/<hash>?expires=&token=: no API key, the link
+ * authorises itself. begin queues an error or claims the body. */
+enum MHD_Result templates_upload_begin(server *srv, request *req);
+enum MHD_Result templates_upload_body(server *srv, request *req, const char *data, size_t *size);
+enum MHD_Result templates_upload_finish(server *srv, request *req);
+void templates_upload_free(struct tpl_upload *u);
+/* Sandbox create's template: a built template's ID or [ns/]alias[:tag] of
+ * the team → its ID, alias and the ready build's result; -ENOENT. */
+int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[32], char ret_alias[64],
+                      json_t **ret_result, hutch_error *err);
+/* The cached layer stream of a result's "layer" (0), -ENOENT. */
+int templates_layer_path(server *srv, const char *layer, char *buf, size_t n);
