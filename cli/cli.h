@@ -17,6 +17,7 @@ int verb_kill(int argc, char **argv);
 int verb_gc(int argc, char **argv);
 int verb_serve(int argc, char **argv);
 int verb_key(int argc, char **argv);
+int verb_template_build(int argc, char **argv); /* template-build.c: `template build` */
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

@@ -53,6 +53,8 @@ int main(int argc, char **argv) {
                 return verb_serve(argc - 1, argv + 1);
         if (streq(verb, "key"))
                 return verb_key(argc - 1, argv + 1);
+        if (streq(verb, "template") && argc > 2 && streq(argv[2], "build"))
+                return verb_template_build(argc - 2, argv + 2);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

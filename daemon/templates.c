@@ -99,6 +99,22 @@ static void rm_rf(const char *path) {
 }
 
 /* Files whose name starts with '.' or ends in .tmp: what a crash left. */
+/* The build sandbox a builder recorded in its job dir: removed, whatever
+ * state the builder left it in (killed builders leave it to us). */
+static void job_sandbox_remove(server *srv, const char *jobdir) {
+        char p[PATH_MAX + 16], id[HUTCH_ID_LEN + 2] = "";
+        snprintf(p, sizeof p, "%s/sandbox", jobdir);
+        FILE *f = fopen(p, "re");
+        if (!f)
+                return;
+        bool ok = fgets(id, sizeof id, f) != NULL;
+        fclose(f);
+        if (!ok || !route_sandbox_id_valid(id))
+                return;
+        hutch_error e = { 0 };
+        (void) hutch_sandbox_remove(srv->ctx, id, &e);
+}
+
 static unsigned sweep_tmp(const char *dir, bool recurse) {
         DIR *d = opendir(dir);
         if (!d)
@@ -142,9 +158,15 @@ int templates_setup(server *srv) {
         unsigned removed = 0;
         if (d) {
                 struct dirent *de;
-                while ((de = readdir(d)))
-                        if (!streq(de->d_name, ".") && !streq(de->d_name, "..") && rm_rf_at(dirfd(d), de->d_name) == 0)
+                while ((de = readdir(d))) {
+                        if (streq(de->d_name, ".") || streq(de->d_name, ".."))
+                                continue;
+                        char jd[PATH_MAX];
+                        snprintf(jd, sizeof jd, "%s/%s", p, de->d_name);
+                        job_sandbox_remove(srv, jd);
+                        if (rm_rf_at(dirfd(d), de->d_name) == 0)
                                 removed++;
+                }
                 closedir(d);
         }
         builds_path(srv, p, sizeof p, "layers");
@@ -254,6 +276,15 @@ int templates_layer_path(server *srv, const char *layer, char *buf, size_t n) {
                 return -EINVAL;
         builds_path(srv, buf, n, "layers/%s.layer", layer);
         return access(buf, R_OK) == 0 ? 0 : -ENOENT;
+}
+
+const char *templates_sbx_default(sbx *sb, const char *what) {
+        const char *v = json_string_value(json_object_get(json_object_get(sb->extra, "template"), what));
+        if (!v || !*v)
+                return NULL;
+        if (streq(what, "user") && !streq(v, "root") && !streq(v, "user"))
+                return NULL;
+        return v;
 }
 
 /* ----------------------------------------------------- POST /v3/templates */
@@ -535,6 +566,7 @@ static void job_free(build_job *j) {
                 }
         char p[PATH_MAX];
         builds_path(j->srv, p, sizeof p, "jobs/%s", j->bid);
+        job_sandbox_remove(j->srv, p);
         rm_rf(p);
         free(j->buf);
         free(j);

@@ -20,5 +20,8 @@ void templates_upload_free(struct tpl_upload *u);
  * the team → its ID, alias and the ready build's result; -ENOENT. */
 int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[32], char ret_alias[64],
                       json_t **ret_result, hutch_error *err);
+/* A built template's default for its sandboxes: "user" or "workdir"
+ * (NULL when none, or a user envd does not know). */
+const char *templates_sbx_default(sbx *sb, const char *what);
 /* The cached layer stream of a result's "layer" (0), -ENOENT. */
 int templates_layer_path(server *srv, const char *layer, char *buf, size_t n);
