@@ -57,13 +57,13 @@ typedef struct builder {
         char jobdir[PATH_MAX];
         hutch_ctx *ctx;
         hutch_sandbox *sb;
-        char layer[65];    /* the current layer: a cache key whose .layer exists, or "" (none) */
-        char key[65];      /* the last step's cache key */
+        char layer[65]; /* the current layer: a cache key whose .layer exists, or "" (none) */
+        char key[65];   /* the last step's cache key */
         char user[64];
         char workdir[4096]; /* "" = the user's home */
         json_t *env;
         size_t n_steps;
-        char step[16];      /* the step being run, for the log */
+        char step[16]; /* the step being run, for the log */
         pid_t start_pid;
         bool start_exited;
         int start_code;
@@ -73,7 +73,8 @@ typedef struct builder {
 
 /* ------------------------------------------------------------------ log */
 
-__attribute__((format(printf, 3, 4))) static void emit(builder *b, const char *level, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void emit(builder *b, const char *level,
+                                                       const char *fmt, ...) {
         char msg[8192];
         va_list ap;
         va_start(ap, fmt);
@@ -82,7 +83,8 @@ __attribute__((format(printf, 3, 4))) static void emit(builder *b, const char *l
         if (streq(level, "error"))
                 snprintf(b->last_error, sizeof b->last_error, "%s", msg);
         if (b->json_out) {
-                json_t *o = json_pack("{s:s, s:s, s:s}", "level", level, "step", b->step, "message", msg);
+                json_t *o = json_pack("{s:s, s:s, s:s}", "level", level, "step", b->step, "message",
+                                      msg);
                 char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
                 json_decref(o);
                 if (s) {
@@ -118,9 +120,9 @@ static void sha256_parts(char ret[65], size_t n, const char *const *parts) {
         for (int i = 0; i < 32; i++)
                 snprintf(ret + 2 * i, 3, "%02x", md[i]);
 }
-#define SHA256(ret, ...)                                                                                            \
-        sha256_parts(ret, sizeof((const char *const[]){ __VA_ARGS__ }) / sizeof(const char *),                    \
-                     (const char *const[]){ __VA_ARGS__ })
+#define SHA256(ret, ...)                                                                           \
+        sha256_parts(ret, sizeof((const char *const[]) { __VA_ARGS__ }) / sizeof(const char *),    \
+                     (const char *const[]) { __VA_ARGS__ })
 
 /* ------------------------------------------------------------ the cache */
 
@@ -177,8 +179,8 @@ static int write_file_atomic(const char *final, const void *data, size_t len) {
 }
 
 static int cache_save(builder *b, const char *key) {
-        json_t *o = json_pack("{s:s, s:s, s:s, s:O}", "layer", b->layer, "user", b->user, "workdir", b->workdir, "env",
-                              b->env);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:O}", "layer", b->layer, "user", b->user, "workdir",
+                              b->workdir, "env", b->env);
         char *s = json_dumps(o, JSON_COMPACT);
         json_decref(o);
         char p[PATH_MAX];
@@ -197,7 +199,8 @@ static int sandbox_ensure(builder *b) {
         hutch_error err = { 0 };
         if (!b->ctx) {
                 hutch_ctx_config cc = { .data_dir = b->data_dir,
-                                        .run_dir = json_string_value(json_object_get(b->job, "runDir")) };
+                                        .run_dir = json_string_value(
+                                                json_object_get(b->job, "runDir")) };
                 if (hutch_ctx_new(&cc, &b->ctx, &err) < 0) {
                         emit(b, "error", "%s", err.msg);
                         return -EIO;
@@ -225,7 +228,8 @@ static int sandbox_ensure(builder *b) {
                 .limits = { .memory_bytes = (uint64_t) (mem >= 128 ? mem : 1024) << 20,
                             .disk_bytes = 4ull << 30 },
         };
-        if (hutch_sandbox_create(b->ctx, &cfg, &b->sb, &err) < 0 || hutch_sandbox_tie_lifetime(b->sb, &err) < 0) {
+        if (hutch_sandbox_create(b->ctx, &cfg, &b->sb, &err) < 0 ||
+            hutch_sandbox_tie_lifetime(b->sb, &err) < 0) {
                 emit(b, "error", "cannot start the build sandbox: %s", err.msg);
                 if (b->sb) {
                         hutch_error e2 = { 0 };
@@ -289,7 +293,7 @@ typedef struct proc_io {
         char *capture;          /* stdout kept here (malloc'ed) when not NULL-initialised */
         size_t cap_len;
         bool want_capture;
-        int in_fd;              /* fed to stdin, or -1 */
+        int in_fd; /* fed to stdin, or -1 */
         int timeout_ms;
 } proc_io;
 
@@ -361,7 +365,11 @@ static void note_exit(builder *b, const hutch_exit *e) {
 static int run_proc(builder *b, const char *const *argv, uid_t uid, gid_t gid, const char *cwd,
                     const char *const *envp, proc_io *io, bool background) {
         hutch_error err = { 0 };
-        hutch_spawn_config sc = { .argv = argv, .envp = envp, .cwd = cwd, .uid = uid, .gid = gid,
+        hutch_spawn_config sc = { .argv = argv,
+                                  .envp = envp,
+                                  .cwd = cwd,
+                                  .uid = uid,
+                                  .gid = gid,
                                   .stdin_mode = io->in_fd >= 0 ? HUTCH_STDIN_PIPE : HUTCH_STDIN_NULL };
         hutch_process p;
         int r = hutch_sandbox_spawn(b->sb, &sc, &p, &err);
@@ -385,7 +393,8 @@ static int run_proc(builder *b, const char *const *argv, uid_t uid, gid_t gid, c
         size_t in_len = 0, in_off = 0;
         bool exited = false;
         hutch_exit ex = { 0 };
-        int64_t deadline = mono_ms() + (io->timeout_ms > 0 ? io->timeout_ms : STEP_TIMEOUT_MS), drain_until = 0;
+        int64_t deadline = mono_ms() + (io->timeout_ms > 0 ? io->timeout_ms : STEP_TIMEOUT_MS),
+                drain_until = 0;
         for (;;) {
                 if (!exited) {
                         hutch_exit e2;
@@ -420,13 +429,13 @@ static int run_proc(builder *b, const char *const *argv, uid_t uid, gid_t gid, c
                 int np = 0, ii = -1;
                 for (int i = 0; i < 2; i++)
                         if (o[i].open)
-                                pf[np++] = (struct pollfd){ .fd = o[i].fd, .events = POLLIN };
+                                pf[np++] = (struct pollfd) { .fd = o[i].fd, .events = POLLIN };
                 if (in >= 0) {
                         ii = np;
-                        pf[np++] = (struct pollfd){ .fd = in, .events = POLLOUT };
+                        pf[np++] = (struct pollfd) { .fd = in, .events = POLLOUT };
                 }
                 if (!exited)
-                        pf[np++] = (struct pollfd){ .fd = hutch_sandbox_fd(b->sb), .events = POLLIN };
+                        pf[np++] = (struct pollfd) { .fd = hutch_sandbox_fd(b->sb), .events = POLLIN };
                 int64_t now = mono_ms();
                 if (!exited && now >= deadline) {
                         emit(b, "error", "%s ran for more than %d s: killed", argv[0],
@@ -468,12 +477,12 @@ static int run_proc(builder *b, const char *const *argv, uid_t uid, gid_t gid, c
         return ex.signal ? 128 + ex.signal : ex.exit_code;
 }
 
-static const char *const root_env[] = { "PATH=" DEFAULT_PATH, "HOME=/root", "USER=root", "LOGNAME=root",
-                                        "LANG=C.UTF-8", NULL };
+static const char *const root_env[] = { "PATH=" DEFAULT_PATH, "HOME=/root",   "USER=root",
+                                        "LOGNAME=root",       "LANG=C.UTF-8", NULL };
 
 /* A root shell script with arguments ($1...); its stdout in *out when asked. */
-static int root_script(builder *b, const char *script, const char *const *args, size_t n, char **out,
-                       const char *log_prefix) {
+static int root_script(builder *b, const char *script, const char *const *args, size_t n,
+                       char **out, const char *log_prefix) {
         const char *argv[16] = { "/bin/bash", "-c", script, "hutch-build" };
         size_t k = 4;
         for (size_t i = 0; i < n && k < ELEMENTSOF(argv) - 1; i++)
@@ -533,7 +542,8 @@ static char **ctx_envp(builder *b, const char *user, const uinfo *u) {
         const char *key;
         json_t *val;
         json_object_foreach(b->env, key, val) {
-                if (streq(key, "PATH") || streq(key, "HOME") || streq(key, "USER") || streq(key, "LOGNAME"))
+                if (streq(key, "PATH") || streq(key, "HOME") || streq(key, "USER") ||
+                    streq(key, "LOGNAME"))
                         continue;
                 if (k + 1 >= n)
                         break;
@@ -551,8 +561,8 @@ static void strv_free(char **v) {
 }
 
 /* Run cmd with bash -l as user in the context's workdir and env. */
-static int run_user_cmd(builder *b, const char *cmd, const char *user, const char *log_prefix, bool background,
-                        int timeout_ms) {
+static int run_user_cmd(builder *b, const char *cmd, const char *user, const char *log_prefix,
+                        bool background, int timeout_ms) {
         uinfo u;
         int r = user_lookup(b, user, &u);
         if (r < 0)
@@ -560,8 +570,8 @@ static int run_user_cmd(builder *b, const char *cmd, const char *user, const cha
         char **envp = ctx_envp(b, user, &u);
         const char *argv[] = { "/bin/bash", "-l", "-c", cmd, NULL };
         proc_io io = { .in_fd = -1, .log_prefix = log_prefix, .timeout_ms = timeout_ms };
-        r = run_proc(b, argv, u.uid, u.gid, b->workdir[0] ? b->workdir : u.home, (const char *const *) envp, &io,
-                     background);
+        r = run_proc(b, argv, u.uid, u.gid, b->workdir[0] ? b->workdir : u.home,
+                     (const char *const *) envp, &io, background);
         strv_free(envp);
         free(io.capture);
         return r;
@@ -603,7 +613,8 @@ static int step_copy(builder *b, json_t *st, size_t idx) {
                 return -EINVAL;
         }
         char ap[PATH_MAX];
-        snprintf(ap, sizeof ap, "%s/%s", json_string_value(json_object_get(b->job, "filesDir")), hash);
+        snprintf(ap, sizeof ap, "%s/%s", json_string_value(json_object_get(b->job, "filesDir")),
+                 hash);
         int fd = open(ap, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0) {
                 emit(b, "error", "the files of '%s' were not uploaded (hash %s)", src, hash);
@@ -614,7 +625,8 @@ static int step_copy(builder *b, json_t *st, size_t idx) {
         char tmp[64];
         snprintf(tmp, sizeof tmp, "/.hutch-copy-%zu", idx);
         char script[256];
-        snprintf(script, sizeof script, "rm -rf -- \"$1\" && mkdir -m 0700 -- \"$1\" && exec tar -x%s --no-same-owner -C \"$1\" -f -",
+        snprintf(script, sizeof script,
+                 "rm -rf -- \"$1\" && mkdir -m 0700 -- \"$1\" && exec tar -x%s --no-same-owner -C \"$1\" -f -",
                  gz ? "z" : "");
         const char *argv[] = { "/bin/bash", "-c", script, "hutch-build", tmp, NULL };
         char prefix[64];
@@ -707,10 +719,12 @@ static int step_run(builder *b, json_t *st, size_t idx) {
                         char *v = NULL;
                         int r = env_eval(b, json_string_value(json_array_get(args, i + 1)), &v);
                         if (r < 0) {
-                                emit(b, "error", "evaluating %s failed", json_string_value(json_array_get(args, i)));
+                                emit(b, "error", "evaluating %s failed",
+                                     json_string_value(json_array_get(args, i)));
                                 return r;
                         }
-                        json_object_set_new(b->env, json_string_value(json_array_get(args, i)), json_string(v));
+                        json_object_set_new(b->env, json_string_value(json_array_get(args, i)),
+                                            json_string(v));
                         free(v);
                 }
                 return 0;
@@ -718,7 +732,8 @@ static int step_run(builder *b, json_t *st, size_t idx) {
         if (streq(type, "RUN")) {
                 int r = run_user_cmd(b, a0, a1 && *a1 ? a1 : b->user, prefix, false, 0);
                 if (r != 0) {
-                        emit(b, "error", "failed to run command '%s': exit status %d", a0, r < 0 ? 1 : r);
+                        emit(b, "error", "failed to run command '%s': exit status %d", a0,
+                             r < 0 ? 1 : r);
                         return -EIO;
                 }
                 return 0;
@@ -765,7 +780,8 @@ static void step_text(json_t *st, char *buf, size_t n) {
         size_t k = (size_t) snprintf(buf, n, "%s", json_string_value(json_object_get(st, "type")));
         for (size_t i = 0; i < json_array_size(args) && k < n; i++)
                 if (*json_string_value(json_array_get(args, i)))
-                        k += (size_t) snprintf(buf + k, n - k, " %s", json_string_value(json_array_get(args, i)));
+                        k += (size_t) snprintf(buf + k, n - k, " %s",
+                                               json_string_value(json_array_get(args, i)));
 }
 
 /* The start command in the background, then the ready command every 2 s
@@ -787,7 +803,8 @@ static int check_ready(builder *b, const char *start, const char *ready) {
                         return -EIO;
                 }
                 if (mono_ms() >= deadline) {
-                        emit(b, "error", "ready command timed out after %d s", READY_TIMEOUT_MS / 1000);
+                        emit(b, "error", "ready command timed out after %d s",
+                             READY_TIMEOUT_MS / 1000);
                         return -ETIMEDOUT;
                 }
                 struct timespec ts = { 2, 0 };
@@ -811,7 +828,8 @@ static int build_run(builder *b, json_t **ret) {
         if (kind && streq(kind, "host")) {
                 SHA256(key, "hutch-build-1", "base", "host");
                 snprintf(b->user, sizeof b->user, "user");
-                emit(b, "info", "[base] FROM %s [%.12s]", json_string_value(json_object_get(base, "name")), key);
+                emit(b, "info", "[base] FROM %s [%.12s]",
+                     json_string_value(json_object_get(base, "name")), key);
         } else if (kind && streq(kind, "build")) {
                 const char *pk = json_string_value(json_object_get(base, "key"));
                 const char *pl = json_string_value(json_object_get(base, "layer"));
@@ -828,10 +846,13 @@ static int build_run(builder *b, json_t **ret) {
                         start = json_string_value(json_object_get(base, "startCmd"));
                 if (!ready)
                         ready = json_string_value(json_object_get(base, "readyCmd"));
-                emit(b, "info", "[base] FROM %s [%.12s]", json_string_value(json_object_get(base, "name")), key);
+                emit(b, "info", "[base] FROM %s [%.12s]",
+                     json_string_value(json_object_get(base, "name")), key);
         } else if (kind && streq(kind, "image")) {
-                emit(b, "error", "fromImage '%s': this hutch cannot pull images for a build yet; use fromTemplate "
-                     "('base' or a template built before)", json_string_value(json_object_get(base, "image")));
+                emit(b, "error",
+                     "fromImage '%s': this hutch cannot pull images for a build yet; use fromTemplate "
+                     "('base' or a template built before)",
+                     json_string_value(json_object_get(base, "image")));
                 return -EOPNOTSUPP;
         } else {
                 const char *m = json_string_value(json_object_get(base, "message"));
@@ -850,7 +871,8 @@ static int build_run(builder *b, json_t **ret) {
                 json_t *args = json_object_get(st, "args");
                 size_t k = 0;
                 for (size_t a = 0; a < json_array_size(args) && k < sizeof args_joined; a++)
-                        k += (size_t) snprintf(args_joined + k, sizeof args_joined - k, "%s%s", a ? " " : "",
+                        k += (size_t) snprintf(args_joined + k, sizeof args_joined - k, "%s%s",
+                                               a ? " " : "",
                                                json_string_value(json_array_get(args, a)));
                 /* the full arguments go into the key, not a bounded copy */
                 char *full = NULL;
@@ -860,11 +882,12 @@ static int build_run(builder *b, json_t **ret) {
                         fprintf(f, "%s%s", a ? " " : "", json_string_value(json_array_get(args, a)));
                 if (f)
                         fclose(f);
-                SHA256(key, "hutch-build-1", b->key, json_string_value(json_object_get(st, "type")), full,
-                       json_string_value(json_object_get(st, "filesHash")));
+                SHA256(key, "hutch-build-1", b->key, json_string_value(json_object_get(st, "type")),
+                       full, json_string_value(json_object_get(st, "filesHash")));
                 free(full);
                 if (!force && cache_load(b, key)) {
-                        emit(b, "info", "CACHED [builder %zu/%zu] %s [%.12s]", i + 1, b->n_steps, text, key);
+                        emit(b, "info", "CACHED [builder %zu/%zu] %s [%.12s]", i + 1, b->n_steps,
+                             text, key);
                         continue;
                 }
                 emit(b, "info", "[builder %zu/%zu] %s [%.12s]", i + 1, b->n_steps, text, key);
@@ -897,15 +920,16 @@ static int build_run(builder *b, json_t **ret) {
                 }
                 if ((r = layer_export(b, key)) < 0)
                         return r;
-                if (start && *start && (r = check_ready(b, start, ready && *ready ? ready : "sleep 20")) < 0)
+                if (start && *start &&
+                    (r = check_ready(b, start, ready && *ready ? ready : "sleep 20")) < 0)
                         return r;
                 if ((r = cache_save(b, key)) < 0)
                         return r;
         }
         sandbox_drop(b);
-        *ret = json_pack("{s:s, s:s, s:s, s:s, s:O, s:s, s:s}", "key", key, "layer", b->layer, "user", b->user,
-                         "workdir", b->workdir, "env", b->env, "startCmd", start ? start : "", "readyCmd",
-                         ready ? ready : "");
+        *ret = json_pack("{s:s, s:s, s:s, s:s, s:O, s:s, s:s}", "key", key, "layer", b->layer,
+                         "user", b->user, "workdir", b->workdir, "env", b->env, "startCmd",
+                         start ? start : "", "readyCmd", ready ? ready : "");
         emit(b, "info", "Build finished, took %.1fs", (double) (mono_ms() - b->t0) / 1000.0);
         return 0;
 }
@@ -932,7 +956,8 @@ static int job_mode(const char *dir, const char *parent) {
         json_error_t je;
         b.job = json_load_file(p, 0, &je);
         if (!json_is_object(b.job)) {
-                fprintf(stdout, "{\"done\":\"error\",\"step\":\"base\",\"message\":\"unreadable job\"}\n");
+                fprintf(stdout,
+                        "{\"done\":\"error\",\"step\":\"base\",\"message\":\"unreadable job\"}\n");
                 return EXIT_HUTCH;
         }
         b.data_dir = json_string_value(json_object_get(b.job, "dataDir"));
@@ -940,10 +965,12 @@ static int job_mode(const char *dir, const char *parent) {
         b.bid = json_string_value(json_object_get(b.job, "buildID"));
         json_t *res = NULL;
         int r = build_run(&b, &res);
-        json_t *o = r < 0 ? json_pack("{s:s, s:s, s:s}", "done", "error", "step", b.step, "message", "") :
-                            json_pack("{s:s, s:o}", "done", "ready", "result", res);
+        json_t *o = r < 0
+                ? json_pack("{s:s, s:s, s:s}", "done", "error", "step", b.step, "message", "")
+                : json_pack("{s:s, s:o}", "done", "ready", "result", res);
         if (r < 0) /* the reason is the last error the build logged */
-                json_object_set_new(o, "message", json_string(b.last_error[0] ? b.last_error : "the build failed"));
+                json_object_set_new(o, "message",
+                                    json_string(b.last_error[0] ? b.last_error : "the build failed"));
         char *s = json_dumps(o, JSON_COMPACT);
         json_decref(o);
         builder_free(&b);
@@ -958,7 +985,8 @@ static int job_mode(const char *dir, const char *parent) {
 /* A COPY source's archive, made by the host's tar from the context (the
  * operator's own files), stored under its hash: sha256 of "COPY src dest"
  * and the archive. */
-static int cli_archive(const char *ctxdir, const char *src, const char *dest, const char *files_dir, char ret_hash[65]) {
+static int cli_archive(const char *ctxdir, const char *src, const char *dest, const char *files_dir,
+                       char ret_hash[65]) {
         char tmp[PATH_MAX];
         snprintf(tmp, sizeof tmp, "%s/.cli-XXXXXX.tmp", files_dir);
         int fd = mkostemps(tmp, 4, O_CLOEXEC);
@@ -1045,13 +1073,15 @@ static int cli_parse(const char *file, const char *ctxdir, const char *files_dir
                         json_object_set_new(job, "startCmd", json_string(rest));
                 } else if (strcasecmp(s, "READY") == 0 && *rest) {
                         json_object_set_new(job, "readyCmd", json_string(rest));
-                } else if (strcasecmp(s, "WORKDIR") == 0 || strcasecmp(s, "USER") == 0 || strcasecmp(s, "COPY") == 0 ||
-                           strcasecmp(s, "ENV") == 0) {
-                        type = strcasecmp(s, "WORKDIR") == 0 ? "WORKDIR" : strcasecmp(s, "USER") == 0 ? "USER"
-                                                                       : strcasecmp(s, "COPY") == 0  ? "COPY"
-                                                                                                     : "ENV";
+                } else if (strcasecmp(s, "WORKDIR") == 0 || strcasecmp(s, "USER") == 0 ||
+                           strcasecmp(s, "COPY") == 0 || strcasecmp(s, "ENV") == 0) {
+                        type = strcasecmp(s, "WORKDIR") == 0 ? "WORKDIR"
+                                : strcasecmp(s, "USER") == 0 ? "USER"
+                                : strcasecmp(s, "COPY") == 0 ? "COPY"
+                                                             : "ENV";
                         char *save = NULL;
-                        for (char *w = strtok_r(rest, " \t", &save); w; w = strtok_r(NULL, " \t", &save)) {
+                        for (char *w = strtok_r(rest, " \t", &save); w;
+                             w = strtok_r(NULL, " \t", &save)) {
                                 if (streq(type, "ENV")) {
                                         char *eq = strchr(w, '=');
                                         if (!eq) {
@@ -1067,11 +1097,14 @@ static int cli_parse(const char *file, const char *ctxdir, const char *files_dir
                 } else
                         r = -EINVAL;
                 if (r == 0 && type) {
-                        json_t *st = json_pack("{s:s, s:o, s:b}", "type", type, "args", args, "force", 0);
+                        json_t *st = json_pack("{s:s, s:o, s:b}", "type", type, "args", args,
+                                               "force", 0);
                         if (streq(type, "COPY") && json_array_size(args) >= 2) {
                                 char hash[65];
-                                if ((r = cli_archive(ctxdir, json_string_value(json_array_get(args, 0)),
-                                                     json_string_value(json_array_get(args, 1)), files_dir, hash)) < 0) {
+                                if ((r = cli_archive(ctxdir,
+                                                     json_string_value(json_array_get(args, 0)),
+                                                     json_string_value(json_array_get(args, 1)),
+                                                     files_dir, hash)) < 0) {
                                         json_decref(st);
                                         break;
                                 }
@@ -1153,11 +1186,14 @@ static int file_mode(const char *file, const char *name_arg) {
                         abort();
                 u[6] = (uint8_t) ((u[6] & 0x0f) | 0x40);
                 u[8] = (uint8_t) ((u[8] & 0x3f) | 0x80);
-                snprintf(bid, sizeof bid, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-                         u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+                snprintf(bid, sizeof bid,
+                         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+                         u[12], u[13], u[14], u[15]);
         }
-        json_t *job = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i}", "dataDir", data_dir, "runDir", run_dir, "templateID",
-                                t.id, "buildID", bid, "filesDir", files_dir, "memoryMB", 1024);
+        json_t *job = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i}", "dataDir", data_dir, "runDir",
+                                run_dir, "templateID", t.id, "buildID", bid, "filesDir", files_dir,
+                                "memoryMB", 1024);
         int r = cli_parse(file, ctxdir, files_dir, job);
         if (r < 0) {
                 json_decref(job);
@@ -1183,7 +1219,8 @@ static int file_mode(const char *file, const char *name_arg) {
                 store_build_clear(&pb);
                 if (!json_is_object(res)) {
                         json_decref(res);
-                        base = json_pack("{s:s, s:s}", "kind", "missing", "message", "FROM: no such built template");
+                        base = json_pack("{s:s, s:s}", "kind", "missing", "message",
+                                         "FROM: no such built template");
                 } else {
                         base = res;
                         json_object_set_new(base, "kind", json_string("build"));
@@ -1191,7 +1228,12 @@ static int file_mode(const char *file, const char *name_arg) {
                 }
         }
         json_object_set_new(job, "base", base);
-        builder b = { .json_out = false, .t0 = mono_ms(), .job = job, .data_dir = data_dir, .tid = t.id, .bid = bid };
+        builder b = { .json_out = false,
+                      .t0 = mono_ms(),
+                      .job = job,
+                      .data_dir = data_dir,
+                      .tid = t.id,
+                      .bid = bid };
         json_t *res = NULL;
         signal(SIGPIPE, SIG_IGN);
         r = build_run(&b, &res);

@@ -13,7 +13,8 @@ static bool charset_ok(const char *s, bool dot) {
                 return false;
         for (; *s; s++) {
                 char c = *s;
-                if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || (dot && c == '.')))
+                if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+                      (dot && c == '.')))
                         return false;
         }
         return true;
@@ -54,7 +55,8 @@ int tpl_tag_parse(const char *s, char ret[TPL_NAME_MAX + 1], char *why, size_t w
                 ret[i] = (char) tolower((unsigned char) s[i]);
         ret[n] = 0;
         if (!charset_ok(ret, true) || tpl_uuid_valid(ret)) {
-                snprintf(why, whylen, "Invalid tag: '%.64s' (letters, digits, '-', '_' and '.'; not a UUID)", ret);
+                snprintf(why, whylen,
+                         "Invalid tag: '%.64s' (letters, digits, '-', '_' and '.'; not a UUID)", ret);
                 return -EINVAL;
         }
         return 0;
@@ -93,14 +95,17 @@ int tpl_name_parse(const char *s, tpl_name *ret, char *why, size_t whylen) {
         if (slash) {
                 *slash = 0;
                 if (!charset_ok(buf, false)) {
-                        snprintf(why, whylen, "Invalid name: namespace '%.64s' (letters, digits, '-' and '_')", buf);
+                        snprintf(why, whylen,
+                                 "Invalid name: namespace '%.64s' (letters, digits, '-' and '_')",
+                                 buf);
                         return -EINVAL;
                 }
                 snprintf(t.ns, sizeof t.ns, "%s", buf);
                 alias = slash + 1;
         }
         if (!charset_ok(alias, false)) {
-                snprintf(why, whylen, "Invalid name: alias '%.64s' (letters, digits, '-' and '_')", alias);
+                snprintf(why, whylen, "Invalid name: alias '%.64s' (letters, digits, '-' and '_')",
+                         alias);
                 return -EINVAL;
         }
         snprintf(t.alias, sizeof t.alias, "%s", alias);
@@ -145,9 +150,13 @@ static const struct {
         unsigned min, max;
         bool pairs;
 } step_types[] = {
-        { "RUN", "RUN", 1, 2, false },      { "COPY", "COPY", 2, 4, false }, { "ADD", "COPY", 2, 4, false },
-        { "ENV", "ENV", 2, BUILD_MAX_ARGS, true }, { "ARG", "ENV", 2, BUILD_MAX_ARGS, true },
-        { "WORKDIR", "WORKDIR", 1, 1, false }, { "USER", "USER", 1, 2, false },
+        { "RUN", "RUN", 1, 2, false },
+        { "COPY", "COPY", 2, 4, false },
+        { "ADD", "COPY", 2, 4, false },
+        { "ENV", "ENV", 2, BUILD_MAX_ARGS, true },
+        { "ARG", "ENV", 2, BUILD_MAX_ARGS, true },
+        { "WORKDIR", "WORKDIR", 1, 1, false },
+        { "USER", "USER", 1, 2, false },
 };
 
 static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
@@ -161,7 +170,8 @@ static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
                 if (strcasecmp(type, step_types[i].name) == 0)
                         k = (int) i;
         if (k < 0) {
-                snprintf(why, whylen, "step %zu: unknown type '%.32s' (RUN, COPY, ENV, WORKDIR, USER)", idx,
+                snprintf(why, whylen,
+                         "step %zu: unknown type '%.32s' (RUN, COPY, ENV, WORKDIR, USER)", idx,
                          type ? type : "");
                 return NULL;
         }
@@ -172,8 +182,9 @@ static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
         }
         size_t na = json_array_size(args);
         if (na < step_types[k].min || na > step_types[k].max || (step_types[k].pairs && na % 2)) {
-                snprintf(why, whylen, "step %zu: %s takes %s%u to %u arguments, not %zu", idx, step_types[k].as,
-                         step_types[k].pairs ? "an even count of " : "", step_types[k].min, step_types[k].max, na);
+                snprintf(why, whylen, "step %zu: %s takes %s%u to %u arguments, not %zu", idx,
+                         step_types[k].as, step_types[k].pairs ? "an even count of " : "",
+                         step_types[k].min, step_types[k].max, na);
                 return NULL;
         }
         json_t *out_args = json_array();
@@ -182,7 +193,8 @@ static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
                 if (!json_is_string(a) || json_string_length(a) > BUILD_MAX_ARG_LEN ||
                     strlen(json_string_value(a)) != json_string_length(a)) {
                         json_decref(out_args);
-                        snprintf(why, whylen, "step %zu: argument %zu must be a string without NUL, at most %d bytes",
+                        snprintf(why, whylen,
+                                 "step %zu: argument %zu must be a string without NUL, at most %d bytes",
                                  idx, i, BUILD_MAX_ARG_LEN);
                         return NULL;
                 }
@@ -196,12 +208,15 @@ static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
                 char base[4096];
                 if (!h || !tpl_hash_valid(h)) {
                         json_decref(out);
-                        snprintf(why, whylen, "step %zu: COPY needs a filesHash of 64 hex characters", idx);
+                        snprintf(why, whylen,
+                                 "step %zu: COPY needs a filesHash of 64 hex characters", idx);
                         return NULL;
                 }
-                if (build_copy_base(json_string_value(json_array_get(out_args, 0)), base, sizeof base) < 0) {
+                if (build_copy_base(json_string_value(json_array_get(out_args, 0)), base,
+                                    sizeof base) < 0) {
                         json_decref(out);
-                        snprintf(why, whylen, "step %zu: COPY source must be a relative path inside the context",
+                        snprintf(why, whylen,
+                                 "step %zu: COPY source must be a relative path inside the context",
                                  idx);
                         return NULL;
                 }
@@ -212,7 +227,8 @@ static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
                                 ok = *p >= '0' && *p <= '7';
                         if (!ok) {
                                 json_decref(out);
-                                snprintf(why, whylen, "step %zu: COPY mode '%.16s' is not octal", idx, mode);
+                                snprintf(why, whylen, "step %zu: COPY mode '%.16s' is not octal",
+                                         idx, mode);
                                 return NULL;
                         }
                 }
@@ -226,8 +242,9 @@ static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
                                 ok = isalnum((unsigned char) *p) || *p == '_';
                         if (!ok) {
                                 json_decref(out);
-                                snprintf(why, whylen, "step %zu: '%.64s' is not an environment variable name", idx,
-                                         key);
+                                snprintf(why, whylen,
+                                         "step %zu: '%.64s' is not an environment variable name",
+                                         idx, key);
                                 return NULL;
                         }
                 }
@@ -236,7 +253,8 @@ static json_t *step_parse(json_t *st, size_t idx, char *why, size_t whylen) {
                 bool ok = *v && strlen(v) < 4096;
                 if (streq(as, "USER"))
                         for (const char *p = v; ok && *p; p++)
-                                ok = isalnum((unsigned char) *p) || *p == '_' || *p == '-' || *p == '.';
+                                ok = isalnum((unsigned char) *p) || *p == '_' || *p == '-' ||
+                                        *p == '.';
                 if (!ok) {
                         json_decref(out);
                         snprintf(why, whylen, "step %zu: invalid %s '%.64s'", idx, as, v);
@@ -273,7 +291,8 @@ json_t *build_start_parse(json_t *body, char *why, size_t whylen) {
                 return NULL;
         }
         if (strlen(img ? img : tpl) > 512) {
-                snprintf(why, whylen, "%s is longer than 512 characters", img ? "fromImage" : "fromTemplate");
+                snprintf(why, whylen, "%s is longer than 512 characters",
+                         img ? "fromImage" : "fromTemplate");
                 return NULL;
         }
         json_t *steps = json_object_get(body, "steps");
@@ -295,7 +314,8 @@ json_t *build_start_parse(json_t *body, char *why, size_t whylen) {
                 }
                 json_array_append_new(out_steps, s);
         }
-        json_t *out = json_pack("{s:s, s:b, s:o}", img ? "fromImage" : "fromTemplate", img ? img : tpl, "force",
+        json_t *out = json_pack("{s:s, s:b, s:o}", img ? "fromImage" : "fromTemplate",
+                                img ? img : tpl, "force",
                                 json_is_true(json_object_get(body, "force")), "steps", out_steps);
         static const char *const cmds[] = { "startCmd", "readyCmd" };
         for (size_t i = 0; i < ELEMENTSOF(cmds); i++) {

@@ -17,9 +17,9 @@
 #define BUILD_MAX_TAGS 32
 
 typedef struct tpl_name {
-        char ns[TPL_NAME_MAX + 1];    /* "" when none */
+        char ns[TPL_NAME_MAX + 1]; /* "" when none */
         char alias[TPL_NAME_MAX + 1];
-        char tag[TPL_NAME_MAX + 1];   /* "" when none (or "default") */
+        char tag[TPL_NAME_MAX + 1]; /* "" when none (or "default") */
 } tpl_name;
 
 /* Trimmed, lowercased; alias and namespace [a-z0-9-_]+, tag [a-z0-9-_.]+

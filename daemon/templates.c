@@ -68,7 +68,8 @@ static build_job *jobs;
 
 /* ----------------------------------------------------------------- paths */
 
-static void builds_path(server *srv, char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void builds_path(server *srv, char *buf, size_t n, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
 static void builds_path(server *srv, char *buf, size_t n, const char *fmt, ...) {
         int k = snprintf(buf, n, "%s/builds/", srv->cfg.data_dir);
         va_list ap;
@@ -174,7 +175,8 @@ int templates_setup(server *srv) {
         builds_path(srv, p, sizeof p, "files");
         removed += sweep_tmp(p, true);
         if (failed > 0 || removed > 0)
-                log_info("builds: %d unfinished build(s) failed, %u leftover file(s) removed", failed, removed);
+                log_info("builds: %d unfinished build(s) failed, %u leftover file(s) removed",
+                         failed, removed);
         return 0;
 }
 
@@ -193,8 +195,9 @@ static void uuid_new(char ret[40]) {
                 abort();
         b[6] = (uint8_t) ((b[6] & 0x0f) | 0x40);
         b[8] = (uint8_t) ((b[8] & 0x3f) | 0x80);
-        snprintf(ret, 40, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-                 b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        snprintf(ret, 40, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+                 b[13], b[14], b[15]);
 }
 
 static bool tid_valid(const char *s) {
@@ -217,8 +220,8 @@ static int team_slug(server *srv, int64_t team, char ret[128]) {
 /* A template of the team by its ID or "[ns/]alias"; tag_ret gets the tag
  * ("" = none). -ENOENT: not the team's (or unknown); -EINVAL: bad name
  * (why says). */
-static int resolve_ref(server *srv, int64_t team, const char *ref, store_build_template *ret, char tag_ret[129],
-                       char *why, size_t whylen) {
+static int resolve_ref(server *srv, int64_t team, const char *ref, store_build_template *ret,
+                       char tag_ret[129], char *why, size_t whylen) {
         hutch_error e = { 0 };
         if (tag_ret)
                 tag_ret[0] = 0;
@@ -245,8 +248,8 @@ static int resolve_ref(server *srv, int64_t team, const char *ref, store_build_t
         return 0;
 }
 
-int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[32], char ret_alias[64],
-                      json_t **ret_result, hutch_error *err) {
+int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[32],
+                      char ret_alias[64], json_t **ret_result, hutch_error *err) {
         store_build_template t;
         char tag[129], why[256];
         int r = resolve_ref(srv, team, ref, &t, tag, why, sizeof why);
@@ -254,8 +257,8 @@ int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[3
                 return hutch_error_set(err, -ENOENT, "template '%s' not found", ref);
         char bid[40];
         if (store_build_tag_get(srv->store, t.id, tag[0] ? tag : "default", bid, err) < 0)
-                return hutch_error_set(err, -ENOENT, "template '%s' has no ready build%s%s", ref, tag[0] ? " tagged " : "",
-                                       tag);
+                return hutch_error_set(err, -ENOENT, "template '%s' has no ready build%s%s", ref,
+                                       tag[0] ? " tagged " : "", tag);
         store_build b = { 0 };
         if ((r = store_build_get(srv->store, bid, &b, err)) < 0)
                 return r;
@@ -279,7 +282,8 @@ int templates_layer_path(server *srv, const char *layer, char *buf, size_t n) {
 }
 
 const char *templates_sbx_default(sbx *sb, const char *what) {
-        const char *v = json_string_value(json_object_get(json_object_get(sb->extra, "template"), what));
+        const char *v = json_string_value(
+                json_object_get(json_object_get(sb->extra, "template"), what));
         if (!v || !*v)
                 return NULL;
         if (streq(what, "user") && !streq(v, "root") && !streq(v, "user"))
@@ -307,11 +311,14 @@ static enum MHD_Result tpl_request(server *srv, request *req) {
         team_slug(srv, req->team, slug);
         if (nm.ns[0] && !streq(nm.ns, slug)) {
                 json_decref(body);
-                return http_reply_error(c, 400, "Invalid name: namespace '%s' is not your team's ('%s')", nm.ns, slug);
+                return http_reply_error(c, 400,
+                                        "Invalid name: namespace '%s' is not your team's ('%s')",
+                                        nm.ns, slug);
         }
         if (streq(nm.alias, "base") || streq(nm.alias, "host")) {
                 json_decref(body);
-                return http_reply_error(c, 400, "Invalid name: '%s' is a built-in template", nm.alias);
+                return http_reply_error(c, 400, "Invalid name: '%s' is a built-in template",
+                                        nm.alias);
         }
         json_t *tags = json_array();
         if (nm.tag[0])
@@ -326,10 +333,12 @@ static enum MHD_Result tpl_request(server *srv, request *req) {
         json_t *v;
         json_array_foreach(extra, i, v) {
                 char t[TPL_NAME_MAX + 1];
-                if (!json_is_string(v) || tpl_tag_parse(json_string_value(v), t, why, sizeof why) < 0) {
+                if (!json_is_string(v) ||
+                    tpl_tag_parse(json_string_value(v), t, why, sizeof why) < 0) {
                         json_decref(tags);
                         json_decref(body);
-                        return http_reply_error(c, 400, "%s", json_is_string(v) ? why : "Invalid tag: not a string");
+                        return http_reply_error(
+                                c, 400, "%s", json_is_string(v) ? why : "Invalid tag: not a string");
                 }
                 bool dup = false;
                 for (size_t k = 0; k < json_array_size(tags); k++)
@@ -349,7 +358,8 @@ static enum MHD_Result tpl_request(server *srv, request *req) {
         store_build_template t;
         if (store_btemplate_find(srv->store, req->team, nm.alias, &t, &err) < 0) {
                 store_build_template other;
-                if (tid_valid(nm.alias) && store_btemplate_get(srv->store, nm.alias, &other, &err) == 0) {
+                if (tid_valid(nm.alias) &&
+                    store_btemplate_get(srv->store, nm.alias, &other, &err) == 0) {
                         json_decref(tags);
                         return http_reply_error(c, 409, "Alias '%s' is already used", nm.alias);
                 }
@@ -381,17 +391,20 @@ static enum MHD_Result tpl_request(server *srv, request *req) {
         char fullname[300];
         snprintf(fullname, sizeof fullname, "%s/%s", slug, t.alias);
         return http_reply_json(c, 202,
-                               json_pack("{s:s, s:s, s:b, s:[s], s:[s], s:o}", "templateID", t.id, "buildID", b.id,
-                                         "public", 0, "names", fullname, "aliases", t.alias, "tags", tags));
+                               json_pack("{s:s, s:s, s:b, s:[s], s:[s], s:o}", "templateID", t.id,
+                                         "buildID", b.id, "public", 0, "names", fullname, "aliases",
+                                         t.alias, "tags", tags));
 }
 
 /* ------------------------------------------------ files and the upload */
 
-static void upload_token(server *srv, const char *tid, const char *hash, long long expires, char ret[65]) {
+static void upload_token(server *srv, const char *tid, const char *hash, long long expires,
+                         char ret[65]) {
         uint8_t key[32];
         unsigned kl = sizeof key;
         static const char label[] = "hutch build upload v1";
-        HMAC(EVP_sha256(), srv->data_key, sizeof srv->data_key, (const uint8_t *) label, sizeof label - 1, key, &kl);
+        HMAC(EVP_sha256(), srv->data_key, sizeof srv->data_key, (const uint8_t *) label,
+             sizeof label - 1, key, &kl);
         char msg[256];
         int n = snprintf(msg, sizeof msg, "%s/%s/%lld", tid, hash, expires);
         uint8_t mac[32];
@@ -420,8 +433,8 @@ static enum MHD_Result tpl_files(server *srv, request *req, const route *rt) {
         upload_token(srv, t.id, rt->arg, expires, tok);
         char url[1024];
         snprintf(url, sizeof url, "%s://%s/upload/%s/%s?expires=%lld&token=%s",
-                 streq(srv->cfg.tls_cert, "-") || !srv->cfg.tls_cert[0] ? "http" : "https", host, t.id, rt->arg,
-                 expires, tok);
+                 streq(srv->cfg.tls_cert, "-") || !srv->cfg.tls_cert[0] ? "http" : "https", host,
+                 t.id, rt->arg, expires, tok);
         return http_reply_json(c, 201, json_pack("{s:b, s:s}", "present", present, "url", url));
 }
 
@@ -447,7 +460,8 @@ void templates_upload_free(struct tpl_upload *u) {
 enum MHD_Result templates_upload_begin(server *srv, request *req) {
         struct MHD_Connection *c = req->conn;
         if (!streq(req->method, "PUT"))
-                return http_reply_error(c, 405, "method %s not allowed on an upload link", req->method);
+                return http_reply_error(c, 405, "method %s not allowed on an upload link",
+                                        req->method);
         const char *p = req->url + strlen("/upload/");
         char tid[32], hash[80];
         size_t tl = strcspn(p, "/");
@@ -488,8 +502,8 @@ enum MHD_Result templates_upload_begin(server *srv, request *req) {
         uint8_t rnd[8];
         if (RAND_bytes(rnd, sizeof rnd) != 1)
                 abort();
-        snprintf(u->tmp, sizeof u->tmp, "%s/.%s.%02x%02x%02x%02x%02x%02x%02x%02x.tmp", dir, hash, rnd[0], rnd[1],
-                 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+        snprintf(u->tmp, sizeof u->tmp, "%s/.%s.%02x%02x%02x%02x%02x%02x%02x%02x.tmp", dir, hash,
+                 rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
         snprintf(u->final, sizeof u->final, "%s/%s", dir, hash);
         u->expected = n;
         u->fd = open(u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -578,7 +592,8 @@ static void job_log(server *srv, const char *bid, int level, const char *step, c
                 log_warning("build %s: %s", bid, e.msg);
 }
 
-static void job_finish(build_job *j, const char *status, const char *reason, const char *step, json_t *result) {
+static void job_finish(build_job *j, const char *status, const char *reason, const char *step,
+                       json_t *result) {
         if (j->done)
                 return;
         j->done = true;
@@ -597,7 +612,8 @@ static void job_finish(build_job *j, const char *status, const char *reason, con
         size_t i;
         json_t *v;
         json_array_foreach(tags, i, v) {
-                if (store_build_tag_set(srv->store, b.template_id, json_string_value(v), j->bid, &e) < 0)
+                if (store_build_tag_set(srv->store, b.template_id, json_string_value(v), j->bid,
+                                        &e) < 0)
                         log_warning("build %s: %s", j->bid, e.msg);
         }
         json_decref(tags);
@@ -634,11 +650,14 @@ static void job_maybe_free(build_job *j) {
         if (!j->done) {
                 char why[128];
                 if (j->canceled)
-                        snprintf(why, sizeof why, "The build was canceled because it was superseded by a newer one.");
+                        snprintf(why, sizeof why,
+                                 "The build was canceled because it was superseded by a newer one.");
                 else if (WIFSIGNALED(j->status))
-                        snprintf(why, sizeof why, "the builder was killed by signal %d", WTERMSIG(j->status));
+                        snprintf(why, sizeof why, "the builder was killed by signal %d",
+                                 WTERMSIG(j->status));
                 else
-                        snprintf(why, sizeof why, "the builder exited with status %d", WEXITSTATUS(j->status));
+                        snprintf(why, sizeof why, "the builder exited with status %d",
+                                 WEXITSTATUS(j->status));
                 job_log(j->srv, j->bid, 3, "finalize", why);
                 job_finish(j, "error", why, "finalize", NULL);
         }
@@ -728,7 +747,8 @@ static int job_spawn(server *srv, build_job *j, const char *jobdir) {
         posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
         char self[32];
         snprintf(self, sizeof self, "%ld", (long) getpid());
-        char *const argv[] = { "hutch", "template", "build", "--job", (char *) jobdir, "--parent", self, NULL };
+        char *const argv[] = { "hutch",         "template", "build", "--job",
+                               (char *) jobdir, "--parent", self,    NULL };
         pid_t pid;
         int r = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
         posix_spawn_file_actions_destroy(&fa);
@@ -839,8 +859,8 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
 /* ------------------------------------------------------------- status */
 
 static json_t *log_json(const store_build_log *l) {
-        json_t *o = json_pack("{s:o, s:s, s:s}", "timestamp", rfc3339(l->ts_ms), "level", level_names[l->level & 3],
-                              "message", l->message);
+        json_t *o = json_pack("{s:o, s:s, s:s}", "timestamp", rfc3339(l->ts_ms), "level",
+                              level_names[l->level & 3], "message", l->message);
         if (l->step[0])
                 json_object_set_new(o, "step", json_string(l->step));
         return o;
@@ -860,7 +880,8 @@ static enum MHD_Result tpl_build_status(server *srv, request *req, const route *
                 store_build_clear(&b);
                 return http_reply_error(c, 404, "build '%s' not found", rt->arg);
         }
-        const char *qo = http_query(c, "logsOffset"), *ql = http_query(c, "limit"), *qv = http_query(c, "level");
+        const char *qo = http_query(c, "logsOffset"), *ql = http_query(c, "limit"),
+                   *qv = http_query(c, "level");
         char *end;
         long long off = 0, lim = 100;
         int level = 0;
@@ -891,8 +912,8 @@ static enum MHD_Result tpl_build_status(server *srv, request *req, const route *
         json_t *entries = json_array();
         for (size_t i = 0; i < n; i++)
                 json_array_append_new(entries, log_json(&v[i]));
-        json_t *o = json_pack("{s:s, s:s, s:s, s:[], s:o}", "templateID", t.id, "buildID", b.id, "status", b.status,
-                              "logs", "logEntries", entries);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:[], s:o}", "templateID", t.id, "buildID", b.id,
+                              "status", b.status, "logs", "logEntries", entries);
         if (streq(b.status, "error") && b.reason[0]) {
                 json_t *reason = json_pack("{s:s}", "message", b.reason);
                 if (b.reason_step[0]) {
@@ -923,15 +944,17 @@ static enum MHD_Result tpl_alias(server *srv, request *req, const route *rt) {
         hutch_error err = { 0 };
         store_build_template t;
         bool mine = (!nm.ns[0] || streq(nm.ns, slug)) &&
-                    store_btemplate_find(srv->store, req->team, nm.alias, &t, &err) == 0;
+                store_btemplate_find(srv->store, req->team, nm.alias, &t, &err) == 0;
         if (!mine) {
-                if (store_btemplate_alias_exists(srv->store, nm.alias, &err) == 1 && nm.ns[0] && !streq(nm.ns, slug))
+                if (store_btemplate_alias_exists(srv->store, nm.alias, &err) == 1 && nm.ns[0] &&
+                    !streq(nm.ns, slug))
                         return http_reply_error(c, 403, "template '%s' is not yours", rt->secret);
                 return http_reply_error(c, 404, "template '%s' not found", nm.alias);
         }
         char bid[40];
         if (nm.tag[0] && store_build_tag_get(srv->store, t.id, nm.tag, bid, &err) < 0)
-                return http_reply_error(c, 404, "tag '%s' does not exist for template '%s'", nm.tag, nm.alias);
+                return http_reply_error(c, 404, "tag '%s' does not exist for template '%s'", nm.tag,
+                                        nm.alias);
         return http_reply_json(c, 200, json_pack("{s:s, s:b}", "templateID", t.id, "public", 0));
 }
 
@@ -944,9 +967,11 @@ static enum MHD_Result tpl_tags_assign(server *srv, request *req) {
         json_t *tags = json_object_get(body, "tags");
         char why[256], tag[129];
         store_build_template t;
-        if (!target || !json_is_array(tags) || json_array_size(tags) == 0 || json_array_size(tags) > BUILD_MAX_TAGS) {
+        if (!target || !json_is_array(tags) || json_array_size(tags) == 0 ||
+            json_array_size(tags) > BUILD_MAX_TAGS) {
                 json_decref(body);
-                return http_reply_error(c, 400, "target (name:tag) and 1 to %d tags are required", BUILD_MAX_TAGS);
+                return http_reply_error(c, 400, "target (name:tag) and 1 to %d tags are required",
+                                        BUILD_MAX_TAGS);
         }
         int r = resolve_ref(srv, req->team, target, &t, tag, why, sizeof why);
         if (r < 0) {
@@ -965,10 +990,12 @@ static enum MHD_Result tpl_tags_assign(server *srv, request *req) {
         json_t *v;
         json_array_foreach(tags, i, v) {
                 char tg[TPL_NAME_MAX + 1];
-                if (!json_is_string(v) || tpl_tag_parse(json_string_value(v), tg, why, sizeof why) < 0) {
+                if (!json_is_string(v) ||
+                    tpl_tag_parse(json_string_value(v), tg, why, sizeof why) < 0) {
                         json_decref(out);
                         json_decref(body);
-                        return http_reply_error(c, 400, "%s", json_is_string(v) ? why : "Invalid tag");
+                        return http_reply_error(c, 400, "%s",
+                                                json_is_string(v) ? why : "Invalid tag");
                 }
                 json_array_append_new(out, json_string(tg));
         }
@@ -1005,9 +1032,11 @@ static enum MHD_Result tpl_tags_delete(server *srv, request *req) {
         json_t *v;
         json_array_foreach(tags, i, v) {
                 char tg[TPL_NAME_MAX + 1];
-                if (!json_is_string(v) || tpl_tag_parse(json_string_value(v), tg, why, sizeof why) < 0) {
+                if (!json_is_string(v) ||
+                    tpl_tag_parse(json_string_value(v), tg, why, sizeof why) < 0) {
                         json_decref(body);
-                        return http_reply_error(c, 400, "%s", json_is_string(v) ? why : "Invalid tag");
+                        return http_reply_error(c, 400, "%s",
+                                                json_is_string(v) ? why : "Invalid tag");
                 }
                 if (streq(tg, "default")) {
                         json_decref(body);
@@ -1036,8 +1065,9 @@ static enum MHD_Result tpl_tags_get(server *srv, request *req, const route *rt) 
                 return http_reply_error(req->conn, 500, "database: %s", err.msg);
         json_t *a = json_array();
         for (size_t i = 0; i < n; i++)
-                json_array_append_new(a, json_pack("{s:s, s:s, s:o}", "tag", v[i].tag, "buildID", v[i].build_id,
-                                                   "createdAt", rfc3339(v[i].created_ms)));
+                json_array_append_new(a,
+                                      json_pack("{s:s, s:s, s:o}", "tag", v[i].tag, "buildID",
+                                                v[i].build_id, "createdAt", rfc3339(v[i].created_ms)));
         free(v);
         return http_reply_json(req->conn, 200, a);
 }
@@ -1051,13 +1081,14 @@ static json_t *tpl_json(server *srv, const store_build_template *t, const char *
         (void) store_build_tag_get(srv->store, t->id, "default", bid, &e);
         store_build b = { 0 };
         bool have = bid[0] && store_build_get(srv->store, bid, &b, &e) == 0;
-        json_t *o = json_pack("{s:s, s:s, s:b, s:[s], s:[s], s:o, s:o, s:i, s:i, s:i, s:n, s:n, s:i, s:s, s:s}",
-                              "templateID", t->id, "buildID", bid, "public", 0, "aliases", t->alias, "names", full,
-                              "createdAt", rfc3339(t->created_ms), "updatedAt",
-                              rfc3339(have ? b.updated_ms : t->created_ms), "cpuCount", (int) srv->cfg.cpu_count,
-                              "memoryMB", (int) srv->cfg.memory_mb, "diskSizeMB", (int) srv->cfg.disk_mb,
-                              "createdBy", "lastSpawnedAt", "spawnCount", 0, "envdVersion", ENVD_VERSION,
-                              "buildStatus", have ? b.status : "waiting");
+        json_t *o = json_pack(
+                "{s:s, s:s, s:b, s:[s], s:[s], s:o, s:o, s:i, s:i, s:i, s:n, s:n, s:i, s:s, s:s}",
+                "templateID", t->id, "buildID", bid, "public", 0, "aliases", t->alias, "names",
+                full, "createdAt", rfc3339(t->created_ms), "updatedAt",
+                rfc3339(have ? b.updated_ms : t->created_ms), "cpuCount", (int) srv->cfg.cpu_count,
+                "memoryMB", (int) srv->cfg.memory_mb, "diskSizeMB", (int) srv->cfg.disk_mb,
+                "createdBy", "lastSpawnedAt", "spawnCount", 0, "envdVersion", ENVD_VERSION,
+                "buildStatus", have ? b.status : "waiting");
         store_build_clear(&b);
         return o;
 }
@@ -1089,10 +1120,12 @@ static enum MHD_Result tpl_get(server *srv, request *req, const route *rt) {
         char bid[40] = "";
         hutch_error e = { 0 };
         store_build b = { 0 };
-        if (store_build_tag_get(srv->store, t.id, "default", bid, &e) == 0 && store_build_get(srv->store, bid, &b, &e) == 0)
-                json_array_append_new(builds, json_pack("{s:s, s:s, s:o, s:o}", "buildID", b.id, "status", b.status,
-                                                        "createdAt", rfc3339(b.created_ms), "updatedAt",
-                                                        rfc3339(b.updated_ms)));
+        if (store_build_tag_get(srv->store, t.id, "default", bid, &e) == 0 &&
+            store_build_get(srv->store, bid, &b, &e) == 0)
+                json_array_append_new(builds,
+                                      json_pack("{s:s, s:s, s:o, s:o}", "buildID", b.id, "status",
+                                                b.status, "createdAt", rfc3339(b.created_ms),
+                                                "updatedAt", rfc3339(b.updated_ms)));
         store_build_clear(&b);
         json_object_set_new(o, "builds", builds);
         return http_reply_json(req->conn, 200, o);
@@ -1101,7 +1134,8 @@ static enum MHD_Result tpl_get(server *srv, request *req, const route *rt) {
 static enum MHD_Result tpl_delete(server *srv, request *req, const route *rt) {
         store_build_template t;
         char why[256];
-        if (snapshot_id_valid(rt->secret) || resolve_ref(srv, req->team, rt->secret, &t, NULL, why, sizeof why) < 0)
+        if (snapshot_id_valid(rt->secret) ||
+            resolve_ref(srv, req->team, rt->secret, &t, NULL, why, sizeof why) < 0)
                 return snapshot_delete(srv, req, rt->secret);
         for (build_job *j = jobs; j; j = j->next)
                 if (streq(j->tid, t.id) && !j->exited) {

@@ -7,7 +7,7 @@
 struct route;
 struct tpl_upload;
 
-int templates_setup(server *srv);    /* DATA_DIR/builds; fail what a previous daemon left */
+int templates_setup(server *srv);     /* DATA_DIR/builds; fail what a previous daemon left */
 void templates_teardown(server *srv); /* kill running builders */
 enum MHD_Result templates_dispatch(server *srv, request *req, const struct route *rt);
 /* PUT /upload/<templateID>/<hash>?expires=&token=: no API key, the link
@@ -18,8 +18,8 @@ enum MHD_Result templates_upload_finish(server *srv, request *req);
 void templates_upload_free(struct tpl_upload *u);
 /* Sandbox create's template: a built template's ID or [ns/]alias[:tag] of
  * the team → its ID, alias and the ready build's result; -ENOENT. */
-int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[32], char ret_alias[64],
-                      json_t **ret_result, hutch_error *err);
+int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[32],
+                      char ret_alias[64], json_t **ret_result, hutch_error *err);
 /* A built template's default for its sandboxes: "user" or "workdir"
  * (NULL when none, or a user envd does not know). */
 const char *templates_sbx_default(sbx *sb, const char *what);

@@ -15,7 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static bool charset(const char *s, bool dot) {
         for (; *s; s++)
-                if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '-' || *s == '_' || (dot && *s == '.')))
+                if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '-' ||
+                      *s == '_' || (dot && *s == '.')))
                         return false;
         return true;
 }
@@ -34,8 +35,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 tpl_name n;
                 if (tpl_name_parse(s, &n, why, sizeof why) == 0) {
                         /* what passes is what E2B's grammar allows */
-                        if (!n.alias[0] || !charset(n.alias, false) || !charset(n.ns, false) || !charset(n.tag, true) ||
-                            strcmp(n.tag, "default") == 0 || tpl_uuid_valid(n.tag))
+                        if (!n.alias[0] || !charset(n.alias, false) || !charset(n.ns, false) ||
+                            !charset(n.tag, true) || strcmp(n.tag, "default") == 0 ||
+                            tpl_uuid_valid(n.tag))
                                 abort();
                 }
                 break;
@@ -56,8 +58,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         json_t *st;
                         json_array_foreach(steps, i, st) {
                                 const char *ty = json_string_value(json_object_get(st, "type"));
-                                if (!ty || (strcmp(ty, "RUN") && strcmp(ty, "COPY") && strcmp(ty, "ENV") &&
-                                            strcmp(ty, "WORKDIR") && strcmp(ty, "USER")))
+                                if (!ty ||
+                                    (strcmp(ty, "RUN") && strcmp(ty, "COPY") && strcmp(ty, "ENV") &&
+                                     strcmp(ty, "WORKDIR") && strcmp(ty, "USER")))
                                         abort();
                         }
                         if (json_object_get(out, "fromImageRegistry"))
@@ -69,7 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         default: {
                 char base[4096];
-                if (build_copy_base(s, base, sizeof base) == 0 && (base[0] == '/' || strstr(base, "..") == base))
+                if (build_copy_base(s, base, sizeof base) == 0 &&
+                    (base[0] == '/' || strstr(base, "..") == base))
                         abort();
                 break;
         }

@@ -33,7 +33,8 @@ static char *col_dup(sqlite3_stmt *s, int i) {
 }
 
 /* Bind text parameters 1..n (NULL entries bind NULL). */
-static int bind_texts(hutch_store *st, sqlite3_stmt *s, hutch_error *err, size_t n, const char *const *v) {
+static int bind_texts(hutch_store *st, sqlite3_stmt *s, hutch_error *err, size_t n,
+                      const char *const *v) {
         for (size_t i = 0; i < n; i++) {
                 int rc = store_bind_text(s, (int) i + 1, v[i]);
                 if (rc != SQLITE_OK)
@@ -41,9 +42,9 @@ static int bind_texts(hutch_store *st, sqlite3_stmt *s, hutch_error *err, size_t
         }
         return 0;
 }
-#define BIND(st, s, err, ...)                                                                                       \
-        bind_texts(st, s, err, sizeof((const char *const[]){ __VA_ARGS__ }) / sizeof(const char *),              \
-                   (const char *const[]){ __VA_ARGS__ })
+#define BIND(st, s, err, ...)                                                                        \
+        bind_texts(st, s, err, sizeof((const char *const[]) { __VA_ARGS__ }) / sizeof(const char *), \
+                   (const char *const[]) { __VA_ARGS__ })
 
 static int exec_done(hutch_store *st, const char *sql, hutch_error *err, const char *what, size_t n,
                      const char *const *v) {
@@ -53,9 +54,10 @@ static int exec_done(hutch_store *st, const char *sql, hutch_error *err, const c
                 return r;
         return store_step_done(st, s, err, what);
 }
-#define EXEC(st, sql, err, what, ...)                                                                               \
-        exec_done(st, sql, err, what, sizeof((const char *const[]){ __VA_ARGS__ }) / sizeof(const char *),       \
-                  (const char *const[]){ __VA_ARGS__ })
+#define EXEC(st, sql, err, what, ...)                                                              \
+        exec_done(st, sql, err, what,                                                              \
+                  sizeof((const char *const[]) { __VA_ARGS__ }) / sizeof(const char *),            \
+                  (const char *const[]) { __VA_ARGS__ })
 
 static int tx(hutch_store *st, const char *sql, hutch_error *err) {
         int rc = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
@@ -90,7 +92,8 @@ static void bt_row(sqlite3_stmt *s, store_build_template *t) {
 
 int store_btemplate_create(hutch_store *st, const store_build_template *t, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
-        int r = prep(st, "INSERT INTO build_templates (" BT_COLUMNS ") VALUES (?1, ?2, ?3, ?4)", &s, err);
+        int r = prep(st, "INSERT INTO build_templates (" BT_COLUMNS ") VALUES (?1, ?2, ?3, ?4)", &s,
+                     err);
         if (r < 0)
                 return r;
         store_bind_text(s, 1, t->id);
@@ -100,7 +103,8 @@ int store_btemplate_create(hutch_store *st, const store_build_template *t, hutch
         return store_step_done(st, s, err, "recording a template");
 }
 
-static int bt_one(hutch_store *st, sqlite3_stmt *s, store_build_template *ret, hutch_error *err, const char *what) {
+static int bt_one(hutch_store *st, sqlite3_stmt *s, store_build_template *ret, hutch_error *err,
+                  const char *what) {
         int r = store_step_row(st, s, err, "reading a template");
         if (r < 0)
                 return r;
@@ -118,10 +122,12 @@ int store_btemplate_get(hutch_store *st, const char *id, store_build_template *r
         return bt_one(st, s, ret, err, id);
 }
 
-int store_btemplate_find(hutch_store *st, int64_t team_id, const char *alias, store_build_template *ret,
-                         hutch_error *err) {
+int store_btemplate_find(hutch_store *st, int64_t team_id, const char *alias,
+                         store_build_template *ret, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
-        int r = prep(st, "SELECT " BT_COLUMNS " FROM build_templates WHERE team_id = ?2 AND alias = ?1", &s, err);
+        int r = prep(st,
+                     "SELECT " BT_COLUMNS " FROM build_templates WHERE team_id = ?2 AND alias = ?1",
+                     &s, err);
         if (r < 0 || (r = BIND(st, s, err, alias)) < 0)
                 return r;
         sqlite3_bind_int64(s, 2, team_id);
@@ -136,11 +142,13 @@ int store_btemplate_alias_exists(hutch_store *st, const char *alias, hutch_error
         return store_step_row(st, s, err, "looking up an alias");
 }
 
-int store_btemplate_list(hutch_store *st, int64_t team_id, store_build_template **ret, size_t *ret_n,
-                         hutch_error *err) {
+int store_btemplate_list(hutch_store *st, int64_t team_id, store_build_template **ret,
+                         size_t *ret_n, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
-        int r = prep(st, "SELECT " BT_COLUMNS " FROM build_templates WHERE team_id = ?1 ORDER BY created_ms, id", &s,
-                     err);
+        int r = prep(st,
+                     "SELECT " BT_COLUMNS
+                     " FROM build_templates WHERE team_id = ?1 ORDER BY created_ms, id",
+                     &s, err);
         if (r < 0)
                 return r;
         sqlite3_bind_int64(s, 1, team_id);
@@ -170,9 +178,12 @@ int store_btemplate_delete(hutch_store *st, const char *id, hutch_error *err) {
                 return r;
         if ((r = EXEC(st, "DELETE FROM build_logs WHERE build_id IN (SELECT id FROM builds WHERE template_id = ?1)",
                       err, "deleting build logs", id)) >= 0 &&
-            (r = EXEC(st, "DELETE FROM build_tags WHERE template_id = ?1", err, "deleting tags", id)) >= 0 &&
-            (r = EXEC(st, "DELETE FROM builds WHERE template_id = ?1", err, "deleting builds", id)) >= 0 &&
-            (r = EXEC(st, "DELETE FROM build_templates WHERE id = ?1", err, "deleting a template", id)) >= 0)
+            (r = EXEC(st, "DELETE FROM build_tags WHERE template_id = ?1", err, "deleting tags",
+                      id)) >= 0 &&
+            (r = EXEC(st, "DELETE FROM builds WHERE template_id = ?1", err, "deleting builds", id)) >=
+                    0 &&
+            (r = EXEC(st, "DELETE FROM build_templates WHERE id = ?1", err, "deleting a template",
+                      id)) >= 0)
                 return tx(st, "COMMIT", err);
         hutch_error e2 = { 0 };
         (void) tx(st, "ROLLBACK", &e2);
@@ -181,8 +192,8 @@ int store_btemplate_delete(hutch_store *st, const char *id, hutch_error *err) {
 
 /* --------------------------------------------------------------- builds */
 
-#define B_COLUMNS                                                                                                   \
-        "id, template_id, team_id, status, triggered, tags_json, reason, reason_step, result_json, created_ms, "    \
+#define B_COLUMNS                                                                                                \
+        "id, template_id, team_id, status, triggered, tags_json, reason, reason_step, result_json, created_ms, " \
         "updated_ms"
 
 void store_build_clear(store_build *b) {
@@ -195,8 +206,9 @@ void store_build_clear(store_build *b) {
 int store_build_insert(hutch_store *st, const store_build *b, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
         int r = prep(st,
-                     "INSERT INTO builds (" B_COLUMNS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)", &s,
-                     err);
+                     "INSERT INTO builds (" B_COLUMNS
+                     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                     &s, err);
         if (r < 0)
                 return r;
         store_bind_text(s, 1, b->id);
@@ -242,13 +254,14 @@ int store_build_get(hutch_store *st, const char *id, store_build *ret, hutch_err
         return 0;
 }
 
-int store_build_set(hutch_store *st, const char *id, const char *status, const char *reason, const char *step,
-                    const char *result_json, hutch_error *err) {
+int store_build_set(hutch_store *st, const char *id, const char *status, const char *reason,
+                    const char *step, const char *result_json, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
-        int r = prep(st,
-                     "UPDATE builds SET status = ?2, reason = coalesce(?3, reason), reason_step = coalesce(?4, "
-                     "reason_step), result_json = coalesce(?5, result_json), updated_ms = ?6 WHERE id = ?1",
-                     &s, err);
+        int r = prep(
+                st,
+                "UPDATE builds SET status = ?2, reason = coalesce(?3, reason), reason_step = coalesce(?4, "
+                "reason_step), result_json = coalesce(?5, result_json), updated_ms = ?6 WHERE id = ?1",
+                &s, err);
         if (r < 0 || (r = BIND(st, s, err, id, status, reason, step, result_json)) < 0)
                 return r;
         sqlite3_bind_int64(s, 6, store_wall_ms());
@@ -259,11 +272,13 @@ int store_build_set_triggered(hutch_store *st, const char *id, hutch_error *err)
         return EXEC(st, "UPDATE builds SET triggered = 1 WHERE id = ?1", err, "updating a build", id);
 }
 
-int store_build_supersede(hutch_store *st, const char *template_id, const char *except_id, hutch_error *err) {
-        return EXEC(st,
-                    "UPDATE builds SET status = 'error', reason = 'The build was canceled because it was superseded "
-                    "by a newer one.' WHERE template_id = ?1 AND id <> ?2 AND status = 'waiting' AND triggered = 0",
-                    err, "superseding builds", template_id, except_id);
+int store_build_supersede(hutch_store *st, const char *template_id, const char *except_id,
+                          hutch_error *err) {
+        return EXEC(
+                st,
+                "UPDATE builds SET status = 'error', reason = 'The build was canceled because it was superseded "
+                "by a newer one.' WHERE template_id = ?1 AND id <> ?2 AND status = 'waiting' AND triggered = 0",
+                err, "superseding builds", template_id, except_id);
 }
 
 int store_build_fail_unfinished(hutch_store *st, hutch_error *err) {
@@ -279,8 +294,8 @@ int store_build_fail_unfinished(hutch_store *st, hutch_error *err) {
 
 /* ----------------------------------------------------------------- logs */
 
-int store_build_log_add(hutch_store *st, const char *build_id, int64_t ts_ms, int level, const char *step,
-                        const char *message, hutch_error *err) {
+int store_build_log_add(hutch_store *st, const char *build_id, int64_t ts_ms, int level,
+                        const char *step, const char *message, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
         int r = prep(st,
                      "INSERT INTO build_logs (build_id, seq, ts_ms, level, step, message) VALUES (?1, (SELECT "
@@ -302,8 +317,8 @@ void store_build_log_array_free(store_build_log *v, size_t n) {
         free(v);
 }
 
-int store_build_logs(hutch_store *st, const char *build_id, int min_level, int64_t offset, unsigned limit,
-                     store_build_log **ret, size_t *ret_n, hutch_error *err) {
+int store_build_logs(hutch_store *st, const char *build_id, int min_level, int64_t offset,
+                     unsigned limit, store_build_log **ret, size_t *ret_n, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
         int r = prep(st,
                      "SELECT ts_ms, level, step, message FROM build_logs WHERE build_id = ?1 AND level >= ?2 ORDER "
@@ -343,24 +358,26 @@ int store_build_logs(hutch_store *st, const char *build_id, int min_level, int64
 
 /* ----------------------------------------------------------------- tags */
 
-int store_build_tag_set(hutch_store *st, const char *template_id, const char *tag, const char *build_id,
-                        hutch_error *err) {
+int store_build_tag_set(hutch_store *st, const char *template_id, const char *tag,
+                        const char *build_id, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
-        int r = prep(st,
-                     "INSERT INTO build_tags (template_id, tag, build_id, created_ms) VALUES (?1, ?2, ?3, ?4) ON "
-                     "CONFLICT (template_id, tag) DO UPDATE SET build_id = excluded.build_id, created_ms = "
-                     "excluded.created_ms",
-                     &s, err);
+        int r = prep(
+                st,
+                "INSERT INTO build_tags (template_id, tag, build_id, created_ms) VALUES (?1, ?2, ?3, ?4) ON "
+                "CONFLICT (template_id, tag) DO UPDATE SET build_id = excluded.build_id, created_ms = "
+                "excluded.created_ms",
+                &s, err);
         if (r < 0 || (r = BIND(st, s, err, template_id, tag, build_id)) < 0)
                 return r;
         sqlite3_bind_int64(s, 4, store_wall_ms());
         return store_step_done(st, s, err, "setting a tag");
 }
 
-int store_build_tag_get(hutch_store *st, const char *template_id, const char *tag, char ret_build[40],
-                        hutch_error *err) {
+int store_build_tag_get(hutch_store *st, const char *template_id, const char *tag,
+                        char ret_build[40], hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
-        int r = prep(st, "SELECT build_id FROM build_tags WHERE template_id = ?1 AND tag = ?2", &s, err);
+        int r = prep(st, "SELECT build_id FROM build_tags WHERE template_id = ?1 AND tag = ?2", &s,
+                     err);
         if (r < 0 || (r = BIND(st, s, err, template_id, tag)) < 0)
                 return r;
         if ((r = store_step_row(st, s, err, "reading a tag")) < 0)
@@ -371,16 +388,19 @@ int store_build_tag_get(hutch_store *st, const char *template_id, const char *ta
         return 0;
 }
 
-int store_build_tag_delete(hutch_store *st, const char *template_id, const char *tag, hutch_error *err) {
-        return EXEC(st, "DELETE FROM build_tags WHERE template_id = ?1 AND tag = ?2", err, "deleting a tag",
-                    template_id, tag);
+int store_build_tag_delete(hutch_store *st, const char *template_id, const char *tag,
+                           hutch_error *err) {
+        return EXEC(st, "DELETE FROM build_tags WHERE template_id = ?1 AND tag = ?2", err,
+                    "deleting a tag", template_id, tag);
 }
 
 int store_build_tags(hutch_store *st, const char *template_id, store_build_tag **ret, size_t *ret_n,
                      hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
-        int r = prep(st, "SELECT tag, build_id, created_ms FROM build_tags WHERE template_id = ?1 ORDER BY tag", &s,
-                     err);
+        int r = prep(
+                st,
+                "SELECT tag, build_id, created_ms FROM build_tags WHERE template_id = ?1 ORDER BY tag",
+                &s, err);
         if (r < 0 || (r = BIND(st, s, err, template_id)) < 0)
                 return r;
         store_build_tag *v = NULL;

@@ -1,0 +1,190 @@
+"""Template builds on the wire (docs/templates.md "Building", docs/api.md
+"Templates"): the status codes and bodies the SDK relies on, the upload
+link's refusals, and a daemon killed during a build. The SDK flow itself is
+tested in tests/e2b/template.test.mjs."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import subprocess
+import tarfile
+import time
+import urllib.parse
+
+from serveclient import ServeDaemon
+
+
+def tar_of(files: dict, gz: bool = True) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    raw = buf.getvalue()
+    return gzip.compress(raw) if gz else raw
+
+
+def request_build(sd, name):
+    r = sd.request("POST", "/v3/templates", {"name": name})
+    assert r.status == 202, r
+    return r.json()
+
+
+def wait_status(sd, tid, bid, want, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = sd.request("GET", f"/templates/{tid}/builds/{bid}/status")
+        assert r.status == 200, r
+        if r.json()["status"] in want:
+            return r.json()
+        time.sleep(0.1)
+    raise AssertionError(f"build {bid} never reached {want}")
+
+
+def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
+    tmp_path.chmod(0o755)
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0"])
+    sd.start()
+    try:
+        # names: the grammar, the team's namespace, tags and the default tag
+        assert sd.request("POST", "/v3/templates", {}).status == 400
+        assert sd.request("POST", "/v3/templates", {"name": "Bad Name!"}).status == 400
+        assert sd.request("POST", "/v3/templates", {"name": "other-team/x"}).status == 400
+        r = sd.request("POST", "/v3/templates", {"name": "default/my-tpl:v1", "tags": ["stable", "v1"]})
+        assert r.status == 202, r
+        b = r.json()
+        assert b["tags"] == ["v1", "stable"] and b["names"] == ["default/my-tpl"] and b["aliases"] == ["my-tpl"]
+        assert b["public"] is False
+        tid, bid = b["templateID"], b["buildID"]
+        again = request_build(sd, "my-tpl")
+        assert again["templateID"] == tid and again["tags"] == ["default"]
+        # the older build, never triggered, is superseded
+        st = sd.request("GET", f"/templates/{tid}/builds/{bid}/status").json()
+        assert st["status"] == "error" and "superseded" in st["reason"]["message"]
+        assert st["logs"] == [] and st["logEntries"] == []
+
+        # file probe: 400 for a bad hash, 404 for someone else's template, 201 with a url
+        assert sd.request("GET", f"/templates/{tid}/files/nothex").status == 400
+        assert sd.request("GET", f"/templates/{'a' * 20}/files/{'0' * 64}").status == 404
+        h = "ab" * 32
+        r = sd.request("GET", f"/templates/{tid}/files/{h}", headers={"Host": f"127.0.0.1:{sd.port}"})
+        assert r.status == 201 and r.json()["present"] is False, r
+        url = urllib.parse.urlsplit(r.json()["url"])
+        assert url.netloc == f"127.0.0.1:{sd.port}" and url.path == f"/upload/{tid}/{h}"
+        path = url.path + "?" + url.query
+        arch = tar_of({"a.txt": b"hello"})
+        files_dir = tmp_path / "data" / "builds" / "files" / tid
+
+        # the link authorises itself: a changed token, hash or expiry is refused
+        q = urllib.parse.parse_qs(url.query)
+        bad_tok = f"{url.path}?expires={q['expires'][0]}&token={'0' * 64}"
+        assert sd.request("PUT", bad_tok, arch, key="").status == 401
+        other = f"/upload/{tid}/{'cd' * 32}?{url.query}"
+        assert sd.request("PUT", other, arch, key="").status == 401
+        later = f"{url.path}?expires={int(q['expires'][0]) + 1}&token={q['token'][0]}"
+        assert sd.request("PUT", later, arch, key="").status == 401
+        # not an archive: refused, nothing left behind
+        r = sd.request("PUT", path, b"just some bytes, not a tar", key="")
+        assert r.status == 400, r
+        assert not files_dir.exists() or list(files_dir.iterdir()) == []
+        # gzip and plain tar are accepted, 200 with Content-Length: 0
+        r = sd.request("PUT", path, arch, key="")
+        assert r.status == 200 and r.header("content-length") == "0", r
+        assert (files_dir / h).read_bytes() == arch
+        r = sd.request("GET", f"/templates/{tid}/files/{h}", headers={"Host": f"127.0.0.1:{sd.port}"})
+        assert r.json()["present"] is True and r.json()["url"]
+        plain = "ef" * 32
+        r = sd.request("GET", f"/templates/{tid}/files/{plain}", headers={"Host": f"127.0.0.1:{sd.port}"})
+        u2 = urllib.parse.urlsplit(r.json()["url"])
+        assert sd.request("PUT", u2.path + "?" + u2.query, tar_of({"b": b"x"}, gz=False), key="").status == 200
+
+        # trigger: 400 for a non-UUID, 404 unknown, 400 bad steps, 202 with Content-Length: 0, 400 twice
+        bid2 = again["buildID"]
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/not-a-uuid", {"fromTemplate": "base"}).status == 400
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{'0' * 8}-0000-4000-8000-{'0' * 12}",
+                          {"fromTemplate": "base"}).status == 404
+        bad = {"fromTemplate": "base", "steps": [{"type": "EXPLODE", "args": []}]}
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid2}", bad).status == 400
+        ok = {"fromTemplate": "base", "steps": [
+            {"type": "COPY", "args": ["a.txt", "/opt/a.txt", "", ""], "force": False, "filesHash": h},
+            {"type": "RUN", "args": ["cat /opt/a.txt"], "force": False}]}
+        r = sd.request("POST", f"/v2/templates/{tid}/builds/{bid2}", ok)
+        assert r.status == 202 and r.header("content-length") == "0" and r.body == b"", r
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid2}", ok).status == 400
+        st = wait_status(sd, tid, bid2, ("ready", "error"))
+        assert st["status"] == "ready", st
+        msgs = [e["message"] for e in st["logEntries"]]
+        assert "[builder 2/2] [stdout]: hello" in msgs, msgs
+        assert all(e["step"] in ("base", "1", "2", "finalize") for e in st["logEntries"])
+        # paging over the level-filtered log
+        info = sd.request("GET", f"/templates/{tid}/builds/{bid2}/status?level=info").json()["logEntries"]
+        page = sd.request("GET", f"/templates/{tid}/builds/{bid2}/status?level=info&logsOffset=1&limit=2").json()
+        assert page["logEntries"] == info[1:3]
+        assert sd.request("GET", f"/templates/{tid}/builds/{bid2}/status?limit=101").status == 400
+
+        # aliases, list, get, delete; sandbox create by name
+        assert sd.request("GET", "/templates/aliases/my-tpl").json() == {"templateID": tid, "public": False}
+        assert sd.request("GET", "/templates/aliases/my-tpl%3Anope").status == 404
+        assert sd.request("GET", "/templates/aliases/nobody").status == 404
+        lst = sd.request("GET", "/templates").json()
+        assert [t["templateID"] for t in lst] == [tid] and lst[0]["buildID"] == bid2
+        sb = sd.create(templateID="default/my-tpl")
+        assert sb["templateID"] == tid
+        sd.kill(sb["sandboxID"])
+        assert sd.request("DELETE", f"/templates/{tid}").status == 204
+        assert sd.request("GET", f"/templates/{tid}").status == 404
+        assert not files_dir.exists()
+        assert sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl"}).status == 404
+    finally:
+        sd.stop()
+
+
+def test_daemon_killed_during_a_build(sandboxed_hutch, tmp_path):
+    """kill -9 of the daemon mid-build: the builder and its sandbox die with
+    it; the next start fails the build, and no job, temporary layer or
+    sandbox is left."""
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    sd.start()
+    b = request_build(sd, "slow")
+    tid, bid = b["templateID"], b["buildID"]
+    body = {"fromTemplate": "base", "steps": [{"type": "RUN", "args": ["echo started; sleep 300"], "force": False}]}
+    assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid}", body).status == 202
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = sd.request("GET", f"/templates/{tid}/builds/{bid}/status").json()
+        if any("[stdout]: started" in e["message"] for e in st["logEntries"]):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the step never started")
+    sbx_id = (data / "builds" / "jobs" / bid / "sandbox").read_text().strip()
+    assert len(sbx_id) == 20
+    sd.proc.kill()
+    sd.proc.wait(10)
+    # the builder dies with its parent, the sandbox with the builder
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ps = subprocess.run(["pgrep", "-f", f"--job {data}/builds/jobs/{bid}"], capture_output=True)
+        if ps.returncode != 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the builder outlived the daemon")
+    sd.start()
+    try:
+        st = sd.request("GET", f"/templates/{tid}/builds/{bid}/status").json()
+        assert st["status"] == "error" and "daemon stopped" in st["reason"]["message"], st
+        assert list((data / "builds" / "jobs").iterdir()) == []
+        assert [p.name for p in (data / "builds" / "layers").iterdir() if p.name.endswith(".tmp")] == []
+        env = {**os.environ, "HUTCH_DATA_DIR": str(data)}
+        ps = subprocess.run([str(sandboxed_hutch), "ps", "-a", "-q"], capture_output=True, text=True, env=env)
+        assert ps.returncode == 0 and sbx_id not in ps.stdout, ps
+        # the name is not a template a sandbox starts from
+        assert sd.request("POST", "/v2/sandboxes", {"templateID": "slow"}).status == 404
+    finally:
+        sd.stop()
