@@ -14,6 +14,7 @@ static void usage(FILE *f) {
               "  key create|list|revoke          manage the daemon's API keys\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  kill ID...                      destroy sandboxes\n"
+              "  template build FILE [--name N]  build a template from a build file (--help)\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
               "  doctor                          check what the kernel offers\n"
               "  version                         print the version\n"
