@@ -18,6 +18,13 @@ int verb_gc(int argc, char **argv);
 int verb_serve(int argc, char **argv);
 int verb_key(int argc, char **argv);
 int verb_template_build(int argc, char **argv); /* template-build.c: `template build` */
+int verb_template(int argc, char **argv);
+
+/* `hutch template pull|login ...` (cli/template-pull.c, owner: registry):
+ * argv[0] is the sub-verb ("pull" or "login"). Weak here so that the CLI
+ * links without that file; `hutch template` says so when it is absent. */
+int template_pull_main(int argc, char **argv) __attribute__((weak));
+int template_login_main(int argc, char **argv) __attribute__((weak));
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

@@ -14,8 +14,8 @@ static void usage(FILE *f) {
               "  key create|list|revoke          manage the daemon's API keys\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  kill ID...                      destroy sandboxes\n"
-              "  template build FILE [--name N]  build a template from a build file (--help)\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
+              "  template import|ls|rm|prune|build  OCI images and build files as templates (`hutch template help`)\n"
               "  doctor                          check what the kernel offers\n"
               "  version                         print the version\n"
               "\n"
@@ -54,8 +54,8 @@ int main(int argc, char **argv) {
                 return verb_serve(argc - 1, argv + 1);
         if (streq(verb, "key"))
                 return verb_key(argc - 1, argv + 1);
-        if (streq(verb, "template") && argc > 2 && streq(argv[2], "build"))
-                return verb_template_build(argc - 2, argv + 2);
+        if (streq(verb, "template"))
+                return verb_template(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

@@ -28,6 +28,9 @@ test_pkgs=(
         sqlite3 # bench/sdk.sh reads the daemon's database
         curl openssl # the egress tests: clients inside sandboxes, the test CA
         man-db systemd # the install test: man -l of the man page, systemd-analyze verify of the unit
+        busybox-static # tests/integration/test_images.py: a static shell for the images the tests build
+        umoci # image tooling for checking the layouts the tests write by hand (docs/templates.md)
+        zstd # tests/helpers/ociimage.py compresses zstd layers with it
 )
 
 case "$set_name" in

@@ -118,6 +118,8 @@ typedef struct hutch_sandbox_config {
 #define HUTCH_MAX_INODES (1ull << 32)
 #define HUTCH_MAX_PIDS 4194304
 #define HUTCH_MAX_NOFILE 1048576
+/* Image layers one template may stack (overlayfs takes 500; Docker 127). */
+#define HUTCH_MAX_LAYERS 128
 
 int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret,
                          hutch_error *err);

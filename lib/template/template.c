@@ -12,6 +12,8 @@
 
 #include "sandbox/initproto.h"
 #include "template/template.h"
+#include "template/template-internal.h"
+#include "image/layer.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/fsutil.h"
@@ -28,14 +30,51 @@ extern const unsigned char hutch_gvisor_compat_end[];
  * trust store. No accounts, no secrets, no host identity (machine-id,
  * hostname, ssh keys, ssl/private are never copied). */
 static const char *const host_etc_copy[] = {
-        "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone",
-        "protocols", "services", "rpc", "ethertypes", "networks", "mime.types", "profile",
-        "profile.d", "bash.bashrc", "inputrc", "shells", "debian_version", "os-release",
-        "lsb-release", "issue", "pam.d", "pam.conf", "security", "login.defs", "ssl",
-        "ca-certificates", "ca-certificates.conf", "gai.conf", "host.conf", "magic",
-        "magic.mime", "python3", "perl", "xattr.conf", "locale.alias", "sudo.conf",
-        "bindresvport.blacklist", "manpath.config", "skel", "vim", "nanorc",
-        "ld-musl-x86_64.path", "ld-musl-x86_64.d", NULL,
+        "alternatives",
+        "ld.so.cache",
+        "ld.so.conf",
+        "ld.so.conf.d",
+        "localtime",
+        "timezone",
+        "protocols",
+        "services",
+        "rpc",
+        "ethertypes",
+        "networks",
+        "mime.types",
+        "profile",
+        "profile.d",
+        "bash.bashrc",
+        "inputrc",
+        "shells",
+        "debian_version",
+        "os-release",
+        "lsb-release",
+        "issue",
+        "pam.d",
+        "pam.conf",
+        "security",
+        "login.defs",
+        "ssl",
+        "ca-certificates",
+        "ca-certificates.conf",
+        "gai.conf",
+        "host.conf",
+        "magic",
+        "magic.mime",
+        "python3",
+        "perl",
+        "xattr.conf",
+        "locale.alias",
+        "sudo.conf",
+        "bindresvport.blacklist",
+        "manpath.config",
+        "skel",
+        "vim",
+        "nanorc",
+        "ld-musl-x86_64.path",
+        "ld-musl-x86_64.d",
+        NULL,
 };
 /* Inside the copied trees: keys and password history. (Files that may hold
  * an operator's credentials — environment, npmrc, pip.conf, gitconfig —
@@ -54,15 +93,23 @@ int template_validate_name(const char *name) {
         for (size_t i = 0; i < n; i++) {
                 char c = name[i];
                 bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                          (i > 0 && (c == '-' || c == '_' || c == '.'));
+                        (i > 0 && (c == '-' || c == '_' || c == '.'));
                 if (!ok)
                         return -EINVAL;
         }
         return 0;
 }
 
-static int write_at(int dfd, const char *name, const char *content, mode_t mode, uid_t uid, gid_t gid) {
-        _cleanup_close_ int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+int template_write_at(int dfd, const char *name, const char *content, mode_t mode, uid_t uid,
+                      gid_t gid);
+int template_mkdir_at(int dfd, const char *name, mode_t mode, uid_t uid, gid_t gid);
+#define write_at template_write_at
+#define mkdir_at template_mkdir_at
+
+int template_write_at(int dfd, const char *name, const char *content, mode_t mode, uid_t uid,
+                      gid_t gid) {
+        _cleanup_close_ int fd = openat(dfd, name,
+                                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
         if (fd < 0)
                 return -errno;
         int r = fd_write_all(fd, content, strlen(content));
@@ -73,7 +120,7 @@ static int write_at(int dfd, const char *name, const char *content, mode_t mode,
         return 0;
 }
 
-static int mkdir_at(int dfd, const char *name, mode_t mode, uid_t uid, gid_t gid) {
+int template_mkdir_at(int dfd, const char *name, mode_t mode, uid_t uid, gid_t gid) {
         if (mkdirat(dfd, name, mode) < 0 && errno != EEXIST)
                 return -errno;
         if (fchmodat(dfd, name, mode, 0) < 0 || fchownat(dfd, name, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
@@ -114,8 +161,9 @@ static int copy_tree(int sfd, const char *sname, int dfd, const char *dname, con
                 _cleanup_close_ int in = openat(sfd, sname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
                 if (in < 0)
                         return errno == EACCES ? 0 : -errno;
-                _cleanup_close_ int out = openat(dfd, dname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                                                 st.st_mode & 07777);
+                _cleanup_close_ int out = openat(
+                        dfd, dname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                        st.st_mode & 07777);
                 if (out < 0)
                         return -errno;
                 char buf[65536];
@@ -139,7 +187,8 @@ static int copy_tree(int sfd, const char *sname, int dfd, const char *dname, con
         if (r < 0)
                 return r;
         _cleanup_close_ int sub = openat(sfd, sname, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-        _cleanup_close_ int dsub = openat(dfd, dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        _cleanup_close_ int dsub = openat(dfd, dname,
+                                          O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (sub < 0 || dsub < 0)
                 return -errno;
         int dup_fd = dup(sub);
@@ -187,13 +236,15 @@ static const char etc_nsswitch[] = "passwd:         files\n"
                                    "services:       files\n"
                                    "ethers:         files\n"
                                    "rpc:            files\n";
-static const char etc_resolv[] = "# hutch: names are resolved by the egress proxy when the sandbox has network access\n"
-                                 "nameserver 127.0.0.1\n"
-                                 "options ndots:0\n";
-static const char etc_sudoers[] = "Defaults\tenv_reset\n"
-                                  "Defaults\tsecure_path=\"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"\n"
-                                  "root\tALL=(ALL:ALL) ALL\n"
-                                  "user\tALL=(ALL:ALL) NOPASSWD: ALL\n";
+static const char etc_resolv[] =
+        "# hutch: names are resolved by the egress proxy when the sandbox has network access\n"
+        "nameserver 127.0.0.1\n"
+        "options ndots:0\n";
+static const char etc_sudoers[] =
+        "Defaults\tenv_reset\n"
+        "Defaults\tsecure_path=\"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"\n"
+        "root\tALL=(ALL:ALL) ALL\n"
+        "user\tALL=(ALL:ALL) NOPASSWD: ALL\n";
 
 static int build_host_rootfs(int rfd) {
         int r;
@@ -201,14 +252,30 @@ static int build_host_rootfs(int rfd) {
                 const char *name;
                 mode_t mode;
         } dirs[] = {
-                { "usr", 0755 }, { "etc", 0755 },  { "home", 0755 },  { "root", 0700 },    { "tmp", 01777 },
-                { "var", 0755 }, { "var/tmp", 01777 }, { "var/log", 0755 }, { "var/cache", 0755 },
-                { "var/lib", 0755 }, { "run", 0755 }, { "opt", 0755 }, { "mnt", 0755 }, { "srv", 0755 },
-                { "media", 0755 }, { "proc", 0555 }, { "sys", 0555 }, { "dev", 0755 }, { "etc/sudoers.d", 0750 },
+                { "usr", 0755 },
+                { "etc", 0755 },
+                { "home", 0755 },
+                { "root", 0700 },
+                { "tmp", 01777 },
+                { "var", 0755 },
+                { "var/tmp", 01777 },
+                { "var/log", 0755 },
+                { "var/cache", 0755 },
+                { "var/lib", 0755 },
+                { "run", 0755 },
+                { "opt", 0755 },
+                { "mnt", 0755 },
+                { "srv", 0755 },
+                { "media", 0755 },
+                { "proc", 0555 },
+                { "sys", 0555 },
+                { "dev", 0755 },
+                { "etc/sudoers.d", 0750 },
                 /* mount points of the gvisor backend's spec (its init and
                  * writable layer): runsc's gofer would otherwise create them
                  * in the template itself */
-                { "run/hutch", 0755 }, { &INITPROTO_GVISOR_LAYER[1], 0755 },
+                { "run/hutch", 0755 },
+                { &INITPROTO_GVISOR_LAYER[1], 0755 },
         };
         for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
                 r = mkdir_at(rfd, dirs[i].name, dirs[i].mode, 0, 0);
@@ -237,7 +304,8 @@ static int build_host_rootfs(int rfd) {
         /* gvisor sandboxes preload it (init/gvisor-compat.c); ns ones ignore it */
         {
                 _cleanup_close_ int fd = openat(rfd, &INITPROTO_GVISOR_COMPAT[1],
-                                                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+                                                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                                                0644);
                 if (fd < 0)
                         return -errno;
                 r = fd_write_all(fd, hutch_gvisor_compat_start,
@@ -344,10 +412,13 @@ static void sb_addf(strbuf *b, const char *fmt, ...) {
  * entry added to or removed from a directory, a changed mode or owner all
  * change it. */
 static void input_sig(const struct stat *st, char *buf, size_t n) {
-        char type = S_ISDIR(st->st_mode) ? 'd' : S_ISLNK(st->st_mode) ? 'l' : S_ISREG(st->st_mode) ? 'f' : 'o';
+        char type = S_ISDIR(st->st_mode) ? 'd'
+                : S_ISLNK(st->st_mode)   ? 'l'
+                : S_ISREG(st->st_mode)   ? 'f'
+                                         : 'o';
         snprintf(buf, n, "%c:%llu:%lld.%09ld:%lld.%09ld:%lld", type, (unsigned long long) st->st_ino,
-                 (long long) st->st_mtim.tv_sec, st->st_mtim.tv_nsec, (long long) st->st_ctim.tv_sec,
-                 st->st_ctim.tv_nsec, (long long) st->st_size);
+                 (long long) st->st_mtim.tv_sec, st->st_mtim.tv_nsec,
+                 (long long) st->st_ctim.tv_sec, st->st_ctim.tv_nsec, (long long) st->st_size);
 }
 
 static bool never_copied(const char *rel) {
@@ -361,7 +432,8 @@ static bool never_copied(const char *rel) {
  * of host_etc_copy or a file of skel), and every directory below it that
  * copy_tree would enter. Files below a directory are not listed: adding,
  * removing or replacing one changes its directory's times. */
-static void manifest_walk(int dfd, const char *name, const char *rel, unsigned depth, bool top, strbuf *out) {
+static void manifest_walk(int dfd, const char *name, const char *rel, unsigned depth, bool top,
+                          strbuf *out) {
         struct stat st;
         char sig[128];
         if (depth > 16 || never_copied(rel))
@@ -428,7 +500,8 @@ int template_host_stamp(char **ret) {
         for (const char *const *e = host_etc_copy; *e; e++)
                 manifest_walk(etc, *e, *e, 0, true, &b);
         /* skel's files are copied into /home/user: in-place edits count */
-        static const char *const skel[] = { "skel/.bashrc", "skel/.profile", "skel/.bash_logout", NULL };
+        static const char *const skel[] = { "skel/.bashrc", "skel/.profile", "skel/.bash_logout",
+                                            NULL };
         for (const char *const *k = skel; *k; k++)
                 manifest_walk(etc, *k, *k, 0, true, &b);
         if (b.oom) {
@@ -451,7 +524,8 @@ bool template_host_stamp_current(const char *stamp) {
         if (etc < 0)
                 return false;
         for (const char *line = nl + 1; *line;) {
-                const char *end = strchr(line, '\n'), *tab = memchr(line, '\t', end ? (size_t) (end - line) : 0);
+                const char *end = strchr(line, '\n'),
+                           *tab = memchr(line, '\t', end ? (size_t) (end - line) : 0);
                 if (!end || !tab || tab == line)
                         return false;
                 char path[PATH_MAX], want[160], sig[128] = "-";
@@ -465,7 +539,8 @@ bool template_host_stamp_current(const char *stamp) {
                 struct stat st;
                 if (streq(want, "?"))
                         return false; /* a directory the build could not read */
-                if ((path[0] == '/' ? lstat(path, &st) : fstatat(etc, path, &st, AT_SYMLINK_NOFOLLOW)) == 0)
+                if ((path[0] == '/' ? lstat(path, &st)
+                                    : fstatat(etc, path, &st, AT_SYMLINK_NOFOLLOW)) == 0)
                         input_sig(&st, sig, sizeof sig);
                 if (!streq(sig, want))
                         return false;
@@ -483,9 +558,11 @@ static int template_load(const char *tdir, const char *name, hutch_template **re
         if (!t)
                 return hutch_error_set(err, -ENOMEM, "out of memory");
         t->lock_fd = -1;
+        t->uid = t->gid = -1;
         t->name = strdup(name);
         t->rootfs = strdup(real);
-        if (!t->name || !t->rootfs) {
+        t->kind = strdup("host");
+        if (!t->name || !t->rootfs || !t->kind) {
                 template_free(t);
                 return hutch_error_set(err, -ENOMEM, "out of memory");
         }
@@ -495,7 +572,8 @@ static int template_load(const char *tdir, const char *name, hutch_template **re
                         char host[64];
                         struct stat st;
                         snprintf(host, sizeof host, "/%s", *l);
-                        if (lstat(host, &st) == 0 && S_ISDIR(st.st_mode) && t->n_binds < TEMPLATE_MAX_BINDS) {
+                        if (lstat(host, &st) == 0 && S_ISDIR(st.st_mode) &&
+                            t->n_binds < TEMPLATE_MAX_BINDS) {
                                 static char bind_paths[8][16];
                                 snprintf(bind_paths[t->n_binds], sizeof bind_paths[0], "/%s", *l);
                                 t->binds[t->n_binds] = bind_paths[t->n_binds];
@@ -537,8 +615,9 @@ static int current_version(int rootfd, char *buf, size_t n) {
  * and template_gc() skips a version it cannot lock exclusively. GC renames a
  * version away before removing it, so a directory that is not at its name
  * any more once the lock is ours was removed meanwhile: -ESTALE. */
-static int version_open_shared(int rootfd, const char *vname) {
-        _cleanup_close_ int fd = openat(rootfd, vname, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+int template_version_open_shared(int rootfd, const char *vname) {
+        _cleanup_close_ int fd = openat(rootfd, vname,
+                                        O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0)
                 return -errno;
         while (flock(fd, LOCK_SH) < 0)
@@ -547,21 +626,23 @@ static int version_open_shared(int rootfd, const char *vname) {
         struct stat a, b;
         if (fstat(fd, &a) < 0)
                 return -errno;
-        if (fstatat(rootfd, vname, &b, AT_SYMLINK_NOFOLLOW) < 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev)
+        if (fstatat(rootfd, vname, &b, AT_SYMLINK_NOFOLLOW) < 0 || a.st_ino != b.st_ino ||
+            a.st_dev != b.st_dev)
                 return -ESTALE;
         return TAKE_FD(fd);
 }
 
 static bool version_current(int vfd) {
         _cleanup_free_ char *have = NULL;
-        return read_file_at(vfd, "template.stamp", 1 << 20, &have) >= 0 && template_host_stamp_current(have);
+        return read_file_at(vfd, "template.stamp", 1 << 20, &have) >= 0 &&
+                template_host_stamp_current(have);
 }
 
 /* The current version, up to date with the host, locked shared (its fd to
  * *ret_vfd, its name to vname); built first when there is none or the host
  * changed an input. */
-static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, int *ret_vfd, bool *ret_rebuilt,
-                                hutch_error *err) {
+static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, int *ret_vfd,
+                                bool *ret_rebuilt, hutch_error *err) {
         int r = mkdir_p(tpl_root, 0755);
         if (r < 0)
                 return hutch_error_set(err, r, "creating %s: %s", tpl_root, strerror(-r));
@@ -573,7 +654,7 @@ static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, 
         for (unsigned attempt = 0; attempt < 8; attempt++) {
                 if (current_version(rootfd, vname, vlen) < 0)
                         break;
-                int vfd = version_open_shared(rootfd, vname);
+                int vfd = template_version_open_shared(rootfd, vname);
                 if (vfd == -ESTALE || vfd == -ENOENT)
                         continue; /* switched and removed under us: read the link again */
                 if (vfd < 0)
@@ -592,7 +673,7 @@ static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, 
                 return hutch_error_set(err, lfd, "locking %s/.lock: %s", tpl_root, strerror(-lfd));
         /* built by someone else meanwhile? (no GC runs while we hold the lock) */
         if (current_version(rootfd, vname, vlen) == 0) {
-                int vfd = version_open_shared(rootfd, vname);
+                int vfd = template_version_open_shared(rootfd, vname);
                 if (vfd >= 0 && version_current(vfd)) {
                         *ret_vfd = vfd;
                         *ret_rebuilt = false;
@@ -634,11 +715,12 @@ static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, 
                 goto fail;
         /* Switch the name atomically: symlink to a temp name, rename over. */
         (void) unlinkat(rootfd, ".host.new", 0);
-        if (symlinkat(vname, rootfd, ".host.new") < 0 || renameat(rootfd, ".host.new", rootfd, "host") < 0) {
+        if (symlinkat(vname, rootfd, ".host.new") < 0 ||
+            renameat(rootfd, ".host.new", rootfd, "host") < 0) {
                 r = -errno;
                 goto fail;
         }
-        r = version_open_shared(rootfd, vname);
+        r = template_version_open_shared(rootfd, vname);
         if (r < 0)
                 return hutch_error_set(err, r, "opening %s: %s", vdir, strerror(-r));
         *ret_vfd = r;
@@ -676,6 +758,8 @@ int template_resolve(const char *data_dir, const char *name, hutch_template **re
         }
         snprintf(tdir, sizeof tdir, "%s/%s", tpl_root, name);
         struct stat st;
+        if (lstat(tdir, &st) == 0 && S_ISLNK(st.st_mode))
+                return image_template_resolve(tpl_root, data_dir, name, ret, err);
         if (stat(tdir, &st) < 0 || !S_ISDIR(st.st_mode))
                 return hutch_error_set(err, -ENOENT, "template '%s' not found", name);
         return template_load(tdir, name, ret, err);
@@ -687,6 +771,21 @@ void template_free(hutch_template *t) {
         safe_close(t->lock_fd);
         free(t->name);
         free(t->rootfs);
+        for (size_t i = 0; i < t->n_layers; i++)
+                free(t->layers[i]);
+        free(t->layers);
+        for (char **e = t->env; e && *e; e++)
+                free(*e);
+        free(t->env);
+        for (char **e = t->cmd; e && *e; e++)
+                free(*e);
+        free(t->cmd);
+        free(t->workdir);
+        free(t->user);
+        free(t->start_cmd);
+        free(t->ready_cmd);
+        free(t->kind);
+        free(t->version);
         free(t);
 }
 
@@ -704,16 +803,20 @@ static bool root_in_use(const template_users *u, const char *rootfs, int64_t bui
         return false;
 }
 
-int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait, hutch_error *err) {
+int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait,
+                hutch_error *err) {
         char tpl_root[PATH_MAX], real[PATH_MAX];
         snprintf(tpl_root, sizeof tpl_root, "%s/templates", data_dir);
         if (!realpath(tpl_root, real))
-                return errno == ENOENT ? 0 : hutch_error_set(err, -errno, "%s: %m", tpl_root);
+                /* no template at all: every layer (and crash leftover) is unused */
+                return errno == ENOENT ? layer_gc(data_dir, NULL, 0, err)
+                                       : hutch_error_set(err, -errno, "%s: %m", tpl_root);
         _cleanup_close_ int rootfd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (rootfd < 0)
                 return hutch_error_set(err, -errno, "opening %s: %m", real);
         /* not while a version is being built (nor by two collectors) */
-        _cleanup_close_ int lfd = wait ? lock_file_take(rootfd, ".lock") : lock_file_try(rootfd, ".lock");
+        _cleanup_close_ int lfd = wait ? lock_file_take(rootfd, ".lock")
+                                       : lock_file_try(rootfd, ".lock");
         if (lfd == -EWOULDBLOCK)
                 return 0; /* a build is under way: the next call */
         if (lfd < 0)
@@ -738,12 +841,23 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
                 const char *nm = de->d_name;
                 int64_t built = 0;
                 /* what a crash left: a half-switched link, a half-removed version */
-                if (streq(nm, ".host.new") || strncmp(nm, ".trash-", 7) == 0) {
+                if (streq(nm, ".host.new") || strncmp(nm, ".trash-", 7) == 0 ||
+                    strncmp(nm, ".new-", 5) == 0) {
                         if (rm_rf_at(rootfd, nm) >= 0)
                                 removed++;
                         continue;
                 }
-                if (!version_name_valid(nm, &built) || streq(nm, cur) || strlen(nm) >= sizeof v->name)
+                char tname[64];
+                if (image_version_valid(nm, tname, sizeof tname, &built)) {
+                        /* an image (build, snapshot) version that its name no longer names */
+                        char link[128];
+                        ssize_t k = readlinkat(rootfd, tname, link, sizeof link - 1);
+                        if (k > 0 && (link[k] = 0, streq(link, nm)))
+                                continue;
+                        if (strlen(nm) >= sizeof v->name)
+                                continue;
+                } else if (!version_name_valid(nm, &built) || streq(nm, cur) ||
+                           strlen(nm) >= sizeof v->name)
                         continue;
                 /* a sandbox being made from it holds it shared */
                 int fd = openat(rootfd, nm, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
@@ -798,6 +912,26 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
                 close(v[i].fd);
         free(v);
         template_users_clear(&u);
+        /* then the layers that no version left names (a live sandbox's
+         * version is left, and so are its layers) */
+        if (r >= 0) {
+                char **keep = NULL;
+                size_t nk = 0;
+                int k = image_versions_layers(rootfd, &keep, &nk);
+                if (k < 0)
+                        r = hutch_error_set(err, k, "reading the templates' layers: %s",
+                                            strerror(-k));
+                else {
+                        k = layer_gc(data_dir, keep, nk, err);
+                        if (k < 0)
+                                r = k;
+                        else
+                                removed += k;
+                }
+                for (size_t i = 0; i < nk; i++)
+                        free(keep[i]);
+                free(keep);
+        }
         return r < 0 ? r : removed;
 }
 
@@ -808,5 +942,5 @@ void template_users_clear(template_users *u) {
                 free(u->roots[i]);
         free(u->roots);
         free(u->unknown_created_ns);
-        *u = (template_users){ 0 };
+        *u = (template_users) { 0 };
 }

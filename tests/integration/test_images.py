@@ -1,0 +1,247 @@
+"""Image templates (docs/templates.md): `hutch template import` of OCI image
+layouts and `docker save` archives, sandboxes from their layers (hutch run
+and the daemon), the config's defaults, whiteouts across layers, layer
+sharing, rm and prune. Images are made here with tarfile (no network): a
+rootfs of busybox-static is enough for a shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ociimage as oi
+from serveclient import ServeDaemon
+
+BUSYBOX = Path("/bin/busybox")
+
+
+def _base_layer(os_id="hutchtest"):
+    bb = BUSYBOX.read_bytes()
+    ents = [oi.dir_entry("bin"), oi.file_entry("bin/busybox", bb, mode=0o755)]
+    for tool in ("sh", "cat", "ls", "id", "pwd", "sleep", "true", "env", "echo", "stat", "test"):
+        ents.append(oi.symlink_entry(f"bin/{tool}", "busybox"))
+    ents += [
+        oi.dir_entry("etc"),
+        oi.file_entry("etc/os-release", f'ID={os_id}\nNAME="Hutch Test"\n'.encode()),
+        oi.file_entry("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234::/app:/bin/sh\n"),
+        oi.file_entry("etc/group", b"root:x:0:\napp:x:1234:\n"),
+        oi.dir_entry("gone"), oi.file_entry("gone/a", b"a"),
+        oi.dir_entry("opq"), oi.file_entry("opq/old", b"old"),
+        oi.file_entry("delme", b"x"),
+        oi.dir_entry("tmp", mode=0o1777),
+    ]
+    return oi.make_tar(ents)
+
+
+def _top_layer(marker=b"hi\n"):
+    return oi.make_tar([
+        oi.dir_entry("app", uid=1234, gid=1234),
+        oi.file_entry("app/hello", marker, uid=1234, gid=1234),
+        oi.file_entry(".wh.gone"), oi.file_entry(".wh.delme"),
+        oi.dir_entry("opq"), oi.file_entry("opq/.wh..wh..opq"), oi.file_entry("opq/new", b"new"),
+    ])
+
+
+@pytest.fixture(scope="module")
+def base_layer():
+    if not BUSYBOX.is_file():
+        pytest.fail("/bin/busybox missing: apt-get install busybox-static (scripts/deps.sh test)")
+    return _base_layer()
+
+
+@pytest.fixture
+def env(tmp_path):
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    e = dict(os.environ, HUTCH_DATA_DIR=str(data))
+    return e, data
+
+
+def hutch(hutch_bin, env, *args, timeout=120, check=True):
+    p = subprocess.run([str(hutch_bin), *args], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=timeout)
+    if check:
+        assert p.returncode == 0, (args, p.returncode, p.stdout, p.stderr)
+    return p
+
+
+def store(data):
+    d = data / "layers" / "sha256"
+    return sorted(p.name for p in d.iterdir() if len(p.name) == 64 and p.is_dir()) if d.exists() else []
+
+
+def du_bytes(path):
+    return int(subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, check=True,
+                              text=True).stdout.split()[0])
+
+
+def test_import_oci_layout_and_run_with_its_defaults(sandboxed_hutch, env, tmp_path, base_layer):
+    e, data = env
+    lay = tmp_path / "oci"
+    oi.write_oci_layout(lay, [base_layer, _top_layer()], compression="gzip",
+                        env=["PATH=/bin", "FOO=bar"], workdir="/app", user="app", cmd=["sh"])
+    p = hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "bb")
+    assert p.stdout.decode().strip() == "bb"
+    assert b"layer 2/2" in p.stderr
+
+    # the image's files, its config's defaults (user app = 1234, /app, Env)
+    p = hutch(sandboxed_hutch, e, "run", "--template", "bb", "--", "sh", "-c",
+              "cat /etc/os-release; id -u; id -g; pwd; echo FOO=$FOO; cat hello")
+    out = p.stdout.decode()
+    assert "ID=hutchtest" in out
+    assert out.splitlines()[2:] == ["1234", "1234", "/app", "FOO=bar", "hi"], out
+    # the command line wins over the template
+    p = hutch(sandboxed_hutch, e, "run", "--template", "bb", "--user", "root", "--workdir", "/", "--env", "FOO=cli",
+              "--", "sh", "-c", "id -u; pwd; echo $FOO")
+    assert p.stdout.decode().split() == ["0", "/", "cli"]
+
+    # whiteouts and opaque directories across the layers; hutch's /etc pieces
+    p = hutch(sandboxed_hutch, e, "run", "--template", "bb", "--user", "root", "--", "sh", "-c",
+              "ls -a /opq; test -e /gone && echo GONE-EXISTS; test -e /delme && echo DELME-EXISTS; "
+              "cat /etc/hostname; grep -c '^user:x:1000:1000' /etc/passwd; test -d /home/user && echo HOME-OK")
+    out = p.stdout.decode().split()
+    assert "new" in out and "old" not in out, out
+    assert "GONE-EXISTS" not in out and "DELME-EXISTS" not in out
+    assert out[-3:] == ["hutch", "1", "HOME-OK"], out
+
+    # ls: kind, layers, size
+    p = hutch(sandboxed_hutch, e, "template", "ls", "--json")
+    t = {x["name"]: x for x in json.loads(p.stdout)}["bb"]
+    assert t["kind"] == "image" and t["layers"] == 2 and t["size"] > len(BUSYBOX.read_bytes())
+    tj = json.loads((data / "templates" / "bb" / "template.json").read_text())
+    assert tj["env"] == ["PATH=/bin", "FOO=bar"] and tj["workdir"] == "/app" and tj["user"] == "app"
+    assert tj["cmd"] == ["sh"] and len(tj["layers"]) == 2
+    # layers on disk: ids 0..65535 (never a sandbox's range), whiteouts as 0:0 char devices
+    top = data / "layers" / "sha256" / tj["layers"][1][7:]
+    st = os.lstat(top / "gone")
+    assert os.major(st.st_rdev) == 0 and os.minor(st.st_rdev) == 0 and (st.st_mode & 0o170000) == 0o020000
+    assert os.getxattr(top / "opq", "user.overlay.opaque") == b"y"
+    assert os.stat(top / "app" / "hello").st_uid == 1234
+    assert (data / "layers").stat().st_mode & 0o777 == 0o700
+
+
+def test_docker_save_and_oci_tar_share_layers(sandboxed_hutch, env, tmp_path, base_layer):
+    e, data = env
+    # an OCI layout as a tar, zstd layers
+    lay = tmp_path / "oci"
+    oi.write_oci_layout(lay, [base_layer, _top_layer(b"one\n")], compression="zstd", ref="first:1")
+    oi.tar_dir(lay, tmp_path / "oci.tar")
+    hutch(sandboxed_hutch, e, "template", "import", str(tmp_path / "oci.tar"), "--name", "one")
+    one = du_bytes(data / "layers")
+    assert len(store(data)) == 2
+
+    # a docker save archive with the same base layer: stored once, not read again
+    oi.write_docker_save(tmp_path / "save.tar", [base_layer, _top_layer(b"two\n")], tag="Example/Two:3.1",
+                         workdir="/app")
+    p = hutch(sandboxed_hutch, e, "template", "import", str(tmp_path / "save.tar"))
+    assert p.stdout.decode().strip() == "two-3.1"  # the name from its tag
+    assert b"layer 1/2" in p.stderr and b"already in the store" in p.stderr
+    assert len(store(data)) == 3
+    two = du_bytes(data / "layers")
+    assert two - one < len(BUSYBOX.read_bytes()) // 2, (one, two)  # du: the busybox layer is there once
+
+    for name, want in (("one", "one"), ("two-3.1", "two")):
+        p = hutch(sandboxed_hutch, e, "run", "--template", name, "--", "cat", "/app/hello")
+        assert p.stdout.decode().strip() == want
+
+
+def test_rm_and_prune_keep_what_a_live_sandbox_uses(sandboxed_hutch, env, tmp_path, base_layer):
+    e, data = env
+    for name, marker in (("a", b"a\n"), ("b", b"b\n")):
+        oi.write_oci_layout(tmp_path / name, [base_layer, _top_layer(marker)])
+        hutch(sandboxed_hutch, e, "template", "import", str(tmp_path / name), "--name", name)
+    assert len(store(data)) == 3
+    # a sandbox of a, alive while a is removed
+    live = subprocess.Popen([str(sandboxed_hutch), "run", "--template", "a", "--", "sh", "-c",
+                             "echo up; read x; cat /app/hello"], env=e, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert live.stdout.readline() == b"up\n"
+        hutch(sandboxed_hutch, e, "template", "rm", "a")
+        assert not (data / "templates" / "a").exists()
+        assert hutch(sandboxed_hutch, e, "run", "--template", "a", "--", "true", check=False).returncode != 0
+        hutch(sandboxed_hutch, e, "template", "prune")
+        assert len(store(data)) == 3  # a's version and its top layer: the live sandbox uses them
+        out, err = live.communicate(b"go\n", timeout=60)
+        assert live.returncode == 0 and out == b"a\n", (out, err)
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait(10)
+    hutch(sandboxed_hutch, e, "template", "prune")
+    assert len(store(data)) == 2  # the shared base stays for b
+    assert not any(p.name.startswith("a@") for p in (data / "templates").iterdir())
+    p = hutch(sandboxed_hutch, e, "run", "--template", "b", "--", "cat", "/app/hello")
+    assert p.stdout == b"b\n"
+    hutch(sandboxed_hutch, e, "template", "rm", "b")
+    assert store(data) == []
+    # the host template cannot go
+    assert hutch(sandboxed_hutch, e, "template", "rm", "host", check=False).returncode != 0
+
+
+def test_prune_removes_what_a_crash_left(sandboxed_hutch, env):
+    e, data = env
+    s = data / "layers" / "sha256"
+    s.mkdir(parents=True)
+    (s / (".tmp-" + "a" * 64 + "-1-0")).mkdir()
+    (s / ("b" * 64)).mkdir()  # renamed, never marked done
+    (s / ("b" * 64) / "f").write_text("x")
+    (s / ("c" * 64 + ".done")).write_text("")  # a marker without its layer
+    hutch(sandboxed_hutch, e, "template", "prune")
+    assert sorted(p.name for p in s.iterdir() if not p.name.startswith(".") or p.name.startswith(".tmp")) == []
+
+
+def test_daemon_creates_from_a_multi_layer_template(sandboxed_hutch, env, tmp_path, base_layer):
+    e, data = env
+    lay = tmp_path / "oci"
+    mid = oi.make_tar([oi.dir_entry("srv"), oi.file_entry("srv/mid", b"mid\n")])
+    oi.write_oci_layout(lay, [base_layer, mid, _top_layer()], env=["PATH=/bin", "FOO=daemon"], workdir="/srv")
+    hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "three")
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    sd.start()
+    try:
+        sb = sd.create(templateID="three", envVars={"BAR": "create"})
+        assert sb["templateID"] == "three"
+        end, out, err, _ = sd.run(sb, "cat /etc/os-release mid /app/hello; echo $FOO $BAR; pwd; id -un")
+        assert end.get("exitCode", 0) == 0, (end, err)
+        lines = out.decode().splitlines()
+        assert "ID=hutchtest" in lines and lines[-5:] == ["mid", "hi", "daemon create", "/srv", "user"], lines
+        r = sd.request("POST", "/v2/sandboxes", {"templateID": "no-such-template"})
+        assert r.status == 404, r
+    finally:
+        sd.stop()
+
+
+def test_an_image_umoci_built(sandboxed_hutch, env, tmp_path):
+    """Interop: a layout written by a real tool (umoci), a file removed in a
+    second layer (umoci's whiteout), its config's Env and WorkingDir."""
+    e, data = env
+    img, b1, b2 = tmp_path / "img", tmp_path / "b1", tmp_path / "b2"
+
+    def umoci(*a):
+        subprocess.run(["umoci", *a], check=True, capture_output=True, timeout=60)
+    umoci("init", "--layout", str(img))
+    umoci("new", "--image", f"{img}:latest")
+    umoci("unpack", "--image", f"{img}:latest", str(b1))
+    (b1 / "rootfs" / "bin").mkdir()
+    (b1 / "rootfs" / "etc").mkdir()
+    (b1 / "rootfs" / "bin" / "busybox").write_bytes(BUSYBOX.read_bytes())
+    (b1 / "rootfs" / "bin" / "busybox").chmod(0o755)
+    for tool in ("sh", "cat", "ls"):
+        (b1 / "rootfs" / "bin" / tool).symlink_to("busybox")
+    (b1 / "rootfs" / "etc" / "os-release").write_text("ID=umoci\n")
+    (b1 / "rootfs" / "etc" / "drop").write_text("x\n")
+    umoci("repack", "--image", f"{img}:latest", str(b1))
+    umoci("unpack", "--image", f"{img}:latest", str(b2))
+    (b2 / "rootfs" / "etc" / "drop").unlink()
+    umoci("repack", "--image", f"{img}:latest", str(b2))
+    umoci("config", "--image", f"{img}:latest", "--config.env", "UMOCI=yes", "--config.workingdir", "/etc")
+    hutch(sandboxed_hutch, e, "template", "import", str(img), "--name", "um")
+    p = hutch(sandboxed_hutch, e, "run", "--template", "um", "--", "sh", "-c",
+              "cat /etc/os-release; echo $UMOCI; pwd; ls /etc/drop 2>&1; true")
+    lines = p.stdout.decode().splitlines()
+    assert lines[:3] == ["ID=umoci", "yes", "/etc"] and "No such file" in lines[3], lines
