@@ -42,6 +42,7 @@
 #include "daemon/buildspec.h"
 #include "daemon/serve.h"
 #include "store/store.h"
+#include "template/template.h"
 #include "util/log.h"
 #include "util/macro.h"
 
@@ -68,7 +69,8 @@ typedef struct builder {
         bool start_exited;
         int start_code;
         int64_t t0;
-        char last_error[1024]; /* the reason a failed build gives */
+        char last_error[1024];  /* the reason a failed build gives */
+        char base_template[64]; /* the template under the layers: host or an image one */
 } builder;
 
 /* ------------------------------------------------------------------ log */
@@ -220,7 +222,7 @@ static int sandbox_ensure(builder *b) {
                 cache_path(b, b->layer, "layer", lp, sizeof lp);
         json_int_t mem = json_integer_value(json_object_get(b->job, "memoryMB"));
         hutch_sandbox_config cfg = {
-                .template_name = "host",
+                .template_name = b->base_template[0] ? b->base_template : "host",
                 .id = id,
                 .network = false, /* a build step reaches no network (docs/templates.md) */
                 .layer_from = b->layer[0] ? lp : NULL,
@@ -483,7 +485,7 @@ static const char *const root_env[] = { "PATH=" DEFAULT_PATH, "HOME=/root",   "U
 /* A root shell script with arguments ($1...); its stdout in *out when asked. */
 static int root_script(builder *b, const char *script, const char *const *args, size_t n,
                        char **out, const char *log_prefix) {
-        const char *argv[16] = { "/bin/bash", "-c", script, "hutch-build" };
+        const char *argv[16] = { "/bin/sh", "-c", script, "hutch-build" };
         size_t k = 4;
         for (size_t i = 0; i < n && k < ELEMENTSOF(argv) - 1; i++)
                 argv[k++] = args[i];
@@ -506,7 +508,7 @@ typedef struct uinfo {
 static int user_lookup(builder *b, const char *name, uinfo *ret) {
         const char *args[] = { name };
         char *out = NULL;
-        int r = root_script(b, "getent passwd -- \"$1\"", args, 1, &out, NULL);
+        int r = root_script(b, "grep -m1 \"^$1:\" /etc/passwd", args, 1, &out, NULL);
         /* name:x:uid:gid:gecos:home:shell */
         char *f[7] = { 0 };
         size_t nf = 0;
@@ -568,7 +570,15 @@ static int run_user_cmd(builder *b, const char *cmd, const char *user, const cha
         if (r < 0)
                 return r;
         char **envp = ctx_envp(b, user, &u);
-        const char *argv[] = { "/bin/bash", "-l", "-c", cmd, NULL };
+        /* bash as E2B runs it; an image without bash gets its sh */
+        const char *argv[] = {
+                "/bin/sh",
+                "-c",
+                "if [ -x /bin/bash ]; then exec /bin/bash -l -c \"$1\"; fi; exec /bin/sh -l -c \"$1\"",
+                "hutch-build",
+                cmd,
+                NULL
+        };
         proc_io io = { .in_fd = -1, .log_prefix = log_prefix, .timeout_ms = timeout_ms };
         r = run_proc(b, argv, u.uid, u.gid, b->workdir[0] ? b->workdir : u.home,
                      (const char *const *) envp, &io, background);
@@ -626,9 +636,9 @@ static int step_copy(builder *b, json_t *st, size_t idx) {
         snprintf(tmp, sizeof tmp, "/.hutch-copy-%zu", idx);
         char script[256];
         snprintf(script, sizeof script,
-                 "rm -rf -- \"$1\" && mkdir -m 0700 -- \"$1\" && exec tar -x%s --no-same-owner -C \"$1\" -f -",
+                 "rm -rf -- \"$1\" && mkdir -m 0700 -- \"$1\" && exec tar -xo%s -C \"$1\" -f -",
                  gz ? "z" : "");
-        const char *argv[] = { "/bin/bash", "-c", script, "hutch-build", tmp, NULL };
+        const char *argv[] = { "/bin/sh", "-c", script, "hutch-build", tmp, NULL };
         char prefix[64];
         snprintf(prefix, sizeof prefix, "[builder %zu/%zu]", idx, b->n_steps);
         proc_io io = { .in_fd = fd, .log_prefix = prefix };
@@ -663,18 +673,21 @@ static const char workdir_script[] = "set -e\n"
                                      "q=$p; while [ ! -e \"$q\" ]; do top=$q; q=$(dirname \"$q\"); done\n"
                                      "mkdir -p -- \"$p\"\n"
                                      "if [ -n \"$top\" ]; then chown -R \"$u:$u\" -- \"$top\"; fi\n"
-                                     "realpath -- \"$p\"\n";
+                                     "cd \"$p\" && pwd -P\n";
 
 static const char user_script[] =
         "set -e\n"
-        "if ! id -u -- \"$1\" >/dev/null 2>&1; then useradd --create-home --shell /bin/bash -- \"$1\"; fi\n"
-        "if [ \"$2\" = true ]; then usermod -aG sudo -- \"$1\" 2>/dev/null || true;\n"
+        "if ! id -u \"$1\" >/dev/null 2>&1; then\n"
+        "  if command -v useradd >/dev/null; then useradd --create-home --shell /bin/bash \"$1\";\n"
+        "  else adduser -D \"$1\"; fi; fi\n"
+        "if [ \"$2\" = true ]; then usermod -aG sudo \"$1\" 2>/dev/null || true; mkdir -p /etc/sudoers.d;\n"
         "  printf '%s ALL=(ALL:ALL) NOPASSWD: ALL\\n' \"$1\" > \"/etc/sudoers.d/hutch-$1\"; chmod 0440 \"/etc/sudoers.d/hutch-$1\"; fi\n";
 
 static const char finalize_script[] =
         "set -e\n"
-        "if ! id -u user >/dev/null 2>&1; then useradd --create-home --shell /bin/bash user; usermod -aG sudo user "
-        "2>/dev/null || true; passwd -d user >/dev/null 2>&1 || true;\n"
+        "if ! id -u user >/dev/null 2>&1; then\n"
+        "  if command -v useradd >/dev/null; then useradd --create-home --shell /bin/bash user; else adduser -D user; fi\n"
+        "  usermod -aG sudo user 2>/dev/null || true; passwd -d user >/dev/null 2>&1 || true; mkdir -p /etc/sudoers.d\n"
         "  printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\\n' > /etc/sudoers.d/hutch-user; chmod 0440 /etc/sudoers.d/hutch-user; fi\n"
         "printf 'ENV_ID=%s\\nTEMPLATE_ID=%s\\nBUILD_ID=%s\\n' \"$1\" \"$1\" \"$2\" > /.e2b\n";
 
@@ -695,7 +708,14 @@ static int env_eval(builder *b, const char *value, char **ret) {
         }
         q[k++] = '"';
         q[k] = 0;
-        const char *argv[] = { "/bin/bash", "-l", "-c", q, NULL };
+        const char *argv[] = {
+                "/bin/sh",
+                "-c",
+                "if [ -x /bin/bash ]; then exec /bin/bash -l -c \"$1\"; fi; exec /bin/sh -l -c \"$1\"",
+                "hutch-build",
+                q,
+                NULL
+        };
         proc_io io = { .in_fd = -1, .want_capture = true };
         int r = run_proc(b, argv, 0, 0, "/", root_env, &io, false);
         free(q);
@@ -824,17 +844,24 @@ static int build_run(builder *b, json_t **ret) {
         bool force = json_is_true(json_object_get(job, "force"));
         snprintf(b->step, sizeof b->step, "base");
         b->env = json_object();
-        char key[65];
+        char key[65], team[32];
+        /* the cache is the team's: the same inputs of another team never
+         * reach its layers (a COPY's hash is the client's word) */
+        snprintf(team, sizeof team, "team:%lld",
+                 (long long) json_integer_value(json_object_get(job, "teamID")));
+        snprintf(b->base_template, sizeof b->base_template, "host");
         if (kind && streq(kind, "host")) {
-                SHA256(key, "hutch-build-1", "base", "host");
+                SHA256(key, "hutch-build-2", team, "base", "host");
                 snprintf(b->user, sizeof b->user, "user");
                 emit(b, "info", "[base] FROM %s [%.12s]",
                      json_string_value(json_object_get(base, "name")), key);
         } else if (kind && streq(kind, "build")) {
                 const char *pk = json_string_value(json_object_get(base, "key"));
                 const char *pl = json_string_value(json_object_get(base, "layer"));
-                SHA256(key, "hutch-build-1", "base", "build", pk);
+                const char *bt = json_string_value(json_object_get(base, "baseTemplate"));
+                SHA256(key, "hutch-build-2", team, "base", "build", pk);
                 snprintf(b->layer, sizeof b->layer, "%s", pl ? pl : "");
+                snprintf(b->base_template, sizeof b->base_template, "%s", bt && *bt ? bt : "host");
                 snprintf(b->user, sizeof b->user, "%s",
                          json_string_value(json_object_get(base, "user")) ?: "user");
                 snprintf(b->workdir, sizeof b->workdir, "%s",
@@ -849,11 +876,32 @@ static int build_run(builder *b, json_t **ret) {
                 emit(b, "info", "[base] FROM %s [%.12s]",
                      json_string_value(json_object_get(base, "name")), key);
         } else if (kind && streq(kind, "image")) {
-                emit(b, "error",
-                     "fromImage '%s': this hutch cannot pull images for a build yet; use fromTemplate "
-                     "('base' or a template built before)",
-                     json_string_value(json_object_get(base, "image")));
-                return -EOPNOTSUPP;
+                /* an image template of this host: its Env, user root, no
+                 * workdir; then E2B's hidden step, USER user with sudo */
+                const char *tn = json_string_value(json_object_get(base, "template"));
+                const char *ver = json_string_value(json_object_get(base, "version"));
+                snprintf(b->base_template, sizeof b->base_template, "%s", tn ? tn : "");
+                SHA256(key, "hutch-build-2", team, "base", "image", tn, ver);
+                json_t *env = json_object_get(base, "env");
+                if (json_is_object(env))
+                        json_object_update(b->env, env);
+                emit(b, "info", "[base] FROM %s (template %s) [%.12s]",
+                     json_string_value(json_object_get(base, "name")), tn ? tn : "", key);
+                if (force || !cache_load(b, key)) {
+                        snprintf(b->user, sizeof b->user, "root");
+                        int r = sandbox_ensure(b);
+                        if (r < 0)
+                                return r;
+                        const char *uargs[] = { "user", "true" };
+                        if (root_script(b, user_script, uargs, 2, NULL, "[base]") == 0)
+                                snprintf(b->user, sizeof b->user, "user");
+                        else
+                                emit(b, "warn",
+                                     "[base] the image cannot create the user 'user': steps run as root");
+                        if ((r = layer_export(b, key)) < 0 || (r = cache_save(b, key)) < 0)
+                                return r < 0 ? r : -EIO;
+                } else
+                        emit(b, "info", "CACHED [base] USER user [%.12s]", key);
         } else {
                 const char *m = json_string_value(json_object_get(base, "message"));
                 emit(b, "error", "%s", m ? m : "no base for the build");
@@ -882,7 +930,7 @@ static int build_run(builder *b, json_t **ret) {
                         fprintf(f, "%s%s", a ? " " : "", json_string_value(json_array_get(args, a)));
                 if (f)
                         fclose(f);
-                SHA256(key, "hutch-build-1", b->key, json_string_value(json_object_get(st, "type")),
+                SHA256(key, "hutch-build-2", b->key, json_string_value(json_object_get(st, "type")),
                        full, json_string_value(json_object_get(st, "filesHash")));
                 free(full);
                 if (!force && cache_load(b, key)) {
@@ -905,7 +953,7 @@ static int build_run(builder *b, json_t **ret) {
                 }
         }
         snprintf(b->step, sizeof b->step, "finalize");
-        SHA256(key, "hutch-build-1", b->key, "finalize", b->tid, start, ready);
+        SHA256(key, "hutch-build-2", b->key, "finalize", b->tid, start, ready);
         if (!force && cache_load(b, key))
                 emit(b, "info", "CACHED [finalize] [%.12s]", key);
         else {
@@ -927,9 +975,10 @@ static int build_run(builder *b, json_t **ret) {
                         return r;
         }
         sandbox_drop(b);
-        *ret = json_pack("{s:s, s:s, s:s, s:s, s:O, s:s, s:s}", "key", key, "layer", b->layer,
-                         "user", b->user, "workdir", b->workdir, "env", b->env, "startCmd",
-                         start ? start : "", "readyCmd", ready ? ready : "");
+        *ret = json_pack("{s:s, s:s, s:s, s:s, s:s, s:O, s:s, s:s}", "key", key, "baseTemplate",
+                         b->base_template, "layer", b->layer, "user", b->user, "workdir",
+                         b->workdir, "env", b->env, "startCmd", start ? start : "", "readyCmd",
+                         ready ? ready : "");
         emit(b, "info", "Build finished, took %.1fs", (double) (mono_ms() - b->t0) / 1000.0);
         return 0;
 }
@@ -1191,9 +1240,9 @@ static int file_mode(const char *file, const char *name_arg) {
                          u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
                          u[12], u[13], u[14], u[15]);
         }
-        json_t *job = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i}", "dataDir", data_dir, "runDir",
-                                run_dir, "templateID", t.id, "buildID", bid, "filesDir", files_dir,
-                                "memoryMB", 1024);
+        json_t *job = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:I}", "dataDir", data_dir,
+                                "runDir", run_dir, "templateID", t.id, "buildID", bid, "filesDir",
+                                files_dir, "memoryMB", 1024, "teamID", (json_int_t) team);
         int r = cli_parse(file, ctxdir, files_dir, job);
         if (r < 0) {
                 json_decref(job);
@@ -1201,7 +1250,7 @@ static int file_mode(const char *file, const char *name_arg) {
                 return EXIT_USAGE;
         }
         const char *from = json_string_value(json_object_get(job, "fromTemplate"));
-        json_t *base;
+        json_t *base = NULL;
         if (streq(from, "base") || streq(from, "host"))
                 base = json_pack("{s:s, s:s}", "kind", "host", "name", from);
         else {
@@ -1217,10 +1266,31 @@ static int file_mode(const char *file, const char *name_arg) {
                     store_build_get(st, pbid, &pb, &err) == 0 && streq(pb.status, "ready"))
                         res = json_loads(pb.result_json, 0, NULL);
                 store_build_clear(&pb);
+                hutch_template *it = NULL;
+                if (!json_is_object(res) && template_validate_name(from) == 0 &&
+                    template_resolve(data_dir, from, &it, &err) == 0 && it->kind &&
+                    !streq(it->kind, "host")) {
+                        /* an image template of this host */
+                        json_t *env = json_object();
+                        for (char **v = it->env; v && *v; v++) {
+                                char *eq = strchr(*v, '=');
+                                if (eq && eq != *v) {
+                                        *eq = 0;
+                                        json_object_set_new(env, *v, json_string(eq + 1));
+                                        *eq = '=';
+                                }
+                        }
+                        base = json_pack("{s:s, s:s, s:s, s:s, s:o}", "kind", "image", "name", from,
+                                         "template", from, "version",
+                                         it->version ? it->version : "", "env", env);
+                } else if (!json_is_object(res)) {
+                        base = json_pack("{s:s, s:s}", "kind", "missing", "message",
+                                         "FROM: no such built or image template");
+                }
+                if (it)
+                        template_free(it);
                 if (!json_is_object(res)) {
                         json_decref(res);
-                        base = json_pack("{s:s, s:s}", "kind", "missing", "message",
-                                         "FROM: no such built template");
                 } else {
                         base = res;
                         json_object_set_new(base, "kind", json_string("build"));

@@ -448,6 +448,21 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 const char *wd = json_string_value(json_object_get(built, "workdir"));
                 if (wd && *wd)
                         snprintf(tpl_workdir, sizeof tpl_workdir, "%s", wd);
+                hutch_template *t = NULL;
+                hutch_error e2 = { 0 };
+                if (!streq(template_name, "host") && template_resolve(srv->cfg.data_dir, template_name, &t, &e2) == 0) {
+                        /* the image's Env, as for a create from the image itself */
+                        tpl_env = json_object();
+                        for (char **e = t->env; e && *e; e++) {
+                                char *eq = strchr(*e, '=');
+                                if (eq && eq != *e) {
+                                        *eq = 0;
+                                        json_object_set_new(tpl_env, *e, json_string(eq + 1));
+                                        *eq = '=';
+                                }
+                        }
+                        template_free(t);
+                }
         } else if (template_validate_name(cr.template_id) == 0) {
                 /* an image (build, snapshot) template, by its name: its
                  * Env and WorkingDir become the sandbox's defaults */

@@ -40,6 +40,7 @@
 #include "daemon/route.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
+#include "template/template.h"
 #include "util/log.h"
 #include "util/macro.h"
 
@@ -715,14 +716,86 @@ static void on_job_exit(server *srv, watcher *w, uint32_t revents) {
         job_maybe_free(j);
 }
 
-/* The base a build starts from, for the job: the host template, or a
- * built template's ready build. */
+/* The local template names an image reference may have: the reference
+ * itself, and the name `hutch template pull` gives it (the repository's
+ * last component, '-', the tag or "latest", or the digest's first 12). */
+static void image_names(const char *ref, char names[2][64]) {
+        snprintf(names[0], 64, "%s", ref);
+        char r[600];
+        snprintf(r, sizeof r, "%s", ref);
+        const char *suffix = "latest";
+        char *at = strchr(r, '@');
+        char dig[16] = "";
+        if (at) {
+                *at = 0;
+                const char *h = strchr(at + 1, ':');
+                snprintf(dig, sizeof dig, "%.12s", h ? h + 1 : at + 1);
+                suffix = dig;
+        }
+        char *slash = strrchr(r, '/');
+        char *base = slash ? slash + 1 : r;
+        char *colon = strchr(base, ':');
+        if (colon) {
+                *colon = 0;
+                if (!at)
+                        suffix = colon + 1;
+        }
+        snprintf(names[1], 64, "%s-%s", base, suffix);
+        for (char *p = names[1]; *p; p++) {
+                if (*p >= 'A' && *p <= 'Z')
+                        *p = (char) (*p - 'A' + 'a');
+                else if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+                           *p == '_' || *p == '.'))
+                        *p = '-';
+        }
+}
+
+/* fromImage: an image template on this host (imported or pulled before). */
+static json_t *job_image_base(server *srv, int64_t team, const char *ref) {
+        char names[2][64];
+        image_names(ref, names);
+        for (int i = 0; i < 2; i++) {
+                if (template_validate_name(names[i]) < 0 || streq(names[i], "host") ||
+                    streq(names[i], "base"))
+                        continue;
+                hutch_template *t = NULL;
+                hutch_error e = { 0 };
+                if (template_resolve(srv->cfg.data_dir, names[i], &t, &e) < 0)
+                        continue;
+                if (t->team && t->team != team) {
+                        template_free(t);
+                        continue;
+                }
+                json_t *env = json_object();
+                for (char **v = t->env; v && *v; v++) {
+                        char *eq = strchr(*v, '=');
+                        if (eq && eq != *v) {
+                                *eq = 0;
+                                json_object_set_new(env, *v, json_string(eq + 1));
+                                *eq = '=';
+                        }
+                }
+                json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s}", "kind", "image", "name", ref,
+                                      "template", names[i], "version", t->version ? t->version : "",
+                                      "env", env, "workdir", t->workdir ? t->workdir : "");
+                template_free(t);
+                return o;
+        }
+        char msg[768];
+        snprintf(msg, sizeof msg,
+                 "fromImage '%s': no image template '%s' on this host; pull it first (`hutch template pull %s`)"
+                 " or import it (`hutch template import FILE --name %s`)",
+                 ref, names[1], ref, names[1]);
+        return json_pack("{s:s, s:s}", "kind", "missing", "message", msg);
+}
+
+/* The base a build starts from, for the job: the host template, an image
+ * template, or a built template's ready build. */
 static json_t *job_base(server *srv, int64_t team, json_t *spec, char *why, size_t whylen) {
         const char *from = json_string_value(json_object_get(spec, "fromTemplate"));
-        if (!from) {
-                const char *img = json_string_value(json_object_get(spec, "fromImage"));
-                return json_pack("{s:s, s:s}", "kind", "image", "image", img);
-        }
+        if (!from)
+                return job_image_base(srv, team,
+                                      json_string_value(json_object_get(spec, "fromImage")));
         if (streq(from, "base") || streq(from, "host"))
                 return json_pack("{s:s, s:s}", "kind", "host", "name", from);
         char tid[32], alias[64];
@@ -817,6 +890,7 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
         }
         json_object_set_new(spec, "base", job_base(srv, req->team, spec, why, sizeof why));
         json_object_set_new(spec, "templateID", json_string(t.id));
+        json_object_set_new(spec, "teamID", json_integer((json_int_t) req->team));
         json_object_set_new(spec, "buildID", json_string(rt->arg));
         json_object_set_new(spec, "dataDir", json_string(srv->cfg.data_dir));
         json_object_set_new(spec, "runDir", json_string(srv->cfg.run_dir));

@@ -187,3 +187,35 @@ test('hutch template build FILE: the same builder from the CLI, then Sandbox.cre
   const r = await sbx.commands.run('cat /home/user/cli /opt/capp/a.txt; pwd; whoami')
   assert.equal(r.stdout, 'from-cli\nalpha\n/opt/capp\nroot\n')
 })
+
+test('fromImage: an image template of this host (imported) is the base; its Env reaches the steps; the result keeps its files', async (t) => {
+  const dir = context(t)
+  const tarPath = join(dir, 'bb.tar')
+  const here = new URL('.', import.meta.url).pathname
+  execFileSync('python3', [join(here, '..', 'helpers', 'busybox_image.py'), tarPath])
+  const img = uniqueTag('bb')
+  execFileSync(env.bin, ['template', 'import', tarPath, '--name', img], {
+    env: { ...process.env, HUTCH_DATA_DIR: env.dataDir, HUTCH_RUN_DIR: env.runDir },
+    stdio: ['ignore', 'ignore', 'pipe'],
+  })
+  const name = uniqueTag('fromimg')
+  const logs = []
+  const tpl = Template({ fileContextPath: dir })
+    .fromImage(img)
+    .runCmd('echo "$IMAGE_VAR" > /home/user/var; id -un > /home/user/who')
+    .copy('app', '/home/user/app')
+    .setWorkdir('/home/user/app')
+  await Template.build(tpl, name, { onBuildLogs: (l) => logs.push(l.message) }).catch((e) => {
+    throw new Error(`${e.message}\n${logs.join('\n')}`)
+  })
+  assert.ok(logs.some((m) => m.includes(`[base] FROM ${img}`)), logs.join('\n'))
+  const sbx = await Sandbox.create(name)
+  t.after(() => sbx.kill().catch(() => {}))
+  const r = await sbx.commands.run('cat /home/user/var /home/user/who a.txt 2>&1; pwd; test -e /usr/bin/python3 || echo no-host-usr; ls /bin/busybox')
+  assert.equal(r.stdout, 'from-the-image\nuser\nalpha\n/home/user/app\nno-host-usr\n/bin/busybox\n')
+  // a missing image is a BuildError at the base step, with what to do
+  await assert.rejects(
+    Template.build(Template().fromImage('nosuchimage:1.0').runCmd('true'), uniqueTag('noimg')),
+    (e) => e instanceof BuildError && /hutch template pull/.test(e.message),
+  )
+})
