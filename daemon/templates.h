@@ -23,5 +23,9 @@ int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[3
 /* A built template's default for its sandboxes: "user" or "workdir"
  * (NULL when none, or a user envd does not know). */
 const char *templates_sbx_default(sbx *sb, const char *what);
+/* On a create from a built template with a start command: start it in the
+ * background (as the template's user, in its workdir, with the build's
+ * env), then run the ready command until it exits 0, at most 60 s. */
+int templates_sbx_start(server *srv, sbx *sb, hutch_error *err);
 /* The cached layer stream of a result's "layer" (0), -ENOENT. */
 int templates_layer_path(server *srv, const char *layer, char *buf, size_t n);

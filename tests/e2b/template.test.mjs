@@ -36,7 +36,7 @@ function recipe(dir, marker) {
     .setWorkdir('/home/user/work')
     .runCmd('pwd > here && whoami > who')
     .setUser('root')
-    .setStartCmd('echo started > /tmp/started; sleep 1000', '[ -f /tmp/started ]')
+    .setStartCmd('echo "$GREETING" | grep -q hello && echo started > /tmp/started; sleep 1000', '[ -f /tmp/started ]')
 }
 
 test('Template.build: steps run in a sandbox, logs stream, a rebuild is all cached, Sandbox.create(name) gets the result', async (t) => {
@@ -79,12 +79,13 @@ test('Template.build: steps run in a sandbox, logs stream, a rebuild is all cach
   const r = await sbx.commands.run(
     'cat /home/user/marker /opt/app/a.txt /opt/app/sub/b.txt; readlink /opt/app/link.txt; ls /opt/globbed; ' +
       'stat -c "%a %U" /opt/bin/tool.sh /opt/app/a.txt; cat /home/user/greeting /home/user/homevar; ' +
-      'cat /home/user/work/here /home/user/work/who; whoami; pwd; grep TEMPLATE_ID /.e2b; echo "env:$GREETING"',
+      'cat /home/user/work/here /home/user/work/who; whoami; pwd; grep TEMPLATE_ID /.e2b; echo "env:$GREETING"; ' +
+      'cat /tmp/started; stat -c %U /tmp/started',
   )
   assert.equal(
     r.stdout,
     `built ${name}\nalpha\nbeta\na.txt\ntop1.txt\ntop2.txt\n755 user\n644 user\nhello world\n/root\n` +
-      `/home/user/work\nuser\nroot\n/home/user/work\nTEMPLATE_ID=${info.templateId}\nenv:\n`,
+      `/home/user/work\nuser\nroot\n/home/user/work\nTEMPLATE_ID=${info.templateId}\nenv:\nstarted\nroot\n`,
   )
 
   // tags: assign, get, remove
