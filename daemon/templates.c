@@ -51,6 +51,7 @@ extern char **environ;
 #define UPLOAD_MAX_BYTES (4ull << 30)
 #define BUILDS_MAX_RUNNING 4
 #define BUILD_LINE_MAX (256u << 10)
+#define BUILD_LOG_MAX 20000 /* log lines kept per build: a step's output flood is cut there */
 
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
@@ -62,6 +63,8 @@ typedef struct build_job {
         char *buf;
         size_t len;
         bool done, out_eof, exited, canceled;
+        int64_t n_logs; /* lines in its log so far */
+        bool log_cut;
         int status;
         struct build_job *next;
 } build_job;
@@ -620,6 +623,11 @@ enum MHD_Result templates_upload_begin(server *srv, request *req) {
         if (store_btemplate_get(srv->store, tid, &t, &err) < 0)
                 return http_reply_error(c, 404, "template '%s' not found", tid);
         char dir[PATH_MAX];
+        builds_path(srv, dir, sizeof dir, "files");
+        /* the archive (once) and the free space the operator keeps */
+        if (!data_disk_has_room(srv, dir, n / 2 + 1))
+                return http_reply_error(c, 507, "not enough free disk for an archive of %llu bytes",
+                                        n);
         builds_path(srv, dir, sizeof dir, "files/%s", tid);
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
                 return http_reply_error(c, 500, "%s: %s", dir, strerror(errno));
@@ -713,10 +721,12 @@ static void job_free(build_job *j) {
         free(j);
 }
 
-static void job_log(server *srv, const char *bid, int level, const char *step, const char *msg) {
+static void job_log(build_job *j, int level, const char *step, const char *msg) {
         hutch_error e = { 0 };
-        if (store_build_log_add(srv->store, bid, wall_ms(), level, step, msg, &e) < 0)
-                log_warning("build %s: %s", bid, e.msg);
+        if (store_build_log_add(j->srv->store, j->bid, j->n_logs, wall_ms(), level, step, msg, &e) < 0)
+                log_warning("build %s: %s", j->bid, e.msg);
+        else
+                j->n_logs++;
 }
 
 static void job_finish(build_job *j, const char *status, const char *reason, const char *step,
@@ -766,7 +776,13 @@ static void job_line(build_job *j, char *line) {
                 for (int k = 0; lv && k < 4; k++)
                         if (streq(lv, level_names[k]))
                                 level = k;
-                job_log(j->srv, j->bid, level, step, msg);
+                /* the errors always; other lines up to the bound, then one note */
+                if (j->n_logs < BUILD_LOG_MAX || level == 3)
+                        job_log(j, level, step, msg);
+                else if (!j->log_cut) {
+                        j->log_cut = true;
+                        job_log(j, 2, step, "the build log is cut here: too many lines");
+                }
         }
         json_decref(o);
 }
@@ -785,7 +801,7 @@ static void job_maybe_free(build_job *j) {
                 else
                         snprintf(why, sizeof why, "the builder exited with status %d",
                                  WEXITSTATUS(j->status));
-                job_log(j->srv, j->bid, 3, "finalize", why);
+                job_log(j, 3, "finalize", why);
                 job_finish(j, "error", why, "finalize", NULL);
         }
         job_free(j);

@@ -294,20 +294,21 @@ int store_build_fail_unfinished(hutch_store *st, hutch_error *err) {
 
 /* ----------------------------------------------------------------- logs */
 
-int store_build_log_add(hutch_store *st, const char *build_id, int64_t ts_ms, int level,
-                        const char *step, const char *message, hutch_error *err) {
+int store_build_log_add(hutch_store *st, const char *build_id, int64_t seq, int64_t ts_ms,
+                        int level, const char *step, const char *message, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
         int r = prep(st,
-                     "INSERT INTO build_logs (build_id, seq, ts_ms, level, step, message) VALUES (?1, (SELECT "
-                     "count(*) FROM build_logs WHERE build_id = ?1), ?2, ?3, ?4, ?5)",
+                     "INSERT INTO build_logs (build_id, seq, ts_ms, level, step, message) VALUES (?1, ?2, ?3, ?4, "
+                     "?5, ?6)",
                      &s, err);
         if (r < 0)
                 return r;
         store_bind_text(s, 1, build_id);
-        sqlite3_bind_int64(s, 2, ts_ms);
-        sqlite3_bind_int(s, 3, level < 0 ? 0 : level > 3 ? 3 : level);
-        store_bind_text(s, 4, step ? step : "");
-        store_bind_text(s, 5, message);
+        sqlite3_bind_int64(s, 2, seq);
+        sqlite3_bind_int64(s, 3, ts_ms);
+        sqlite3_bind_int(s, 4, level < 0 ? 0 : level > 3 ? 3 : level);
+        store_bind_text(s, 5, step ? step : "");
+        store_bind_text(s, 6, message);
         return store_step_done(st, s, err, "recording a build log line");
 }
 

@@ -340,9 +340,10 @@ int store_build_supersede(hutch_store *st, const char *template_id, const char *
 /* At start-up: builds a previous daemon left waiting-triggered or building
  * failed ("the daemon stopped during the build"); returns how many. */
 int store_build_fail_unfinished(hutch_store *st, hutch_error *err);
-/* Append one log line (its index is the count so far). */
-int store_build_log_add(hutch_store *st, const char *build_id, int64_t ts_ms, int level, const char *step,
-                        const char *message, hutch_error *err);
+/* Append log line number seq (0, 1, ...: the writer counts; the build's
+ * one writer is the daemon's job for it). */
+int store_build_log_add(hutch_store *st, const char *build_id, int64_t seq, int64_t ts_ms, int level,
+                        const char *step, const char *message, hutch_error *err);
 /* The lines at level >= min_level, from the offset-th of those, at most limit. */
 int store_build_logs(hutch_store *st, const char *build_id, int min_level, int64_t offset, unsigned limit,
                      store_build_log **ret, size_t *ret_n, hutch_error *err);

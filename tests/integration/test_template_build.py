@@ -188,3 +188,24 @@ def test_daemon_killed_during_a_build(sandboxed_hutch, tmp_path):
         assert sd.request("POST", "/v2/sandboxes", {"templateID": "slow"}).status == 404
     finally:
         sd.stop()
+
+
+def test_a_flood_of_output_is_cut(sandboxed_hutch, tmp_path):
+    """A step that prints without end fills at most the log's bound."""
+    tmp_path.chmod(0o755)
+    sd = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0"])
+    sd.start()
+    try:
+        b = request_build(sd, "flood")
+        tid, bid = b["templateID"], b["buildID"]
+        body = {"fromTemplate": "base", "steps": [{"type": "RUN", "args": ["seq 30000"], "force": False}]}
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid}", body).status == 202
+        st = wait_status(sd, tid, bid, ("ready", "error"), timeout=120)
+        assert st["status"] == "ready", st
+        warn = sd.request("GET", f"/templates/{tid}/builds/{bid}/status?level=warn").json()["logEntries"]
+        assert [e["message"] for e in warn] == ["the build log is cut here: too many lines"], warn
+        tail = sd.request("GET", f"/templates/{tid}/builds/{bid}/status?logsOffset=19999").json()["logEntries"]
+        assert len(tail) == 2, tail  # the last line kept, then the note
+        assert sd.request("GET", f"/templates/{tid}/builds/{bid}/status?logsOffset=20001").json()["logEntries"] == []
+    finally:
+        sd.stop()
