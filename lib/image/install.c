@@ -71,9 +71,7 @@ static int read_small_blob(image_blob_open_fn open_blob, void *arg, const char *
         return 0;
 }
 
-/* The layer store's busy lock, shared for as long as an install runs:
- * layer_gc leaves the store alone meanwhile. */
-static int store_hold(const char *data_dir, hutch_error *err) {
+int layer_store_hold(const char *data_dir, hutch_error *err) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/layers", data_dir);
         int r = mkdir_p(p, 0700);
@@ -118,7 +116,7 @@ static int install_layers(const char *data_dir, const char *name, const char *so
                 return hutch_error_set(err, -EPROTONOSUPPORT,
                                        "the image is for %.40s, this host is %s", cfg->architecture,
                                        image_host_arch());
-        _cleanup_close_ int busy = store_hold(data_dir, err);
+        _cleanup_close_ int busy = layer_store_hold(data_dir, err);
         if (busy < 0)
                 return busy;
         for (size_t i = 0; i < n; i++) {
@@ -182,18 +180,25 @@ int image_install(const char *data_dir, const char *name, const char *source, co
         if (r < 0)
                 goto out;
         const image_manifest *im = &m;
-        if (m.is_index) {
-                if ((r = read_small_blob(open_blob, arg, m.chosen.digest, m.chosen.size, &mbuf,
-                                         &mlen, err)) < 0)
-                        goto out;
-                const char *mt = m.chosen.media_type[0] ? m.chosen.media_type : NULL;
-                if ((r = image_manifest_parse(mbuf, mlen, mt, &chosen, err)) < 0)
-                        goto out;
-                if (chosen.is_index) {
+        /* an index may name one more index (an OCI layout's index.json
+         * naming a multi-platform image), never deeper */
+        for (unsigned depth = 0; im->is_index; depth++) {
+                if (depth == 2) {
                         r = hutch_error_set(err, -EBADMSG,
-                                            "an image index names another index: refused");
+                                            "image indexes nested more than two deep: refused");
                         goto out;
                 }
+                image_manifest next = { 0 };
+                free(mbuf);
+                mbuf = NULL;
+                if ((r = read_small_blob(open_blob, arg, im->chosen.digest, im->chosen.size, &mbuf,
+                                         &mlen, err)) < 0)
+                        goto out;
+                const char *mt = im->chosen.media_type[0] ? im->chosen.media_type : NULL;
+                if ((r = image_manifest_parse(mbuf, mlen, mt, &next, err)) < 0)
+                        goto out;
+                image_manifest_clear(&chosen);
+                chosen = next;
                 im = &chosen;
         }
         progress(p, "config", im->config.digest, 0, (uint64_t) im->config.size, 0,
@@ -281,7 +286,7 @@ static int tar_member(import_src *s, const char *want, uint64_t max, int *ret_fd
                         snprintf(s->tmpdir, sizeof s->tmpdir, "%s/layers/sha256/.tmp-import-%d",
                                  s->data_dir, (int) getpid());
                         (void) rm_rf_at(AT_FDCWD, s->tmpdir);
-                        int busy = store_hold(s->data_dir, err); /* creates the store, 0700 */
+                        int busy = layer_store_hold(s->data_dir, err); /* creates the store, 0700 */
                         if (busy < 0) {
                                 r = busy;
                                 s->tmpdir[0] = 0;

@@ -267,10 +267,3 @@ int layer_gc(const char *data_dir, char *const *keep, size_t n_keep, hutch_error
         closedir(d);
         return r < 0 ? r : removed;
 }
-
-/* layer_from_dir: the build helper's writable layers become store layers.
- * Not built yet: the caller gets a clear error. */
-int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift,
-                   char ret_digest[LAYER_DIGEST_MAX], hutch_error *err) {
-        return hutch_error_set(err, -EOPNOTSUPP, "layer_from_dir is not implemented yet");
-}

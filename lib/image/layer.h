@@ -49,9 +49,17 @@ int layer_unpack(const char *data_dir, int fd, const char *blob_digest, const ch
 /* Put the directory tree at dirfd (overlay upper format, ids shifted by
  * uid_shift: on-disk uid uid_shift+k becomes k) into the layer store as a
  * new layer; returns its digest "sha256:<hex>" of a canonical tar of it
- * (owner of the caller: build; implemented by images). */
+ * (names sorted, whiteouts and opaque directories in OCI form). The tree
+ * is untrusted: it is walked without following a symlink, and the tar goes
+ * through layer_unpack like any image layer. Hold layer_store_hold() from
+ * before this call until template_write() names the layer, or a GC in
+ * between may take it. */
 int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift,
                    char ret_digest[LAYER_DIGEST_MAX], hutch_error *err);
+
+/* The store's busy lock, taken shared (creating the store, 0700): while
+ * any holder has it, layer_gc leaves the store alone. Returns the fd. */
+int layer_store_hold(const char *data_dir, hutch_error *err);
 
 /* The digests ("sha256:<hex>") the store holds, complete ones only. */
 int layer_list(const char *data_dir, char ***ret, size_t *ret_n, hutch_error *err);

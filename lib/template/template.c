@@ -791,13 +791,15 @@ void template_free(hutch_template *t) {
 
 /* ------------------------------------------------------------ collection */
 
-static bool root_in_use(const template_users *u, const char *rootfs, int64_t built_ns) {
+static bool root_in_use(const template_users *u, const char *rootfs, int64_t built_ns, bool image) {
         for (size_t i = 0; i < u->n_roots; i++)
                 if (streq(u->roots[i], rootfs))
                         return true;
         /* a sandbox that did not record its version was made from one built
-         * before it was created */
-        for (size_t i = 0; i < u->n_unknown; i++)
+         * before it was created. Not an image version's: every state that
+         * could name one records template_root=, and a create that has not
+         * written its state yet holds its version locked. */
+        for (size_t i = 0; !image && i < u->n_unknown; i++)
                 if (built_ns < u->unknown_created_ns[i])
                         return true;
         return false;
@@ -828,6 +830,7 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
                 char name[64];
                 int fd;
                 int64_t built_ns;
+                bool image;
         } *v = NULL;
         size_t n = 0, cap = 0;
         int removed = 0, r = 0;
@@ -848,7 +851,8 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
                         continue;
                 }
                 char tname[64];
-                if (image_version_valid(nm, tname, sizeof tname, &built)) {
+                bool image = image_version_valid(nm, tname, sizeof tname, &built);
+                if (image) {
                         /* an image (build, snapshot) version that its name no longer names */
                         char link[128];
                         ssize_t k = readlinkat(rootfd, tname, link, sizeof link - 1);
@@ -881,6 +885,7 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
                 snprintf(v[n].name, sizeof v[n].name, "%s", nm);
                 v[n].fd = fd;
                 v[n].built_ns = built;
+                v[n].image = image;
                 n++;
         }
         closedir(d);
@@ -894,7 +899,7 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
         for (size_t i = 0; r >= 0 && i < n; i++) {
                 char rootfs[PATH_MAX], trash[80];
                 snprintf(rootfs, sizeof rootfs, "%s/%s/rootfs", real, v[i].name);
-                if (root_in_use(&u, rootfs, v[i].built_ns))
+                if (root_in_use(&u, rootfs, v[i].built_ns, v[i].image))
                         continue;
                 snprintf(trash, sizeof trash, ".trash-%s", v[i].name);
                 if (renameat(rootfd, v[i].name, rootfd, trash) < 0) {

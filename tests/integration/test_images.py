@@ -108,6 +108,10 @@ def test_import_oci_layout_and_run_with_its_defaults(sandboxed_hutch, env, tmp_p
     assert "GONE-EXISTS" not in out and "DELME-EXISTS" not in out
     assert out[-3:] == ["hutch", "1", "HOME-OK"], out
 
+    # the gvisor backend refuses an image template, saying why
+    p = hutch(sandboxed_hutch, e, "run", "--backend", "gvisor", "--template", "bb", "--", "true", check=False)
+    assert p.returncode == 125 and b"gvisor backend does not stack" in p.stderr, p.stderr
+
     # ls: kind, layers, size
     p = hutch(sandboxed_hutch, e, "template", "ls", "--json")
     t = {x["name"]: x for x in json.loads(p.stdout)}["bb"]
@@ -245,3 +249,48 @@ def test_an_image_umoci_built(sandboxed_hutch, env, tmp_path):
               "cat /etc/os-release; echo $UMOCI; pwd; ls /etc/drop 2>&1; true")
     lines = p.stdout.decode().splitlines()
     assert lines[:3] == ["ID=umoci", "yes", "/etc"] and "No such file" in lines[3], lines
+
+
+def test_docker_media_types_and_platform_choice(sandboxed_hutch, env, tmp_path, base_layer):
+    """A Docker schema 2 manifest list with an arm64 and an amd64 image: the
+    host's platform is chosen (the arm64 entry points at a blob that is not
+    there, so choosing it would fail)."""
+    e, data = env
+    lay = tmp_path / "oci"
+
+    def docker(m):
+        m["mediaType"] = "application/vnd.docker.distribution.manifest.v2+json"
+        m["config"]["mediaType"] = "application/vnd.docker.container.image.v1+json"
+        for l in m["layers"]:
+            l["mediaType"] = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+    oi.write_oci_layout(lay, [base_layer], manifest_hook=docker)
+    idx = json.loads((lay / "index.json").read_text())
+    amd = idx["manifests"][0]
+    amd["mediaType"] = "application/vnd.docker.distribution.manifest.v2+json"
+    arm = dict(amd, digest="sha256:" + "e" * 64, platform={"os": "linux", "architecture": "arm64", "variant": "v8"})
+    lst = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
+           "manifests": [arm, amd]}
+    lb = json.dumps(lst).encode()
+    (lay / "blobs" / "sha256" / oi.sha(lb)[7:]).write_bytes(lb)
+    idx["manifests"] = [{"mediaType": lst["mediaType"], "digest": oi.sha(lb), "size": len(lb)}]
+    (lay / "index.json").write_text(json.dumps(idx))
+    # the layout's index names the list (as docker save of a multi-platform
+    # image does), the list the manifests: the amd64 one is chosen
+    hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "dk")
+    p = hutch(sandboxed_hutch, e, "run", "--template", "dk", "--", "cat", "/etc/os-release")
+    assert b"ID=hutchtest" in p.stdout
+    # three levels of index: refused (a chain of indexes is never followed far)
+    loop = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
+    lst3 = dict(lst, manifests=[{"mediaType": lst["mediaType"], "digest": oi.sha(lb), "size": len(lb),
+                                 "platform": {"os": "linux", "architecture": "amd64"}}])
+    lb = json.dumps(lst3).encode()
+    (lay / "blobs" / "sha256" / oi.sha(lb)[7:]).write_bytes(lb)
+    (lay / "index.json").write_text(json.dumps(dict(loop, manifests=[
+        {"mediaType": lst["mediaType"], "digest": oi.sha(lb), "size": len(lb)}])))
+    p = hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "dk3", check=False)
+    assert p.returncode != 0 and b"nested more than two deep" in p.stderr, p.stderr
+    # only other platforms: refused, naming what the image has
+    (lay / "index.json").write_text(json.dumps(dict(lst, manifests=[arm])))
+    p = hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "dk2", check=False)
+    assert p.returncode != 0 and b"no manifest for linux/amd64" in p.stderr and b"linux/arm64/v8" in p.stderr, \
+        p.stderr
