@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* hutch ps / hutch kill: the sandboxes of this host, without a daemon. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "cli/cli.h"
+#include "image/pull.h"
 #include "util/log.h"
 #include "util/parse.h"
 
@@ -219,6 +221,14 @@ int verb_gc(int argc, char **argv) {
                 log_error("%s", e2.msg);
         else if (t > 0)
                 printf("removed %d unused template version%s\n", t, t == 1 ? "" : "s");
+        /* and the downloads a killed pull left in the blob cache */
+        hutch_error e3 = { 0 };
+        const char *dd = getenv("HUTCH_DATA_DIR");
+        int b = image_pull_gc(dd && *dd ? dd : "/var/lib/hutch", &e3);
+        if (b < 0)
+                log_error("%s", e3.msg);
+        else if (b > 0)
+                printf("removed %d interrupted download%s\n", b, b == 1 ? "" : "s");
         hutch_ctx_free(ctx);
-        return r < 0 || err.code || t < 0 ? EXIT_HUTCH : 0;
+        return r < 0 || err.code || t < 0 || b < 0 ? EXIT_HUTCH : 0;
 }

@@ -27,6 +27,7 @@
 #include "daemon/server.h"
 #include "daemon/templates.h"
 #include "daemon/serve.h"
+#include "image/pull.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -85,6 +86,8 @@ static const struct cfg_entry {
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
+        { "registries-conf", CFG_STR, S(registries_conf), 0, 0, "-", "registries.conf of image pulls (search, mirror, insecure and ca lines; '-': DATA_DIR/registries.conf, as `hutch template pull`)" },
+        { "registry-ca", CFG_STR, S(registry_ca), 0, 0, "-", "PEM file of CAs trusted for every registry, besides the system's ('-': none)" },
 #undef S
 #undef U
 };
@@ -303,6 +306,13 @@ static int64_t housekeeping(server *srv, int64_t now) {
                 log_warning("templates: %s", e2.msg);
         else if (k > 0)
                 log_info("templates: removed %d unused version(s) of the host template", k);
+        /* downloads a killed pull left in the blob cache (a running pull holds its own) */
+        hutch_error e3 = { 0 };
+        int b = image_pull_gc(srv->cfg.data_dir, &e3);
+        if (b < 0)
+                log_warning("image blob cache: %s", e3.msg);
+        else if (b > 0)
+                log_info("image blob cache: removed %d interrupted download(s)", b);
         srv->housekeeping_due_ms = now + housekeeping_interval_ms(srv);
         const store_prune_counts *p = &srv->pruned;
         if (p->sandboxes + p->events + p->egress > 0) {
@@ -483,6 +493,13 @@ static void print_env(server *srv) {
                 scheme, srv->cfg.listen, scheme, srv->cfg.listen, scheme, srv->cfg.listen,
                 key[0] ? key : "$(cat api-key) # the first key was written to DATA_DIR/api-key");
         fflush(stderr);
+}
+
+void server_pull_opts(const server *srv, image_pull_opts *ret) {
+        *ret = (image_pull_opts) {
+                .conf_path = streq(srv->cfg.registries_conf, "-") ? NULL : srv->cfg.registries_conf,
+                .ca_file = streq(srv->cfg.registry_ca, "-") ? NULL : srv->cfg.registry_ca,
+        };
 }
 
 int server_open_store(const char *data_dir, hutch_store **ret) {

@@ -69,6 +69,9 @@ typedef struct server_config {
         uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
+        /* image pulls (lib/image/pull.h): the same files `hutch template pull` reads */
+        char registries_conf[1024];  /* "-": DATA_DIR/registries.conf */
+        char registry_ca[1024];      /* "-": the system's CAs only */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -80,6 +83,11 @@ void server_config_help(FILE *f);
 /* ---------------------------------------------------------------- objects */
 
 typedef struct server server;
+
+/* The options of image pulls (a build's fromImage, lib/image/pull.h) from
+ * the registries-conf and registry-ca settings. */
+struct image_pull_opts;
+void server_pull_opts(const server *srv, struct image_pull_opts *ret);
 typedef struct sbx sbx;
 typedef struct proc proc;
 typedef struct stream stream;

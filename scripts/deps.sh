@@ -16,6 +16,7 @@ build_pkgs=(
         libseccomp-dev musl-tools e2fsprogs
         libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev
         libzstd-dev libarchive-dev libcap-dev
+        libcurl4-openssl-dev # hutch template pull: the registry client (HTTPS, parallel downloads)
         iproute2 ca-certificates python3
 )
 test_pkgs=(
@@ -27,6 +28,7 @@ test_pkgs=(
         sudo # the integration tests check sudo inside a sandbox (sandbox root only)
         sqlite3 # bench/sdk.sh reads the daemon's database
         curl openssl # the egress tests: clients inside sandboxes, the test CA
+        docker-registry skopeo umoci # the registry tests and bench/pull.sh: a real registry, images built and pushed
         man-db systemd # the install test: man -l of the man page, systemd-analyze verify of the unit
         busybox-static # tests/integration/test_images.py: a static shell for the images the tests build
         umoci # image tooling for checking the layouts the tests write by hand (docs/templates.md)
