@@ -42,6 +42,7 @@
 #include "daemon/buildspec.h"
 #include "daemon/serve.h"
 #include "store/store.h"
+#include "image/pull.h"
 #include "template/template.h"
 #include "util/log.h"
 #include "util/macro.h"
@@ -508,12 +509,24 @@ typedef struct uinfo {
 static int user_lookup(builder *b, const char *name, uinfo *ret) {
         const char *args[] = { name };
         char *out = NULL;
-        int r = root_script(b, "grep -m1 \"^$1:\" /etc/passwd", args, 1, &out, NULL);
+        /* shell builtins only: an image may have nothing but its sh */
+        int r = root_script(
+                b,
+                "while IFS= read -r l; do case $l in \"$1\":*) printf '%s\\n' \"$l\"; exit 0;; esac; "
+                "done < /etc/passwd; exit 1",
+                args, 1, &out, NULL);
         /* name:x:uid:gid:gecos:home:shell */
         char *f[7] = { 0 };
         size_t nf = 0;
         for (char *p = out, *s; nf < 7 && p && (s = strsep(&p, ":\n"));)
                 f[nf++] = s;
+        if ((r != 0 || nf < 6) && streq(name, "root")) {
+                /* an image without /etc/passwd still has root */
+                free(out);
+                *ret = (uinfo) { .uid = 0, .gid = 0 };
+                snprintf(ret->home, sizeof ret->home, "/root");
+                return 0;
+        }
         if (r != 0 || nf < 6) {
                 free(out);
                 emit(b, "error", "user '%s' does not exist in the template", name);
@@ -571,17 +584,20 @@ static int run_user_cmd(builder *b, const char *cmd, const char *user, const cha
                 return r;
         char **envp = ctx_envp(b, user, &u);
         /* bash as E2B runs it; an image without bash gets its sh */
+        /* in the workdir; else the user's home, or / for an image without it */
         const char *argv[] = {
                 "/bin/sh",
                 "-c",
+                "cd \"$2\" 2>/dev/null || { [ -z \"$3\" ] && cd /; } || exit 1; "
                 "if [ -x /bin/bash ]; then exec /bin/bash -l -c \"$1\"; fi; exec /bin/sh -l -c \"$1\"",
                 "hutch-build",
                 cmd,
+                b->workdir[0] ? b->workdir : u.home,
+                b->workdir[0] ? "workdir" : "",
                 NULL
         };
         proc_io io = { .in_fd = -1, .log_prefix = log_prefix, .timeout_ms = timeout_ms };
-        r = run_proc(b, argv, u.uid, u.gid, b->workdir[0] ? b->workdir : u.home,
-                     (const char *const *) envp, &io, background);
+        r = run_proc(b, argv, u.uid, u.gid, "/", (const char *const *) envp, &io, background);
         strv_free(envp);
         free(io.capture);
         return r;
@@ -686,9 +702,12 @@ static const char user_script[] =
 static const char finalize_script[] =
         "set -e\n"
         "if ! id -u user >/dev/null 2>&1; then\n"
-        "  if command -v useradd >/dev/null; then useradd --create-home --shell /bin/bash user; else adduser -D user; fi\n"
-        "  usermod -aG sudo user 2>/dev/null || true; passwd -d user >/dev/null 2>&1 || true; mkdir -p /etc/sudoers.d\n"
-        "  printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\\n' > /etc/sudoers.d/hutch-user; chmod 0440 /etc/sudoers.d/hutch-user; fi\n"
+        "  { if command -v useradd >/dev/null; then useradd --create-home --shell /bin/bash user;\n"
+        "    elif command -v adduser >/dev/null; then adduser -D user; fi\n"
+        "    usermod -aG sudo user || true; passwd -d user >/dev/null || true\n"
+        "    mkdir -p /etc/sudoers.d && printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\\n' > /etc/sudoers.d/hutch-user &&\n"
+        "    chmod 0440 /etc/sudoers.d/hutch-user; } 2>/dev/null || true\n"
+        "fi\n"
         "printf 'ENV_ID=%s\\nTEMPLATE_ID=%s\\nBUILD_ID=%s\\n' \"$1\" \"$1\" \"$2\" > /.e2b\n";
 
 /* ENV's value as a root login shell's printf "%s" "<value>" prints it, with
@@ -835,14 +854,68 @@ static int check_ready(builder *b, const char *start, const char *ready) {
 }
 
 /* 0 with the result in *ret, or -errno with the step in b->step. */
+/* The image template an image base names, as a base of kind "image"
+ * (a new reference), or NULL. */
+static json_t *image_base(const char *data_dir, const char *name, const char *ref) {
+        hutch_template *t = NULL;
+        hutch_error err = { 0 };
+        if (template_validate_name(name) < 0 || template_resolve(data_dir, name, &t, &err) < 0)
+                return NULL;
+        json_t *env = json_object();
+        for (char **v = t->env; v && *v; v++) {
+                char *eq = strchr(*v, '=');
+                if (eq && eq != *v) {
+                        *eq = 0;
+                        json_object_set_new(env, *v, json_string(eq + 1));
+                        *eq = '=';
+                }
+        }
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o}", "kind", "image", "name", ref, "template",
+                              name, "version", t->version ? t->version : "", "env", env);
+        template_free(t);
+        return o;
+}
+
+/* fromImage of an image this host does not have: pulled now, through the
+ * operator's registries.conf and `hutch template login` credentials (off
+ * the daemon's loop: this is the builder process). */
+static int pull_base(builder *b, json_t *base) {
+        const char *ref = json_string_value(json_object_get(base, "image"));
+        emit(b, "info", "[base] pulling %s", ref);
+        image_pull_opts o = { 0 };
+        image_pull_result res = { 0 };
+        hutch_error err = { 0 };
+        int r = image_pull(b->data_dir, ref, NULL, &o, NULL, &res, &err);
+        if (r < 0) {
+                emit(b, "error", "fromImage '%s': the pull failed: %s", ref, err.msg);
+                return r;
+        }
+        emit(b, "info", "[base] pulled %s as template %s (%llu bytes downloaded)",
+             res.source ? res.source : ref, res.name, (unsigned long long) res.bytes_downloaded);
+        json_t *ib = image_base(b->data_dir, res.name, ref);
+        image_pull_result_clear(&res);
+        if (!ib) {
+                emit(b, "error", "fromImage '%s': the pulled template cannot be read", ref);
+                return -EIO;
+        }
+        json_object_set_new(b->job, "base", ib);
+        return 0;
+}
+
 static int build_run(builder *b, json_t **ret) {
         json_t *job = b->job;
+        snprintf(b->step, sizeof b->step, "base");
+        if (streq(json_string_value(json_object_get(json_object_get(job, "base"), "kind")) ?: "",
+                  "pull")) {
+                int r = pull_base(b, json_object_get(job, "base"));
+                if (r < 0)
+                        return r;
+        }
         json_t *base = json_object_get(job, "base");
         const char *kind = json_string_value(json_object_get(base, "kind"));
         const char *start = json_string_value(json_object_get(job, "startCmd"));
         const char *ready = json_string_value(json_object_get(job, "readyCmd"));
         bool force = json_is_true(json_object_get(job, "force"));
-        snprintf(b->step, sizeof b->step, "base");
         b->env = json_object();
         char key[65], team[32];
         /* the cache is the team's: the same inputs of another team never
@@ -1266,29 +1339,15 @@ static int file_mode(const char *file, const char *name_arg) {
                     store_build_get(st, pbid, &pb, &err) == 0 && streq(pb.status, "ready"))
                         res = json_loads(pb.result_json, 0, NULL);
                 store_build_clear(&pb);
-                hutch_template *it = NULL;
-                if (!json_is_object(res) && template_validate_name(from) == 0 &&
-                    template_resolve(data_dir, from, &it, &err) == 0 && it->kind &&
-                    !streq(it->kind, "host")) {
-                        /* an image template of this host */
-                        json_t *env = json_object();
-                        for (char **v = it->env; v && *v; v++) {
-                                char *eq = strchr(*v, '=');
-                                if (eq && eq != *v) {
-                                        *eq = 0;
-                                        json_object_set_new(env, *v, json_string(eq + 1));
-                                        *eq = '=';
-                                }
-                        }
-                        base = json_pack("{s:s, s:s, s:s, s:s, s:o}", "kind", "image", "name", from,
-                                         "template", from, "version",
-                                         it->version ? it->version : "", "env", env);
-                } else if (!json_is_object(res)) {
-                        base = json_pack("{s:s, s:s}", "kind", "missing", "message",
-                                         "FROM: no such built or image template");
+                if (!json_is_object(res)) {
+                        /* an image template of this host, else a reference to pull */
+                        base = image_base(data_dir, from, from);
+                        if (!base && (strchr(from, '/') || strchr(from, ':') || strchr(from, '@')))
+                                base = json_pack("{s:s, s:s}", "kind", "pull", "image", from);
+                        if (!base)
+                                base = json_pack("{s:s, s:s}", "kind", "missing", "message",
+                                                 "FROM: no such built or image template");
                 }
-                if (it)
-                        template_free(it);
                 if (!json_is_object(res)) {
                         json_decref(res);
                 } else {

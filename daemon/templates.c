@@ -923,12 +923,8 @@ static json_t *job_image_base(server *srv, int64_t team, const char *ref) {
                 template_free(t);
                 return o;
         }
-        char msg[768];
-        snprintf(msg, sizeof msg,
-                 "fromImage '%s': no image template '%s' on this host; pull it first (`hutch template pull %s`)"
-                 " or import it (`hutch template import FILE --name %s`)",
-                 ref, names[1], ref, names[1]);
-        return json_pack("{s:s, s:s}", "kind", "missing", "message", msg);
+        /* not here: the builder pulls it (image_pull, off the loop) */
+        return json_pack("{s:s, s:s}", "kind", "pull", "image", ref);
 }
 
 /* The base a build starts from, for the job: the host template, an image

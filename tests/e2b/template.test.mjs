@@ -217,6 +217,6 @@ test('fromImage: an image template of this host (imported) is the base; its Env 
   // a missing image is a BuildError at the base step, with what to do
   await assert.rejects(
     Template.build(Template().fromImage('nosuchimage:1.0').runCmd('true'), uniqueTag('noimg')),
-    (e) => e instanceof BuildError && /hutch template pull/.test(e.message),
+    (e) => e instanceof BuildError && /nosuchimage:1.0.*the pull failed/.test(e.message),
   )
 })
