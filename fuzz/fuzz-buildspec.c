@@ -72,9 +72,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         default: {
                 char base[4096];
-                if (build_copy_base(s, base, sizeof base) == 0 &&
-                    (base[0] == '/' || strstr(base, "..") == base))
-                        abort();
+                if (build_copy_base(s, base, sizeof base) == 0) {
+                        /* relative, and no ".." component */
+                        size_t n = strlen(base);
+                        if (base[0] == '/' || strcmp(base, "..") == 0 ||
+                            strncmp(base, "../", 3) == 0 || strstr(base, "/../") ||
+                            (n >= 3 && strcmp(base + n - 3, "/..") == 0))
+                                abort();
+                }
                 break;
         }
         }
