@@ -131,9 +131,11 @@ def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
         assert sd.request("GET", "/templates/aliases/nobody").status == 404
         lst = sd.request("GET", "/templates").json()
         assert [t["templateID"] for t in lst] == [tid] and lst[0]["buildID"] == bid2
-        sb = sd.create(templateID="default/my-tpl")
-        assert sb["templateID"] == tid
-        sd.kill(sb["sandboxID"])
+        for ref in ("default/my-tpl", "my-tpl:default", tid):
+            sb = sd.create(templateID=ref)
+            assert sb["templateID"] == tid and sb["alias"] == "my-tpl", (ref, sb)
+            sd.kill(sb["sandboxID"])
+        assert sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl:v1"}).status == 404  # superseded, never built
         assert sd.request("DELETE", f"/templates/{tid}").status == 204
         assert sd.request("GET", f"/templates/{tid}").status == 404
         assert not files_dir.exists()
@@ -209,3 +211,28 @@ def test_a_flood_of_output_is_cut(sandboxed_hutch, tmp_path):
         assert sd.request("GET", f"/templates/{tid}/builds/{bid}/status?logsOffset=20001").json()["logEntries"] == []
     finally:
         sd.stop()
+
+
+def test_registry_credentials_never_land(sandboxed_hutch, tmp_path):
+    """fromImageRegistry's secrets are dropped at the request: not in the
+    job, the log, the database or any file of the data dir."""
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    sd.start()
+    try:
+        secret = "s3cret-" + os.urandom(6).hex()
+        b = request_build(sd, "private")
+        tid, bid = b["templateID"], b["buildID"]
+        body = {"fromImage": "127.0.0.1:9/private/app:1", "steps": [],
+                "fromImageRegistry": {"type": "registry", "username": "me", "password": secret}}
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid}", body).status == 202
+        st = wait_status(sd, tid, bid, ("ready", "error"))
+        assert st["status"] == "error" and st["reason"]["step"] == "base", st
+        assert "the pull failed" in st["reason"]["message"], st
+        assert secret not in str(st)
+    finally:
+        sd.stop()
+    for p in data.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            assert secret.encode() not in p.read_bytes(), p
