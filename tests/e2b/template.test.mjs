@@ -220,3 +220,15 @@ test('fromImage: an image template of this host (imported) is the base; its Env 
     (e) => e instanceof BuildError && /nosuchimage:1.0.*the pull failed/.test(e.message),
   )
 })
+
+test('e2b 2.45: the legacy Template.build(t, {alias}) overload (cpuCount and memoryMB always sent) builds and starts', async (t) => {
+  const { Template: Template245, Sandbox: Sandbox245 } = await import('e2b-245')
+  const alias = uniqueTag('old')
+  const info = await Template245.build(Template245().fromTemplate('base').runCmd('echo legacy > /home/user/old'), { alias })
+  assert.match(info.templateId, /^[a-z0-9]{20}$/)
+  const st = await Template245.getBuildStatus(info)
+  assert.equal(st.status, 'ready')
+  const sbx = await Sandbox245.create(alias)
+  t.after(() => sbx.kill().catch(() => {}))
+  assert.equal((await sbx.commands.run('cat /home/user/old')).stdout, 'legacy\n')
+})
