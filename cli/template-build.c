@@ -159,6 +159,7 @@ static bool cache_load(builder *b, const char *key) {
                 json_decref(b->env);
                 b->env = json_deep_copy(env);
                 snprintf(b->key, sizeof b->key, "%s", key);
+                (void) utimensat(AT_FDCWD, p, NULL, 0); /* used now: kept by the collection */
         }
         json_decref(o);
         return ok;
@@ -182,8 +183,10 @@ static int write_file_atomic(const char *final, const void *data, size_t len) {
 }
 
 static int cache_save(builder *b, const char *key) {
-        json_t *o = json_pack("{s:s, s:s, s:s, s:O}", "layer", b->layer, "user", b->user, "workdir",
-                              b->workdir, "env", b->env);
+        /* templateID: whose build made it, for the daemon's cache collection */
+        json_t *o = json_pack("{s:s, s:s, s:s, s:O, s:s}", "layer", b->layer, "user", b->user,
+                              "workdir", b->workdir, "env", b->env, "templateID",
+                              b->tid ? b->tid : "");
         char *s = json_dumps(o, JSON_COMPACT);
         json_decref(o);
         char p[PATH_MAX];

@@ -145,6 +145,90 @@ static unsigned sweep_tmp(const char *dir, bool recurse) {
         return n;
 }
 
+static void strv_free(char **v) {
+        for (char **p = v; p && *p; p++)
+                free(*p);
+        free(v);
+}
+
+static bool strv_has(char **v, const char *s) {
+        for (; v && *v; v++)
+                if (streq(*v, s))
+                        return true;
+        return false;
+}
+
+/* The step cache's collection: entries (<key>.json) a build of only_tid
+ * made (a deleted template's), or else those unused since before_ms, go,
+ * unless a ready build's result is their layer; then every <key>.layer no
+ * remaining entry and no ready build names. Never while a build runs (it
+ * may be about to start on a layer). Returns how many files it removed. */
+static unsigned cache_gc(server *srv, const char *only_tid, int64_t before_ms) {
+        for (build_job *j = jobs; j; j = j->next)
+                if (!j->exited)
+                        return 0;
+        char **keep = NULL;
+        hutch_error e = { 0 };
+        if (store_build_ready_layers(srv->store, &keep, &e) < 0) {
+                log_warning("builds: the cache collection cannot list layers: %s", e.msg);
+                return 0;
+        }
+        char dir[PATH_MAX];
+        builds_path(srv, dir, sizeof dir, "layers");
+        DIR *d = opendir(dir);
+        unsigned removed = 0;
+        char **used = calloc(1, sizeof *used);
+        size_t n_used = 0;
+        if (!d || !used)
+                goto out;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                size_t l = strlen(de->d_name);
+                if (l != 64 + 5 || !streq(de->d_name + 64, ".json"))
+                        continue;
+                char p[PATH_MAX];
+                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+                struct stat st;
+                json_t *o = json_load_file(p, 0, NULL);
+                const char *layer = json_string_value(json_object_get(o, "layer"));
+                const char *tid = json_string_value(json_object_get(o, "templateID"));
+                bool drop = stat(p, &st) == 0 &&
+                        (only_tid ? tid && streq(tid, only_tid)
+                                  : (int64_t) st.st_mtim.tv_sec * 1000 < before_ms) &&
+                        !(layer && strv_has(keep, layer));
+                if (drop && unlinkat(dirfd(d), de->d_name, 0) == 0)
+                        removed++;
+                else if (layer && *layer) {
+                        char **nv = reallocarray(used, n_used + 2, sizeof *used);
+                        if (nv) {
+                                used = nv;
+                                used[n_used] = strdup(layer);
+                                if (used[n_used])
+                                        n_used++;
+                                used[n_used] = NULL;
+                        }
+                }
+                json_decref(o);
+        }
+        rewinddir(d);
+        while ((de = readdir(d))) {
+                size_t l = strlen(de->d_name);
+                if (l != 64 + 6 || !streq(de->d_name + 64, ".layer"))
+                        continue;
+                char key[65];
+                snprintf(key, sizeof key, "%.64s", de->d_name);
+                if (!strv_has(keep, key) && !strv_has(used, key) &&
+                    unlinkat(dirfd(d), de->d_name, 0) == 0)
+                        removed++;
+        }
+out:
+        if (d)
+                closedir(d);
+        strv_free(used);
+        strv_free(keep);
+        return removed;
+}
+
 int templates_setup(server *srv) {
         static const char *const dirs[] = { "", "files", "layers", "jobs" };
         for (size_t i = 0; i < ELEMENTSOF(dirs); i++) {
@@ -177,6 +261,8 @@ int templates_setup(server *srv) {
         }
         builds_path(srv, p, sizeof p, "layers");
         removed += sweep_tmp(p, false);
+        /* step cache entries unused for two weeks */
+        removed += cache_gc(srv, NULL, wall_ms() - 14ll * 24 * 3600 * 1000);
         builds_path(srv, p, sizeof p, "files");
         removed += sweep_tmp(p, true);
         if (failed > 0 || removed > 0)
@@ -303,12 +389,6 @@ const char *templates_sbx_default(sbx *sb, const char *what) {
 /* bash as E2B runs the commands; an image without bash gets its sh */
 #define LOGIN_SHELL                                                                                \
         "if [ -x /bin/bash ]; then exec /bin/bash -l -c \"$1\"; fi; exec /bin/sh -l -c \"$1\""
-
-static void strv_free(char **v) {
-        for (char **p = v; p && *p; p++)
-                free(*p);
-        free(v);
-}
 
 /* The build's env (ENV values reach the start and ready commands, not the
  * sandbox's other processes), then the sandbox's own. */
@@ -1360,6 +1440,9 @@ static enum MHD_Result tpl_delete(server *srv, request *req, const route *rt) {
         char p[PATH_MAX];
         builds_path(srv, p, sizeof p, "files/%s", t.id);
         rm_rf(p);
+        unsigned n = cache_gc(srv, t.id, 0);
+        if (n)
+                log_info("builds: template %s deleted with %u step cache file(s)", t.id, n);
         return http_reply_empty(req->conn, 204);
 }
 

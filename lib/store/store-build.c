@@ -426,3 +426,43 @@ int store_build_tags(hutch_store *st, const char *template_id, store_build_tag *
         *ret_n = n;
         return 0;
 }
+
+int store_build_ready_layers(hutch_store *st, char ***ret, hutch_error *err) {
+        _cleanup_fin_ sqlite3_stmt *s = NULL;
+        int r = prep(st,
+                     "SELECT DISTINCT json_extract(result_json, '$.layer') FROM builds WHERE status = 'ready' AND "
+                     "json_valid(result_json)",
+                     &s, err);
+        if (r < 0)
+                return r;
+        size_t n = 0;
+        char **v = calloc(1, sizeof *v);
+        if (!v)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        while ((r = store_step_row(st, s, err, "listing build layers")) == 1) {
+                const unsigned char *t = sqlite3_column_text(s, 0);
+                if (!t)
+                        continue;
+                char **nv = reallocarray(v, n + 2, sizeof *v);
+                char *d = strdup((const char *) t);
+                if (!nv || !d) {
+                        free(d);
+                        v = nv ? nv : v;
+                        for (size_t i = 0; i < n; i++)
+                                free(v[i]);
+                        free(v);
+                        return hutch_error_set(err, -ENOMEM, "out of memory");
+                }
+                v = nv;
+                v[n++] = d;
+                v[n] = NULL;
+        }
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        free(v[i]);
+                free(v);
+                return r;
+        }
+        *ret = v;
+        return 0;
+}

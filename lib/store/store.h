@@ -355,3 +355,6 @@ int store_build_tag_get(hutch_store *st, const char *template_id, const char *ta
 int store_build_tag_delete(hutch_store *st, const char *template_id, const char *tag, hutch_error *err);
 int store_build_tags(hutch_store *st, const char *template_id, store_build_tag **ret, size_t *ret_n,
                      hutch_error *err);
+/* The layers ready builds' results name (what the step cache must keep): a
+ * NULL-terminated malloc'ed array of strings. */
+int store_build_ready_layers(hutch_store *st, char ***ret, hutch_error *err);

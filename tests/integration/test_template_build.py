@@ -136,9 +136,13 @@ def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
             assert sb["templateID"] == tid and sb["alias"] == "my-tpl", (ref, sb)
             sd.kill(sb["sandboxID"])
         assert sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl:v1"}).status == 404  # superseded, never built
+        layers = tmp_path / "data" / "builds" / "layers"
+        assert any(p.suffix == ".layer" for p in layers.iterdir())
         assert sd.request("DELETE", f"/templates/{tid}").status == 204
         assert sd.request("GET", f"/templates/{tid}").status == 404
         assert not files_dir.exists()
+        # its step cache goes with it (no other template used it)
+        assert list(layers.iterdir()) == []
         assert sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl"}).status == 404
     finally:
         sd.stop()
