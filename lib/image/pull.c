@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -59,6 +60,9 @@ typedef struct pull_ctx {
         bool dl_ended;
         int dl_r;
         char dl_msg[sizeof((hutch_error *) 0)->msg];
+        /* the layers unpack_all put into the store (image_install then finds them) */
+        const image_config *cfg;
+        bool *unpacked;
 } pull_ctx;
 
 /* What the downloader child tells the pull: progress (dropped when the pipe
@@ -256,6 +260,162 @@ static void dl_finish(pull_ctx *x, bool kill_it) {
                 ;
         x->dl_pid = 0;
         x->dl_fd = safe_close(x->dl_fd);
+}
+
+typedef struct unpack_job {
+        pid_t pid;
+        int fd; /* the result: int32 code, then the message */
+        size_t layer;
+} unpack_job;
+
+static void progress_emit(pull_ctx *x, const char *phase, const char *digest, uint64_t done,
+                          uint64_t total, unsigned layer, unsigned n) {
+        if (!x->p || !x->p->fn)
+                return;
+        image_progress_event ev = { phase, digest, done, total, layer, n };
+        x->p->fn(x->p->arg, &ev);
+}
+
+static int unpack_start(pull_ctx *x, const image_manifest *m, const image_config *cfg, size_t i,
+                        unpack_job *job, hutch_error *err) {
+        int blob = -1;
+        int r = cache_open(x, m->layers[i].digest, m->layers[i].size, &blob, err);
+        if (r < 0)
+                return r;
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) < 0) {
+                close(blob);
+                return hutch_error_set(err, -errno, "pipe: %m");
+        }
+        pid_t parent = getpid();
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0) {
+                close(blob);
+                close(p[0]);
+                close(p[1]);
+                return hutch_error_set(err, -errno, "fork: %m");
+        }
+        if (pid == 0) {
+                close(p[0]);
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (getppid() != parent)
+                        _exit(1);
+                hutch_error e = { 0 };
+                /* The blob's digest was checked as it arrived (registry.c), so
+                 * the unpacker's own pass over the compressed bytes is skipped
+                 * (NULL): it still checks the uncompressed stream against the
+                 * config's diff_id, which the config's checked digest binds, so
+                 * a blob a crash damaged in the (unsynced) cache fails there. */
+                int k = layer_unpack(x->data_dir, blob, NULL, cfg->diff_ids[i],
+                                     (uint64_t) m->layers[i].size, &e);
+                int32_t code = k < 0 ? k : 0;
+                struct iovec iov[2] = { { &code, sizeof code }, { e.msg, strlen(e.msg) } };
+                ssize_t wr = writev(p[1], iov, 2);
+                (void) wr;
+                _exit(k < 0 ? 1 : 0);
+        }
+        close(blob);
+        close(p[1]);
+        *job = (unpack_job) { .pid = pid, .fd = p[0], .layer = i };
+        progress_emit(x, "layer", cfg->diff_ids[i], 0, (uint64_t) m->layers[i].size,
+                      (unsigned) i + 1, (unsigned) m->n_layers);
+        return 0;
+}
+
+static int unpack_reap(pull_ctx *x, const image_manifest *m, const image_config *cfg,
+                       unpack_job *job, hutch_error *err) {
+        int32_t code = -EIO;
+        char msg[sizeof err->msg];
+        ssize_t k = read(job->fd, &code, sizeof code);
+        ssize_t ml = k == (ssize_t) sizeof code ? read(job->fd, msg, sizeof msg - 1) : 0;
+        msg[ml > 0 ? ml : 0] = '\0';
+        job->fd = safe_close(job->fd);
+        while (waitpid(job->pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        job->pid = 0;
+        if (k != (ssize_t) sizeof code)
+                return hutch_error_set(err, -EIO, "unpacking layer %s: the unpacker died",
+                                       cfg->diff_ids[job->layer]);
+        if (code < 0)
+                return hutch_error_set(err, code, "%s", msg);
+        x->unpacked[job->layer] = true;
+        progress_emit(x, "layer-done", cfg->diff_ids[job->layer],
+                      (uint64_t) m->layers[job->layer].size, (uint64_t) m->layers[job->layer].size,
+                      (unsigned) job->layer + 1, (unsigned) m->n_layers);
+        return 0;
+}
+
+/* Unpack the downloaded layers into the store, several at once, each as soon
+ * as its blob is verified in the cache: decompression is most of a pull's
+ * CPU, and layers are independent (each is its own directory in the store).
+ * image_install then finds them all there and writes the template. */
+static int unpack_all(pull_ctx *x, const image_manifest *m, const image_config *cfg,
+                      const size_t *need, size_t n, hutch_error *err) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        size_t workers = ncpu < 1 ? 1 : ncpu > 4 ? 4 : (size_t) ncpu;
+        unpack_job jobs[4] = { 0 };
+        if (!(x->unpacked = calloc(m->n_layers, sizeof *x->unpacked)))
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        size_t next = 0, active = 0;
+        int r = 0;
+        while (r >= 0 && (next < n || active > 0)) {
+                /* start the next layer once its blob is there and a worker is free */
+                if (next < n && active < workers) {
+                        size_t i = need[next];
+                        if ((r = dl_wait_for(x, m->layers[i].digest, err)) < 0)
+                                break;
+                        size_t slot = 0;
+                        while (jobs[slot].pid)
+                                slot++;
+                        if ((r = unpack_start(x, m, cfg, i, &jobs[slot], err)) < 0)
+                                break;
+                        next++;
+                        active++;
+                        continue;
+                }
+                /* all workers busy (or nothing left to start): wait for one */
+                struct pollfd pfd[4];
+                size_t map[4], np = 0;
+                for (size_t s2 = 0; s2 < workers; s2++)
+                        if (jobs[s2].pid) {
+                                pfd[np] = (struct pollfd) { .fd = jobs[s2].fd, .events = POLLIN };
+                                map[np++] = s2;
+                        }
+                if (poll(pfd, np, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = hutch_error_set(err, -errno, "poll: %m");
+                        break;
+                }
+                for (size_t q = 0; q < np && r >= 0; q++)
+                        if (pfd[q].revents) {
+                                r = unpack_reap(x, m, cfg, &jobs[map[q]], err);
+                                active--;
+                        }
+        }
+        for (size_t s2 = 0; s2 < workers; s2++)
+                if (jobs[s2].pid) {
+                        kill(jobs[s2].pid, SIGKILL);
+                        while (waitpid(jobs[s2].pid, NULL, 0) < 0 && errno == EINTR)
+                                ;
+                        safe_close(jobs[s2].fd);
+                }
+        return r;
+}
+
+/* image_install's events, less its "exists" for the layers unpack_all did
+ * (they were just unpacked, not found) and its resolve/config (done here) */
+static void install_progress(void *arg, const image_progress_event *ev) {
+        pull_ctx *x = arg;
+        if (!x->p || !x->p->fn)
+                return;
+        if (streq(ev->phase, "resolve") || streq(ev->phase, "config"))
+                return;
+        if (streq(ev->phase, "exists") && x->unpacked && x->cfg && ev->layer >= 1 &&
+            ev->layer <= x->cfg->n_diff_ids && x->unpacked[ev->layer - 1])
+                return;
+        x->p->fn(x->p->arg, ev);
 }
 
 /* image_install's blob source: the cache, downloading what it lacks. */
@@ -469,7 +629,14 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         registry_blob *want = NULL;
         size_t n_want = 0;
         unsigned present = 0;
-        if (r >= 0 && !(want = calloc(m.n_layers + 1, sizeof *want)))
+        /* from the presence checks until image_install names every layer in
+         * template.json, a layer GC must not take the ones this pull found or
+         * unpacked (layer_gc waits for no holder) */
+        _cleanup_close_ int hold = r >= 0 ? layer_store_hold(data_dir, err) : -1;
+        if (r >= 0 && hold < 0)
+                r = hold;
+        _cleanup_free_ size_t *need = calloc(m.n_layers + 1, sizeof *need);
+        if (r >= 0 && (!(want = calloc(m.n_layers + 1, sizeof *want)) || !need))
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
         for (size_t i = 0; r >= 0 && i < m.n_layers; i++) {
                 char lp[4096];
@@ -485,15 +652,26 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 }
                 if (foreign(m.layers[i].media_type))
                         continue; /* image_install refuses it, with the reason */
+                bool dup = false;
+                for (size_t k2 = 0; k2 < n_want; k2++)
+                        dup |= streq(cfg.diff_ids[need[k2]], cfg.diff_ids[i]);
+                if (dup)
+                        continue;
+                need[n_want] = i;
                 want[n_want++] = (registry_blob) { .digest = m.layers[i].digest,
                                                    .size = m.layers[i].size };
         }
-        image_config_clear(&cfg);
         if (r >= 0 && n_want > 0)
                 r = dl_start(&x, want, n_want, err);
+        if (r >= 0 && n_want > 0)
+                r = unpack_all(&x, &m, &cfg, need, n_want, err);
+        image_progress filtered = { .fn = install_progress, .arg = &x };
+        x.cfg = &cfg;
         if (r >= 0)
-                r = image_install(data_dir, tname, source, mbuf, mlen, mtype, open_blob, &x, p, err);
+                r = image_install(data_dir, tname, source, mbuf, mlen, mtype, open_blob, &x,
+                                  p ? &filtered : NULL, err);
         dl_finish(&x, r < 0);
+        image_config_clear(&cfg);
         if (r >= 0 && x.dl_ended && x.dl_r < 0)
                 r = hutch_error_set(err, x.dl_r, "%s", x.dl_msg);
         /* the layers are unpacked in the store now: their compressed copies
@@ -506,6 +684,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                         unlink(path);
         }
         free(want);
+        free(x.unpacked);
         if (r >= 0 && ret) {
                 *ret = (image_pull_result) {
                         .name = TAKE_PTR(tname),

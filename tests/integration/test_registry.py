@@ -439,3 +439,19 @@ def test_kill9_mid_pull_then_gc_or_resume(world, data):
                for line in ranges.read_text().splitlines()), ranges.read_text()
     assert not list(blobs.glob("*.partial"))
     assert (data / "templates" / "killed" / "template.json").is_file()
+
+
+def test_kill9_mid_pull_then_daemon_start_cleans(world, data):
+    """The next `hutch serve` start removes what the killed pull left (its
+    housekeeping at start)."""
+    from serveclient import ServeDaemon
+    blobs = kill_mid_pull(world, data, "killed-d")
+    d = ServeDaemon(hutchtest.hutch_path(), data, extra_args=["--pool-size", "0"])
+    d.start()
+    try:
+        assert hutchtest.wait_until(lambda: not list(blobs.glob("*.partial")), timeout=20), \
+            list(blobs.glob("*.partial"))
+    finally:
+        d.stop()
+    assert "interrupted download" in d.log_path.read_text()
+    assert not (data / "templates" / "killed-d").exists()
