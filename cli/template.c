@@ -2,13 +2,16 @@
 /* hutch template import|ls|rm|prune (and pull|login, from cli/template-pull.c). */
 #include <getopt.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "daemon/serve.h"
 #include "image/image.h"
+#include "store/store.h"
 #include "template/template.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -21,8 +24,9 @@ static void usage(FILE *f) {
               "  pull REF [--name NAME]               from a registry (when built with it)\n"
               "  login REGISTRY                       registry credentials (when built with it)\n"
               "  ls [--json]                          the templates: name, kind, layers, size, created\n"
-              "  rm NAME...                           remove templates (a live sandbox keeps its version\n"
-              "                                       until it ends)\n"
+              "  rm [--force] NAME...                 remove templates (a live sandbox keeps its version\n"
+              "                                       until it ends; --force: even one that snapshots\n"
+              "                                       restore over)\n"
               "  prune                                remove template versions and layers nothing uses\n"
               "  build FILE [--name NAME[:TAG]]       build a template from a build file, each step in a\n"
               "                                       sandbox (`hutch template build --help`)\n"
@@ -208,11 +212,52 @@ static int collect(bool quiet) {
         return 0;
 }
 
+/* Snapshots the daemon took from sandboxes of a template restore over it
+ * (by name): how many there are, 0 without a database. */
+static int snapshots_of(const char *name, int64_t *ret) {
+        char db[4200];
+        struct stat st;
+        *ret = 0;
+        snprintf(db, sizeof db, "%s/hutch.db", data_dir());
+        if (stat(db, &st) < 0)
+                return 0;
+        hutch_store *sto = NULL;
+        if (server_open_store(data_dir(), &sto) < 0)
+                return -EIO;
+        hutch_error err = { 0 };
+        int r = store_snapshot_count_template(sto, name, ret, &err);
+        store_close(sto);
+        if (r < 0)
+                log_error("%s", err.msg);
+        return r;
+}
+
 static int do_rm(int argc, char **argv) {
-        if (argc < 2)
-                return log_error("usage: hutch template rm NAME..."), EXIT_USAGE;
-        int status = 0;
+        bool force = false;
+        int status = 0, n = 0;
         for (int i = 1; i < argc; i++) {
+                if (streq(argv[i], "--force") || streq(argv[i], "-f"))
+                        force = true;
+                else if (argv[i][0] == '-')
+                        return log_error("unknown option '%s' (usage: hutch template rm [--force] NAME...)",
+                                         argv[i]),
+                               EXIT_USAGE;
+                else
+                        n++;
+        }
+        if (n == 0)
+                return log_error("usage: hutch template rm [--force] NAME..."), EXIT_USAGE;
+        for (int i = 1; i < argc; i++) {
+                if (argv[i][0] == '-')
+                        continue;
+                int64_t snaps = 0;
+                if (!force && snapshots_of(argv[i], &snaps) >= 0 && snaps > 0) {
+                        log_error("template '%s' is the base of %lld snapshot(s), which restore over it: "
+                                  "`hutch template rm --force %s` removes it anyway (they then cannot be restored)",
+                                  argv[i], (long long) snaps, argv[i]);
+                        status = EXIT_HUTCH;
+                        continue;
+                }
                 hutch_error err = { 0 };
                 if (template_remove(data_dir(), argv[i], &err) < 0) {
                         log_error("%s", err.msg);

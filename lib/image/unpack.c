@@ -50,6 +50,7 @@
 #include <zlib.h>
 #include <zstd.h>
 #include <openssl/evp.h>
+#include <seccomp.h>
 
 #include "image/image-internal.h"
 #include "image/layer.h"
@@ -460,6 +461,79 @@ int unpack_tar(int rootfd, int data_fd, char *msg, size_t msglen) {
         return r;
 }
 
+/* What the unpacker never needs, refused before the first byte of the tar
+ * is parsed: a bug in the tar reader that got control could otherwise
+ * signal or trace other processes of the unpack range, open sockets, or
+ * reach the kernel's larger attack surface. (It still has the file calls
+ * it needs, inside its one layer.) */
+static int unpack_seccomp(void) {
+        static const int deny[] = {
+                SCMP_SYS(ptrace),
+                SCMP_SYS(process_vm_readv),
+                SCMP_SYS(process_vm_writev),
+                SCMP_SYS(kill),
+                SCMP_SYS(tkill),
+                SCMP_SYS(tgkill),
+                SCMP_SYS(pidfd_send_signal),
+                SCMP_SYS(pidfd_open),
+                SCMP_SYS(pidfd_getfd),
+                SCMP_SYS(socket),
+                SCMP_SYS(socketpair),
+                SCMP_SYS(connect),
+                SCMP_SYS(bind),
+                SCMP_SYS(mount),
+                SCMP_SYS(umount2),
+                SCMP_SYS(pivot_root),
+                SCMP_SYS(chroot),
+                SCMP_SYS(open_tree),
+                SCMP_SYS(move_mount),
+                SCMP_SYS(fsopen),
+                SCMP_SYS(fsmount),
+                SCMP_SYS(fsconfig),
+                SCMP_SYS(fspick),
+                SCMP_SYS(mount_setattr),
+                SCMP_SYS(unshare),
+                SCMP_SYS(setns),
+                SCMP_SYS(clone),
+                SCMP_SYS(clone3),
+                SCMP_SYS(fork),
+                SCMP_SYS(vfork),
+                SCMP_SYS(execve),
+                SCMP_SYS(execveat),
+                SCMP_SYS(bpf),
+                SCMP_SYS(keyctl),
+                SCMP_SYS(add_key),
+                SCMP_SYS(request_key),
+                SCMP_SYS(perf_event_open),
+                SCMP_SYS(userfaultfd),
+                SCMP_SYS(io_uring_setup),
+                SCMP_SYS(io_uring_enter),
+                SCMP_SYS(io_uring_register),
+                SCMP_SYS(open_by_handle_at),
+                SCMP_SYS(name_to_handle_at),
+                SCMP_SYS(init_module),
+                SCMP_SYS(finit_module),
+                SCMP_SYS(kexec_load),
+                SCMP_SYS(setuid),
+                SCMP_SYS(setgid),
+                SCMP_SYS(setresuid),
+                SCMP_SYS(setresgid),
+                SCMP_SYS(setgroups),
+                SCMP_SYS(personality),
+        };
+        scmp_filter_ctx f = seccomp_init(SCMP_ACT_ALLOW);
+        if (!f)
+                return -ENOMEM;
+        int r = 0;
+        for (size_t i = 0; r == 0 && i < ELEMENTSOF(deny); i++)
+                if (deny[i] >= 0)
+                        r = seccomp_rule_add(f, SCMP_ACT_ERRNO(EPERM), deny[i], 0);
+        if (r == 0)
+                r = seccomp_load(f);
+        seccomp_release(f);
+        return r;
+}
+
 /* Runs in the clone child: never returns. */
 _noreturn_ static void child_main(int sock, int data_fd) {
         char msg[600] = "";
@@ -488,6 +562,12 @@ _noreturn_ static void child_main(int sock, int data_fd) {
                 goto out;
         }
         close(mfd);
+        int sk = unpack_seccomp();
+        if (sk < 0) {
+                code = sk;
+                snprintf(msg, sizeof msg, "loading the unpacker's seccomp filter: %s", strerror(-sk));
+                goto out;
+        }
         int rootfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (rootfd < 0) {
                 code = -errno;
@@ -725,6 +805,7 @@ int layer_unpack(const char *data_dir, int fd, const char *blob_digest, const ch
                 r = hutch_error_set(err, -errno, "socketpair: %m");
                 goto fail;
         }
+        pid_t parent = getpid();
         pid = (pid_t) syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | SIGCHLD, NULL, NULL, NULL,
                               NULL);
         if (pid < 0) {
@@ -734,6 +815,9 @@ int layer_unpack(const char *data_dir, int fd, const char *blob_digest, const ch
         if (pid == 0) {
                 /* only the two sockets survive: no descriptor of the caller's */
                 int s = ctl[1], d = data[1];
+                /* dies with the import: never an unpacker writing on alone */
+                if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+                        _exit(1);
                 if (dup2(s, 3) < 0 || dup2(d, 4) < 0)
                         _exit(1);
                 syscall(SYS_close_range, 5, ~0u, 0);

@@ -269,6 +269,8 @@ int store_snapshot_delete(hutch_store *st, int64_t team_id, const char *id, hutc
 /* By id whatever the team (the start-up sweep). */
 int store_snapshot_find(hutch_store *st, const char *id, store_snapshot *ret, hutch_error *err);
 int store_snapshot_count(hutch_store *st, int64_t team_id, int64_t *ret, hutch_error *err);
+/* How many snapshots (of every team) were taken from sandboxes of that template. */
+int store_snapshot_count_template(hutch_store *st, const char *template_id, int64_t *ret, hutch_error *err);
 /* Delete the rows whose file dir/<id>.seal is gone; returns how many. */
 int store_snapshot_prune_missing(hutch_store *st, const char *dir);
 /* The team's snapshots, newest first, optionally of one sandbox and/or with

@@ -216,6 +216,21 @@ def test_daemon_creates_from_a_multi_layer_template(sandboxed_hutch, env, tmp_pa
         assert "ID=hutchtest" in lines and lines[-5:] == ["mid", "hi", "daemon create", "/srv", "user"], lines
         r = sd.request("POST", "/v2/sandboxes", {"templateID": "no-such-template"})
         assert r.status == 404, r
+
+        # a snapshot of it restores over the same layers, and keeps the template from `rm`
+        end, _, err, _ = sd.run(sb, "echo kept > /srv/written", user="root")
+        assert end.get("exitCode", 0) == 0, err
+        r = sd.request("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})
+        assert r.status == 201, r
+        snap = r.json()["snapshotID"]
+        sb2 = sd.create(templateID=snap)
+        end, out, err, _ = sd.run(sb2, "cat /srv/mid /srv/written /app/hello")
+        assert out == b"mid\nkept\nhi\n", (out, err)
+        p = hutch(sandboxed_hutch, e, "template", "rm", "three", check=False)
+        assert p.returncode != 0 and b"base of 1 snapshot" in p.stderr, p.stderr
+        assert (data / "templates" / "three").is_symlink()
+        hutch(sandboxed_hutch, e, "template", "rm", "--force", "three")
+        assert not (data / "templates" / "three").exists()
     finally:
         sd.stop()
 
@@ -294,3 +309,31 @@ def test_docker_media_types_and_platform_choice(sandboxed_hutch, env, tmp_path, 
     p = hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "dk2", check=False)
     assert p.returncode != 0 and b"no manifest for linux/amd64" in p.stderr and b"linux/arm64/v8" in p.stderr, \
         p.stderr
+
+
+def test_import_killed_midway_leaves_nothing(sandboxed_hutch, env, tmp_path):
+    """kill -9 of an import while it unpacks: no template, and the next
+    collection removes the half layer."""
+    import signal
+    import time
+    e, data = env
+    big = oi.make_tar([oi.dir_entry("d")] + [oi.file_entry(f"d/f{i}", b"\0" * (32 << 20)) for i in range(4)])
+    oi.write_oci_layout(tmp_path / "oci", [big], compression=None)
+    del big
+    p = subprocess.Popen([str(sandboxed_hutch), "template", "import", str(tmp_path / "oci"), "--name", "big"],
+                         env=e, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store_dir = data / "layers" / "sha256"
+    deadline = time.monotonic() + 60
+    seen = False
+    while time.monotonic() < deadline and p.poll() is None:
+        if store_dir.exists() and any(x.name.startswith(".tmp-") for x in store_dir.iterdir()):
+            seen = True
+            break
+        time.sleep(0.005)
+    assert seen, "the import never started unpacking"
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    assert not (data / "templates" / "big").exists()
+    assert store(data) == []
+    hutch(sandboxed_hutch, e, "template", "prune")
+    assert [x.name for x in store_dir.iterdir() if x.name not in (".lock", ".busy")] == []
