@@ -41,6 +41,8 @@
 #include "cli/cli.h"
 #include "daemon/buildspec.h"
 #include "daemon/serve.h"
+#include "egress/policy.h"
+#include "egress/proxy.h"
 #include "store/store.h"
 #include "image/pull.h"
 #include "template/template.h"
@@ -72,6 +74,9 @@ typedef struct builder {
         int64_t t0;
         char last_error[1024];  /* the reason a failed build gives */
         char base_template[64]; /* the template under the layers: host or an image one */
+        egress_proxy *proxy;    /* the build sandbox's egress proxy, when build-egress allows any */
+        char proxy_env[8][64];  /* HTTP_PROXY and friends for every step's process */
+        int n_proxy_env;
 } builder;
 
 /* ------------------------------------------------------------------ log */
@@ -199,6 +204,84 @@ static int cache_save(builder *b, const char *key) {
 
 /* ---------------------------------------------------------- the sandbox */
 
+#define BUILD_PROXY_PORT 3128
+
+/* The build sandbox's egress, as a `hutch run --net` sandbox's: a proxy of
+ * this process in the sandbox's netns, the build-egress rules under the
+ * daemon's ceiling (egress-allow, -deny, -open). None when the rules are
+ * empty: the sandbox then has loopback only. */
+static int build_net_start(builder *b) {
+        json_t *eg = json_object_get(b->job, "egress");
+        const char *rules = json_string_value(json_object_get(eg, "rules"));
+        if (!rules || !*rules)
+                return 0;
+        char why[256];
+        _cleanup_(egress_ceiling_unrefp) egress_ceiling *c = NULL;
+        int r = egress_ceiling_new(&c);
+        if (r < 0)
+                return r;
+        static const struct {
+                const char *key, *setting;
+                int (*add)(egress_ceiling *, const char *, char *, size_t);
+        } lists[] = { { "allow", "egress-allow", egress_ceiling_add_allow },
+                      { "deny", "egress-deny", egress_ceiling_add_deny },
+                      { "open", "egress-open", egress_ceiling_allow_private } };
+        for (size_t i = 0; i < ELEMENTSOF(lists); i++) {
+                const char *v = json_string_value(json_object_get(eg, lists[i].key));
+                if (v && *v &&
+                    (r = egress_ceiling_add_list(c, v, lists[i].add, why, sizeof why)) < 0) {
+                        emit(b, "error", "%s: %s", lists[i].setting, why);
+                        return r;
+                }
+        }
+        if ((r = egress_ceiling_add_host_addresses(c)) < 0)
+                return r;
+        egress_proxy_config pc = { 0 };
+        r = egress_nameservers(json_string_value(json_object_get(eg, "dns")), pc.nameservers,
+                               EGRESS_NAMESERVERS_MAX, why, sizeof why);
+        if (r < 0) {
+                emit(b, "error", "dns: %s", why);
+                return r;
+        }
+        pc.n_nameservers = (size_t) r;
+        egress_policy *p = NULL;
+        if ((r = egress_policy_new(&p)) < 0)
+                return r;
+        if ((r = egress_policy_add_rules(p, rules, why, sizeof why)) < 0) {
+                egress_policy_free(p);
+                emit(b, "error", "build-egress: %s", why);
+                return r;
+        }
+        egress_policy_set_ceiling(p, c);
+        if ((r = egress_proxy_new(&pc, &b->proxy)) < 0) {
+                egress_policy_free(p);
+                return r;
+        }
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/net", (int) hutch_sandbox_init_pid(b->sb));
+        _cleanup_close_ int nfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0) {
+                r = -errno;
+                egress_policy_free(p);
+                emit(b, "error", "the build sandbox's netns: %s", strerror(-r));
+                return r;
+        }
+        egress_site *site;
+        if ((r = egress_site_open(b->proxy, hutch_sandbox_id(b->sb), nfd, BUILD_PROXY_PORT, p,
+                                  &site)) < 0) {
+                emit(b, "error", "the build sandbox's egress proxy: %s", strerror(-r));
+                return r;
+        }
+        hutch_error err = { 0 };
+        if ((r = hutch_sandbox_set_network(b->sb, true, &err)) < 0) {
+                emit(b, "error", "the build sandbox's network: %s", err.msg);
+                return r;
+        }
+        b->n_proxy_env = egress_proxy_env(BUILD_PROXY_PORT, b->proxy_env);
+        emit(b, "info", "[builder] egress through the proxy: %s", rules);
+        return 0;
+}
+
 static int sandbox_ensure(builder *b) {
         if (b->sb)
                 return 0;
@@ -237,6 +320,12 @@ static int sandbox_ensure(builder *b) {
         if (hutch_sandbox_create(b->ctx, &cfg, &b->sb, &err) < 0 ||
             hutch_sandbox_tie_lifetime(b->sb, &err) < 0) {
                 emit(b, "error", "cannot start the build sandbox: %s", err.msg);
+                goto fail;
+        }
+        if (build_net_start(b) < 0) {
+        fail:
+                egress_proxy_free(b->proxy);
+                b->proxy = NULL;
                 if (b->sb) {
                         hutch_error e2 = { 0 };
                         (void) hutch_sandbox_destroy(b->sb, &e2);
@@ -255,6 +344,9 @@ static void sandbox_drop(builder *b) {
         (void) hutch_sandbox_destroy(b->sb, &err);
         hutch_sandbox_unref(b->sb);
         b->sb = NULL;
+        egress_proxy_free(b->proxy);
+        b->proxy = NULL;
+        b->n_proxy_env = 0;
 }
 
 static int layer_export(builder *b, const char *key) {
@@ -431,7 +523,7 @@ static int run_proc(builder *b, const char *const *argv, uid_t uid, gid_t gid, c
                                 in_off = 0;
                         }
                 }
-                struct pollfd pf[4];
+                struct pollfd pf[5];
                 int np = 0, ii = -1;
                 for (int i = 0; i < 2; i++)
                         if (o[i].open)
@@ -442,6 +534,12 @@ static int run_proc(builder *b, const char *const *argv, uid_t uid, gid_t gid, c
                 }
                 if (!exited)
                         pf[np++] = (struct pollfd) { .fd = hutch_sandbox_fd(b->sb), .events = POLLIN };
+                int ip = -1;
+                if (b->proxy) {
+                        ip = np;
+                        pf[np++] = (struct pollfd) { .fd = egress_proxy_fd(b->proxy),
+                                                     .events = POLLIN };
+                }
                 int64_t now = mono_ms();
                 if (!exited && now >= deadline) {
                         emit(b, "error", "%s ran for more than %d s: killed", argv[0],
@@ -462,6 +560,8 @@ static int run_proc(builder *b, const char *const *argv, uid_t uid, gid_t gid, c
                                         out_read(b, io, &o[i], i == 0);
                                 k++;
                         }
+                if (ip >= 0 && pf[ip].revents)
+                        egress_proxy_dispatch(b->proxy);
                 if (ii >= 0 && (pf[ii].revents & (POLLOUT | POLLERR | POLLHUP))) {
                         ssize_t w = write(in, inbuf + in_off, in_len - in_off);
                         if (w > 0)
@@ -544,7 +644,7 @@ static int user_lookup(builder *b, const char *name, uinfo *ret) {
 
 /* The context's environment for a process of user u (NULL-terminated, malloc'ed). */
 static char **ctx_envp(builder *b, const char *user, const uinfo *u) {
-        size_t n = json_object_size(b->env) + 6, k = 0;
+        size_t n = json_object_size(b->env) + 6 + (size_t) b->n_proxy_env, k = 0;
         char **v = calloc(n, sizeof *v);
         if (!v)
                 abort();
@@ -557,6 +657,8 @@ static char **ctx_envp(builder *b, const char *user, const uinfo *u) {
         if (asprintf(&v[k++], "HOME=%s", u->home) < 0 || asprintf(&v[k++], "USER=%s", user) < 0 ||
             asprintf(&v[k++], "LOGNAME=%s", user) < 0)
                 abort();
+        for (int i = 0; i < b->n_proxy_env; i++) /* the build's egress proxy */
+                v[k++] = strdup(b->proxy_env[i]);
         const char *key;
         json_t *val;
         json_object_foreach(b->env, key, val) {

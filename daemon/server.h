@@ -56,6 +56,7 @@ typedef struct server_config {
         char egress_allow[4096];     /* the operator's ceiling: rules, comma-separated */
         char egress_deny[4096];
         char egress_open[1024];      /* reserved ranges opened */
+        char build_egress[4096];     /* template build steps' egress rules, under the ceiling (templates.c) */
         char dns[256];               /* nameservers; empty: /etc/resolv.conf */
         char egress_upstream_ca[1024]; /* extra CAs trusted for intercepted upstreams */
         uint64_t egress_port;

@@ -1113,6 +1113,11 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
         json_object_set_new(spec, "dataDir", json_string(srv->cfg.data_dir));
         json_object_set_new(spec, "runDir", json_string(srv->cfg.run_dir));
         json_object_set_new(spec, "memoryMB", json_integer((json_int_t) srv->cfg.memory_mb));
+        /* the steps' egress: the build-egress rules under the operator's ceiling */
+        json_object_set_new(spec, "egress",
+                            json_pack("{s:s, s:s, s:s, s:s, s:s}", "rules", srv->cfg.build_egress,
+                                      "allow", srv->cfg.egress_allow, "deny", srv->cfg.egress_deny,
+                                      "open", srv->cfg.egress_open, "dns", srv->cfg.dns));
         char p[PATH_MAX];
         builds_path(srv, p, sizeof p, "files/%s", t.id);
         json_object_set_new(spec, "filesDir", json_string(p));

@@ -240,3 +240,64 @@ def test_registry_credentials_never_land(sandboxed_hutch, tmp_path):
     for p in data.rglob("*"):
         if p.is_file() and not p.is_symlink():
             assert secret.encode() not in p.read_bytes(), p
+
+
+def test_build_egress_is_the_operator_s(sandboxed_hutch, tmp_path):
+    """build-egress opens what build steps may reach, under the ceiling: a
+    RUN step reaches the allowed server through the build's proxy, and not
+    another port of it."""
+    import random
+    ns = "hbe" + os.urandom(3).hex()
+    o3 = random.randint(100, 199)
+    host_ip, srv_ip = f"10.232.{o3}.1", f"10.232.{o3}.2"
+    sh = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
+    sh("ip", "netns", "add", ns)
+    srv = None
+    try:
+        sh("ip", "link", "add", f"{ns}a", "type", "veth", "peer", "name", f"{ns}b")
+        sh("ip", "link", "set", f"{ns}b", "netns", ns)
+        sh("ip", "addr", "add", f"{host_ip}/30", "dev", f"{ns}a")
+        sh("ip", "link", "set", f"{ns}a", "up")
+        sh("ip", "-n", ns, "addr", "add", f"{srv_ip}/30", "dev", f"{ns}b")
+        sh("ip", "-n", ns, "link", "set", f"{ns}b", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        (tmp_path / "www").mkdir()
+        (tmp_path / "www" / "pkg.txt").write_text("package-contents\n")
+        srv = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-m", "http.server", "--bind", srv_ip,
+                                "18080"], cwd=tmp_path / "www", stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["curl", "-sf", "-o", "/dev/null", f"http://{srv_ip}:18080/pkg.txt"]).returncode:
+            assert time.monotonic() < deadline, "the test server did not start"
+            time.sleep(0.1)
+        tmp_path.chmod(0o755)
+        sd = ServeDaemon(sandboxed_hutch, tmp_path / "data",
+                         ["--pool-size", "0", "--egress-allow", "*", "--egress-open", f"10.232.{o3}.0/30",
+                          "--build-egress", f"{srv_ip}:18080"])
+        sd.start()
+        try:
+            b = request_build(sd, "netbuild")
+            tid, bid = b["templateID"], b["buildID"]
+            body = {"fromTemplate": "base", "steps": [
+                {"type": "RUN", "args": [f"curl -sS -m 10 http://{srv_ip}:18080/pkg.txt > /home/user/pkg.txt"],
+                 "force": False},
+                {"type": "RUN", "args": [f"curl -sf -m 5 http://{srv_ip}:18081/ && echo REACHED || echo refused"],
+                 "force": False}]}
+            assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid}", body).status == 202
+            st = wait_status(sd, tid, bid, ("ready", "error"), timeout=60)
+            msgs = [e["message"] for e in st["logEntries"]]
+            assert st["status"] == "ready", msgs
+            assert "[builder 2/2] [stdout]: refused" in msgs, msgs
+            assert not any("REACHED" in m and "[stdout]" in m for m in msgs), msgs
+            sb = sd.create(templateID="netbuild")
+            end, out, err, _ = sd.run(sb, "cat /home/user/pkg.txt")
+            assert out == b"package-contents\n", (out, err)
+            sd.kill(sb["sandboxID"])
+        finally:
+            sd.stop()
+    finally:
+        if srv:
+            srv.kill()
+            srv.wait()
+        subprocess.run(["ip", "link", "del", f"{ns}a"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
