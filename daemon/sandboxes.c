@@ -541,8 +541,17 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         const char *tb = snap.id[0] ? NULL : template_backend(srv->cfg.template_backends, alias);
         int backend = hutch_backend_from_name(cr.backend           ? cr.backend
                                                       : snap.id[0] ? (checkpoint ? "gvisor" : "ns")
+                                                      : built      ? "ns" /* a build's layer is an ns one */
                                                       : tb         ? tb
                                                                    : srv->cfg.backend);
+        if (built && backend == HUTCH_BACKEND_GVISOR) {
+                *ret_status = 409;
+                json_decref(egress_spec);
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "template '%s' was built for the namespace (ns) backend; it cannot "
+                                       "start a gvisor sandbox",
+                                       cr.template_id);
+        }
         if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
                 *ret_status = 409;
                 json_decref(egress_spec);

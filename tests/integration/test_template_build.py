@@ -136,6 +136,8 @@ def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
             assert sb["templateID"] == tid and sb["alias"] == "my-tpl", (ref, sb)
             sd.kill(sb["sandboxID"])
         assert sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl:v1"}).status == 404  # superseded, never built
+        r = sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl", "backend": "gvisor"})
+        assert r.status == 409 and "namespace (ns) backend" in r.json()["message"], r
         layers = tmp_path / "data" / "builds" / "layers"
         assert any(p.suffix == ".layer" for p in layers.iterdir())
         assert sd.request("DELETE", f"/templates/{tid}").status == 204
