@@ -171,8 +171,9 @@ static bool cache_load(builder *b, const char *key) {
 }
 
 static int write_file_atomic(const char *final, const void *data, size_t len) {
-        char tmp[PATH_MAX + 16];
-        snprintf(tmp, sizeof tmp, "%s.tmp", final);
+        char tmp[PATH_MAX + 32];
+        /* this process's own: two builds may make the same key at once */
+        snprintf(tmp, sizeof tmp, "%s.%ld.tmp", final, (long) getpid());
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0)
                 return -errno;
@@ -352,7 +353,8 @@ static void sandbox_drop(builder *b) {
 static int layer_export(builder *b, const char *key) {
         char final[PATH_MAX], tmp[PATH_MAX + 16];
         cache_path(b, key, "layer", final, sizeof final);
-        snprintf(tmp, sizeof tmp, "%s.tmp", final);
+        /* this process's own: two builds may make the same key at once */
+        snprintf(tmp, sizeof tmp, "%s.%ld.tmp", final, (long) getpid());
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
                 emit(b, "error", "%s: %s", tmp, strerror(errno));

@@ -272,10 +272,19 @@ int templates_setup(server *srv) {
 }
 
 void templates_teardown(server *srv) {
-        for (build_job *j = jobs; j; j = j->next)
-                if (!j->exited && j->pid > 0)
+        /* the next start fails these builds and removes their files */
+        while (jobs) {
+                build_job *j = jobs;
+                jobs = j->next;
+                if (!j->exited && j->pid > 0) {
                         kill(j->pid, SIGKILL);
-        /* the next start fails the builds and removes their files */
+                        (void) waitpid(j->pid, NULL, 0);
+                }
+                safe_close(j->out_w.fd);
+                safe_close(j->pid_w.fd);
+                free(j->buf);
+                free(j);
+        }
 }
 
 /* ------------------------------------------------------------ utilities */
