@@ -414,7 +414,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         char tpl_workdir[PATH_MAX] = "";
         store_snapshot snap = { 0 };
         _cleanup_(json_decrefp) json_t *built = NULL; /* a built template's ready build */
-        char built_tid[32] = "", built_alias[64] = "";
+        char built_tid[32] = "", built_alias[64] = "", snap_base[64];
         if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
                 template_name = "host";
                 alias = cr.template_id;
@@ -428,9 +428,11 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 /* the template it was taken from, when that is an image one:
                  * the snapshot is only its writable layer */
                 template_name = "host";
-                if (snap.template_id[0] && !streq(snap.template_id, "host") &&
-                    !streq(snap.template_id, "base") && !snapshot_id_valid(snap.template_id) &&
-                    template_validate_name(snap.template_id) == 0)
+                if (templates_snapshot_base(srv, team, snap.template_id, snap_base, sizeof snap_base) == 0)
+                        template_name = snap_base; /* taken from a built template: its base */
+                else if (snap.template_id[0] && !streq(snap.template_id, "host") &&
+                         !streq(snap.template_id, "base") && !snapshot_id_valid(snap.template_id) &&
+                         template_validate_name(snap.template_id) == 0)
                         template_name = snap.template_id;
                 alias = cr.template_id;
         } else if (templates_resolve(srv, team, cr.template_id, built_tid, built_alias, &built, err) == 0) {

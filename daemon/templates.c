@@ -374,6 +374,22 @@ int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[3
         return 0;
 }
 
+int templates_snapshot_base(server *srv, int64_t team, const char *template_id, char *buf, size_t n) {
+        store_build_template t;
+        hutch_error e = { 0 };
+        if (!tid_valid(template_id) || store_btemplate_get(srv->store, template_id, &t, &e) < 0 ||
+            t.team_id != team)
+                return -ENOENT;
+        char tid[32], alias[64];
+        json_t *res = NULL;
+        const char *base = NULL;
+        if (templates_resolve(srv, team, template_id, tid, alias, &res, &e) == 0)
+                base = json_string_value(json_object_get(res, "baseTemplate"));
+        snprintf(buf, n, "%s", base && *base ? base : "host");
+        json_decref(res);
+        return 0;
+}
+
 int templates_layer_path(server *srv, const char *layer, char *buf, size_t n) {
         if (!layer || !tpl_hash_valid(layer))
                 return -EINVAL;

@@ -27,5 +27,9 @@ const char *templates_sbx_default(sbx *sb, const char *what);
  * background (as the template's user, in its workdir, with the build's
  * env), then run the ready command until it exits 0, at most 60 s. */
 int templates_sbx_start(server *srv, sbx *sb, hutch_error *err);
+/* When template_id is a template the team built: the template its layers
+ * sit on ("host" or an image template's name), for a snapshot taken from
+ * one of its sandboxes (whose layer holds the build's files too). -ENOENT. */
+int templates_snapshot_base(server *srv, int64_t team, const char *template_id, char *buf, size_t n);
 /* The cached layer stream of a result's "layer" (0), -ENOENT. */
 int templates_layer_path(server *srv, const char *layer, char *buf, size_t n);

@@ -214,6 +214,13 @@ test('fromImage: an image template of this host (imported) is the base; its Env 
   t.after(() => sbx.kill().catch(() => {}))
   const r = await sbx.commands.run('cat /home/user/var /home/user/who a.txt 2>&1; pwd; test -e /usr/bin/python3 || echo no-host-usr; ls /bin/busybox')
   assert.equal(r.stdout, 'from-the-image\nuser\nalpha\n/home/user/app\nno-host-usr\n/bin/busybox\n')
+  // a snapshot of it starts on the same image, with the build's files and its own
+  await sbx.files.write('/home/user/later.txt', 'after the build')
+  const snap = await sbx.createSnapshot()
+  const again = await Sandbox.create(snap.snapshotId)
+  t.after(() => again.kill().catch(() => {}))
+  const r2 = await again.commands.run('cat /home/user/var /home/user/later.txt; echo; test -e /usr/bin/python3 || echo no-host-usr')
+  assert.equal(r2.stdout, 'from-the-image\nafter the build\nno-host-usr\n')
   // a missing image is a BuildError at the base step, with what to do
   await assert.rejects(
     Template.build(Template().fromImage('nosuchimage:1.0').runCmd('true'), uniqueTag('noimg')),
