@@ -309,6 +309,7 @@ static int sandbox_ensure(builder *b) {
         if (b->layer[0])
                 cache_path(b, b->layer, "layer", lp, sizeof lp);
         json_int_t mem = json_integer_value(json_object_get(b->job, "memoryMB"));
+        json_int_t cpu = json_integer_value(json_object_get(b->job, "cpuCount"));
         hutch_sandbox_config cfg = {
                 .template_name = b->base_template[0] ? b->base_template : "host",
                 .id = id,
@@ -316,6 +317,7 @@ static int sandbox_ensure(builder *b) {
                 .layer_from = b->layer[0] ? lp : NULL,
                 .owner = "hutch template build",
                 .limits = { .memory_bytes = (uint64_t) (mem >= 128 ? mem : 1024) << 20,
+                            .cpu_millis = (uint64_t) (cpu >= 1 && cpu <= 64 ? cpu : 2) * 1000,
                             .disk_bytes = 4ull << 30 },
         };
         if (hutch_sandbox_create(b->ctx, &cfg, &b->sb, &err) < 0 ||

@@ -558,6 +558,18 @@ static enum MHD_Result tpl_request(server *srv, request *req) {
         json_t *tags = json_array();
         if (nm.tag[0])
                 json_array_append_new(tags, json_string(nm.tag));
+        /* the build sandbox's size: cpuCount >= 1, memoryMB >= 128 (2.45
+         * always sends 2 and 1024), bounded by what a sandbox may have */
+        json_t *jc = json_object_get(body, "cpuCount"), *jm = json_object_get(body, "memoryMB");
+        if ((jc && !json_is_null(jc) &&
+             (!json_is_integer(jc) || json_integer_value(jc) < 1 || json_integer_value(jc) > 64)) ||
+            (jm && !json_is_null(jm) &&
+             (!json_is_integer(jm) || json_integer_value(jm) < 128 ||
+              json_integer_value(jm) > 65536))) {
+                json_decref(body);
+                return http_reply_error(c, 400, "cpuCount must be 1..64 and memoryMB 128..65536");
+        }
+        int64_t cpu = json_integer_value(jc), mem = json_integer_value(jm);
         json_t *extra = json_object_get(body, "tags");
         if (extra && !json_is_array(extra) && !json_is_null(extra)) {
                 json_decref(tags);
@@ -615,6 +627,8 @@ static enum MHD_Result tpl_request(server *srv, request *req) {
         b.team_id = req->team;
         snprintf(b.status, sizeof b.status, "waiting");
         b.tags_json = json_dumps(tags, JSON_COMPACT);
+        b.cpu_count = cpu;
+        b.memory_mb = mem;
         b.created_ms = b.updated_ms = wall_ms();
         int r = store_build_insert(srv->store, &b, &err);
         free(b.tags_json);
@@ -1107,6 +1121,8 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
                 return http_reply_error(c, 404, "build '%s' not found", rt->arg);
         }
         bool waiting = streq(b.status, "waiting") && !b.triggered;
+        int64_t cpu = b.cpu_count ? b.cpu_count : (int64_t) srv->cfg.cpu_count;
+        int64_t mem = b.memory_mb ? b.memory_mb : (int64_t) srv->cfg.memory_mb;
         store_build_clear(&b);
         if (!waiting)
                 return http_reply_error(c, 400, "build is not in waiting state");
@@ -1137,7 +1153,8 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
         json_object_set_new(spec, "buildID", json_string(rt->arg));
         json_object_set_new(spec, "dataDir", json_string(srv->cfg.data_dir));
         json_object_set_new(spec, "runDir", json_string(srv->cfg.run_dir));
-        json_object_set_new(spec, "memoryMB", json_integer((json_int_t) srv->cfg.memory_mb));
+        json_object_set_new(spec, "memoryMB", json_integer((json_int_t) mem));
+        json_object_set_new(spec, "cpuCount", json_integer((json_int_t) cpu));
         /* the steps' egress: the build-egress rules under the operator's ceiling */
         json_object_set_new(spec, "egress",
                             json_pack("{s:s, s:s, s:s, s:s, s:s}", "rules", srv->cfg.build_egress,

@@ -194,7 +194,7 @@ int store_btemplate_delete(hutch_store *st, const char *id, hutch_error *err) {
 
 #define B_COLUMNS                                                                                                \
         "id, template_id, team_id, status, triggered, tags_json, reason, reason_step, result_json, created_ms, " \
-        "updated_ms"
+        "updated_ms, cpu_count, memory_mb"
 
 void store_build_clear(store_build *b) {
         free(b->tags_json);
@@ -207,7 +207,7 @@ int store_build_insert(hutch_store *st, const store_build *b, hutch_error *err) 
         _cleanup_fin_ sqlite3_stmt *s = NULL;
         int r = prep(st,
                      "INSERT INTO builds (" B_COLUMNS
-                     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                      &s, err);
         if (r < 0)
                 return r;
@@ -222,6 +222,8 @@ int store_build_insert(hutch_store *st, const store_build *b, hutch_error *err) 
         store_bind_text(s, 9, b->result_json ? b->result_json : "{}");
         sqlite3_bind_int64(s, 10, b->created_ms);
         sqlite3_bind_int64(s, 11, b->updated_ms);
+        sqlite3_bind_int64(s, 12, b->cpu_count);
+        sqlite3_bind_int64(s, 13, b->memory_mb);
         return store_step_done(st, s, err, "recording a build");
 }
 
@@ -246,6 +248,8 @@ int store_build_get(hutch_store *st, const char *id, store_build *ret, hutch_err
         b.result_json = col_dup(s, 8);
         b.created_ms = sqlite3_column_int64(s, 9);
         b.updated_ms = sqlite3_column_int64(s, 10);
+        b.cpu_count = sqlite3_column_int64(s, 11);
+        b.memory_mb = sqlite3_column_int64(s, 12);
         if (!b.tags_json || !b.reason || !b.result_json) {
                 store_build_clear(&b);
                 return hutch_error_set(err, -ENOMEM, "out of memory");

@@ -180,6 +180,8 @@ static const char *const migrations[] = {
         "  reason TEXT NOT NULL DEFAULT '',"
         "  reason_step TEXT NOT NULL DEFAULT '',"
         "  result_json TEXT NOT NULL DEFAULT '{}',"
+        "  cpu_count INTEGER NOT NULL DEFAULT 0,"
+        "  memory_mb INTEGER NOT NULL DEFAULT 0,"
         "  created_ms INTEGER NOT NULL,"
         "  updated_ms INTEGER NOT NULL"
         ") WITHOUT ROWID;"

@@ -292,6 +292,7 @@ typedef struct store_build {
         char *reason;          /* "" unless failed */
         char reason_step[16];
         char *result_json;     /* ready: {"layer","user","workdir","env","startCmd","readyCmd"} */
+        int64_t cpu_count, memory_mb; /* the build sandbox's, as requested; 0: the daemon's */
         int64_t created_ms, updated_ms;
 } store_build;
 void store_build_clear(store_build *b);

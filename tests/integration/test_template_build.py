@@ -53,13 +53,17 @@ def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
         assert sd.request("POST", "/v3/templates", {}).status == 400
         assert sd.request("POST", "/v3/templates", {"name": "Bad Name!"}).status == 400
         assert sd.request("POST", "/v3/templates", {"name": "other-team/x"}).status == 400
+        assert sd.request("POST", "/v3/templates", {"name": "x", "cpuCount": 0}).status == 400
+        assert sd.request("POST", "/v3/templates", {"name": "x", "memoryMB": 64}).status == 400
         r = sd.request("POST", "/v3/templates", {"name": "default/my-tpl:v1", "tags": ["stable", "v1"]})
         assert r.status == 202, r
         b = r.json()
         assert b["tags"] == ["v1", "stable"] and b["names"] == ["default/my-tpl"] and b["aliases"] == ["my-tpl"]
         assert b["public"] is False
         tid, bid = b["templateID"], b["buildID"]
-        again = request_build(sd, "my-tpl")
+        r = sd.request("POST", "/v3/templates", {"name": "my-tpl", "cpuCount": 1, "memoryMB": 256})
+        assert r.status == 202, r
+        again = r.json()
         assert again["templateID"] == tid and again["tags"] == ["default"]
         # the older build, never triggered, is superseded
         st = sd.request("GET", f"/templates/{tid}/builds/{bid}/status").json()
