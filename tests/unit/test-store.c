@@ -551,41 +551,56 @@ static int value_code(hutch_store *st, int64_t team, const char *name) {
 static void test_builds(hutch_store *st, int64_t team, int64_t other) {
         hutch_error err = { 0 };
         char name[128];
-        ok(store_team_name(st, team, name, sizeof name, &err) == 0 && streq(name, "alpha"), "team name");
-        store_build_template t = { .id = "aaaaaaaaaaaaaaaaaaaa", .team_id = team, .alias = "app", .created_ms = 5 };
-        store_build_template u = { .id = "bbbbbbbbbbbbbbbbbbbb", .team_id = other, .alias = "app", .created_ms = 6 };
+        ok(store_team_name(st, team, name, sizeof name, &err) == 0 && streq(name, "alpha"),
+           "team name");
+        store_build_template t = {
+                .id = "aaaaaaaaaaaaaaaaaaaa", .team_id = team, .alias = "app", .created_ms = 5
+        };
+        store_build_template u = {
+                .id = "bbbbbbbbbbbbbbbbbbbb", .team_id = other, .alias = "app", .created_ms = 6
+        };
         store_build_template r;
         ok(store_btemplate_create(st, &t, &err) == 0 && store_btemplate_create(st, &u, &err) == 0,
            "one alias in two teams");
         ok(store_btemplate_create(st, &t, &err) < 0, "the same id twice is refused");
-        ok(store_btemplate_find(st, team, "app", &r, &err) == 0 && streq(r.id, t.id), "found by team and alias");
+        ok(store_btemplate_find(st, team, "app", &r, &err) == 0 && streq(r.id, t.id),
+           "found by team and alias");
         ok(store_btemplate_find(st, team, "nope", &r, &err) == -ENOENT, "unknown alias ENOENT");
-        ok(store_btemplate_alias_exists(st, "app", &err) == 1 && store_btemplate_alias_exists(st, "x", &err) == 0,
+        ok(store_btemplate_alias_exists(st, "app", &err) == 1 &&
+                   store_btemplate_alias_exists(st, "x", &err) == 0,
            "alias exists somewhere");
-        store_build b = { .id = "11111111-1111-4111-8111-111111111111", .team_id = team, .status = "waiting",
-                          .tags_json = (char *) "[\"default\"]", .cpu_count = 2, .memory_mb = 512,
-                          .created_ms = 1, .updated_ms = 1 };
+        store_build b = { .id = "11111111-1111-4111-8111-111111111111",
+                          .team_id = team,
+                          .status = "waiting",
+                          .tags_json = (char *) "[\"default\"]",
+                          .cpu_count = 2,
+                          .memory_mb = 512,
+                          .created_ms = 1,
+                          .updated_ms = 1 };
         snprintf(b.template_id, sizeof b.template_id, "%s", t.id);
         store_build old = b;
         snprintf(old.id, sizeof old.id, "00000000-0000-4000-8000-000000000000");
-        ok(store_build_insert(st, &old, &err) == 0 && store_build_insert(st, &b, &err) == 0, "two builds");
+        ok(store_build_insert(st, &old, &err) == 0 && store_build_insert(st, &b, &err) == 0,
+           "two builds");
         ok(store_build_supersede(st, t.id, b.id, &err) == 0, "supersede");
         store_build g = { 0 };
-        ok(store_build_get(st, old.id, &g, &err) == 0 && streq(g.status, "error") && strstr(g.reason, "superseded"),
+        ok(store_build_get(st, old.id, &g, &err) == 0 && streq(g.status, "error") &&
+                   strstr(g.reason, "superseded"),
            "the older waiting build is superseded");
         store_build_clear(&g);
-        ok(store_build_get(st, b.id, &g, &err) == 0 && streq(g.status, "waiting") && g.cpu_count == 2 &&
-                   g.memory_mb == 512 && streq(g.tags_json, "[\"default\"]"),
+        ok(store_build_get(st, b.id, &g, &err) == 0 && streq(g.status, "waiting") &&
+                   g.cpu_count == 2 && g.memory_mb == 512 && streq(g.tags_json, "[\"default\"]"),
            "the newer one waits, with its size and tags");
         store_build_clear(&g);
         ok(store_build_set_triggered(st, b.id, &err) == 0 &&
                    store_build_set(st, b.id, "building", NULL, NULL, NULL, &err) == 0,
            "triggered, building");
         for (int i = 0; i < 6; i++)
-                ok(store_build_log_add(st, b.id, i, 100 + i, i % 4, i < 3 ? "1" : "2", i % 2 ? "odd" : "even",
-                                       &err) == 0,
+                ok(store_build_log_add(st, b.id, i, 100 + i, i % 4, i < 3 ? "1" : "2",
+                                       i % 2 ? "odd" : "even", &err) == 0,
                    "log line %d", i);
-        ok(store_build_log_add(st, b.id, 3, 0, 1, "", "again", &err) < 0, "a line number is written once");
+        ok(store_build_log_add(st, b.id, 3, 0, 1, "", "again", &err) < 0,
+           "a line number is written once");
         store_build_log *v = NULL;
         size_t n = 0;
         ok(store_build_logs(st, b.id, 0, 2, 3, &v, &n, &err) == 0 && n == 3 && v[0].ts_ms == 102 &&
@@ -602,7 +617,8 @@ static void test_builds(hutch_store *st, int64_t team, int64_t other) {
         store_build_clear(&g);
         ok(store_build_set(st, b.id, "ready", "", "", "{\"layer\":\"abc\"}", &err) == 0, "ready");
         char **layers = NULL;
-        ok(store_build_ready_layers(st, &layers, &err) == 0 && layers[0] && streq(layers[0], "abc") && !layers[1],
+        ok(store_build_ready_layers(st, &layers, &err) == 0 && layers[0] &&
+                   streq(layers[0], "abc") && !layers[1],
            "the ready builds' layers");
         for (char **p = layers; p && *p; p++)
                 free(*p);
@@ -614,7 +630,8 @@ static void test_builds(hutch_store *st, int64_t team, int64_t other) {
            "tags set, one moved");
         ok(store_build_tag_get(st, t.id, "v1", bid, &err) == 0 && streq(bid, b.id), "the moved tag");
         store_build_tag *tags = NULL;
-        ok(store_build_tags(st, t.id, &tags, &n, &err) == 0 && n == 2 && streq(tags[0].tag, "default"), "tags listed");
+        ok(store_build_tags(st, t.id, &tags, &n, &err) == 0 && n == 2 && streq(tags[0].tag, "default"),
+           "tags listed");
         free(tags);
         ok(store_build_tag_delete(st, t.id, "v1", &err) == 0 &&
                    store_build_tag_get(st, t.id, "v1", bid, &err) == -ENOENT,
@@ -623,9 +640,11 @@ static void test_builds(hutch_store *st, int64_t team, int64_t other) {
         ok(store_btemplate_list(st, team, &list, &n, &err) == 0 && n == 1 && streq(list[0].id, t.id),
            "the team's templates only");
         free(list);
-        ok(store_btemplate_delete(st, t.id, &err) == 0 && store_btemplate_get(st, t.id, &r, &err) == -ENOENT &&
+        ok(store_btemplate_delete(st, t.id, &err) == 0 &&
+                   store_btemplate_get(st, t.id, &r, &err) == -ENOENT &&
                    store_build_get(st, b.id, &g, &err) == -ENOENT &&
-                   raw_int("SELECT count(*) FROM build_logs") == 0 && raw_int("SELECT count(*) FROM build_tags") == 0,
+                   raw_int("SELECT count(*) FROM build_logs") == 0 &&
+                   raw_int("SELECT count(*) FROM build_tags") == 0,
            "delete takes builds, logs and tags");
         ok(store_btemplate_get(st, u.id, &r, &err) == 0, "the other team's template stays");
 }
