@@ -163,10 +163,25 @@ static bool strv_has(char **v, const char *s) {
  * unless a ready build's result is their layer; then every <key>.layer no
  * remaining entry and no ready build names. Never while a build runs (it
  * may be about to start on a layer). Returns how many files it removed. */
-static unsigned cache_gc(server *srv, const char *only_tid, int64_t before_ms) {
+static bool builds_running(void) {
         for (build_job *j = jobs; j; j = j->next)
                 if (!j->exited)
-                        return 0;
+                        return true;
+        return false;
+}
+
+/* Deleted templates whose cache collection waits for the running builds. */
+static char *gc_pending[16];
+
+static unsigned cache_gc(server *srv, const char *only_tid, int64_t before_ms) {
+        if (builds_running()) {
+                for (size_t i = 0; only_tid && i < ELEMENTSOF(gc_pending); i++)
+                        if (!gc_pending[i]) {
+                                gc_pending[i] = strdup(only_tid);
+                                break;
+                        }
+                return 0;
+        }
         char **keep = NULL;
         hutch_error e = { 0 };
         if (store_build_ready_layers(srv->store, &keep, &e) < 0) {
@@ -284,6 +299,10 @@ void templates_teardown(server *srv) {
                 safe_close(j->pid_w.fd);
                 free(j->buf);
                 free(j);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(gc_pending); i++) {
+                free(gc_pending[i]); /* the next start's age collection has the rest */
+                gc_pending[i] = NULL;
         }
 }
 
@@ -923,7 +942,16 @@ static void job_maybe_free(build_job *j) {
                 job_log(j, 3, "finalize", why);
                 job_finish(j, "error", why, "finalize", NULL);
         }
+        server *srv = j->srv;
         job_free(j);
+        /* the collections deletes put off, now that no build runs */
+        for (size_t i = 0; !builds_running() && i < ELEMENTSOF(gc_pending); i++)
+                if (gc_pending[i]) {
+                        char *tid = gc_pending[i];
+                        gc_pending[i] = NULL;
+                        (void) cache_gc(srv, tid, 0);
+                        free(tid);
+                }
 }
 
 static void on_job_out(server *srv, watcher *w, uint32_t revents) {

@@ -307,3 +307,42 @@ def test_build_egress_is_the_operator_s(sandboxed_hutch, tmp_path):
             srv.wait()
         subprocess.run(["ip", "link", "del", f"{ns}a"], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_delete_during_a_build(sandboxed_hutch, tmp_path):
+    """DELETE of a template while it builds: the build is stopped, its
+    sandbox removed, and the template's step cache collected once no build
+    runs."""
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    sd.start()
+    try:
+        b = request_build(sd, "short-lived")
+        tid, bid = b["templateID"], b["buildID"]
+        quick = {"fromTemplate": "base", "steps": [{"type": "RUN", "args": ["echo one"], "force": False}]}
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid}", quick).status == 202
+        assert wait_status(sd, tid, bid, ("ready", "error"))["status"] == "ready"
+        layers = data / "builds" / "layers"
+        assert any(p.suffix == ".layer" for p in layers.iterdir())
+        b2 = request_build(sd, "short-lived")
+        slow = {"fromTemplate": "base", "steps": [{"type": "RUN", "args": ["echo one"], "force": False},
+                                                  {"type": "RUN", "args": ["echo go; sleep 300"], "force": False}]}
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{b2['buildID']}", slow).status == 202
+        deadline = time.monotonic() + 30
+        while not any("[stdout]: go" in e["message"] for e in
+                      sd.request("GET", f"/templates/{tid}/builds/{b2['buildID']}/status").json()["logEntries"]):
+            assert time.monotonic() < deadline, "the slow step never started"
+            time.sleep(0.1)
+        sbx_id = (data / "builds" / "jobs" / b2["buildID"] / "sandbox").read_text().strip()
+        assert sd.request("DELETE", f"/templates/{tid}").status == 204
+        deadline = time.monotonic() + 20
+        while list((data / "builds" / "jobs").iterdir()) or list(layers.iterdir()):
+            assert time.monotonic() < deadline, (list((data / "builds" / "jobs").iterdir()), list(layers.iterdir()))
+            time.sleep(0.1)
+        ps = subprocess.run([str(sandboxed_hutch), "ps", "-a", "-q"], capture_output=True, text=True,
+                            env={**os.environ, "HUTCH_DATA_DIR": str(data)})
+        assert sbx_id not in ps.stdout, ps.stdout
+        assert sd.request("GET", "/templates/aliases/short-lived").status == 404
+    finally:
+        sd.stop()
