@@ -25,7 +25,7 @@ static const char pull_usage[] =
         "Pull an image from an OCI distribution registry into template NAME\n"
         "(default: the last path component and the tag, python:3.12 -> python-3.12).\n"
         "A short name (python:3.12) resolves through registries.conf (search and\n"
-        "mirror lines, docs/registries.md); layers already in the layer store are\n"
+        "mirror lines, docs/templates.md); layers already in the layer store are\n"
         "not downloaded again.\n"
         "\n"
         "  --name NAME              the template to write\n"
@@ -33,6 +33,8 @@ static const char pull_usage[] =
         "  --registries-conf FILE   instead of $HUTCH_REGISTRIES_CONF or DATA_DIR/registries.conf\n"
         "  --ca-file FILE           trust FILE's CAs too, for every registry\n"
         "  --parallel N             blobs downloaded at once (1-16, default 4)\n"
+        "  --configured-only        refuse a registry registries.conf does not name (search,\n"
+        "                           mirror, allow lines), as hutch serve does for its clients\n"
         "\n"
         "Prints the template's name on stdout. Exit status: 0 pulled, 2 usage or an\n"
         "invalid reference, 125 the pull failed (the message says why).\n";
@@ -169,6 +171,8 @@ static const char *errno_name(int r) {
                 return "tls";
         case EINVAL:
                 return "invalid";
+        case EPERM:
+                return "not_allowed";
         default:
                 return "failed";
         }
@@ -190,6 +194,8 @@ int template_pull_main(int argc, char **argv) {
                         name = argv[++i];
                 else if (streq(a, "--registries-conf") && has_next)
                         opts.conf_path = argv[++i];
+                else if (streq(a, "--configured-only"))
+                        opts.configured_only = true;
                 else if (streq(a, "--ca-file") && has_next)
                         opts.ca_file = argv[++i];
                 else if (streq(a, "--parallel") && has_next) {

@@ -500,6 +500,8 @@ void server_pull_opts(const server *srv, image_pull_opts *ret) {
         *ret = (image_pull_opts) {
                 .conf_path = streq(srv->cfg.registries_conf, "-") ? NULL : srv->cfg.registries_conf,
                 .ca_file = streq(srv->cfg.registry_ca, "-") ? NULL : srv->cfg.registry_ca,
+                /* a client's reference reaches only the registries the file names */
+                .configured_only = true,
         };
 }
 

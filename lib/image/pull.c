@@ -340,6 +340,12 @@ static int unpack_reap(pull_ctx *x, const image_manifest *m, const image_config 
         if (code < 0)
                 return hutch_error_set(err, code, "%s", msg);
         x->unpacked[job->layer] = true;
+        /* its compressed copy is not needed any more: gone now, while other
+         * layers still unpack, rather than all at the end */
+        char path[4096];
+        if (registry_cache_path(x->blob_dir, m->layers[job->layer].digest, path, sizeof path) == 0 &&
+            path[0])
+                unlink(path);
         progress_emit(x, "layer-done", cfg->diff_ids[job->layer],
                       (uint64_t) m->layers[job->layer].size, (uint64_t) m->layers[job->layer].size,
                       (unsigned) job->layer + 1, (unsigned) m->n_layers);
@@ -357,42 +363,76 @@ static int unpack_all(pull_ctx *x, const image_manifest *m, const image_config *
         unpack_job jobs[4] = { 0 };
         if (!(x->unpacked = calloc(m->n_layers, sizeof *x->unpacked)))
                 return hutch_error_set(err, -ENOMEM, "out of memory");
-        size_t next = 0, active = 0;
+        _cleanup_free_ bool *started = calloc(n ? n : 1, sizeof *started);
+        if (!started)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        size_t n_started = 0, active = 0;
         int r = 0;
-        while (r >= 0 && (next < n || active > 0)) {
-                /* start the next layer once its blob is there and a worker is free */
-                if (next < n && active < workers) {
-                        size_t i = need[next];
-                        if ((r = dl_wait_for(x, m->layers[i].digest, err)) < 0)
+        while (r >= 0 && (n_started < n || active > 0)) {
+                /* Start any layer whose blob is in the cache, in the order the
+                 * downloads finish (not the manifest's: 4 parallel downloads
+                 * finish out of order, and an idle worker should not wait
+                 * for layer 1 while layer 3 is there). Once the downloader
+                 * ended well, the rest start anyway (cache_open fetches what
+                 * it lacks). */
+                if (x->dl_ended && x->dl_r < 0) {
+                        r = hutch_error_set(err, x->dl_r, "%s", x->dl_msg);
+                        break;
+                }
+                while (r >= 0 && active < workers && n_started < n) {
+                        size_t pick = n;
+                        for (size_t k = 0; k < n && pick == n; k++) {
+                                char path[4096];
+                                if (started[k])
+                                        continue;
+                                if (x->dl_ended ||
+                                    (registry_cache_path(x->blob_dir, m->layers[need[k]].digest,
+                                                         path, sizeof path) == 0 &&
+                                     path[0]))
+                                        pick = k;
+                        }
+                        if (pick == n)
                                 break;
                         size_t slot = 0;
                         while (jobs[slot].pid)
                                 slot++;
-                        if ((r = unpack_start(x, m, cfg, i, &jobs[slot], err)) < 0)
+                        if ((r = unpack_start(x, m, cfg, need[pick], &jobs[slot], err)) < 0)
                                 break;
-                        next++;
+                        started[pick] = true;
+                        n_started++;
                         active++;
-                        continue;
                 }
-                /* all workers busy (or nothing left to start): wait for one */
-                struct pollfd pfd[4];
-                size_t map[4], np = 0;
+                if (r < 0 || (n_started == n && active == 0))
+                        break;
+                /* wait for a worker to finish or the downloader to say something */
+                struct pollfd pfd[5];
+                size_t map[5], np = 0;
                 for (size_t s2 = 0; s2 < workers; s2++)
                         if (jobs[s2].pid) {
                                 pfd[np] = (struct pollfd) { .fd = jobs[s2].fd, .events = POLLIN };
                                 map[np++] = s2;
                         }
+                bool dl_polled = !x->dl_ended && x->dl_fd >= 0;
+                if (dl_polled)
+                        pfd[np++] = (struct pollfd) { .fd = x->dl_fd, .events = POLLIN };
+                if (np == 0) {
+                        r = hutch_error_set(err, -EIO, "pull: nothing to wait for"); /* cannot happen */
+                        break;
+                }
                 if (poll(pfd, np, -1) < 0) {
                         if (errno == EINTR)
                                 continue;
                         r = hutch_error_set(err, -errno, "poll: %m");
                         break;
                 }
-                for (size_t q = 0; q < np && r >= 0; q++)
+                size_t nw = dl_polled ? np - 1 : np;
+                for (size_t q = 0; q < nw && r >= 0; q++)
                         if (pfd[q].revents) {
                                 r = unpack_reap(x, m, cfg, &jobs[map[q]], err);
                                 active--;
                         }
+                if (r >= 0 && dl_polled && pfd[np - 1].revents)
+                        dl_read(x);
         }
         for (size_t s2 = 0; s2 < workers; s2++)
                 if (jobs[s2].pid) {
@@ -512,6 +552,33 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         if ((r = image_reference_candidates(rf, conf, &cands, &n_cands, err)) < 0)
                 return r;
 
+        if (opts->configured_only) {
+                /* drop what the file does not name; none left: refused */
+                size_t kept = 0;
+                for (size_t i = 0; i < n_cands; i++) {
+                        const char *h = cands[i].mirror ? cands[i].host : cands[i].registry;
+                        if (registries_conf_names(conf, h)) {
+                                image_candidate t = cands[kept];
+                                cands[kept++] = cands[i];
+                                cands[i] = t;
+                        }
+                }
+                if (kept == 0) {
+                        r = hutch_error_set(
+                                err, -EPERM,
+                                "%s names a registry %s does not list (search, mirror or allow lines): "
+                                "refused",
+                                ref, conf_path);
+                        image_candidates_free(cands, n_cands);
+                        return r;
+                }
+                for (size_t i = kept; i < n_cands; i++) {
+                        free(cands[i].host);
+                        free(cands[i].registry);
+                        free(cands[i].repository);
+                }
+                n_cands = kept;
+        }
         pull_ctx x = { .data_dir = data_dir, .p = p, .dl_fd = -1 };
         if (image_blob_dir(data_dir, x.blob_dir, sizeof x.blob_dir) < 0) {
                 image_candidates_free(cands, n_cands);
@@ -571,7 +638,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
 
         image_manifest m = { 0 };
         if ((r = image_manifest_parse(mbuf, mlen, mtype, &m, err)) < 0)
-                return hutch_error_wrap(err, r, "the manifest of %s: ", source);
+                return hutch_error_wrap(err, r, "the manifest of %s", source);
         if (m.is_index) {
                 /* the host platform's manifest, by digest (verified) */
                 _cleanup_free_ char *chosen = m.chosen.digest ? strdup(m.chosen.digest) : NULL;
@@ -588,7 +655,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 if ((r = registry_get_manifest(client, chosen, &mbuf, &mlen, &mtype, d2, err)) < 0)
                         return r;
                 if ((r = image_manifest_parse(mbuf, mlen, mtype, &m, err)) < 0)
-                        return hutch_error_wrap(err, r, "the manifest %s: ", chosen);
+                        return hutch_error_wrap(err, r, "the manifest %s", chosen);
                 if (m.is_index) {
                         image_manifest_clear(&m);
                         return hutch_error_set(err, -EINVAL,
@@ -620,7 +687,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         }
         image_config cfg = { 0 };
         if (r >= 0 && (r = image_config_parse(cbuf, clen, &cfg, err)) < 0)
-                hutch_error_wrap(err, r, "the config of %s: ", source);
+                hutch_error_wrap(err, r, "the config of %s", source);
         free(cbuf);
         if (r >= 0 && cfg.n_diff_ids != m.n_layers)
                 r = hutch_error_set(err, -EBADMSG,

@@ -20,6 +20,10 @@ typedef struct image_pull_opts {
         const char *conf_path; /* registries.conf; NULL: $HUTCH_REGISTRIES_CONF, else DATA_DIR/registries.conf */
         const char *ca_file; /* an extra CA bundle for every registry, or NULL */
         unsigned parallel;   /* concurrent blob downloads; 0: 4 */
+        /* only the registries registries.conf names (search, mirror, allow
+         * lines): for a reference an API client chose (the daemon sets it),
+         * so that it cannot make the host connect where it likes */
+        bool configured_only;
 } image_pull_opts;
 
 typedef struct image_pull_result {

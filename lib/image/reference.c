@@ -335,6 +335,8 @@ void registries_conf_clear(registries_conf *c) {
         }
         for (size_t i = 0; i < c->n_insecure; i++)
                 free(c->insecure[i]);
+        for (size_t i = 0; i < c->n_allow; i++)
+                free(c->allow[i]);
         for (size_t i = 0; i < c->n_ca; i++) {
                 free(c->ca[i].host);
                 free(c->ca[i].file);
@@ -458,10 +460,11 @@ int registries_conf_parse(const char *text, size_t len, registries_conf *ret, hu
                                 c.mirror[*n].host = y;
                         }
                         (*n)++;
-                } else if (streq(kw, "insecure")) {
+                } else if (streq(kw, "insecure") || streq(kw, "allow")) {
+                        bool allow = streq(kw, "allow");
                         if (!conf_word(&p, &a)) {
                                 r = hutch_error_set(err, -EINVAL,
-                                                    "line %u: usage: insecure HOST[:PORT]...", line);
+                                                    "line %u: usage: %s HOST[:PORT]...", line, kw);
                                 goto fail;
                         }
                         do {
@@ -471,13 +474,15 @@ int registries_conf_parse(const char *text, size_t len, registries_conf *ret, hu
                                                             a);
                                         goto fail;
                                 }
-                                if ((r = conf_push(c.insecure, &c.n_insecure, a, line, err)) < 0)
+                                if ((r = allow ? conf_push(c.allow, &c.n_allow, a, line, err)
+                                               : conf_push(c.insecure, &c.n_insecure, a, line, err)) <
+                                    0)
                                         goto fail;
                         } while (conf_word(&p, &a));
                 } else {
                         r = hutch_error_set(
                                 err, -EINVAL,
-                                "line %u: unknown directive '%.40s' (search, mirror, insecure, ca)",
+                                "line %u: unknown directive '%.40s' (search, mirror, insecure, ca, allow)",
                                 line, kw);
                         goto fail;
                 }
@@ -524,8 +529,22 @@ int registries_conf_load(const char *path, registries_conf *ret, hutch_error *er
         }
         int r = registries_conf_parse(buf, n, ret, err);
         if (r < 0)
-                return hutch_error_wrap(err, r, "%s: ", path);
+                return hutch_error_wrap(err, r, "%s", path);
         return 0;
+}
+
+bool registries_conf_names(const registries_conf *c, const char *host) {
+        bool hub = is_hub(host);
+        for (size_t i = 0; c && i < c->n_search; i++)
+                if (streq(c->search[i], host) || (hub && is_hub(c->search[i])))
+                        return true;
+        for (size_t i = 0; c && i < c->n_mirror; i++)
+                if (streq(c->mirror[i].host, host))
+                        return true;
+        for (size_t i = 0; c && i < c->n_allow; i++)
+                if (streq(c->allow[i], host) || (hub && is_hub(c->allow[i])))
+                        return true;
+        return false;
 }
 
 bool registries_conf_insecure(const registries_conf *c, const char *host) {

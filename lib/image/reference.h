@@ -24,6 +24,8 @@
  *                               images (same repository paths), in order
  *   insecure HOST[:PORT]        plain HTTP to HOST (never TLS without a check)
  *   ca HOST[:PORT] FILE         trust FILE's CAs for HOST, besides the system's
+ *   allow HOST[:PORT]...        where a restricted pull (the daemon's) may go,
+ *                               besides the search and mirror hosts
  *
  * Every byte of a reference comes from a user or a client: the parser is
  * fuzzed (fuzz/fuzz-reference.c).
@@ -72,6 +74,8 @@ typedef struct registries_conf {
         size_t n_mirror;
         char *insecure[REFERENCES_MAX_ENTRIES];
         size_t n_insecure;
+        char *allow[REFERENCES_MAX_ENTRIES];
+        size_t n_allow;
         struct {
                 char *host, *file;
         } ca[REFERENCES_MAX_ENTRIES];
@@ -85,6 +89,9 @@ int registries_conf_parse(const char *text, size_t len, registries_conf *ret, hu
 int registries_conf_load(const char *path, registries_conf *ret, hutch_error *err);
 void registries_conf_clear(registries_conf *c);
 bool registries_conf_insecure(const registries_conf *c, const char *host);
+/* Whether the file names host (a search entry, a mirror, an allow entry;
+ * Docker Hub's spellings are one): where a restricted pull may connect. */
+bool registries_conf_names(const registries_conf *c, const char *host);
 const char *registries_conf_ca(const registries_conf *c, const char *host);
 
 /* One place to ask for a manifest: a host and the repository path there. */

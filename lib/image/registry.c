@@ -508,8 +508,8 @@ static int curl_fail(registry_client *c, CURLcode res, const char *what, const c
         }
 }
 
-/* One GET with the current Authorization (extra_auth: basic credentials for
- * a token server instead). */
+/* One GET with the registry's current Authorization, or, for a token
+ * request, the stored basic credentials (to the realm only). */
 static int http_get(registry_client *c, const char *url, const char *accept, bool token_request,
                     size_t max, http_resp *resp, hutch_error *err) {
         CURL *e = curl_easy_init();

@@ -10,6 +10,8 @@ every request, so a test switches it without a restart):
     corrupt   blob bodies with one byte flipped (a digest that lies)
     oversize  blob bodies with 1 MiB more than the descriptor's size
     slow      blob bodies 16 KiB at a time, 0.2 s apart (for kill -9 mid-pull)
+    hugemanifest  a 5 MiB manifest
+    badtoken  the token endpoint answers a token with CR LF in it
     redirect  blobs answered 307 to 127.0.0.2 on LISTEN_PORT+1, another
               "host" (the blob storage), which logs the Authorization header
               it got to STATE_DIR/storage-auth.log
@@ -77,6 +79,9 @@ class Facade(http.server.BaseHTTPRequestHandler):
             log("facade-auth.log", auth)
         token = state("token", "t0ken")
         if self.path.startswith("/token"):
+            if state("mode", "ok") == "badtoken":   # a header injection attempt
+                body = b'{"token": "abc\\r\\nX-Injected: 1"}'
+                return self.send(200, body, [("Content-Type", "application/json")])
             body = ('{"token": "%s", "expires_in": 300}' % token).encode()
             return self.send(200, body, [("Content-Type", "application/json")])
         if not self.path.startswith("/v2/"):
@@ -89,6 +94,9 @@ class Facade(http.server.BaseHTTPRequestHandler):
                              [("WWW-Authenticate", chal), ("Content-Type", "application/json")])
         mode = state("mode", "ok")
         is_blob = "/blobs/" in self.path
+        if mode == "hugemanifest" and "/manifests/" in self.path:
+            body = b'{"schemaVersion": 2, "pad": "' + b"x" * (5 << 20) + b'"}'
+            return self.send(200, body, [("Content-Type", "application/vnd.oci.image.manifest.v1+json")])
         if is_blob and mode == "redirect":
             digest = self.path.rsplit("/", 1)[1]
             loc = "http://127.0.0.2:%d%s?signed=1&d=%s" % (PORT + 1, self.path, digest)

@@ -8,6 +8,8 @@ The network namespace has only lo: 127.0.0.1 serves
   :5000  docker-registry, plain HTTP (marked insecure in registries.conf)
   :5443  docker-registry, HTTPS with a test CA, htpasswd basic auth
          (the same storage: what is pushed to :5000 is there too)
+  :5001  docker-registry, plain HTTP, distribution's bearer-token auth
+         (auth.token), its tokens from :5002 (tests/helpers/registry_token.py)
   :5080  the facade (HTTP, bearer tokens) in front of :5000, and
          127.0.0.2:5081 the "blob storage" its redirects point to.
 Nothing leaves the namespace; `hutch template pull` runs in it (nsenter),
@@ -99,13 +101,23 @@ class World:
             common + "http:\n  addr: 127.0.0.1:5443\n  tls:\n"
             f"    certificate: {r / 'leaf.pem'}\n    key: {r / 'leaf.key'}\n"
             f"auth:\n  htpasswd:\n    realm: hutch-test\n    path: {r / 'htpasswd'}\n")
+        # :5001, the same storage behind distribution's own bearer-token auth
+        sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(r / "token.key"), "-out", str(r / "token.pem"), "-days", "2",
+            "-subj", "/CN=hutch test token issuer"])
+        (r / "token.yml").write_text(
+            common + "http:\n  addr: 127.0.0.1:5001\n"
+            "auth:\n  token:\n    realm: http://127.0.0.1:5002/token\n    service: hutch-test\n"
+            f"    issuer: hutch-test-issuer\n    rootcertbundle: {r / 'token.pem'}\n")
         (r / "facade").mkdir()
-        for cfg in ("plain.yml", "tls.yml"):
+        self.spawn([sys.executable, str(HELPERS / "registry_token.py"), "5002", str(r / "token.key"),
+                    str(r / "token.pem"), str(r / "facade")])
+        for cfg in ("plain.yml", "tls.yml", "token.yml"):
             self.spawn(["docker-registry", "serve", str(r / cfg)])
         self.spawn([sys.executable, str(HELPERS / "registry_facade.py"), "5080", "http://127.0.0.1:5000",
                     str(r / "facade")])
         for host, port in (("127.0.0.1", 5000), ("127.0.0.1", 5443), ("127.0.0.1", 5080),
-                           ("127.0.0.2", 5081)):
+                           ("127.0.0.2", 5081), ("127.0.0.1", 5001), ("127.0.0.1", 5002)):
             wait_port(self.ns, host, port)
 
     def spawn(self, argv):
@@ -252,6 +264,45 @@ def test_multi_layer_pull_runs_and_second_pull_downloads_nothing(world, data):
     assert not any(x["phase"] == "download" for x in lines2)
 
 
+def test_two_pulls_of_one_image_at_once(world, data):
+    # the same blobs: one downloads each (its .partial is flocked), the other
+    # waits for it and takes the blob, or finds the layer unpacked
+    env = dict(os.environ, HUTCH_DATA_DIR=str(data))
+    ps = [subprocess.Popen(world.in_ns([str(hutchtest.hutch_path()), "template", "pull", "--parallel", "1",
+                                        "127.0.0.1:5000/test/multi:1", "--name", f"twin{i}"]),
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in ps]
+    for p, (out, errout) in zip(ps, outs):
+        assert p.returncode == 0, errout
+    assert template_json(data, "twin0")["layers"] == template_json(data, "twin1")["layers"]
+    assert not list((data / "images" / "blobs" / "sha256").glob("*.partial"))
+
+
+def test_a_blob_another_pull_is_downloading_is_waited_for(world, data):
+    import fcntl
+    man = json.loads(sh(world.in_ns(["curl", "-sf", "-H", "Accept: application/vnd.oci.image.manifest.v1+json",
+                                     "http://127.0.0.1:5000/v2/test/multi/manifests/1"])).stdout)
+    digest = man["layers"][-1]["digest"]
+    blobs = data / "images" / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    partial = blobs / (digest[7:] + ".partial")
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)   # "another pull" holds this download
+    env = dict(os.environ, HUTCH_DATA_DIR=str(data))
+    p = subprocess.Popen(world.in_ns([str(hutchtest.hutch_path()), "template", "pull",
+                                      "127.0.0.1:5000/test/multi:1", "--name", "waiter"]),
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)
+        assert p.poll() is None, p.communicate()   # it waits, rather than racing the holder
+    finally:
+        os.close(fd)   # the holder went away without finishing
+    out, errout = p.communicate(timeout=60)
+    assert p.returncode == 0, errout
+    assert not partial.exists()
+
+
 def test_short_name_through_a_mirror(world, data):
     # A site without Docker Hub: debian:stable comes from the mirror; Docker Hub
     # itself is unreachable in this namespace (no DNS, no route).
@@ -311,6 +362,19 @@ def test_index_selects_the_host_platform(world, data, tmp_path):
     res, _ = last_json(cp)
     # the source names the index (what the tag points to)
     assert res["source"].endswith(ociimage.sha(ib))
+    # an index without this host's platform: refused, saying so
+    other = [d for d in descs if d["platform"]["architecture"] == "riscv64"]
+    ob = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                     "manifests": other}).encode()
+    (blobs / hashlib.sha256(ob).hexdigest()).write_bytes(ob)
+    (layout / "index.json").write_text(json.dumps({
+        "schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.index.v1+json", "digest": ociimage.sha(ob),
+            "size": len(ob), "annotations": {"org.opencontainers.image.ref.name": "riscv"}}]}))
+    world.push(layout, "riscv", "test/multiarch:riscv")
+    cp = pull(world, data, "pull", "127.0.0.1:5000/test/multiarch:riscv", "--name", "riscv")
+    assert cp.returncode == 125 and "no manifest for linux/" in cp.stderr, cp.stderr
+    assert not (data / "templates" / "riscv").exists()
 
 
 def test_https_basic_auth_login_and_credentials_stay_put(world, data):
@@ -354,6 +418,29 @@ def test_https_basic_auth_login_and_credentials_stay_put(world, data):
     assert cp.returncode == 0 and PASSWORD not in auth.read_text()
 
 
+def test_bearer_token_flow_of_the_real_registry(world, data):
+    (data / "registries.conf").write_text("insecure 127.0.0.1:5001\n")
+    log = world.root / "facade" / "token-requests.log"
+    log.unlink(missing_ok=True)
+    cp = pull(world, data, "pull", "--json", "127.0.0.1:5001/test/multi:1", "--name", "tokened")
+    assert cp.returncode == 0, cp.stderr
+    reqs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert reqs, "no token was asked for"
+    q = dict(x.split("=", 1) for x in reqs[0]["query"].split("&"))
+    assert q["service"] == "hutch-test" and q["scope"] == "repository%3Atest%2Fmulti%3Apull", q
+    assert all(r["auth"] is None for r in reqs)   # anonymous: no credentials for this host
+    assert last_json(cp)[0]["blobs_downloaded"] == 4
+    # logged in: the credentials go to the token realm, as basic auth
+    cp = pull(world, data, "login", "--username", USER, "127.0.0.1:5001", stdin=PASSWORD + "\n")
+    assert cp.returncode == 0, cp.stderr
+    log.unlink()
+    cp = pull(world, data, "pull", "127.0.0.1:5001/test/multi:1", "--name", "tokened2")
+    assert cp.returncode == 0, cp.stderr
+    import base64
+    want = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    assert [json.loads(x)["auth"] for x in log.read_text().splitlines()] == [want]
+
+
 def test_bearer_token_and_redirect_drops_authorization(world, data):
     facade = world.root / "facade"
     token = "tok-" + secrets.token_hex(8)
@@ -369,7 +456,9 @@ def test_bearer_token_and_redirect_drops_authorization(world, data):
     assert all(x == "auth=<none>" for x in storage), storage   # and never with the token
 
 
-@pytest.mark.parametrize("mode,words", [("corrupt", "digest mismatch"), ("oversize", "stopped")])
+@pytest.mark.parametrize("mode,words", [("corrupt", "digest mismatch"), ("oversize", "stopped"),
+                                        ("hugemanifest", "larger than 4194304 bytes"),
+                                        ("badtoken", "no usable token")])
 def test_a_lying_registry_is_refused(world, data, mode, words):
     world.facade_mode(mode)
     try:
@@ -383,9 +472,21 @@ def test_a_lying_registry_is_refused(world, data, mode, words):
     assert not (data / "templates" / "liar").exists()
     blobs = data / "images" / "blobs" / "sha256"
     # nothing unverified became a blob: every cached file is what its name says
-    for f in blobs.iterdir():
+    for f in (blobs.iterdir() if blobs.is_dir() else ()):
         if not f.name.endswith(".partial"):
             assert hashlib.sha256(f.read_bytes()).hexdigest() == f.name
+
+
+def test_configured_only_refuses_unlisted_registries(world, data):
+    # what hutch serve does for a client's reference: only hosts the file names
+    (data / "registries.conf").write_text("insecure 127.0.0.1:5000 127.0.0.1:5080\n")
+    cp = pull(world, data, "pull", "--configured-only", "--json", "127.0.0.1:5000/test/multi:1", "--name", "r")
+    assert cp.returncode == 125 and "does not list" in cp.stderr, cp.stderr
+    assert last_json(cp)[0]["error"] == "not_allowed"
+    assert not (data / "templates" / "r").exists()
+    (data / "registries.conf").write_text("insecure 127.0.0.1:5000\nallow 127.0.0.1:5000\n")
+    cp = pull(world, data, "pull", "--configured-only", "127.0.0.1:5000/test/multi:1", "--name", "r")
+    assert cp.returncode == 0, cp.stderr
 
 
 def test_404_and_bad_reference(world, data):

@@ -123,16 +123,24 @@ int main(void) {
                            "mirror docker.io mirror.example:5000   # Docker Hub through the site mirror\n"
                            "mirror docker.io mirror2.example\n"
                            "insecure mirror.example:5000 reg.example:5000\n"
-                           "ca mirror2.example /etc/hutch/ca.pem\r\n";
+                           "ca mirror2.example /etc/hutch/ca.pem\r\n"
+                           "allow ghcr.io\n";
         registries_conf c = { 0 };
         hutch_error err = { 0 };
         int k = registries_conf_parse(text, strlen(text), &c, &err);
-        ok(k == 0 && c.n_search == 2 && c.n_mirror == 2 && c.n_insecure == 2 && c.n_ca == 1,
+        ok(k == 0 && c.n_search == 2 && c.n_mirror == 2 && c.n_insecure == 2 && c.n_ca == 1 &&
+                   c.n_allow == 1 && registries_conf_names(&c, "ghcr.io"),
            "conf parses (%d %s)", k, err.msg);
         ok(registries_conf_insecure(&c, "reg.example:5000") &&
                    !registries_conf_insecure(&c, "mirror2.example"),
            "insecure entries");
         ok(eq(registries_conf_ca(&c, "mirror2.example"), "/etc/hutch/ca.pem"), "ca entry");
+        ok(registries_conf_names(&c, "reg.example:5000") &&
+                   registries_conf_names(&c, "mirror2.example") &&
+                   registries_conf_names(&c, "registry-1.docker.io") &&
+                   !registries_conf_names(&c, "evil.example") &&
+                   !registries_conf_names(&c, "169.254.169.254"),
+           "the hosts a restricted pull may reach: search entries, mirrors, Docker Hub's spellings");
 
         image_reference r = { 0 };
         image_reference_parse("python:3.12", &r, NULL);
