@@ -21,11 +21,7 @@
 static int failures;
 
 static void report(bool ok, bool required, const char *name, const char *detail, const char *fix) {
-        printf("%-22s %-5s %s\n", name,
-               ok                 ? "ok"
-                       : required ? "FAIL"
-                                  : "warn",
-               detail ? detail : "");
+        printf("%-22s %-5s %s\n", name, ok ? "ok" : required ? "FAIL" : "warn", detail ? detail : "");
         if (!ok && fix)
                 printf("%-22s       fix: %s\n", "", fix);
         if (!ok && required)
@@ -59,9 +55,8 @@ static pid_t userns_child(int *ret_pipe) {
 
 static void check_userns(void) {
         static char stack[64 * 1024] __attribute__((aligned(16)));
-        pid_t pid = clone(child_exit0, stack + sizeof stack,
-                          CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
-                                  CLONE_NEWIPC | CLONE_NEWCGROUP | SIGCHLD,
+        pid_t pid = clone(child_exit0, stack + sizeof stack, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET |
+                                                                      CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP | SIGCHLD,
                           NULL);
         int st = -1;
         if (pid > 0)
@@ -69,8 +64,7 @@ static void check_userns(void) {
         char detail[128];
         _cleanup_free_ char *max = NULL;
         (void) read_file_at(AT_FDCWD, "/proc/sys/user/max_user_namespaces", 32, &max);
-        snprintf(detail, sizeof detail,
-                 "user, mount, pid, net, uts, ipc, cgroup (max_user_namespaces=%s)",
+        snprintf(detail, sizeof detail, "user, mount, pid, net, uts, ipc, cgroup (max_user_namespaces=%s)",
                  max ? strtok(max, "\n") : "?");
         report(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, true, "namespaces", detail,
                "enable CONFIG_USER_NS and set user.max_user_namespaces > 0 (and kernel.unprivileged_userns_clone if present)");
@@ -95,15 +89,11 @@ static void check_idmap(void) {
                 snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
                 int ns = open(path, O_RDONLY | O_CLOEXEC);
                 int t = sys_open_tree(AT_FDCWD, "/usr", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-                struct mount_attr a = { .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY,
-                                        .userns_fd = (uint64_t) ns };
-                if (mapped && ns >= 0 && t >= 0 &&
-                    sys_mount_setattr(t, "", AT_EMPTY_PATH, &a, sizeof a) == 0)
+                struct mount_attr a = { .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, .userns_fd = (uint64_t) ns };
+                if (mapped && ns >= 0 && t >= 0 && sys_mount_setattr(t, "", AT_EMPTY_PATH, &a, sizeof a) == 0)
                         ok = true;
                 else
-                        snprintf(detail, sizeof detail,
-                                 "open_tree/mount_setattr(MOUNT_ATTR_IDMAP) on /usr: %s",
-                                 strerror(errno));
+                        snprintf(detail, sizeof detail, "open_tree/mount_setattr(MOUNT_ATTR_IDMAP) on /usr: %s", strerror(errno));
                 safe_close(t);
                 safe_close(ns);
                 close(p);
@@ -116,8 +106,7 @@ static void check_idmap(void) {
 
 static void check_fs(const char *fs, bool required, const char *fix) {
         _cleanup_free_ char *all = NULL;
-        bool ok = read_file_at(AT_FDCWD, "/proc/filesystems", 65536, &all) >= 0 && all &&
-                strstr(all, fs);
+        bool ok = read_file_at(AT_FDCWD, "/proc/filesystems", 65536, &all) >= 0 && all && strstr(all, fs);
         char name[32];
         snprintf(name, sizeof name, "%s", fs);
         report(ok, required, name, ok ? "in /proc/filesystems" : "missing", fix);
@@ -127,14 +116,12 @@ static void check_seccomp(void) {
         bool ok = prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0;
         _cleanup_free_ char *actions = NULL;
         (void) read_file_at(AT_FDCWD, "/proc/sys/kernel/seccomp/actions_avail", 512, &actions);
-        report(ok, true, "seccomp", ok ? "filter mode available" : "prctl(PR_GET_SECCOMP) failed",
-               "enable CONFIG_SECCOMP_FILTER");
+        report(ok, true, "seccomp", ok ? "filter mode available" : "prctl(PR_GET_SECCOMP) failed", "enable CONFIG_SECCOMP_FILTER");
 }
 
 static void check_pidfd_clone3(void) {
         int fd = sys_pidfd_open(getpid(), 0);
-        report(fd >= 0, true, "pidfd", fd >= 0 ? "pidfd_open works" : strerror(errno),
-               "Linux >= 5.3");
+        report(fd >= 0, true, "pidfd", fd >= 0 ? "pidfd_open works" : strerror(errno), "Linux >= 5.3");
         safe_close(fd);
         struct clone_args ca = { .flags = CLONE_VM, .exit_signal = SIGCHLD };
         long r = syscall(SYS_clone3, &ca, 8); /* too small a size: EINVAL means clone3 exists */
@@ -154,14 +141,13 @@ static bool end_to_end(hutch_ctx *ctx, int backend, const char *const *argv, cha
         hutch_spawn_config sc = { .argv = argv, .uid = 1000, .gid = 1000, .cwd = "/" };
         hutch_process p = { .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1 };
         hutch_exit ex = { 0 };
-        bool ok = hutch_sandbox_spawn(sb, &sc, &p, &err) >= 0 &&
-                hutch_sandbox_wait(sb, 10000, &ex, &err) >= 0 && ex.signal == 0 && ex.exit_code == 0;
+        bool ok = hutch_sandbox_spawn(sb, &sc, &p, &err) >= 0 && hutch_sandbox_wait(sb, 10000, &ex, &err) >= 0 &&
+                  ex.signal == 0 && ex.exit_code == 0;
         safe_close(p.stdin_fd);
         safe_close(p.stdout_fd);
         safe_close(p.stderr_fd);
         if (!ok && !err.msg[0])
-                snprintf(err.msg, sizeof err.msg, "%s exited with %d (signal %d)", argv[0],
-                         ex.exit_code, ex.signal);
+                snprintf(err.msg, sizeof err.msg, "%s exited with %d (signal %d)", argv[0], ex.exit_code, ex.signal);
         snprintf(detail, n, "%s", ok ? "created a sandbox, ran it, destroyed it" : err.msg);
         if (hutch_sandbox_destroy(sb, &err) < 0) {
                 ok = false;
@@ -186,25 +172,21 @@ static void check_gvisor(hutch_ctx *ctx) {
         char info[512], detail[1100];
         hutch_error err = { 0 };
         if (hutch_gvisor_probe(ctx, info, sizeof info, &err) < 0) {
-                report(false, false, "gvisor (runsc)", err.msg,
-                       "apt-get install runsc (or gVisor's own release)");
+                report(false, false, "gvisor (runsc)", err.msg, "apt-get install runsc (or gVisor's own release)");
                 return;
         }
         static const char *const argv[] = { "/bin/true", NULL };
         bool ok = end_to_end(ctx, HUTCH_BACKEND_GVISOR, argv, detail, sizeof detail);
         char line[1700];
-        snprintf(line, sizeof line, "%s: %s", info,
-                 ok ? "created a sandbox, ran it, destroyed it" : detail);
+        snprintf(line, sizeof line, "%s: %s", info, ok ? "created a sandbox, ran it, destroyed it" : detail);
         report(ok, false, "gvisor (runsc)", line, "see docs/gvisor.md");
         if (!ok)
                 return;
         static const char *const ls[] = { "/bin/ls", "-d", "/", NULL };
         ok = end_to_end(ctx, HUTCH_BACKEND_GVISOR, ls, detail, sizeof detail);
-        report(ok, false, "gvisor statx",
-               ok ? "ls and stat work"
-                  : "ls fails with 'Invalid argument' inside (statx "
-                    "AT_NO_AUTOMOUNT refused, and the preloaded shim "
-                    "did not help)",
+        report(ok, false, "gvisor statx", ok ? "ls and stat work" : "ls fails with 'Invalid argument' inside (statx "
+                                                                   "AT_NO_AUTOMOUNT refused, and the preloaded shim "
+                                                                   "did not help)",
                "install a runsc release from 2023 or later (gvisor.dev)");
 }
 
@@ -232,8 +214,7 @@ int verb_doctor(int argc, char **argv) {
         hutch_ctx *ctx = NULL;
         hutch_error err = { 0 };
         if (hutch_ctx_new(NULL, &ctx, &err) < 0) {
-                report(false, true, "cgroups", err.msg,
-                       "mount cgroup v2 at /sys/fs/cgroup or the v1 memory, pids, cpu controllers");
+                report(false, true, "cgroups", err.msg, "mount cgroup v2 at /sys/fs/cgroup or the v1 memory, pids, cpu controllers");
                 printf("\n%d required check(s) failed\n", failures + 1);
                 return 1;
         }
@@ -243,9 +224,8 @@ int verb_doctor(int argc, char **argv) {
         check_fs("ext4", false, "enable CONFIG_EXT4_FS for disk limits off the memory budget");
         check_end_to_end(ctx);
         snprintf(detail, sizeof detail, "%s%s", hutch_ctx_storage_backend(ctx),
-                 streq(hutch_ctx_storage_backend(ctx), "ext4")
-                         ? " (a loop-mounted image per sandbox)"
-                         : " (writable layers count against sandbox memory)");
+                 streq(hutch_ctx_storage_backend(ctx), "ext4") ? " (a loop-mounted image per sandbox)"
+                                                               : " (writable layers count against sandbox memory)");
         report(streq(hutch_ctx_storage_backend(ctx), "ext4"), false, "writable layers", detail,
                "make /dev/loop-control and mkfs.ext4 (e2fsprogs) available, or accept tmpfs layers");
         check_gvisor(ctx);

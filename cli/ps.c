@@ -24,15 +24,15 @@ typedef struct ps_filter {
         const char *key, *value;
 } ps_filter;
 
-static bool ps_matches(const ps_filter *f, size_t n, const char *id, const char *state,
-                       const char *backend, const char *template_name, const char *owner) {
+static bool ps_matches(const ps_filter *f, size_t n, const char *id, const char *state, const char *backend,
+                       const char *template_name, const char *owner) {
         for (size_t i = 0; i < n; i++) {
                 const char *k = f[i].key, *v = f[i].value;
-                bool ok = streq(k, "state")    ? streq(state, v)
-                        : streq(k, "backend")  ? streq(backend, v)
-                        : streq(k, "template") ? streq(template_name, v)
-                        : streq(k, "owner")    ? strstr(owner, v) != NULL
-                                               : startswith(id, v); /* id */
+                bool ok = streq(k, "state")      ? streq(state, v)
+                          : streq(k, "backend")  ? streq(backend, v)
+                          : streq(k, "template") ? streq(template_name, v)
+                          : streq(k, "owner")    ? strstr(owner, v) != NULL
+                                                 : startswith(id, v); /* id */
                 if (!ok)
                         return false;
         }
@@ -69,8 +69,7 @@ int verb_ps(int argc, char **argv) {
                         const char *f = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
                         const char *eq = f ? strchr(f, '=') : NULL;
                         size_t kl = eq ? (size_t) (eq - f) : 0;
-                        static const char *const keys[] = { "state", "backend", "template", "owner",
-                                                            "id" };
+                        static const char *const keys[] = { "state", "backend", "template", "owner", "id" };
                         const char *key = NULL;
                         for (size_t k = 0; eq && k < ELEMENTSOF(keys); k++)
                                 if (strlen(keys[k]) == kl && strncmp(f, keys[k], kl) == 0)
@@ -102,8 +101,8 @@ int verb_ps(int argc, char **argv) {
         if (json)
                 printf("[");
         else if (!quiet)
-                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", "ID", "PID", "TEMPLATE",
-                       "BACKEND", "AGE", "MEMORY", "STATE", "OWNER");
+                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", "ID", "PID", "TEMPLATE", "BACKEND", "AGE",
+                       "MEMORY", "STATE", "OWNER");
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         bool first = true;
@@ -119,8 +118,8 @@ int verb_ps(int argc, char **argv) {
                         else if (json)
                                 printf("%s{\"id\":\"%s\",\"state\":\"dead\"}", first ? "" : ",", *id);
                         else
-                                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", *id, "-",
-                                       "-", "-", "-", "-", "dead", "(hutch gc removes it)");
+                                printf("%-20s  %8s  %-10s  %-7s  %8s  %10s  %-9s  %s\n", *id, "-", "-", "-", "-", "-",
+                                       "dead", "(hutch gc removes it)");
                         first = false;
                         continue;
                 }
@@ -128,8 +127,7 @@ int verb_ps(int argc, char **argv) {
                 const char *state = hutch_sandbox_is_suspended(sb) ? "suspended" : "running";
                 const char *backend = hutch_backend_name(hutch_sandbox_backend(sb));
                 const char *owner = hutch_sandbox_owner(sb);
-                if (!ps_matches(filters, n_filters, *id, state, backend, hutch_sandbox_template(sb),
-                                owner)) {
+                if (!ps_matches(filters, n_filters, *id, state, backend, hutch_sandbox_template(sb), owner)) {
                         hutch_sandbox_unref(sb);
                         continue;
                 }
@@ -146,16 +144,14 @@ int verb_ps(int argc, char **argv) {
                 else if (json) {
                         printf("%s{\"id\":\"%s\",\"state\":\"%s\",\"init_pid\":%d,\"template\":\"%s\",\"memory_bytes\":%llu,"
                                "\"backend\":\"%s\",\"owner\":\"",
-                               first ? "" : ",", *id, state, hutch_sandbox_init_pid(sb),
-                               hutch_sandbox_template(sb), (unsigned long long) st.memory_current,
-                               backend);
+                               first ? "" : ",", *id, state, hutch_sandbox_init_pid(sb), hutch_sandbox_template(sb),
+                               (unsigned long long) st.memory_current, backend);
                         ps_json_str(owner);
                         printf("\"}");
                 } else
-                        printf("%-20s  %8d  %-10s  %-7s  %7.0fs  %10s  %-9s  %s\n", *id,
-                               hutch_sandbox_init_pid(sb), hutch_sandbox_template(sb), backend, age,
-                               format_size(st.memory_current, mem, sizeof mem), state,
-                               *owner ? owner : "?");
+                        printf("%-20s  %8d  %-10s  %-7s  %7.0fs  %10s  %-9s  %s\n", *id, hutch_sandbox_init_pid(sb),
+                               hutch_sandbox_template(sb), backend, age, format_size(st.memory_current, mem, sizeof mem),
+                               state, *owner ? owner : "?");
                 first = false;
                 hutch_sandbox_unref(sb);
         }

@@ -151,11 +151,9 @@ int verb_key(int argc, char **argv) {
                 size_t n = 0;
                 r = store_key_list(st, &v, &n, &err);
                 if (r >= 0) {
-                        printf("%-6s %-16s %-14s %-8s %s\n", "ID", "TEAM", "PREFIX", "STATE",
-                               "LABEL");
+                        printf("%-6s %-16s %-14s %-8s %s\n", "ID", "TEAM", "PREFIX", "STATE", "LABEL");
                         for (size_t i = 0; i < n; i++)
-                                printf("%-6lld %-16s %-14s %-8s %s\n", (long long) v[i].id,
-                                       v[i].team, v[i].prefix,
+                                printf("%-6lld %-16s %-14s %-8s %s\n", (long long) v[i].id, v[i].team, v[i].prefix,
                                        v[i].revoked_ms ? "revoked" : "active", v[i].label);
                         free(v);
                 }

@@ -29,8 +29,8 @@
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define READ_CHUNK (64 * 1024)
 #define STDIN_BUFFER_MAX (4u << 20)
-#define EXIT_GRACE_MS 200    /* after exit, wait this long for pipes held by leftover children */
-#define EXITED_KEEP_MS 60000 /* Connect after exit still answers start+end this long */
+#define EXIT_GRACE_MS 200       /* after exit, wait this long for pipes held by leftover children */
+#define EXITED_KEEP_MS 60000    /* Connect after exit still answers start+end this long */
 #define PWATCH_MAX_EVENTS 10000
 #define PWATCH_MAX_BYTES (4u << 20)
 #define KEEPALIVE_MAX_MS (300 * 1000)
@@ -65,9 +65,7 @@ ssize_t base64_decode(const char *in, size_t len, uint8_t *out) {
         if (!tmp)
                 return -ENOMEM;
         for (size_t i = 0; i < len; i++)
-                tmp[i] = is_url ? (in[i] == '-'           ? '+'
-                                           : in[i] == '_' ? '/'
-                                                          : (unsigned char) in[i])
+                tmp[i] = is_url ? (in[i] == '-' ? '+' : in[i] == '_' ? '/' : (unsigned char) in[i])
                                 : (unsigned char) in[i];
         memset(tmp + len, '=', padded - len);
         tmp[padded] = 0;
@@ -82,12 +80,12 @@ ssize_t base64_decode(const char *in, size_t len, uint8_t *out) {
 
 int user_resolve(const char *name, hutch_fs_user *ret_user, const char **ret_home) {
         if (streq(name, "root")) {
-                *ret_user = (hutch_fs_user) { 0, 0 };
+                *ret_user = (hutch_fs_user){ 0, 0 };
                 *ret_home = "/root";
                 return 0;
         }
         if (streq(name, "user")) {
-                *ret_user = (hutch_fs_user) { 1000, 1000 };
+                *ret_user = (hutch_fs_user){ 1000, 1000 };
                 *ret_home = "/home/user";
                 return 0;
         }
@@ -225,11 +223,10 @@ json_t *entry_to_json(const hutch_file_info *fi) {
         go_mode_string(fi->mode, fi->type, perms);
         format_rfc3339(fi->mtime_ns / 1000000, mtime);
         snprintf(size, sizeof size, "%llu", (unsigned long long) fi->size);
-        json_t *o = json_pack(
-                "{s:s, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:s}", "name", fi->name ? fi->name : "",
-                "type", file_type_name(type), "path", fi->path ? fi->path : "", "size", size, "mode",
-                (int) (fi->mode & 07777), "permissions", perms, "owner", fi->owner ? fi->owner : "",
-                "group", fi->group ? fi->group : "", "modifiedTime", mtime);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:s}", "name", fi->name ? fi->name : "",
+                              "type", file_type_name(type), "path", fi->path ? fi->path : "", "size", size, "mode",
+                              (int) (fi->mode & 07777), "permissions", perms, "owner", fi->owner ? fi->owner : "",
+                              "group", fi->group ? fi->group : "", "modifiedTime", mtime);
         if (fi->symlink_target) {
                 /* envd reports where the link points as an absolute path */
                 char *abs = symlink_target_absolute(fi->path ? fi->path : "/", fi->symlink_target);
@@ -239,8 +236,7 @@ json_t *entry_to_json(const hutch_file_info *fi) {
         if (fi->n_metadata > 0) {
                 json_t *md = json_object();
                 for (size_t i = 0; i < fi->n_metadata; i++)
-                        json_object_set_new(md, fi->metadata_keys[i],
-                                            json_string(fi->metadata_values[i]));
+                        json_object_set_new(md, fi->metadata_keys[i], json_string(fi->metadata_values[i]));
                 json_object_set_new(o, "metadata", md);
         }
         return o;
@@ -259,8 +255,7 @@ typedef struct rpc {
         bool streaming;
 } rpc;
 
-static enum MHD_Result rpc_error(rpc *x, const char *code, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
+static enum MHD_Result rpc_error(rpc *x, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static enum MHD_Result rpc_error(rpc *x, const char *code, const char *fmt, ...) {
         char msg[1024];
         va_list ap;
@@ -314,8 +309,7 @@ static void selector_text(json_t *selector, char *buf, size_t len) {
         json_t *pid = json_object_get(selector, "pid");
         const char *tag = json_string_value(json_object_get(selector, "tag"));
         if (json_is_integer(pid))
-                snprintf(buf, len, "process with pid %lld not found",
-                         (long long) json_integer_value(pid));
+                snprintf(buf, len, "process with pid %lld not found", (long long) json_integer_value(pid));
         else if (tag)
                 snprintf(buf, len, "process with tag %s not found", tag);
         else
@@ -335,8 +329,7 @@ static json_t *end_event(const proc *p) {
                 snprintf(name, sizeof name, "%s", s ? s : "unknown signal");
                 for (char *c = name; *c; c++)
                         *c = (char) tolower((unsigned char) *c);
-                snprintf(status, sizeof status, "signal: %s%s", name,
-                         p->exit.core_dumped ? " (core dumped)" : "");
+                snprintf(status, sizeof status, "signal: %s%s", name, p->exit.core_dumped ? " (core dumped)" : "");
                 json_object_set_new(end, "exitCode", json_integer(-1));
                 json_object_set_new(end, "exited", json_false());
                 json_object_set_new(end, "status", json_string(status));
@@ -435,11 +428,7 @@ static void on_output(server *srv, watcher *w, uint32_t revents) {
         for (int round = 0; round < 4 && !p->throttled; round++) {
                 ssize_t n = read(w->fd, buf, sizeof buf);
                 if (n > 0) {
-                        proc_broadcast(srv, p,
-                                       p->pty           ? "pty"
-                                               : is_err ? "stderr"
-                                                        : "stdout",
-                                       buf, (size_t) n);
+                        proc_broadcast(srv, p, p->pty ? "pty" : is_err ? "stderr" : "stdout", buf, (size_t) n);
                         continue;
                 }
                 if (n < 0 && (errno == EAGAIN || errno == EINTR))
@@ -576,8 +565,7 @@ void proc_readopt(server *srv, sbx *sb) {
         for (size_t i = 0; i < n; i++) {
                 hutch_process hp;
                 if (hutch_sandbox_attach_process(sb->h, v[i].pid, NULL, &hp, &err) < 0) {
-                        log_debug("sandbox %s: attaching pid %d: %s", sb->id, (int) v[i].pid,
-                                  err.msg);
+                        log_debug("sandbox %s: attaching pid %d: %s", sb->id, (int) v[i].pid, err.msg);
                         continue;
                 }
                 proc *p = proc_new(srv, sb, &hp, v[i].pty);
@@ -731,8 +719,7 @@ static enum MHD_Result process_start(rpc *x) {
         strv_free(envp);
         if (r < 0) {
                 if (r == -ENOENT || r == -EACCES || r == -ENOEXEC)
-                        return rpc_error(x, "invalid_argument", "failed to start process '%s': %s",
-                                         cmd, err.msg);
+                        return rpc_error(x, "invalid_argument", "failed to start process '%s': %s", cmd, err.msg);
                 return rpc_errno(x, r, &err);
         }
         proc *p = proc_new(x->srv, x->sb, &hp, pty);
@@ -844,17 +831,14 @@ static enum MHD_Result process_send_input(rpc *x) {
         }
         if (p->in_fd < 0) {
                 free(buf);
-                return rpc_error(x, "failed_precondition", "stdin of process %d is not open",
-                                 (int) p->pid);
+                return rpc_error(x, "failed_precondition", "stdin of process %d is not open", (int) p->pid);
         }
         int r = proc_write_input(x->srv, p, buf, (size_t) n);
         free(buf);
         if (r == -ENOBUFS)
-                return rpc_error(x, "resource_exhausted",
-                                 "too much input is waiting for process %d", (int) p->pid);
+                return rpc_error(x, "resource_exhausted", "too much input is waiting for process %d", (int) p->pid);
         if (r < 0)
-                return rpc_error(x, "failed_precondition", "writing to process %d: %s",
-                                 (int) p->pid, strerror(-r));
+                return rpc_error(x, "failed_precondition", "writing to process %d: %s", (int) p->pid, strerror(-r));
         return rpc_ok(x, NULL);
 }
 
@@ -915,11 +899,9 @@ static enum MHD_Result process_update(rpc *x) {
                 return rpc_not_found_proc(x);
         json_t *size = req_field(req_field(x->msg, "pty", NULL), "size", NULL);
         json_t *r = req_field(size, "rows", NULL), *c = req_field(size, "cols", NULL);
-        if (!json_is_integer(r) || !json_is_integer(c) || json_integer_value(r) <= 0 ||
-            json_integer_value(c) <= 0 || json_integer_value(r) > 65535 ||
-            json_integer_value(c) > 65535)
-                return rpc_error(x, "invalid_argument",
-                                 "pty.size.rows and pty.size.cols are required");
+        if (!json_is_integer(r) || !json_is_integer(c) || json_integer_value(r) <= 0 || json_integer_value(c) <= 0 ||
+            json_integer_value(r) > 65535 || json_integer_value(c) > 65535)
+                return rpc_error(x, "invalid_argument", "pty.size.rows and pty.size.cols are required");
         if (!p->pty)
                 return rpc_error(x, "failed_precondition", "process %d has no pty", (int) p->pid);
         hutch_error err = { 0 };
@@ -960,8 +942,7 @@ static enum MHD_Result fs_make_dir(rpc *x) {
         if (r == 0)
                 return rpc_error(x, "already_exists", "directory already exists: %s", path);
         if (r == -EEXIST || r == -ENOTDIR)
-                return rpc_error(x, "invalid_argument",
-                                 "path already exists but is not a directory: %s", path);
+                return rpc_error(x, "invalid_argument", "path already exists but is not a directory: %s", path);
         if (r < 0)
                 return rpc_errno(x, r, &err);
         hutch_file_info fi = { 0 };
@@ -986,10 +967,9 @@ static enum MHD_Result fs_move(rpc *x) {
         /* rename(2) does not cross file systems (the writable layer, /dev/shm,
          * a volume): the client's to fix, not the server's fault */
         if (r == -EXDEV)
-                return rpc_error(
-                        x, "invalid_argument",
-                        "cannot move %s to %s: they are on different file systems (copy, then remove)",
-                        src, dst);
+                return rpc_error(x, "invalid_argument",
+                                 "cannot move %s to %s: they are on different file systems (copy, then remove)", src,
+                                 dst);
         if (r < 0)
                 return rpc_errno(x, r, &err);
         hutch_file_info fi = { 0 };
@@ -1007,8 +987,7 @@ static int cmp_entry_path(const void *a, const void *b) {
         const char *p = x->path ? x->path : "", *q = y->path ? y->path : "";
         for (; *p && *p == *q; p++, q++)
                 ;
-        unsigned char cp = *p == '/' ? 1 : (unsigned char) *p,
-                      cq = *q == '/' ? 1 : (unsigned char) *q;
+        unsigned char cp = *p == '/' ? 1 : (unsigned char) *p, cq = *q == '/' ? 1 : (unsigned char) *q;
         return (int) cp - (int) cq;
 }
 
@@ -1070,7 +1049,7 @@ typedef struct pwatch {
         bool recursive, include_entry;
         hutch_fs_user user;
         json_t *events;
-        size_t bytes; /* a bound on what events keeps */
+        size_t bytes;     /* a bound on what events keeps */
         unsigned dropped;
         struct pwatch *next;
 } pwatch;
@@ -1155,8 +1134,8 @@ static const char *event_type_name(int k) {
         }
 }
 
-static json_t *watch_event_json(server *srv, sbx *sb, const hutch_event *ev, const char *root,
-                                bool entry, const hutch_fs_user *u) {
+static json_t *watch_event_json(server *srv, sbx *sb, const hutch_event *ev, const char *root, bool entry,
+                                const hutch_fs_user *u) {
         if (!ev->path)
                 return NULL;
         size_t rl = strlen(root);
@@ -1168,9 +1147,8 @@ static json_t *watch_event_json(server *srv, sbx *sb, const hutch_event *ev, con
         else
                 return NULL;
         json_t *o = json_pack("{s:s, s:s}", "name", name, "type", event_type_name(ev->watch_kind));
-        if (entry &&
-            (ev->watch_kind == HUTCH_WATCH_CREATE || ev->watch_kind == HUTCH_WATCH_WRITE ||
-             ev->watch_kind == HUTCH_WATCH_CHMOD)) {
+        if (entry && (ev->watch_kind == HUTCH_WATCH_CREATE || ev->watch_kind == HUTCH_WATCH_WRITE ||
+                      ev->watch_kind == HUTCH_WATCH_CHMOD)) {
                 hutch_file_info fi = { 0 };
                 hutch_error err = { 0 };
                 if (hutch_fs_stat(sb->h, u, ev->path, &fi, &err) >= 0) {
@@ -1184,8 +1162,7 @@ static json_t *watch_event_json(server *srv, sbx *sb, const hutch_event *ev, con
 
 void stream_on_watch_event(server *srv, sbx *sb, const hutch_event *ev) {
         for (stream *st = srv->streams; st; st = st->next) {
-                if (st->sb != sb || st->kind != STREAM_WATCH || st->watch_id != ev->watch_id ||
-                    st->finished)
+                if (st->sb != sb || st->kind != STREAM_WATCH || st->watch_id != ev->watch_id || st->finished)
                         continue;
                 /* a reader that does not keep up loses events, never the
                  * daemon's memory */
@@ -1299,10 +1276,10 @@ void sbx_pwatches_free(sbx *sb) {
 
 int64_t envd_timers(server *srv, int64_t now) {
         int64_t next = -1;
-#define DUE(t)                                                                                     \
-        do {                                                                                       \
-                if ((t) > 0 && (next < 0 || (t) < next))                                           \
-                        next = (t);                                                                \
+#define DUE(t)                                   \
+        do {                                     \
+                if ((t) > 0 && (next < 0 || (t) < next)) \
+                        next = (t);              \
         } while (0)
         for (stream *st = srv->streams; st; st = st->next) {
                 if (st->finished || st->cut)
@@ -1325,8 +1302,7 @@ int64_t envd_timers(server *srv, int64_t now) {
                 if (st->keepalive_ms && st->started) {
                         if (now - st->last_send_ms >= st->keepalive_ms) {
                                 if (st->kind == STREAM_PROCESS)
-                                        stream_queue_json(
-                                                st, json_pack("{s:{s:{}}}", "event", "keepalive"));
+                                        stream_queue_json(st, json_pack("{s:{s:{}}}", "event", "keepalive"));
                                 else
                                         stream_queue_json(st, json_pack("{s:{}}", "keepalive"));
                         }
@@ -1353,8 +1329,7 @@ int64_t envd_timers(server *srv, int64_t now) {
                                                 }
                                         ts->proc = NULL;
                                         p->timeout_stream = NULL;
-                                        stream_finish(ts, "deadline_exceeded",
-                                                      "context deadline exceeded");
+                                        stream_finish(ts, "deadline_exceeded", "context deadline exceeded");
                                 }
                         }
                         DUE(p->deadline_ms);
@@ -1427,14 +1402,13 @@ static enum MHD_Result envd_metrics(server *srv, request *req, sbx *sb) {
         sbx_sample(srv, sb, wall_ms());
         unsigned k = (sb->sample_head + SBX_METRICS - 1) % SBX_METRICS;
         const struct sample *m = &sb->samples[k];
-        return http_reply_json(
-                req->conn, 200,
-                json_pack("{s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I}", "ts",
-                          (json_int_t) (m->ts_ms / 1000), "cpu_count", (json_int_t) sb->cpu_count,
-                          "cpu_used_pct", m->cpu_pct, "mem_total", (json_int_t) m->mem_total,
-                          "mem_used", (json_int_t) m->mem_used, "mem_cache",
-                          (json_int_t) m->mem_cache, "disk_used", (json_int_t) m->disk_used,
-                          "disk_total", (json_int_t) m->disk_total));
+        return http_reply_json(req->conn, 200,
+                               json_pack("{s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I}", "ts",
+                                         (json_int_t) (m->ts_ms / 1000), "cpu_count", (json_int_t) sb->cpu_count,
+                                         "cpu_used_pct", m->cpu_pct, "mem_total", (json_int_t) m->mem_total,
+                                         "mem_used", (json_int_t) m->mem_used, "mem_cache", (json_int_t) m->mem_cache,
+                                         "disk_used", (json_int_t) m->disk_used, "disk_total",
+                                         (json_int_t) m->disk_total));
 }
 
 enum MHD_Result envd_dispatch(server *srv, request *req, sbx *sb) {
@@ -1447,8 +1421,8 @@ enum MHD_Result envd_dispatch(server *srv, request *req, sbx *sb) {
                 return http_reply_empty(c, 204);
         }
         if (streq(url, "/envs") && streq(m, "GET")) {
-                json_t *e = json_pack("{s:s, s:s, s:s}", "E2B_SANDBOX", "true", "E2B_SANDBOX_ID",
-                                      sb->id, "E2B_TEMPLATE_ID", sb->template_id);
+                json_t *e = json_pack("{s:s, s:s, s:s}", "E2B_SANDBOX", "true", "E2B_SANDBOX_ID", sb->id,
+                                      "E2B_TEMPLATE_ID", sb->template_id);
                 egress_sbx_env(srv, sb, e);
                 json_object_update(e, sb->envs);
                 return http_reply_json(c, 200, e);
@@ -1465,32 +1439,27 @@ enum MHD_Result envd_dispatch(server *srv, request *req, sbx *sb) {
                 if (streq(url, rpc_routes[i].path))
                         route = &rpc_routes[i];
         if (!route) {
-                if (startswith(url, "/process.Process/") ||
-                    startswith(url, "/filesystem.Filesystem/"))
-                        return http_reply_connect_error(c, "unimplemented", "%s is not implemented",
-                                                        url);
+                if (startswith(url, "/process.Process/") || startswith(url, "/filesystem.Filesystem/"))
+                        return http_reply_connect_error(c, "unimplemented", "%s is not implemented", url);
                 return http_reply_error(c, 404, "no route for %s %s", m, url);
         }
         if (!streq(m, "POST"))
                 return http_reply_error(c, 405, "Connect RPCs are POST requests");
         if (route->streaming ? !content_type_is(c, "application/connect+json")
                              : !content_type_is(c, "application/json"))
-                return http_reply_text(
-                        c, 415, "text/plain",
-                        route->streaming ? "unsupported content type: want application/connect+json\n"
-                                         : "unsupported content type: want application/json\n");
+                return http_reply_text(c, 415, "text/plain",
+                                       route->streaming ? "unsupported content type: want application/connect+json\n"
+                                                        : "unsupported content type: want application/json\n");
         rpc x = { .srv = srv, .req = req, .sb = sb, .streaming = route->streaming };
         const uint8_t *msg = (const uint8_t *) req->body;
         size_t len = req->body_len;
         if (route->streaming) {
                 const char *why = NULL;
-                if (connect_unwrap_request((const uint8_t *) req->body, req->body_len, &msg, &len,
-                                           &why) < 0)
+                if (connect_unwrap_request((const uint8_t *) req->body, req->body_len, &msg, &len, &why) < 0)
                         return rpc_error(&x, "invalid_argument", "%s", why);
         }
         json_error_t je;
-        x.msg = len ? json_loadb((const char *) msg, len, JSON_REJECT_DUPLICATES, &je)
-                    : json_object();
+        x.msg = len ? json_loadb((const char *) msg, len, JSON_REJECT_DUPLICATES, &je) : json_object();
         if (!x.msg)
                 return rpc_error(&x, "invalid_argument", "invalid JSON: %s", je.text);
         if (!json_is_object(x.msg)) {

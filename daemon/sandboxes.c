@@ -45,8 +45,7 @@ void sbx_token_derive(server *srv, const char *id, const char *nonce, char ret[6
         int n = snprintf(msg, sizeof msg, "envd-token:%s:%s", id, nonce);
         uint8_t mac[32];
         unsigned maclen = sizeof mac;
-        HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac,
-             &maclen);
+        HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac, &maclen);
         memcpy(ret, "tok_", 4);
         hex(mac, 20, ret + 4);
 }
@@ -164,8 +163,7 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
                 { "/run/e2b/.E2B_TEMPLATE_ID", sb->template_id[0] ? sb->template_id : "host" },
         };
         for (size_t i = 0; i < ELEMENTSOF(files); i++) {
-                int r = hutch_fs_write_buffer(sb->h, &root, files[i].name, files[i].value,
-                                              strlen(files[i].value), err);
+                int r = hutch_fs_write_buffer(sb->h, &root, files[i].name, files[i].value, strlen(files[i].value), err);
                 if (r < 0)
                         return r;
         }
@@ -180,8 +178,7 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, con
         /* hutch ps names the daemon (its data dir) and, once claimed, the team */
         char owner[128];
         if (sb->team_id)
-                snprintf(owner, sizeof owner, "hutch serve %s team %lld", srv->cfg.data_dir,
-                         (long long) sb->team_id);
+                snprintf(owner, sizeof owner, "hutch serve %s team %lld", srv->cfg.data_dir, (long long) sb->team_id);
         else
                 snprintf(owner, sizeof owner, "hutch serve %s", srv->cfg.data_dir);
         hutch_sandbox_config sc = {
@@ -302,8 +299,7 @@ void sbx_pool_fill(server *srv) {
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
         int r = sbx_engine_start(srv, sb, "host", NULL, false, &err);
         if (r < 0) {
-                log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s",
-                            err.msg);
+                log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
                 srv->pool = sb->next;
                 srv->n_pool--;
                 sbx_release(sb);
@@ -354,16 +350,15 @@ void sbx_pool_cleanup_previous(server *srv) {
 
 /* NAME=BACKEND,NAME=BACKEND: every entry checked; the backend named for
  * template_name (NULL: check only) to *ret, NULL when none. */
-static int template_backends_parse(const char *setting, const char *template_name, const char **ret,
-                                   char *why, size_t whylen) {
+static int template_backends_parse(const char *setting, const char *template_name, const char **ret, char *why,
+                                   size_t whylen) {
         *ret = NULL;
         for (const char *p = setting; *p;) {
                 const char *end = strchr(p, ',');
                 size_t n = end ? (size_t) (end - p) : strlen(p);
                 const char *eq = memchr(p, '=', n);
                 char tname[32] = "", bname[16] = "";
-                if (eq && eq > p && (size_t) (eq - p) < sizeof tname &&
-                    n - (size_t) (eq - p) - 1 < sizeof bname) {
+                if (eq && eq > p && (size_t) (eq - p) < sizeof tname && n - (size_t) (eq - p) - 1 < sizeof bname) {
                         memcpy(tname, p, (size_t) (eq - p));
                         memcpy(bname, eq + 1, n - (size_t) (eq - p) - 1);
                 }
@@ -371,8 +366,7 @@ static int template_backends_parse(const char *setting, const char *template_nam
                 if (!streq(tname, "base") && !streq(tname, "host"))
                         backend = -EINVAL;
                 if (backend < 0) {
-                        snprintf(why, whylen,
-                                 "'%.*s' is not TEMPLATE=BACKEND (templates: base, host; backends: ns, gvisor)",
+                        snprintf(why, whylen, "'%.*s' is not TEMPLATE=BACKEND (templates: base, host; backends: ns, gvisor)",
                                  (int) MIN(n, 64), p);
                         return -EINVAL;
                 }
@@ -398,13 +392,11 @@ static void tpl_env_free(json_t **j) {
         json_decref(*j);
 }
 
-int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status,
-               hutch_error *err) {
+int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
         *ret_status = 400;
         create_request cr;
         char why[256];
-        int r = create_request_parse(body, srv->cfg.default_timeout_s, srv->cfg.max_timeout_s, &cr,
-                                     why, sizeof why);
+        int r = create_request_parse(body, srv->cfg.default_timeout_s, srv->cfg.max_timeout_s, &cr, why, sizeof why);
         if (r < 0)
                 return hutch_error_set(err, r, "%s", why);
         const char *template_name, *alias;
@@ -422,8 +414,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 /* from a snapshot: its layer, verified and unsealed now */
                 if ((r = store_snapshot_get(srv->store, team, cr.template_id, &snap, err)) < 0) {
                         *ret_status = 404;
-                        return hutch_error_set(err, -ENOENT, "template '%s' not found",
-                                               cr.template_id);
+                        return hutch_error_set(err, -ENOENT, "template '%s' not found", cr.template_id);
                 }
                 /* the template it was taken from, when that is an image one:
                  * the snapshot is only its writable layer */
@@ -517,8 +508,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if ((uint64_t) sbx_live_count(srv, team) >= srv->cfg.max_sandboxes_per_team) {
                 *ret_status = 429;
                 json_decref(egress_spec);
-                return hutch_error_set(err, -EAGAIN,
-                                       "team has reached its limit of %llu live sandboxes",
+                return hutch_error_set(err, -EAGAIN, "team has reached its limit of %llu live sandboxes",
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
 
@@ -559,10 +549,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 json_decref(egress_spec);
                 if (layer_from[0] && !borrowed)
                         unlink(layer_from);
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "snapshot %s is of a %s sandbox; it cannot start a %s one",
-                                       snap.id, checkpoint ? "gvisor" : "namespace (ns)",
-                                       hutch_backend_name(backend));
+                return hutch_error_set(err, -EOPNOTSUPP, "snapshot %s is of a %s sandbox; it cannot start a %s one",
+                                       snap.id, checkpoint ? "gvisor" : "namespace (ns)", hutch_backend_name(backend));
         }
         /* the pool holds sandboxes of the operator's default backend */
         bool poolable = streq(template_name, "host") && !snap.id[0] && !built &&
@@ -603,8 +591,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         {
                 json_t *names = json_array();
                 if (secrets_env_rewrite(srv, team, sb->id, sb->envs, names, why, sizeof why) < 0)
-                        log_warning("sandbox %s: %s", sb->id,
-                                    why); /* a secret deleted since the check */
+                        log_warning("sandbox %s: %s", sb->id, why); /* a secret deleted since the check */
                 json_object_set_new(sb->extra, "secretRefs", names);
         }
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
@@ -661,8 +648,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         if (sb->h)
                 goto ready;
-        r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL, checkpoint,
-                             err);
+        r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL, checkpoint, err);
         if (layer_from[0]) {
                 if (!borrowed)
                         unlink(layer_from); /* the engine copied it into the layer image */
@@ -675,8 +661,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 unsigned open_fds = 0, limit = 0;
                 if ((r == -EMFILE || r == -ENFILE) && server_fds(&open_fds, &limit) == 0 &&
                     open_fds + SERVER_FDS_RESERVE > limit)
-                        hutch_error_wrap(err, r, "the daemon is out of open files (%u of %u in use)",
-                                         open_fds, limit);
+                        hutch_error_wrap(err, r, "the daemon is out of open files (%u of %u in use)", open_fds, limit);
                 hutch_error e2 = { 0 };
                 (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
                 goto fail;
@@ -707,8 +692,8 @@ ready:
         {
                 hutch_error e2 = { 0 };
                 char detail[128];
-                snprintf(detail, sizeof detail, "{\"template\":\"%s\",\"timeout\":%llu}",
-                         sb->template_id, (unsigned long long) timeout_s);
+                snprintf(detail, sizeof detail, "{\"template\":\"%s\",\"timeout\":%llu}", sb->template_id,
+                         (unsigned long long) timeout_s);
                 (void) store_event_add(srv->store, team, sb->id, "sandbox.create", detail, &e2);
         }
         *ret = sb;
@@ -770,8 +755,7 @@ void sbx_create_answered(server *srv, request *req, enum MHD_RequestTerminationC
                 sbx *sb = sbx_find(srv, id);
                 if (!sb)
                         continue;
-                log_info("sandbox %s: its create was never answered (the client went away): removing it",
-                         id);
+                log_info("sandbox %s: its create was never answered (the client went away): removing it", id);
                 sbx_kill(srv, sb, "create unanswered");
         }
         req->n_created = 0;
@@ -936,13 +920,10 @@ int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err) {
         close(in);
         if (r == -EBADMSG || r == -EPERM) {
                 log_warning("sandbox %s: paused image refused: %s", sb->id, why);
-                return hutch_error_set(
-                        err, -EBADMSG,
-                        "the paused sandbox's image does not authenticate (damaged or altered)");
+                return hutch_error_set(err, -EBADMSG, "the paused sandbox's image does not authenticate (damaged or altered)");
         }
         if (r < 0)
-                return hutch_error_set(err, r, "reading the paused sandbox's image: %s",
-                                       why[0] ? why : strerror(-r));
+                return hutch_error_set(err, r, "reading the paused sandbox's image: %s", why[0] ? why : strerror(-r));
         return 0;
 }
 
@@ -957,8 +938,7 @@ static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
         hutch_error e0 = { 0 };
         uint64_t mem = hutch_sandbox_stats(sb->h, &st, &e0) >= 0 ? st.memory_current : 0;
         if (!data_disk_has_room(srv, dir, mem))
-                return hutch_error_set(err, -ENOSPC,
-                                       "not enough free disk to pause this sandbox with its memory");
+                return hutch_error_set(err, -ENOSPC, "not enough free disk to pause this sandbox with its memory");
         snprintf(tmp, sizeof tmp, "%s/.image-XXXXXX", dir);
         int lfd = mkostemp(tmp, O_CLOEXEC);
         if (lfd < 0)
@@ -988,14 +968,12 @@ static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
                 /* no image kept: bring it back from the plain one at once */
                 hutch_error e2 = { 0 };
                 if (hutch_sandbox_resume_from(sb->h, tmp, &e2) < 0 || sbx_reattach(srv, sb) < 0)
-                        log_error("sandbox %s: restoring it after a failed pause: %s", sb->id,
-                                  e2.msg);
+                        log_error("sandbox %s: restoring it after a failed pause: %s", sb->id, e2.msg);
                 unlink(tmp);
                 return r;
         }
         unlink(tmp);
-        log_debug("sandbox %s: paused to disk (%llu bytes of checkpoint)", sb->id,
-                  (unsigned long long) bytes);
+        log_debug("sandbox %s: paused to disk (%llu bytes of checkpoint)", sb->id, (unsigned long long) bytes);
         return 0;
 }
 
@@ -1030,8 +1008,7 @@ int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
                         st->watch_id = 0;
                 }
         /* gvisor: a checkpoint to disk, memory freed; ns: the cgroup freezer */
-        int r = sb->backend == HUTCH_BACKEND_GVISOR ? pause_to_disk(srv, sb, err)
-                                                    : hutch_sandbox_freeze(sb->h, err);
+        int r = sb->backend == HUTCH_BACKEND_GVISOR ? pause_to_disk(srv, sb, err) : hutch_sandbox_freeze(sb->h, err);
         if (r < 0)
                 return r;
         sb->paused = true;
@@ -1064,19 +1041,12 @@ int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
  * the kill. */
 static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
         static const char *const argv[] = {
-                "/bin/sh",
-                "-c",
-                "kill -KILL -1 2>/dev/null; cat /proc/sys/kernel/random/uuid > /run/hutch/boot_id",
+                "/bin/sh", "-c", "kill -KILL -1 2>/dev/null; cat /proc/sys/kernel/random/uuid > /run/hutch/boot_id",
                 NULL,
         };
         static const char *const envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
         hutch_spawn_config sc = {
-                .argv = argv,
-                .envp = envp,
-                .cwd = "/",
-                .uid = 0,
-                .gid = 0,
-                .stdin_mode = HUTCH_STDIN_NULL,
+                .argv = argv, .envp = envp, .cwd = "/", .uid = 0, .gid = 0, .stdin_mode = HUTCH_STDIN_NULL,
         };
         hutch_process hp;
         int r = hutch_sandbox_spawn(sb->h, &sc, &hp, err);
@@ -1091,9 +1061,8 @@ static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
                 int64_t left = deadline - wall_ms();
                 hutch_exit ex;
                 if (left <= 0 || (r = hutch_sandbox_wait(sb->h, (int) left, &ex, err)) < 0) {
-                        log_warning(
-                                "sandbox %s: the reboot did not finish in time (%s); killing its group",
-                                sb->id, err->msg);
+                        log_warning("sandbox %s: the reboot did not finish in time (%s); killing its group",
+                                    sb->id, err->msg);
                         hutch_error e2 = { 0 };
                         (void) hutch_sandbox_signal(sb->h, hp.pid, SIGKILL, true, &e2);
                         break;
@@ -1156,8 +1125,7 @@ int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
 void sbx_write_abort(server *srv, const char *sbx_id, hutch_fs_write *w) {
         sbx *sb = sbx_find(srv, sbx_id);
         if (sb && sb->paused) {
-                hutch_fs_write **v = realloc(sb->pending_aborts,
-                                             (sb->n_pending_aborts + 1) * sizeof *v);
+                hutch_fs_write **v = realloc(sb->pending_aborts, (sb->n_pending_aborts + 1) * sizeof *v);
                 if (v) {
                         sb->pending_aborts = v;
                         v[sb->n_pending_aborts++] = w;
@@ -1222,9 +1190,7 @@ void sbx_sample(server *srv, sbx *sb, int64_t now) {
         double pct = 0;
         if (sb->last_cpu_ms > 0 && now > sb->last_cpu_ms && s.cpu_usage_ns >= sb->last_cpu_ns) {
                 double used_ms = (double) (s.cpu_usage_ns - sb->last_cpu_ns) / 1e6;
-                pct = 100.0 * used_ms /
-                        ((double) (now - sb->last_cpu_ms) *
-                         (double) (sb->cpu_count ? sb->cpu_count : 1));
+                pct = 100.0 * used_ms / ((double) (now - sb->last_cpu_ms) * (double) (sb->cpu_count ? sb->cpu_count : 1));
                 if (pct > 100.0)
                         pct = 100.0;
         }
@@ -1270,9 +1236,8 @@ int64_t sbx_timers(server *srv, int64_t now) {
                                 hutch_error err = { 0 };
                                 log_debug("sandbox %s: timeout, pausing", sb->id);
                                 if (sbx_pause(srv, sb, sb->pause_keep_memory, &err) < 0) {
-                                        log_warning(
-                                                "sandbox %s: pause at timeout failed (%s): killing it",
-                                                sb->id, err.msg);
+                                        log_warning("sandbox %s: pause at timeout failed (%s): killing it", sb->id,
+                                                    err.msg);
                                         sbx_kill(srv, sb, "timeout");
                                 }
                         } else
@@ -1283,8 +1248,7 @@ int64_t sbx_timers(server *srv, int64_t now) {
                 if (!sb->paused) {
                         if (sb->next_sample_ms <= now) {
                                 sbx_sample(srv, sb, now);
-                                sb->next_sample_ms = now +
-                                        (int64_t) srv->cfg.metrics_interval_s * 1000;
+                                sb->next_sample_ms = now + (int64_t) srv->cfg.metrics_interval_s * 1000;
                         }
                         if (next < 0 || sb->end_ms < next)
                                 next = sb->end_ms;
@@ -1300,12 +1264,11 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
         char started[40], end[40];
         format_rfc3339(sb->started_ms, started);
         format_rfc3339(sb->end_ms, end);
-        json_t *o = json_pack(
-                "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:O}", "sandboxID", sb->id,
-                "templateID", sb->template_id, "alias", sb->alias, "clientID", "hutch", "startedAt",
-                started, "endAt", end, "state", sb->paused ? "paused" : "running", "cpuCount",
-                (json_int_t) sb->cpu_count, "memoryMB", (json_int_t) sb->memory_mb, "diskSizeMB",
-                (json_int_t) sb->disk_mb, "envdVersion", ENVD_VERSION, "metadata", sb->metadata);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:O}", "sandboxID", sb->id,
+                              "templateID", sb->template_id, "alias", sb->alias, "clientID", "hutch", "startedAt",
+                              started, "endAt", end, "state", sb->paused ? "paused" : "running", "cpuCount",
+                              (json_int_t) sb->cpu_count, "memoryMB", (json_int_t) sb->memory_mb, "diskSizeMB",
+                              (json_int_t) sb->disk_mb, "envdVersion", ENVD_VERSION, "metadata", sb->metadata);
         json_object_set_new(o, "volumeMounts", json_array());
         if (detail) {
                 json_object_set_new(o, "envdAccessToken", json_string(sb->token));
@@ -1313,10 +1276,9 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
                 json_t *aia = NULL;
                 json_object_set_new(o, "network", egress_network_json(sb->srv, sb, &aia));
                 json_object_set_new(o, "allowInternetAccess", aia);
-                json_object_set_new(o, "lifecycle",
-                                    json_pack("{s:s, s:b}", "onTimeout",
-                                              sb->on_timeout_pause ? "pause" : "kill", "autoResume",
-                                              sb->auto_resume));
+                json_object_set_new(o, "lifecycle", json_pack("{s:s, s:b}", "onTimeout",
+                                                              sb->on_timeout_pause ? "pause" : "kill", "autoResume",
+                                                              sb->auto_resume));
         }
         return o;
 }
@@ -1394,9 +1356,7 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
         if (!suspended && egress_sbx_start(srv, sb) < 0)
-                log_warning(
-                        "sandbox %s: re-adopted without egress (its proxy port is taken inside it?)",
-                        sb->id);
+                log_warning("sandbox %s: re-adopted without egress (its proxy port is taken inside it?)", sb->id);
         if (sb->paused)
                 sb->procs_pending = true; /* its init is frozen: ask once it runs again */
         else
@@ -1433,8 +1393,7 @@ static void leftovers_sweep(server *srv) {
                 closedir(d);
         removed += (unsigned) hutch_checkpoint_leftovers_remove(srv->ctx);
         if (removed)
-                log_info("removed %u leftover checkpoint file(s) of earlier pauses and snapshots",
-                         removed);
+                log_info("removed %u leftover checkpoint file(s) of earlier pauses and snapshots", removed);
 }
 
 int sbx_readopt_all(server *srv) {
@@ -1463,8 +1422,7 @@ int sbx_readopt_all(server *srv) {
                         if (store_sandbox_get(srv->store, *id, &row, &e2) < 0)
                                 continue;
                         store_sandbox_clear(&row);
-                        log_info("sandbox %s: ended in the database but still present; removing it",
-                                 *id);
+                        log_info("sandbox %s: ended in the database but still present; removing it", *id);
                         (void) hutch_sandbox_remove(srv->ctx, *id, &e2);
                 }
                 hutch_strv_free(ids);

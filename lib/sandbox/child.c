@@ -39,18 +39,18 @@
 __asm__(".text\n"
         ".globl hutch_clone3_raw\n"
         ".type hutch_clone3_raw,@function\n"
-        "hutch_clone3_raw:\n" /* rdi=args rsi=size rdx=fn rcx=arg */
+        "hutch_clone3_raw:\n"          /* rdi=args rsi=size rdx=fn rcx=arg */
         "        mov %rcx, %r8\n"
         "        mov %rdx, %r9\n"
-        "        mov $435, %eax\n" /* __NR_clone3 */
+        "        mov $435, %eax\n"     /* __NR_clone3 */
         "        syscall\n"
         "        test %rax, %rax\n"
         "        jnz 1f\n"
-        "        xor %ebp, %ebp\n" /* child: on the new stack */
+        "        xor %ebp, %ebp\n"     /* child: on the new stack */
         "        mov %r8, %rdi\n"
         "        call *%r9\n"
         "        mov %eax, %edi\n"
-        "        mov $60, %eax\n" /* __NR_exit */
+        "        mov $60, %eax\n"      /* __NR_exit */
         "        syscall\n"
         "        hlt\n"
         "1:      ret\n"
@@ -59,7 +59,7 @@ __asm__(".text\n"
 __asm__(".text\n"
         ".globl hutch_clone3_raw\n"
         ".type hutch_clone3_raw,%function\n"
-        "hutch_clone3_raw:\n" /* x0=args x1=size x2=fn x3=arg */
+        "hutch_clone3_raw:\n"          /* x0=args x1=size x2=fn x3=arg */
         "        mov x9, x2\n"
         "        mov x10, x3\n"
         "        mov x8, #435\n"
@@ -68,7 +68,7 @@ __asm__(".text\n"
         "        mov x29, #0\n"
         "        mov x0, x10\n"
         "        blr x9\n"
-        "        mov x8, #93\n" /* __NR_exit */
+        "        mov x8, #93\n"        /* __NR_exit */
         "        svc #0\n"
         "        brk #0\n"
         "1:      ret\n"
@@ -104,7 +104,7 @@ static _Noreturn void child_fail(const child_config *c, int err, const char *wha
 #define CHECK(c, expr, what)                                                                       \
         do {                                                                                       \
                 if ((expr) < 0)                                                                    \
-                        child_fail((c), errno, (what));                                            \
+                        child_fail((c), errno, (what));                                           \
         } while (0)
 
 /* Append src to dst (bounded), no libc formatting. */
@@ -169,15 +169,13 @@ static void setup_boot_id(const child_config *c) {
         b[8] = (uint8_t) ((b[8] & 0x3f) | 0x80);
         char id[40];
         int n = snprintf(id, sizeof id,
-                         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
-                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-                         b[12], b[13], b[14], b[15]);
+                         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1],
+                         b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
         if (mkdir("run", 0755) < 0 && errno != EEXIST)
                 child_fail(c, errno, "creating /run");
         if (mkdir("run/hutch", 0755) < 0 && errno != EEXIST)
                 child_fail(c, errno, "creating /run/hutch");
-        int fd = open("run/hutch/boot_id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                      0644);
+        int fd = open("run/hutch/boot_id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
         CHECK(c, fd, "creating the boot id");
         if (write(fd, id, (size_t) n) != n)
                 child_fail(c, errno ? errno : EIO, "writing the boot id");
@@ -192,15 +190,13 @@ static void setup_boot_id(const child_config *c) {
 }
 
 static void setup_proc(const child_config *c) {
-        CHECK(c, mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
-              "mounting /proc");
+        CHECK(c, mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mounting /proc");
         setup_boot_id(c);
         for (const char *const *p = proc_masked_files; *p; p++)
                 if (mount("/dev/null", *p, NULL, MS_BIND, NULL) < 0 && errno != ENOENT)
                         child_fail(c, errno, "masking a /proc file");
         for (const char *const *p = proc_masked_dirs; *p; p++)
-                if (mount("tmpfs", *p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                          "size=4k,mode=0555") < 0 &&
+                if (mount("tmpfs", *p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555") < 0 &&
                     errno != ENOENT)
                         child_fail(c, errno, "masking a /proc directory");
         for (const char *const *p = proc_readonly; *p; p++) {
@@ -210,8 +206,7 @@ static void setup_proc(const child_config *c) {
                         child_fail(c, errno, "binding a read-only /proc path");
                 }
                 CHECK(c,
-                      mount(NULL, *p, NULL,
-                            MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+                      mount(NULL, *p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
                       "making a /proc path read-only");
         }
 }
@@ -219,24 +214,19 @@ static void setup_proc(const child_config *c) {
 static void setup_dev(const child_config *c) {
         static const char *const devs[] = { "null", "zero", "full", "random", "urandom", "tty", NULL };
         static const char *const links[][2] = {
-                { "pts/ptmx", "dev/ptmx" },          { "/proc/self/fd", "dev/fd" },
-                { "/proc/self/fd/0", "dev/stdin" },  { "/proc/self/fd/1", "dev/stdout" },
+                { "pts/ptmx", "dev/ptmx" },         { "/proc/self/fd", "dev/fd" },
+                { "/proc/self/fd/0", "dev/stdin" }, { "/proc/self/fd/1", "dev/stdout" },
                 { "/proc/self/fd/2", "dev/stderr" }, { "/proc/kcore", "dev/core" },
         };
-        CHECK(c,
-              mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"),
+        CHECK(c, mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"),
               "mounting /dev");
         for (const char *const *d = devs; *d; d++)
                 CHECK(c, bind_dev(*d), "binding a device into /dev");
         CHECK(c, mkdir("dev/pts", 0755), "creating /dev/pts");
-        CHECK(c,
-              mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                    "newinstance,ptmxmode=0666,mode=0620,gid=5"),
+        CHECK(c, mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"),
               "mounting /dev/pts");
         CHECK(c, mkdir("dev/shm", 01777), "creating /dev/shm");
-        CHECK(c,
-              mount("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
-                    "size=64m,nr_inodes=4096,mode=1777"),
+        CHECK(c, mount("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,nr_inodes=4096,mode=1777"),
               "mounting /dev/shm");
         for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
                 if (i < 5) /* /dev/core is left out: kcore is masked anyway */
@@ -402,9 +392,7 @@ static void child_setup(const child_config *c) {
                         struct cmsghdr align;
                         char b[CMSG_SPACE(sizeof(int) * 10)];
                 } ctl;
-                struct msghdr msg = { .msg_iov = &iov,
-                                      .msg_iovlen = 1,
-                                      .msg_control = ctl.b,
+                struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
                                       .msg_controllen = sizeof ctl.b };
                 ssize_t n;
                 do
@@ -423,8 +411,7 @@ static void child_setup(const child_config *c) {
                 bool has_layer = (buf[1] & 1) != 0;
                 if (buf[1] & 2)
                         n_image = recv_layers(c, image_fds);
-                if (n < 2 || n_binds > 8 || n_binds + 1 + has_layer != nfds ||
-                    (size_t) n < 2 + n_binds * 16)
+                if (n < 2 || n_binds > 8 || n_binds + 1 + has_layer != nfds || (size_t) n < 2 + n_binds * 16)
                         child_fail(c, EPROTO, "bootstrap message malformed");
                 for (uint32_t i = 0; i < n_binds; i++) {
                         memcpy(bind_paths[i], buf + 2 + i * 16, 16);
@@ -454,8 +441,7 @@ static void child_setup(const child_config *c) {
         {
                 struct sockaddr_un sa = { .sun_family = AF_UNIX };
                 memcpy(sa.sun_path, "sock/init.sock", sizeof "sock/init.sock");
-                CHECK(c, bind(lsock, (struct sockaddr *) &sa, sizeof sa),
-                      "binding the control socket");
+                CHECK(c, bind(lsock, (struct sockaddr *) &sa, sizeof sa), "binding the control socket");
                 CHECK(c, listen(lsock, 16), "listen");
         }
 
@@ -474,20 +460,17 @@ static void child_setup(const child_config *c) {
                 u64_to_str(c->disk_inodes, num);
                 cat(t, sizeof t, num);
                 cat(t, sizeof t, ",mode=0755");
-                CHECK(c, mount("tmpfs", "layer", "tmpfs", MS_NOSUID | MS_NODEV, t),
-                      "mounting the tmpfs layer");
+                CHECK(c, mount("tmpfs", "layer", "tmpfs", MS_NOSUID | MS_NODEV, t), "mounting the tmpfs layer");
                 CHECK(c, mkdir("layer/upper", 0755), "creating upper");
                 CHECK(c, mkdir("layer/work", 0700), "creating work");
         }
-        CHECK(c, sys_move_mount(fds[0], "", AT_FDCWD, "lower", MOVE_MOUNT_F_EMPTY_PATH),
-              "attaching the template");
+        CHECK(c, sys_move_mount(fds[0], "", AT_FDCWD, "lower", MOVE_MOUNT_F_EMPTY_PATH), "attaching the template");
         close(fds[0]);
         /* overlayfs resolves relative layer paths against our cwd */
         cat(opts, sizeof opts, "lower");
         attach_layers(c, image_fds, n_image, opts, sizeof opts);
         cat(opts, sizeof opts, ",upperdir=layer/upper,workdir=layer/work,userxattr");
-        CHECK(c, mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, opts),
-              "mounting the overlay root");
+        CHECK(c, mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, opts), "mounting the overlay root");
         CHECK(c, chdir("root"), "entering the root");
 
         /* 6. Template binds (/usr ...), id-mapped and read-only. */
@@ -530,8 +513,7 @@ static void child_setup(const child_config *c) {
         int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
         CHECK(c, devnull, "opening /dev/null");
         int hl = fcntl(lsock, F_DUPFD_CLOEXEC, 64), hc = fcntl(c->init_conn, F_DUPFD_CLOEXEC, 64),
-            hm = fcntl(c->init_memfd, F_DUPFD_CLOEXEC, 64),
-            hs = fcntl(c->sync_fd, F_DUPFD_CLOEXEC, 64);
+            hm = fcntl(c->init_memfd, F_DUPFD_CLOEXEC, 64), hs = fcntl(c->sync_fd, F_DUPFD_CLOEXEC, 64);
         if (hl < 0 || hc < 0 || hm < 0 || hs < 0)
                 child_fail(c, errno, "moving descriptors");
         child_config moved = *c;
@@ -566,9 +548,7 @@ static void child_setup(const child_config *c) {
 
         /* 14. Become hutch-init, from the sealed memfd. */
         static char *const argv[] = { (char *) "hutch-init", NULL };
-        static char *const envp[] = {
-                (char *) "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL
-        };
+        static char *const envp[] = { (char *) "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL };
         syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
         child_fail(c, errno, "executing hutch-init");
 }

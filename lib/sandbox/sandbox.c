@@ -63,41 +63,34 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
         ctx->uid_base = cfg->uid_base ? cfg->uid_base : 0x40000000u;
         ctx->uid_slots = cfg->uid_slots ? cfg->uid_slots : 4096;
         int r;
-        if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind ||
-            !ctx->runsc || !ctx->gvisor_platform) {
+        if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind || !ctx->runsc ||
+            !ctx->gvisor_platform) {
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
         }
         if (ctx->run_dir[0] != '/' || ctx->data_dir[0] != '/' || strlen(ctx->run_dir) > 1024 ||
             strlen(ctx->data_dir) > 1024) {
-                r = hutch_error_set(
-                        err, -EINVAL,
-                        "run and data directories must be absolute paths of at most 1024 bytes");
+                r = hutch_error_set(err, -EINVAL, "run and data directories must be absolute paths of at most 1024 bytes");
                 goto fail;
         }
-        if (!streq(ctx->storage_kind, "auto") && !streq(ctx->storage_kind, "ext4") &&
-            !streq(ctx->storage_kind, "tmpfs")) {
-                r = hutch_error_set(err, -EINVAL, "storage must be auto, ext4 or tmpfs, not '%s'",
-                                    ctx->storage_kind);
+        if (!streq(ctx->storage_kind, "auto") && !streq(ctx->storage_kind, "ext4") && !streq(ctx->storage_kind, "tmpfs")) {
+                r = hutch_error_set(err, -EINVAL, "storage must be auto, ext4 or tmpfs, not '%s'", ctx->storage_kind);
                 goto fail;
         }
         if (!streq(ctx->gvisor_platform, "ptrace") && !streq(ctx->gvisor_platform, "systrap") &&
             !streq(ctx->gvisor_platform, "kvm")) {
-                r = hutch_error_set(err, -EINVAL,
-                                    "gvisor platform must be ptrace, systrap or kvm, not '%s'",
+                r = hutch_error_set(err, -EINVAL, "gvisor platform must be ptrace, systrap or kvm, not '%s'",
                                     ctx->gvisor_platform);
                 goto fail;
         }
         if (*ctx->runsc && (ctx->runsc[0] != '/' || strlen(ctx->runsc) > 1024)) {
-                r = hutch_error_set(err, -EINVAL, "runsc must be an absolute path, not '%s'",
-                                    ctx->runsc);
+                r = hutch_error_set(err, -EINVAL, "runsc must be an absolute path, not '%s'", ctx->runsc);
                 goto fail;
         }
         /* The uid ranges must stay clear of host uid 0 and of (uid_t)-1. */
         if (ctx->uid_base < HUTCH_IDMAP_SIZE ||
             (uint64_t) ctx->uid_base + (uint64_t) ctx->uid_slots * HUTCH_IDMAP_SIZE > 0xFFFFFFFEull) {
-                r = hutch_error_set(err, -EINVAL, "uid range %u + %u x 65536 is not valid",
-                                    ctx->uid_base, ctx->uid_slots);
+                r = hutch_error_set(err, -EINVAL, "uid range %u + %u x 65536 is not valid", ctx->uid_base, ctx->uid_slots);
                 goto fail;
         }
         r = cgroup_detect(getenv("HUTCH_CGROUP"), &ctx->cg_version, &ctx->cg_mount, err);
@@ -303,20 +296,15 @@ static int state_write(hutch_sandbox *sb, hutch_error *err) {
          * overlay's lower layer; gvisor: runsc's root) is, so that
          * hutch_template_gc() keeps it while the sandbox lives */
         int n = snprintf(buf, sizeof buf,
-                         "id=%s\ntemplate=%s\ntemplate_root=%s\ninit_pid=%d\ninit_starttime=%" PRIu64
-                         "\nuid_slot=%u\nuid_base=%u\n"
-                         "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64
-                         "\ncpu_millis=%" PRIu64 "\ndisk=%" PRIu64 "\ninodes=%" PRIu64
-                         "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
+                         "id=%s\ntemplate=%s\ntemplate_root=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
+                         "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
+                         "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
                          "cgroup_mount=%s\nbackend=%s\negress_port=%u\nsuspended=%d\nowner=%s\n",
-                         sb->id, sb->template_name, sb->template_root ? sb->template_root : "",
-                         sb->init_pid, sb->init_starttime, sb->uid_slot, (unsigned) sb->uid_base,
-                         sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
-                         sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes,
-                         sb->limits.nofile, sb->no_new_privs,
-                         sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
-                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port, sb->suspended,
-                         sb->owner);
+                         sb->id, sb->template_name, sb->template_root ? sb->template_root : "", sb->init_pid, sb->init_starttime, sb->uid_slot,
+                         (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
+                         sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
+                         sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
+                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port, sb->suspended, sb->owner);
         int r = write_file_atomic(path, buf, (size_t) n, 0600);
         if (r < 0)
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
@@ -329,11 +317,9 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
         snprintf(path, sizeof path, "%s/state", sb->dir);
         int r = read_file_at(AT_FDCWD, path, 4096, &buf);
         if (r < 0)
-                return hutch_error_set(err, r == -ENOENT ? -ENOENT : r, "sandbox %s: no state (%s)",
-                                       sb->id, strerror(-r));
+                return hutch_error_set(err, r == -ENOENT ? -ENOENT : r, "sandbox %s: no state (%s)", sb->id, strerror(-r));
         bool have_pid = false;
-        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
-             line = strtok_r(NULL, "\n", &save)) {
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
                 char *eq = strchr(line, '=');
                 if (!eq)
                         continue;
@@ -437,8 +423,7 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
                          * state and uid range reserved for a later gc/kill, so
                          * the range is never handed to another sandbox. */
                         sb->conn = safe_close(sb->conn);
-                        return hutch_error_set(err, k < 0 ? k : -EBUSY,
-                                               "sandbox %s: processes survived the kill: %s",
+                        return hutch_error_set(err, k < 0 ? k : -EBUSY, "sandbox %s: processes survived the kill: %s",
                                                sb->id, k < 0 ? e.msg : "still in the cgroup");
                 }
         }
@@ -500,16 +485,15 @@ static int write_idmap(pid_t pid, const char *file, uid_t base) {
  * ready for the child to attach with move_mount(). Only the parent can do
  * this: MOUNT_ATTR_IDMAP needs CAP_SYS_ADMIN over the file system's owner. */
 static int idmapped_tree(const char *path, int userns_fd, bool readonly, bool recursive, int *ret_fd) {
-        _cleanup_close_ int fd = sys_open_tree(
-                AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
+        _cleanup_close_ int fd = sys_open_tree(AT_FDCWD, path,
+                                               OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
         if (fd < 0)
                 return -errno;
         struct mount_attr attr = {
                 .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NODEV | (readonly ? MOUNT_ATTR_RDONLY : 0),
                 .userns_fd = (uint64_t) userns_fd,
         };
-        if (sys_mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr,
-                              sizeof attr) < 0)
+        if (sys_mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr) < 0)
                 return -errno;
         *ret_fd = TAKE_FD(fd);
         return 0;
@@ -517,8 +501,7 @@ static int idmapped_tree(const char *path, int userns_fd, bool readonly, bool re
 
 /* The one message the child waits for: [n_binds, has_layer, 16-byte bind
  * paths...] with the descriptors [lower, layer?, binds...]. */
-static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int layer_fd,
-                          const int *bind_fds) {
+static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int layer_fd, const int *bind_fds) {
         char buf[2 + TEMPLATE_MAX_BINDS * 16] = { 0 };
         int fds[2 + TEMPLATE_MAX_BINDS];
         size_t n = 0;
@@ -642,17 +625,13 @@ static int template_users_scan(void *arg, template_users *ret, hutch_error *err)
                 _cleanup_free_ char *buf = NULL;
                 if (read_file_at(dfd, p, 16384, &buf) < 0) {
                         struct stat st;
-                        if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                            S_ISDIR(st.st_mode))
-                                r = users_add_unknown(&u,
-                                                      (int64_t) st.st_mtim.tv_sec * 1000000000 +
-                                                              st.st_mtim.tv_nsec);
+                        if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+                                r = users_add_unknown(&u, (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec);
                         continue;
                 }
                 const char *root = NULL;
                 int64_t created = 0;
-                for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
-                     line = strtok_r(NULL, "\n", &save)) {
+                for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
                         if (startswith(line, "template_root="))
                                 root = line + strlen("template_root=");
                         else if (startswith(line, "created_ns="))
@@ -688,18 +667,16 @@ static void create_done(hutch_ctx *ctx, hutch_template *tpl) {
         }
 }
 
-int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret,
-                         hutch_error *err) {
+int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret, hutch_error *err) {
         hutch_sandbox_config none = { 0 };
         if (!cfg)
                 cfg = &none;
         /* The gvisor layer is a tmpfs in the sentry, which refuses
          * nr_inodes (EINVAL): an inode limit asked for would not hold */
         if (cfg->backend == HUTCH_BACKEND_GVISOR && cfg->limits.disk_inodes)
-                return hutch_error_set(
-                        err, -EOPNOTSUPP,
-                        "an inode limit is not supported on the gvisor backend: its writable layer "
-                        "has none (only its size and the memory limit bound it)");
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "an inode limit is not supported on the gvisor backend: its writable layer "
+                                       "has none (only its size and the memory limit bound it)");
         hutch_template *tpl = NULL;
         /* Every cleanup variable is declared before the first `goto fail`. */
         _cleanup_close_ int dfd = -1, userns = -1, layer_fd = -1;
@@ -734,21 +711,18 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
             sb->limits.memory_bytes < HUTCH_MIN_MEMORY || sb->limits.disk_bytes < HUTCH_MIN_DISK ||
             sb->limits.disk_bytes > HUTCH_MAX_DISK || sb->limits.disk_inodes < HUTCH_MIN_INODES ||
             sb->limits.disk_inodes > HUTCH_MAX_INODES) {
-                r = hutch_error_set(
-                        err, -EINVAL,
-                        "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
-                        "pids <= 4194304, nofile <= 1048576)");
+                r = hutch_error_set(err, -EINVAL,
+                                    "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
+                                    "pids <= 4194304, nofile <= 1048576)");
                 goto fail;
         }
         /* Raising a hard limit needs CAP_SYS_RESOURCE in the initial user
          * namespace: the child's setrlimit would fail (EPERM) for every
          * create; say which limit instead */
         struct rlimit own;
-        if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max != RLIM_INFINITY &&
-            sb->limits.nofile > own.rlim_max) {
+        if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max != RLIM_INFINITY && sb->limits.nofile > own.rlim_max) {
                 r = hutch_error_set(err, -EMFILE,
-                                    "the sandbox's open-files limit (%" PRIu64
-                                    ") is above this process's hard limit "
+                                    "the sandbox's open-files limit (%" PRIu64 ") is above this process's hard limit "
                                     "(%llu): raise it (ulimit -Hn, systemd LimitNOFILE=)",
                                     sb->limits.nofile, (unsigned long long) own.rlim_max);
                 goto fail;
@@ -760,13 +734,11 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         }
         if (sb->backend == HUTCH_BACKEND_GVISOR && cfg->layer_from) {
-                r = hutch_error_set(err, -EOPNOTSUPP,
-                                    "a gvisor sandbox cannot start from a file snapshot");
+                r = hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot start from a file snapshot");
                 goto fail;
         }
         if (sb->backend != HUTCH_BACKEND_GVISOR && cfg->checkpoint_from) {
-                r = hutch_error_set(err, -EOPNOTSUPP,
-                                    "only a gvisor sandbox starts from a memory checkpoint");
+                r = hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
                 goto fail;
         }
 
@@ -812,8 +784,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if ((r = sandbox_dir_path(ctx, sb->id, &sb->dir)) < 0)
                 goto fail;
         if (mkdir(sb->dir, 0711) < 0) {
-                r = hutch_error_set(err, -errno,
-                                    errno == EEXIST ? "sandbox %s already exists" : "creating %s: %m",
+                r = hutch_error_set(err, -errno, errno == EEXIST ? "sandbox %s already exists" : "creating %s: %m",
                                     errno == EEXIST ? sb->id : sb->dir);
                 free(sb->dir);
                 sb->dir = NULL; /* not ours: never remove it */
@@ -846,13 +817,11 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         hutch_limits cg_limits = sb->limits;
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
                 cg_limits.memory_bytes += cg_limits.memory_bytes / 2 + GVISOR_MEMORY_OVERHEAD;
-                cg_limits.pids = cg_limits.pids >
-                                (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
-                        ? UINT64_MAX
-                        : cg_limits.pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
+                cg_limits.pids = cg_limits.pids > (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
+                                         ? UINT64_MAX
+                                         : cg_limits.pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
         }
-        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits,
-                               &sb->cg, &e)) < 0) {
+        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits, &sb->cg, &e)) < 0) {
                 hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
                 goto fail;
         }
@@ -869,8 +838,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                                 goto fail;
                         }
                 }
-                r = gvisor_start(sb, tpl, hostname, cfg->egress_port ? cfg->egress_port : 3128,
-                                 img[0] ? img : NULL, GVISOR_READY_TIMEOUT_MS, err);
+                r = gvisor_start(sb, tpl, hostname, cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
+                                 GVISOR_READY_TIMEOUT_MS, err);
                 if (img[0])
                         (void) rm_rf_at(AT_FDCWD, img); /* runsc has read it, or failed */
                 if (r >= 0)
@@ -893,8 +862,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 goto fail;
         }
 
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, conn) < 0 ||
-            pipe2(sync, O_CLOEXEC) < 0) {
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, conn) < 0 || pipe2(sync, O_CLOEXEC) < 0) {
                 r = hutch_error_set(err, -errno, "socketpair/pipe: %m");
                 goto fail;
         }
@@ -913,8 +881,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 .seccomp = prog,
                 .uid_base = sb->uid_base,
         };
-        stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
         if (stack == MAP_FAILED) {
                 r = hutch_error_set(err, -errno, "allocating the child stack: %m");
                 goto fail;
@@ -932,8 +899,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         cc.n_cgroup_procs = (size_t) r;
         struct clone_args ca = {
-                .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
-                        CLONE_NEWIPC | CLONE_VM | CLONE_PIDFD,
+                .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
+                         CLONE_VM | CLONE_PIDFD,
                 .pidfd = (uint64_t) (uintptr_t) &pidfd,
                 .exit_signal = SIGCHLD,
                 .stack = (uint64_t) (uintptr_t) stack,
@@ -951,8 +918,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
          * this thread only; real and saved ids stay 0 to switch back. */
         pid_t pid = -1;
         int clone_errno = 0;
-        if (syscall(SYS_setresgid, -1, sb->uid_base, -1) < 0 ||
-            syscall(SYS_setresuid, -1, sb->uid_base, -1) < 0)
+        if (syscall(SYS_setresgid, -1, sb->uid_base, -1) < 0 || syscall(SYS_setresuid, -1, sb->uid_base, -1) < 0)
                 clone_errno = errno;
         else {
                 pid = clone3_with_fn(&ca, child_main, &cc);
@@ -994,9 +960,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         /* The writable layer, while the child joins its cgroup. */
         uint64_t restored_bytes = 0;
-        if (r >= 0 &&
-            (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, &layer_fd,
-                                 &restored_bytes, &e)) < 0)
+        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, &layer_fd,
+                                           &restored_bytes, &e)) < 0)
                 step = e.msg;
         if (r >= 0 && restored_bytes)
                 sb->limits.disk_bytes = restored_bytes; /* the snapshot's size, not the request's */
@@ -1045,8 +1010,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if (got != 0) {
                 r = got == (ssize_t) sizeof ce && ce.code < 0 ? ce.code : -EPROTO;
                 ce.msg[sizeof ce.msg - 1] = 0;
-                hutch_error_set(err, r, "creating sandbox: %s: %s",
-                                got == (ssize_t) sizeof ce ? ce.msg : "child failed", strerror(-r));
+                hutch_error_set(err, r, "creating sandbox: %s: %s", got == (ssize_t) sizeof ce ? ce.msg : "child failed",
+                                strerror(-r));
                 goto fail;
         }
 
@@ -1069,8 +1034,7 @@ fail:
         template_free(tpl);
         (void) sandbox_teardown(sb, NULL);
         if (stack != MAP_FAILED && (sb->init_pid <= 0 || sb->destroyed))
-                munmap(stack,
-                       CHILD_STACK_SIZE); /* else the child may live on: leak it, never reuse it */
+                munmap(stack, CHILD_STACK_SIZE); /* else the child may live on: leak it, never reuse it */
         hutch_sandbox_unref(sb);
         return r;
 }
@@ -1099,8 +1063,7 @@ int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
 
 /* Load a sandbox from its state. With connect_init, it must be alive and
  * we talk to its init; without, whatever is left is opened for removal. */
-static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch_sandbox **ret,
-                        hutch_error *err) {
+static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch_sandbox **ret, hutch_error *err) {
         _cleanup_close_ int sockdir = -1;
         if (sandbox_validate_id(id) < 0)
                 return hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id ? id : "");
@@ -1125,13 +1088,11 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 sb->init_pid = 0;
         }
         uint64_t start;
-        bool alive = sb->init_pid > 1 && proc_starttime(sb->init_pid, &start) == 0 &&
-                start == sb->init_starttime;
+        bool alive = sb->init_pid > 1 && proc_starttime(sb->init_pid, &start) == 0 && start == sb->init_starttime;
         if (alive) {
                 sb->init_pidfd = sys_pidfd_open(sb->init_pid, 0);
                 /* the pid could have been reused between the check and pidfd_open */
-                if (sb->init_pidfd < 0 || proc_starttime(sb->init_pid, &start) < 0 ||
-                    start != sb->init_starttime) {
+                if (sb->init_pidfd < 0 || proc_starttime(sb->init_pid, &start) < 0 || start != sb->init_starttime) {
                         sb->init_pidfd = safe_close(sb->init_pidfd);
                         alive = false;
                 }
@@ -1142,8 +1103,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
         } else if (!alive) {
                 sb->init_pid = 0;
                 if (connect_init) {
-                        r = hutch_error_set(err, -ESRCH,
-                                            "sandbox %s is not running (its init is gone)", id);
+                        r = hutch_error_set(err, -ESRCH, "sandbox %s is not running (its init is gone)", id);
                         goto fail;
                 }
         }
@@ -1191,8 +1151,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                         hutch_error e2 = { 0 };
                         int k = cgroup_freeze(sb->cg, &e2);
                         if (r >= 0 && k < 0) {
-                                r = hutch_error_set(err, k, "sandbox %s: freezing again: %s", id,
-                                                    e2.msg);
+                                r = hutch_error_set(err, k, "sandbox %s: freezing again: %s", id, e2.msg);
                                 goto fail;
                         }
                 }
@@ -1212,8 +1171,7 @@ int hutch_sandbox_attach(hutch_ctx *ctx, const char *id, hutch_sandbox **ret, hu
 
 /* Open a sandbox by id under its busy lock (waiting for it, or -EWOULDBLOCK),
  * so that its state is read after whatever transition held it ended. */
-static int sandbox_open_locked(hutch_ctx *ctx, const char *id, bool wait, hutch_sandbox **ret,
-                               hutch_error *err) {
+static int sandbox_open_locked(hutch_ctx *ctx, const char *id, bool wait, hutch_sandbox **ret, hutch_error *err) {
         if (sandbox_validate_id(id) < 0)
                 return hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id ? id : "");
         _cleanup_free_ char *dir = NULL;
@@ -1224,9 +1182,8 @@ static int sandbox_open_locked(hutch_ctx *ctx, const char *id, bool wait, hutch_
                 return hutch_error_set(err, -ENOENT, "sandbox '%s' not found", id);
         if (lock < 0)
                 return hutch_error_set(err, lock, "sandbox %s: %s", id,
-                                       lock == -EWOULDBLOCK
-                                               ? "busy (being created, checkpointed or removed)"
-                                               : strerror(-lock));
+                                       lock == -EWOULDBLOCK ? "busy (being created, checkpointed or removed)"
+                                                            : strerror(-lock));
         hutch_sandbox *sb;
         int r = sandbox_open(ctx, id, false, &sb, err);
         if (r < 0) {
@@ -1353,10 +1310,9 @@ int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err) {
 
 int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
         if (sb->backend == HUTCH_BACKEND_GVISOR)
-                return hutch_error_set(
-                        err, -EOPNOTSUPP,
-                        "snapshots of gvisor sandboxes are not available: their files live in "
-                        "the sandbox's memory, which this hutch cannot checkpoint yet");
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "snapshots of gvisor sandboxes are not available: their files live in "
+                                       "the sandbox's memory, which this hutch cannot checkpoint yet");
         /* sync the layer through the sandbox's own root: an overlay's syncfs
          * writes back its upper file system */
         char p[64];

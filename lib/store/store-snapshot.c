@@ -30,9 +30,7 @@ static void from_row(sqlite3_stmt *s, store_snapshot *r) {
 int store_snapshot_insert(hutch_store *st, const store_snapshot *sn, hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
         int r = store_stmt(st, STMT_SNAP_INSERT,
-                           "INSERT INTO snapshots (" SNAP_COLUMNS
-                           ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                           &s, err);
+                           "INSERT INTO snapshots (" SNAP_COLUMNS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)", &s, err);
         if (r < 0)
                 return r;
         int rc = store_bind_text(s, 1, sn->id);
@@ -55,11 +53,9 @@ int store_snapshot_insert(hutch_store *st, const store_snapshot *sn, hutch_error
         return store_step_done(st, s, err, "recording a snapshot");
 }
 
-int store_snapshot_get(hutch_store *st, int64_t team_id, const char *id, store_snapshot *ret,
-                       hutch_error *err) {
+int store_snapshot_get(hutch_store *st, int64_t team_id, const char *id, store_snapshot *ret, hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
-        int r = store_stmt(st, STMT_SNAP_GET,
-                           "SELECT " SNAP_COLUMNS " FROM snapshots WHERE id = ?1 AND team_id = ?2",
+        int r = store_stmt(st, STMT_SNAP_GET, "SELECT " SNAP_COLUMNS " FROM snapshots WHERE id = ?1 AND team_id = ?2",
                            &s, err);
         if (r < 0)
                 return r;
@@ -79,8 +75,7 @@ int store_snapshot_get(hutch_store *st, int64_t team_id, const char *id, store_s
 
 int store_snapshot_delete(hutch_store *st, int64_t team_id, const char *id, hutch_error *err) {
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
-        int r = store_stmt(st, STMT_SNAP_DELETE,
-                           "DELETE FROM snapshots WHERE id = ?1 AND team_id = ?2", &s, err);
+        int r = store_stmt(st, STMT_SNAP_DELETE, "DELETE FROM snapshots WHERE id = ?1 AND team_id = ?2", &s, err);
         if (r < 0)
                 return r;
         int rc = store_bind_text(s, 1, id);
@@ -91,14 +86,11 @@ int store_snapshot_delete(hutch_store *st, int64_t team_id, const char *id, hutc
         r = store_step_done(st, s, err, "deleting a snapshot");
         if (r < 0)
                 return r;
-        return sqlite3_changes(st->db) > 0
-                ? 0
-                : hutch_error_set(err, -ENOENT, "snapshot %s not found", id);
+        return sqlite3_changes(st->db) > 0 ? 0 : hutch_error_set(err, -ENOENT, "snapshot %s not found", id);
 }
 
-int store_snapshot_list(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *name,
-                        int64_t before_ms, const char *before_id, unsigned limit,
-                        store_snapshot **ret, size_t *ret_n, hutch_error *err) {
+int store_snapshot_list(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *name, int64_t before_ms,
+                        const char *before_id, unsigned limit, store_snapshot **ret, size_t *ret_n, hutch_error *err) {
         if (limit < 1 || limit > 1000)
                 return hutch_error_set(err, -EINVAL, "limit must be 1..1000");
         _cleanup_stmt_ sqlite3_stmt *s = NULL;
@@ -144,8 +136,7 @@ int store_snapshot_list(hutch_store *st, int64_t team_id, const char *sandbox_id
 
 int store_snapshot_find(hutch_store *st, const char *id, store_snapshot *ret, hutch_error *err) {
         sqlite3_stmt *s = NULL;
-        int rc = sqlite3_prepare_v2(st->db, "SELECT " SNAP_COLUMNS " FROM snapshots WHERE id = ?1",
-                                    -1, &s, NULL);
+        int rc = sqlite3_prepare_v2(st->db, "SELECT " SNAP_COLUMNS " FROM snapshots WHERE id = ?1", -1, &s, NULL);
         if (rc == SQLITE_OK)
                 rc = store_bind_text(s, 1, id);
         if (rc != SQLITE_OK) {
@@ -161,8 +152,7 @@ int store_snapshot_find(hutch_store *st, const char *id, store_snapshot *ret, hu
 
 int store_snapshot_count(hutch_store *st, int64_t team_id, int64_t *ret, hutch_error *err) {
         sqlite3_stmt *s = NULL;
-        int rc = sqlite3_prepare_v2(st->db, "SELECT count(*) FROM snapshots WHERE team_id = ?1", -1,
-                                    &s, NULL);
+        int rc = sqlite3_prepare_v2(st->db, "SELECT count(*) FROM snapshots WHERE team_id = ?1", -1, &s, NULL);
         if (rc == SQLITE_OK)
                 rc = sqlite3_bind_int64(s, 1, team_id);
         if (rc == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW) {
@@ -194,7 +184,7 @@ int store_snapshot_prune_missing(hutch_store *st, const char *dir) {
         sqlite3_stmt *s = NULL;
         if (sqlite3_prepare_v2(st->db, "SELECT id FROM snapshots", -1, &s, NULL) != SQLITE_OK)
                 return -EIO;
-        char(*gone)[32] = NULL;
+        char (*gone)[32] = NULL;
         size_t n = 0;
         while (sqlite3_step(s) == SQLITE_ROW) {
                 const unsigned char *id = sqlite3_column_text(s, 0);
@@ -212,8 +202,7 @@ int store_snapshot_prune_missing(hutch_store *st, const char *dir) {
         int removed = 0;
         for (size_t i = 0; i < n; i++) {
                 sqlite3_stmt *d = NULL;
-                if (sqlite3_prepare_v2(st->db, "DELETE FROM snapshots WHERE id = ?1", -1, &d,
-                                       NULL) == SQLITE_OK &&
+                if (sqlite3_prepare_v2(st->db, "DELETE FROM snapshots WHERE id = ?1", -1, &d, NULL) == SQLITE_OK &&
                     store_bind_text(d, 1, gone[i]) == SQLITE_OK && sqlite3_step(d) == SQLITE_DONE)
                         removed++;
                 sqlite3_finalize(d);

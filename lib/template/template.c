@@ -30,51 +30,14 @@ extern const unsigned char hutch_gvisor_compat_end[];
  * trust store. No accounts, no secrets, no host identity (machine-id,
  * hostname, ssh keys, ssl/private are never copied). */
 static const char *const host_etc_copy[] = {
-        "alternatives",
-        "ld.so.cache",
-        "ld.so.conf",
-        "ld.so.conf.d",
-        "localtime",
-        "timezone",
-        "protocols",
-        "services",
-        "rpc",
-        "ethertypes",
-        "networks",
-        "mime.types",
-        "profile",
-        "profile.d",
-        "bash.bashrc",
-        "inputrc",
-        "shells",
-        "debian_version",
-        "os-release",
-        "lsb-release",
-        "issue",
-        "pam.d",
-        "pam.conf",
-        "security",
-        "login.defs",
-        "ssl",
-        "ca-certificates",
-        "ca-certificates.conf",
-        "gai.conf",
-        "host.conf",
-        "magic",
-        "magic.mime",
-        "python3",
-        "perl",
-        "xattr.conf",
-        "locale.alias",
-        "sudo.conf",
-        "bindresvport.blacklist",
-        "manpath.config",
-        "skel",
-        "vim",
-        "nanorc",
-        "ld-musl-x86_64.path",
-        "ld-musl-x86_64.d",
-        NULL,
+        "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone",
+        "protocols", "services", "rpc", "ethertypes", "networks", "mime.types", "profile",
+        "profile.d", "bash.bashrc", "inputrc", "shells", "debian_version", "os-release",
+        "lsb-release", "issue", "pam.d", "pam.conf", "security", "login.defs", "ssl",
+        "ca-certificates", "ca-certificates.conf", "gai.conf", "host.conf", "magic",
+        "magic.mime", "python3", "perl", "xattr.conf", "locale.alias", "sudo.conf",
+        "bindresvport.blacklist", "manpath.config", "skel", "vim", "nanorc",
+        "ld-musl-x86_64.path", "ld-musl-x86_64.d", NULL,
 };
 /* Inside the copied trees: keys and password history. (Files that may hold
  * an operator's credentials — environment, npmrc, pip.conf, gitconfig —
@@ -93,23 +56,20 @@ int template_validate_name(const char *name) {
         for (size_t i = 0; i < n; i++) {
                 char c = name[i];
                 bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                        (i > 0 && (c == '-' || c == '_' || c == '.'));
+                          (i > 0 && (c == '-' || c == '_' || c == '.'));
                 if (!ok)
                         return -EINVAL;
         }
         return 0;
 }
 
-int template_write_at(int dfd, const char *name, const char *content, mode_t mode, uid_t uid,
-                      gid_t gid);
+int template_write_at(int dfd, const char *name, const char *content, mode_t mode, uid_t uid, gid_t gid);
 int template_mkdir_at(int dfd, const char *name, mode_t mode, uid_t uid, gid_t gid);
 #define write_at template_write_at
 #define mkdir_at template_mkdir_at
 
-int template_write_at(int dfd, const char *name, const char *content, mode_t mode, uid_t uid,
-                      gid_t gid) {
-        _cleanup_close_ int fd = openat(dfd, name,
-                                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+int template_write_at(int dfd, const char *name, const char *content, mode_t mode, uid_t uid, gid_t gid) {
+        _cleanup_close_ int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
         if (fd < 0)
                 return -errno;
         int r = fd_write_all(fd, content, strlen(content));
@@ -161,9 +121,8 @@ static int copy_tree(int sfd, const char *sname, int dfd, const char *dname, con
                 _cleanup_close_ int in = openat(sfd, sname, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
                 if (in < 0)
                         return errno == EACCES ? 0 : -errno;
-                _cleanup_close_ int out = openat(
-                        dfd, dname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                        st.st_mode & 07777);
+                _cleanup_close_ int out = openat(dfd, dname, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                                                 st.st_mode & 07777);
                 if (out < 0)
                         return -errno;
                 char buf[65536];
@@ -187,8 +146,7 @@ static int copy_tree(int sfd, const char *sname, int dfd, const char *dname, con
         if (r < 0)
                 return r;
         _cleanup_close_ int sub = openat(sfd, sname, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-        _cleanup_close_ int dsub = openat(dfd, dname,
-                                          O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        _cleanup_close_ int dsub = openat(dfd, dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (sub < 0 || dsub < 0)
                 return -errno;
         int dup_fd = dup(sub);
@@ -236,15 +194,13 @@ static const char etc_nsswitch[] = "passwd:         files\n"
                                    "services:       files\n"
                                    "ethers:         files\n"
                                    "rpc:            files\n";
-static const char etc_resolv[] =
-        "# hutch: names are resolved by the egress proxy when the sandbox has network access\n"
-        "nameserver 127.0.0.1\n"
-        "options ndots:0\n";
-static const char etc_sudoers[] =
-        "Defaults\tenv_reset\n"
-        "Defaults\tsecure_path=\"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"\n"
-        "root\tALL=(ALL:ALL) ALL\n"
-        "user\tALL=(ALL:ALL) NOPASSWD: ALL\n";
+static const char etc_resolv[] = "# hutch: names are resolved by the egress proxy when the sandbox has network access\n"
+                                 "nameserver 127.0.0.1\n"
+                                 "options ndots:0\n";
+static const char etc_sudoers[] = "Defaults\tenv_reset\n"
+                                  "Defaults\tsecure_path=\"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"\n"
+                                  "root\tALL=(ALL:ALL) ALL\n"
+                                  "user\tALL=(ALL:ALL) NOPASSWD: ALL\n";
 
 static int build_host_rootfs(int rfd) {
         int r;
@@ -252,30 +208,14 @@ static int build_host_rootfs(int rfd) {
                 const char *name;
                 mode_t mode;
         } dirs[] = {
-                { "usr", 0755 },
-                { "etc", 0755 },
-                { "home", 0755 },
-                { "root", 0700 },
-                { "tmp", 01777 },
-                { "var", 0755 },
-                { "var/tmp", 01777 },
-                { "var/log", 0755 },
-                { "var/cache", 0755 },
-                { "var/lib", 0755 },
-                { "run", 0755 },
-                { "opt", 0755 },
-                { "mnt", 0755 },
-                { "srv", 0755 },
-                { "media", 0755 },
-                { "proc", 0555 },
-                { "sys", 0555 },
-                { "dev", 0755 },
-                { "etc/sudoers.d", 0750 },
+                { "usr", 0755 }, { "etc", 0755 },  { "home", 0755 },  { "root", 0700 },    { "tmp", 01777 },
+                { "var", 0755 }, { "var/tmp", 01777 }, { "var/log", 0755 }, { "var/cache", 0755 },
+                { "var/lib", 0755 }, { "run", 0755 }, { "opt", 0755 }, { "mnt", 0755 }, { "srv", 0755 },
+                { "media", 0755 }, { "proc", 0555 }, { "sys", 0555 }, { "dev", 0755 }, { "etc/sudoers.d", 0750 },
                 /* mount points of the gvisor backend's spec (its init and
                  * writable layer): runsc's gofer would otherwise create them
                  * in the template itself */
-                { "run/hutch", 0755 },
-                { &INITPROTO_GVISOR_LAYER[1], 0755 },
+                { "run/hutch", 0755 }, { &INITPROTO_GVISOR_LAYER[1], 0755 },
         };
         for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
                 r = mkdir_at(rfd, dirs[i].name, dirs[i].mode, 0, 0);
@@ -304,8 +244,7 @@ static int build_host_rootfs(int rfd) {
         /* gvisor sandboxes preload it (init/gvisor-compat.c); ns ones ignore it */
         {
                 _cleanup_close_ int fd = openat(rfd, &INITPROTO_GVISOR_COMPAT[1],
-                                                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
-                                                0644);
+                                                O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
                 if (fd < 0)
                         return -errno;
                 r = fd_write_all(fd, hutch_gvisor_compat_start,
@@ -412,13 +351,10 @@ static void sb_addf(strbuf *b, const char *fmt, ...) {
  * entry added to or removed from a directory, a changed mode or owner all
  * change it. */
 static void input_sig(const struct stat *st, char *buf, size_t n) {
-        char type = S_ISDIR(st->st_mode) ? 'd'
-                : S_ISLNK(st->st_mode)   ? 'l'
-                : S_ISREG(st->st_mode)   ? 'f'
-                                         : 'o';
+        char type = S_ISDIR(st->st_mode) ? 'd' : S_ISLNK(st->st_mode) ? 'l' : S_ISREG(st->st_mode) ? 'f' : 'o';
         snprintf(buf, n, "%c:%llu:%lld.%09ld:%lld.%09ld:%lld", type, (unsigned long long) st->st_ino,
-                 (long long) st->st_mtim.tv_sec, st->st_mtim.tv_nsec,
-                 (long long) st->st_ctim.tv_sec, st->st_ctim.tv_nsec, (long long) st->st_size);
+                 (long long) st->st_mtim.tv_sec, st->st_mtim.tv_nsec, (long long) st->st_ctim.tv_sec,
+                 st->st_ctim.tv_nsec, (long long) st->st_size);
 }
 
 static bool never_copied(const char *rel) {
@@ -432,8 +368,7 @@ static bool never_copied(const char *rel) {
  * of host_etc_copy or a file of skel), and every directory below it that
  * copy_tree would enter. Files below a directory are not listed: adding,
  * removing or replacing one changes its directory's times. */
-static void manifest_walk(int dfd, const char *name, const char *rel, unsigned depth, bool top,
-                          strbuf *out) {
+static void manifest_walk(int dfd, const char *name, const char *rel, unsigned depth, bool top, strbuf *out) {
         struct stat st;
         char sig[128];
         if (depth > 16 || never_copied(rel))
@@ -500,8 +435,7 @@ int template_host_stamp(char **ret) {
         for (const char *const *e = host_etc_copy; *e; e++)
                 manifest_walk(etc, *e, *e, 0, true, &b);
         /* skel's files are copied into /home/user: in-place edits count */
-        static const char *const skel[] = { "skel/.bashrc", "skel/.profile", "skel/.bash_logout",
-                                            NULL };
+        static const char *const skel[] = { "skel/.bashrc", "skel/.profile", "skel/.bash_logout", NULL };
         for (const char *const *k = skel; *k; k++)
                 manifest_walk(etc, *k, *k, 0, true, &b);
         if (b.oom) {
@@ -524,8 +458,7 @@ bool template_host_stamp_current(const char *stamp) {
         if (etc < 0)
                 return false;
         for (const char *line = nl + 1; *line;) {
-                const char *end = strchr(line, '\n'),
-                           *tab = memchr(line, '\t', end ? (size_t) (end - line) : 0);
+                const char *end = strchr(line, '\n'), *tab = memchr(line, '\t', end ? (size_t) (end - line) : 0);
                 if (!end || !tab || tab == line)
                         return false;
                 char path[PATH_MAX], want[160], sig[128] = "-";
@@ -539,8 +472,7 @@ bool template_host_stamp_current(const char *stamp) {
                 struct stat st;
                 if (streq(want, "?"))
                         return false; /* a directory the build could not read */
-                if ((path[0] == '/' ? lstat(path, &st)
-                                    : fstatat(etc, path, &st, AT_SYMLINK_NOFOLLOW)) == 0)
+                if ((path[0] == '/' ? lstat(path, &st) : fstatat(etc, path, &st, AT_SYMLINK_NOFOLLOW)) == 0)
                         input_sig(&st, sig, sizeof sig);
                 if (!streq(sig, want))
                         return false;
@@ -572,8 +504,7 @@ static int template_load(const char *tdir, const char *name, hutch_template **re
                         char host[64];
                         struct stat st;
                         snprintf(host, sizeof host, "/%s", *l);
-                        if (lstat(host, &st) == 0 && S_ISDIR(st.st_mode) &&
-                            t->n_binds < TEMPLATE_MAX_BINDS) {
+                        if (lstat(host, &st) == 0 && S_ISDIR(st.st_mode) && t->n_binds < TEMPLATE_MAX_BINDS) {
                                 static char bind_paths[8][16];
                                 snprintf(bind_paths[t->n_binds], sizeof bind_paths[0], "/%s", *l);
                                 t->binds[t->n_binds] = bind_paths[t->n_binds];
@@ -616,8 +547,7 @@ static int current_version(int rootfd, char *buf, size_t n) {
  * version away before removing it, so a directory that is not at its name
  * any more once the lock is ours was removed meanwhile: -ESTALE. */
 int template_version_open_shared(int rootfd, const char *vname) {
-        _cleanup_close_ int fd = openat(rootfd, vname,
-                                        O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        _cleanup_close_ int fd = openat(rootfd, vname, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0)
                 return -errno;
         while (flock(fd, LOCK_SH) < 0)
@@ -626,23 +556,21 @@ int template_version_open_shared(int rootfd, const char *vname) {
         struct stat a, b;
         if (fstat(fd, &a) < 0)
                 return -errno;
-        if (fstatat(rootfd, vname, &b, AT_SYMLINK_NOFOLLOW) < 0 || a.st_ino != b.st_ino ||
-            a.st_dev != b.st_dev)
+        if (fstatat(rootfd, vname, &b, AT_SYMLINK_NOFOLLOW) < 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev)
                 return -ESTALE;
         return TAKE_FD(fd);
 }
 
 static bool version_current(int vfd) {
         _cleanup_free_ char *have = NULL;
-        return read_file_at(vfd, "template.stamp", 1 << 20, &have) >= 0 &&
-                template_host_stamp_current(have);
+        return read_file_at(vfd, "template.stamp", 1 << 20, &have) >= 0 && template_host_stamp_current(have);
 }
 
 /* The current version, up to date with the host, locked shared (its fd to
  * *ret_vfd, its name to vname); built first when there is none or the host
  * changed an input. */
-static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, int *ret_vfd,
-                                bool *ret_rebuilt, hutch_error *err) {
+static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, int *ret_vfd, bool *ret_rebuilt,
+                                hutch_error *err) {
         int r = mkdir_p(tpl_root, 0755);
         if (r < 0)
                 return hutch_error_set(err, r, "creating %s: %s", tpl_root, strerror(-r));
@@ -715,8 +643,7 @@ static int host_template_ensure(const char *tpl_root, char *vname, size_t vlen, 
                 goto fail;
         /* Switch the name atomically: symlink to a temp name, rename over. */
         (void) unlinkat(rootfd, ".host.new", 0);
-        if (symlinkat(vname, rootfd, ".host.new") < 0 ||
-            renameat(rootfd, ".host.new", rootfd, "host") < 0) {
+        if (symlinkat(vname, rootfd, ".host.new") < 0 || renameat(rootfd, ".host.new", rootfd, "host") < 0) {
                 r = -errno;
                 goto fail;
         }
@@ -805,8 +732,7 @@ static bool root_in_use(const template_users *u, const char *rootfs, int64_t bui
         return false;
 }
 
-int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait,
-                hutch_error *err) {
+int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait, hutch_error *err) {
         char tpl_root[PATH_MAX], real[PATH_MAX];
         snprintf(tpl_root, sizeof tpl_root, "%s/templates", data_dir);
         if (!realpath(tpl_root, real))
@@ -817,8 +743,7 @@ int template_gc(const char *data_dir, template_users_fn users, void *arg, bool w
         if (rootfd < 0)
                 return hutch_error_set(err, -errno, "opening %s: %m", real);
         /* not while a version is being built (nor by two collectors) */
-        _cleanup_close_ int lfd = wait ? lock_file_take(rootfd, ".lock")
-                                       : lock_file_try(rootfd, ".lock");
+        _cleanup_close_ int lfd = wait ? lock_file_take(rootfd, ".lock") : lock_file_try(rootfd, ".lock");
         if (lfd == -EWOULDBLOCK)
                 return 0; /* a build is under way: the next call */
         if (lfd < 0)
@@ -947,5 +872,5 @@ void template_users_clear(template_users *u) {
                 free(u->roots[i]);
         free(u->roots);
         free(u->unknown_created_ns);
-        *u = (template_users) { 0 };
+        *u = (template_users){ 0 };
 }

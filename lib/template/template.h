@@ -23,22 +23,22 @@
 
 typedef struct hutch_template {
         char *name;
-        char *rootfs;                              /* host path of the lower layer (real path) */
+        char *rootfs;   /* host path of the lower layer (real path) */
         const char *binds[TEMPLATE_MAX_BINDS + 1]; /* host dirs bound at the same path, read-only */
         size_t n_binds;
-        int lock_fd;  /* its version's directory, flocked shared until template_free */
-        bool rebuilt; /* host: this resolve built a new version */
-        char **layers; /* host paths of the layer dirs, TOP FIRST (overlay lowerdir order); NULL for host */
+        int lock_fd;    /* its version's directory, flocked shared until template_free */
+        bool rebuilt;   /* host: this resolve built a new version */
+        char **layers;  /* host paths of the layer dirs, TOP FIRST (overlay lowerdir order); NULL for host */
         size_t n_layers;
-        char **env;    /* "K=V", NULL-terminated; defaults for every process (NULL: none) */
-        char *workdir; /* default cwd, or NULL */
-        char *user;    /* default user name, or NULL ("user" where it exists) */
-        char **cmd;    /* the image's Entrypoint + Cmd, NULL-terminated, or NULL */
+        char **env;      /* "K=V", NULL-terminated; defaults for every process (NULL: none) */
+        char *workdir;   /* default cwd, or NULL */
+        char *user;      /* default user name, or NULL ("user" where it exists) */
+        char **cmd;      /* the image's Entrypoint + Cmd, NULL-terminated, or NULL */
         char *start_cmd; /* run in every sandbox created from it, or NULL (owner of the behaviour: interp) */
-        char *ready_cmd;  /* polled until it exits 0 before a create returns, or NULL */
-        char *kind;       /* "host", "image", "build", "snapshot" */
-        int64_t team;     /* 0 = public */
-        char *version;    /* the version directory's name (<name>@<ns>; host.<ns> for host) */
+        char *ready_cmd; /* polled until it exits 0 before a create returns, or NULL */
+        char *kind;      /* "host", "image", "build", "snapshot" */
+        int64_t team;    /* 0 = public */
+        char *version;   /* the version directory's name (<name>@<ns>; host.<ns> for host) */
         int64_t uid, gid; /* user resolved against the image's /etc/passwd; -1 when user is NULL */
 } hutch_template;
 
@@ -125,5 +125,4 @@ void template_users_clear(template_users *u);
  * with what a crash left in templates/. Under templates/.lock: waits for
  * it when wait, else returns 0 at once while a build holds it. Returns how
  * many it removed. */
-int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait,
-                hutch_error *err);
+int template_gc(const char *data_dir, template_users_fn users, void *arg, bool wait, hutch_error *err);

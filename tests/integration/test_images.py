@@ -113,6 +113,9 @@ def test_import_oci_layout_and_run_with_its_defaults(sandboxed_hutch, env, tmp_p
     assert p.returncode == 125 and b"gvisor backend does not stack" in p.stderr, p.stderr
 
     # ls: kind, layers, size
+    rows = hutch(sandboxed_hutch, e, "template", "ls").stdout.decode().splitlines()
+    assert rows[0].split() == ["NAME", "KIND", "LAYERS", "SIZE", "CREATED"]
+    assert [r.split()[:3] for r in rows[1:]] == [["bb", "image", "2"]], rows
     p = hutch(sandboxed_hutch, e, "template", "ls", "--json")
     t = {x["name"]: x for x in json.loads(p.stdout)}["bb"]
     assert t["kind"] == "image" and t["layers"] == 2 and t["size"] > len(BUSYBOX.read_bytes())
