@@ -585,6 +585,7 @@ static enum MHD_Result tpl_request(server *srv, request *req) {
             (jm && !json_is_null(jm) &&
              (!json_is_integer(jm) || json_integer_value(jm) < 128 ||
               json_integer_value(jm) > 65536))) {
+                json_decref(tags);
                 json_decref(body);
                 return http_reply_error(c, 400, "cpuCount must be 1..64 and memoryMB 128..65536");
         }
