@@ -17,7 +17,7 @@ static void usage(FILE *f) {
               "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
               "  kill ID...                      destroy sandboxes\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
-              "  template import|ls|rm|prune     templates from OCI images (`hutch template help`)\n"
+              "  template import|ls|rm|prune|build  OCI images and build files as templates (`hutch template help`)\n"
               "  doctor                          check what the kernel offers\n"
               "  version                         print the version\n"
               "\n"

@@ -18,6 +18,7 @@
 #include "daemon/ingress_http.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -122,6 +123,11 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
                         return http_reply_error(c, 405, "method %s not allowed on /health", req->method);
                 *ret_responded = false;
                 return MHD_YES;
+        }
+        if (startswith(req->url, "/upload/")) {
+                enum MHD_Result mr = templates_upload_begin(srv, req);
+                *ret_responded = req->body_mode != BODY_TPL_UPLOAD;
+                return mr;
         }
         const char *key = http_header(c, "X-API-KEY");
         const char *auth = http_header(c, "Authorization");
@@ -596,6 +602,8 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         case ROUTE_VOLUME_GET:
         case ROUTE_VOLUME_DELETE:
                 return volumes_dispatch(srv, req, &rt);
+        case ROUTE_TPL_REQUEST ... ROUTE_TPL_TAGS_GET:
+                return templates_dispatch(srv, req, &rt);
         default:
                 break;
         }

@@ -22,6 +22,7 @@
 #include "daemon/requests.h"
 #include "daemon/ingress.h"
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -1473,8 +1474,11 @@ enum MHD_Result envd_dispatch(server *srv, request *req, sbx *sb) {
                 return rpc_error(&x, "invalid_argument", "the request message must be a JSON object");
         }
         enum MHD_Result mr;
-        if (user_from_auth(http_header(c, "Authorization"), x.user, sizeof x.user) < 0 ||
-            user_resolve(x.user, &x.fsu, &x.home) < 0) {
+        const char *auth = http_header(c, "Authorization");
+        if (!auth && templates_sbx_default(sb, "user")) /* a built template's last USER */
+                snprintf(x.user, sizeof x.user, "%s", templates_sbx_default(sb, "user"));
+        if ((auth && user_from_auth(auth, x.user, sizeof x.user) < 0) || (!auth && !x.user[0] &&
+            user_from_auth(NULL, x.user, sizeof x.user) < 0) || user_resolve(x.user, &x.fsu, &x.home) < 0) {
                 mr = rpc_error(&x, "unauthenticated", "invalid username: '%s'", x.user);
         } else
                 mr = route->fn(&x);

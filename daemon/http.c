@@ -18,6 +18,7 @@
 #include "daemon/ingress.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -323,6 +324,7 @@ static void request_free(request *req) {
         volumes_request_free(req->vol);
         if (req->ingress)
                 ingress_request_gone(req->ingress);
+        templates_upload_free(req->tpl_upload);
         free(req->created);
         free(req->body);
         free(req->url);
@@ -466,7 +468,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 if (req->deferred)
                         req->body_mode = BODY_DISCARD;
                 else if (body && req->body_mode == BODY_BUFFER &&
-                         (streq(method, "GET") || streq(method, "HEAD") || streq(method, "DELETE")))
+                         (streq(method, "GET") || streq(method, "HEAD") ||
+                          (streq(method, "DELETE") && !streq(url, "/templates/tags"))))
                         req->body_mode = BODY_DISCARD; /* no route reads one: never buffer it */
                 return r;
         }
@@ -485,6 +488,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         *upload_size = 0;
                         return req->discarded > srv->cfg.max_body_bytes + (64u << 20) ? MHD_NO : MHD_YES;
                 }
+                if (req->body_mode == BODY_TPL_UPLOAD)
+                        return templates_upload_body(srv, req, upload_data, upload_size);
                 if (req->body_mode == BODY_FILES) {
                         deferring = req;
                         enum MHD_Result r = files_body(srv, req, upload_data, upload_size);
@@ -530,6 +535,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         if (req->body_mode == BODY_FILES)
                 return files_finish(srv, req); /* may wait for a pipe first */
+        if (req->body_mode == BODY_TPL_UPLOAD)
+                return templates_upload_finish(srv, req);
         req->responded = true;
         return api_dispatch(srv, req);
 }

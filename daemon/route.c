@@ -62,18 +62,11 @@ int route_control(const char *method, const char *url, route *ret) {
                 *ret = r;
                 return 0;
         }
-        if (startswith(url, "/templates/")) {
-                /* DELETE /templates/{id}: one path segment, bounded */
-                const char *p = url + strlen("/templates/");
-                size_t n = 0;
-                for (; *p && *p != '/' && n + 1 < sizeof r.secret; p++)
-                        r.secret[n++] = *p;
-                r.secret[n] = 0;
-                if (*p || n == 0)
-                        return -ENOENT;
-                if (!streq(method, "DELETE"))
-                        return -ENOENT; /* templates are not served otherwise */
-                r.kind = ROUTE_TEMPLATE_DELETE;
+        if (streq(url, "/templates") || startswith(url, "/templates/") || startswith(url, "/v2/templates/") ||
+            streq(url, "/v3/templates")) {
+                int rr = route_templates(method, url, &r);
+                if (rr < 0)
+                        return rr;
                 *ret = r;
                 return 0;
         }

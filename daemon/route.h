@@ -35,11 +35,22 @@ enum {
         ROUTE_SANDBOX_SNAPSHOT,
         ROUTE_SANDBOX_FORK,
         ROUTE_SNAPSHOTS_LIST,
-        ROUTE_TEMPLATE_DELETE,
+        ROUTE_TEMPLATE_DELETE, /* a snapshot or a built template (daemon/templates.c) */
         ROUTE_VOLUMES_CREATE,
         ROUTE_VOLUMES_LIST,
         ROUTE_VOLUME_GET,
         ROUTE_VOLUME_DELETE,
+        /* template builds (daemon/templates.c, daemon/route-template.c) */
+        ROUTE_TPL_REQUEST,      /* POST /v3/templates */
+        ROUTE_TPL_LIST,         /* GET /templates */
+        ROUTE_TPL_GET,          /* GET /templates/{id} */
+        ROUTE_TPL_FILES,        /* GET /templates/{id}/files/{hash} */
+        ROUTE_TPL_BUILD_START,  /* POST /v2/templates/{id}/builds/{bid} */
+        ROUTE_TPL_BUILD_STATUS, /* GET /templates/{id}/builds/{bid}/status */
+        ROUTE_TPL_ALIAS,        /* GET /templates/aliases/{alias} */
+        ROUTE_TPL_TAGS_ASSIGN,  /* POST /templates/tags */
+        ROUTE_TPL_TAGS_DELETE,  /* DELETE /templates/tags */
+        ROUTE_TPL_TAGS_GET,     /* GET /templates/{id}/tags */
         _ROUTE_MAX, /* not a route: one past the last */
 };
 
@@ -47,13 +58,19 @@ typedef struct route {
         int kind;               /* ROUTE_* */
         bool v2;                /* /v2/… (list: states and filters) */
         char id[HUTCH_ID_LEN + 1]; /* ROUTE_SANDBOX_*: "" when the path's id is not a valid sandbox id */
-        char secret[161];          /* ROUTE_SECRET_*: the id or name, percent-decoded; ROUTE_VOLUME_*: the id */
+        char secret[161];          /* ROUTE_SECRET_*: the id or name, percent-decoded; ROUTE_VOLUME_*: the id;
+                                      ROUTE_TPL_*, ROUTE_TEMPLATE_DELETE: the template id or name */
+        char arg[80];              /* ROUTE_TPL_*: the build id or the files hash */
 } route;
 
 /* 0 and *ret; -ENOENT no such path (404); -EPERM known path, other method (405). */
 int route_control(const char *method, const char *url, route *ret);
 
 bool route_sandbox_id_valid(const char *s);
+
+/* route_control's /templates, /v2/templates and /v3/templates paths
+ * (route-template.c). */
+int route_templates(const char *method, const char *url, route *r);
 
 /* Host "<port>-<id>.<domain>[:port]": 0 and the two parts, or -EINVAL. */
 int route_host(const char *host, unsigned *ret_port, char ret_id[HUTCH_ID_LEN + 1]);

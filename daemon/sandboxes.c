@@ -23,6 +23,7 @@
 #include "daemon/requests.h"
 #include "daemon/ingress.h"
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "snapshot/seal.h"
@@ -409,6 +410,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         json_t *tpl_env __attribute__((cleanup(tpl_env_free))) = NULL;
         char tpl_workdir[PATH_MAX] = "";
         store_snapshot snap = { 0 };
+        _cleanup_(json_decrefp) json_t *built = NULL; /* a built template's ready build */
+        char built_tid[32] = "", built_alias[64] = "", snap_base[64];
         if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
                 template_name = "host";
                 alias = cr.template_id;
@@ -421,11 +424,43 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 /* the template it was taken from, when that is an image one:
                  * the snapshot is only its writable layer */
                 template_name = "host";
-                if (snap.template_id[0] && !streq(snap.template_id, "host") &&
-                    !streq(snap.template_id, "base") && !snapshot_id_valid(snap.template_id) &&
-                    template_validate_name(snap.template_id) == 0)
+                if (templates_snapshot_base(srv, team, snap.template_id, snap_base, sizeof snap_base) == 0)
+                        template_name = snap_base; /* taken from a built template: its base */
+                else if (snap.template_id[0] && !streq(snap.template_id, "host") &&
+                         !streq(snap.template_id, "base") && !snapshot_id_valid(snap.template_id) &&
+                         template_validate_name(snap.template_id) == 0)
                         template_name = snap.template_id;
                 alias = cr.template_id;
+        } else if (templates_resolve(srv, team, cr.template_id, built_tid, built_alias, &built, err) == 0) {
+                /* a template the team built (templates.c): its base template
+                 * (host, or an image one) under the build's cached layer */
+                const char *base = json_string_value(json_object_get(built, "baseTemplate"));
+                template_name = base && *base ? base : "host";
+                alias = built_alias;
+                const char *layer = json_string_value(json_object_get(built, "layer"));
+                if (layer && *layer && templates_layer_path(srv, layer, layer_from, sizeof layer_from) < 0) {
+                        *ret_status = 500;
+                        return hutch_error_set(err, -ENOENT, "template '%s': its layer is missing",
+                                               cr.template_id);
+                }
+                const char *wd = json_string_value(json_object_get(built, "workdir"));
+                if (wd && *wd)
+                        snprintf(tpl_workdir, sizeof tpl_workdir, "%s", wd);
+                hutch_template *t = NULL;
+                hutch_error e2 = { 0 };
+                if (!streq(template_name, "host") && template_resolve(srv->cfg.data_dir, template_name, &t, &e2) == 0) {
+                        /* the image's Env, as for a create from the image itself */
+                        tpl_env = json_object();
+                        for (char **e = t->env; e && *e; e++) {
+                                char *eq = strchr(*e, '=');
+                                if (eq && eq != *e) {
+                                        *eq = 0;
+                                        json_object_set_new(tpl_env, *e, json_string(eq + 1));
+                                        *eq = '=';
+                                }
+                        }
+                        template_free(t);
+                }
         } else if (template_validate_name(cr.template_id) == 0) {
                 /* an image (build, snapshot) template, by its name: its
                  * Env and WorkingDir become the sandbox's defaults */
@@ -491,7 +526,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        (unsigned long long) srv->cfg.max_sandboxes_per_team);
         }
 
-        bool borrowed = false; /* a fork's stream, unsealed once for all its sandboxes */
+        bool borrowed = built != NULL; /* a fork's stream, unsealed once for all its sandboxes; a build's layer */
         if (snap.id[0] && srv->fork_stream[0] && streq(srv->fork_snapshot, snap.id)) {
                 snprintf(layer_from, sizeof layer_from, "%s", srv->fork_stream);
                 borrowed = true;
@@ -511,10 +546,19 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         /* the create's word, else the snapshot's kind, else the template's
          * default, else the operator's */
         const char *tb = snap.id[0] ? NULL : template_backend(srv->cfg.template_backends, alias);
-        int backend = hutch_backend_from_name(cr.backend ? cr.backend
-                                              : snap.id[0] ? (checkpoint ? "gvisor" : "ns")
-                                              : tb         ? tb
-                                                           : srv->cfg.backend);
+        int backend = hutch_backend_from_name(cr.backend           ? cr.backend
+                                                      : snap.id[0] ? (checkpoint ? "gvisor" : "ns")
+                                                      : built      ? "ns" /* a build's layer is an ns one */
+                                                      : tb         ? tb
+                                                                   : srv->cfg.backend);
+        if (built && backend == HUTCH_BACKEND_GVISOR) {
+                *ret_status = 409;
+                json_decref(egress_spec);
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "template '%s' was built for the namespace (ns) backend; it cannot "
+                                       "start a gvisor sandbox",
+                                       cr.template_id);
+        }
         if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
                 *ret_status = 409;
                 json_decref(egress_spec);
@@ -533,7 +577,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        "volume mounts are not supported on the gvisor backend (docs/volumes.md)");
         }
         /* the pool holds sandboxes of the operator's default backend */
-        bool poolable = streq(template_name, "host") && !snap.id[0] && !mounts &&
+        bool poolable = streq(template_name, "host") && !snap.id[0] && !mounts && !built &&
                         backend == hutch_backend_from_name(srv->cfg.backend);
         sbx *sb = poolable ? pool_take(srv) : NULL;
         if (!sb) {
@@ -550,7 +594,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 sb->backend = backend;
         }
         sb->team_id = team;
-        snprintf(sb->template_id, sizeof sb->template_id, "%s", snap.id[0] ? snap.id : template_name);
+        snprintf(sb->template_id, sizeof sb->template_id, "%s", snap.id[0] ? snap.id : built ? built_tid : template_name);
         snprintf(sb->alias, sizeof sb->alias, "%s", alias);
         sb->metadata = json_is_object(md) ? json_deep_copy(md) : json_object();
         sb->envs = json_is_object(envs) ? json_deep_copy(envs) : json_object();
@@ -570,6 +614,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 json_object_set_new(sb->extra, "volumeMounts", mounts);
         if (tpl_workdir[0])
                 json_object_set_new(sb->extra, "workdir", json_string(tpl_workdir));
+        if (built)
+                json_object_set(sb->extra, "template", built); /* user, workdir, startCmd, readyCmd */
         {
                 json_t *names = json_array();
                 if (secrets_env_rewrite(srv, team, sb->id, sb->envs, names, why, sizeof why) < 0)
@@ -661,6 +707,12 @@ ready:
         /* restored from a memory checkpoint: its processes run; find them */
         if (checkpoint)
                 proc_readopt(srv, sb);
+        /* a built template's start command, and its ready command until it passes */
+        if (built && (r = templates_sbx_start(srv, sb, err)) < 0) {
+                *ret_status = r == -ETIMEDOUT ? 504 : 500;
+                sbx_kill(srv, sb, "create failed: the template's start or ready command failed");
+                return r;
+        }
         if (srv->pool_dirty) {
                 srv->pool_dirty = false;
                 pool_save(srv);

@@ -26,6 +26,7 @@
 
 #include "daemon/ingress.h"
 #include "daemon/server.h"
+#include "daemon/templates.h"
 #include "daemon/serve.h"
 #include "image/pull.h"
 #include "util/clock.h"
@@ -73,6 +74,7 @@ static const struct cfg_entry {
         { "egress-allow", CFG_LIST, S(egress_allow), 0, 0, "", "the ceiling: destinations a sandbox may ever be allowed (rules, comma-separated; empty: none, so nothing leaves; '*': every public address)" },
         { "egress-deny", CFG_LIST, S(egress_deny), 0, 0, "", "destinations no sandbox may reach, whatever it asks (rules, comma-separated)" },
         { "egress-open", CFG_LIST, S(egress_open), 0, 0, "", "reserved ranges (private, link-local, ...) to open, comma-separated CIDRs" },
+        { "build-egress", CFG_LIST, S(build_egress), 0, 0, "", "what template build steps may reach: egress rules under the ceiling (empty: nothing, steps have no network)" },
         { "dns", CFG_LIST, S(dns), 0, 0, "", "nameservers the egress proxy asks (comma-separated IPs; empty: /etc/resolv.conf's)" },
         { "retention", CFG_SECONDS, U(retention_s), 1, 87600 * 3600, "168h", "how long the database keeps ended sandboxes' rows and events, and egress records (pruned at start and then every retention/2, at most every 10 minutes)" },
         { "max-snapshots-per-team", CFG_U64, U(max_snapshots_per_team), 1, 1000000, "100", "snapshots a team may keep (429 beyond)" },
@@ -692,6 +694,9 @@ int server_run(const server_config *cfg) {
         if (r < 0)
                 goto out;
         volumes_setup(srv);
+        r = templates_setup(srv);
+        if (r < 0)
+                goto out;
         r = egress_setup(srv);
         if (r < 0)
                 goto out;
@@ -783,6 +788,7 @@ int server_run(const server_config *cfg) {
         if (streq(srv->cfg.on_stop, "kill"))
                 sbx_kill_all(srv, "daemon stopped");
 out:
+        templates_teardown(srv);
         http_stop(srv);
         egress_teardown(srv);
         /* a start refused before the lock owns nothing in the data dir: the

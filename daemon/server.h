@@ -56,6 +56,7 @@ typedef struct server_config {
         char egress_allow[4096];     /* the operator's ceiling: rules, comma-separated */
         char egress_deny[4096];
         char egress_open[1024];      /* reserved ranges opened */
+        char build_egress[4096];     /* template build steps' egress rules, under the ceiling (templates.c) */
         char dns[256];               /* nameservers; empty: /etc/resolv.conf */
         char egress_upstream_ca[1024]; /* extra CAs trusted for intercepted upstreams */
         char sandbox_domain[256];    /* ingress: Host <port>-<id>.<domain>; create's "domain" */
@@ -260,7 +261,7 @@ struct server {
 /* ---------------------------------------------------------------- http.c */
 
 /* One request's state across MHD's access-handler calls. */
-enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3, BODY_VOLUME = 4, BODY_INGRESS = 5 };
+enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3, BODY_VOLUME = 4, BODY_INGRESS = 5, BODY_TPL_UPLOAD = 6 };
 struct request {
         server *srv;
         struct MHD_Connection *conn;
@@ -273,6 +274,7 @@ struct request {
         struct files_upload *upload; /* BODY_FILES */
         struct vol_request *vol;     /* /volumecontent/…: its session (daemon/volumes.c) */
         ingress_conn *ingress;       /* BODY_INGRESS: a request to a sandbox port */
+        struct tpl_upload *tpl_upload; /* BODY_TPL_UPLOAD (templates.c) */
         bool responded;
         bool authenticated;     /* its connection got idle-timeout (http_conn_authenticated) */
         struct MHD_Response *deferred; /* a reply waiting for the body to be read */

@@ -39,8 +39,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         abort();
                 /* a secret or template id: one non-empty path segment, no NUL */
                 bool named = r.kind == ROUTE_SECRET_GET || r.kind == ROUTE_SECRET_UPDATE ||
-                             r.kind == ROUTE_SECRET_DELETE || r.kind == ROUTE_TEMPLATE_DELETE;
-                if (named && (!r.secret[0] || strchr(r.secret, '/') || strlen(r.secret) >= sizeof r.secret))
+                        r.kind == ROUTE_SECRET_DELETE || r.kind == ROUTE_TEMPLATE_DELETE ||
+                        (r.kind >= ROUTE_TPL_GET && r.kind != ROUTE_TPL_TAGS_ASSIGN &&
+                         r.kind != ROUTE_TPL_TAGS_DELETE && r.kind <= ROUTE_TPL_TAGS_GET);
+                /* a build id or files hash: one non-empty segment, no NUL or '/' */
+                bool argd = r.kind == ROUTE_TPL_FILES || r.kind == ROUTE_TPL_BUILD_START ||
+                        r.kind == ROUTE_TPL_BUILD_STATUS;
+                if (argd && (!r.arg[0] || strchr(r.arg, '/') || strlen(r.arg) >= sizeof r.arg))
+                        abort();
+                if (named &&
+                    (!r.secret[0] || strchr(r.secret, '/') || strlen(r.secret) >= sizeof r.secret))
                         abort();
         }
         /* a path that passes has no %00 before its query */

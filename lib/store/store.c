@@ -172,6 +172,49 @@ static const char *const migrations[] = {
         "  token_hash BLOB CHECK (token_hash IS NULL OR length(token_hash) = 32)"
         ") WITHOUT ROWID;"
         "CREATE UNIQUE INDEX volumes_team_name ON volumes(team_id, name) WHERE deleting_ms = 0;",
+        /* 7: template builds (store-build.c). A built template is a team's
+         * alias; each build request is a row, its log lines are rows in
+         * order, and a tag names the ready build it points at. The COPY
+         * archives and the layers are files under DATA_DIR/builds. */
+        "CREATE TABLE build_templates ("
+        "  id TEXT PRIMARY KEY NOT NULL,"
+        "  team_id INTEGER NOT NULL REFERENCES teams(id),"
+        "  alias TEXT NOT NULL CHECK (length(alias) BETWEEN 1 AND 128),"
+        "  created_ms INTEGER NOT NULL,"
+        "  UNIQUE (team_id, alias)"
+        ") WITHOUT ROWID;"
+        "CREATE TABLE builds ("
+        "  id TEXT PRIMARY KEY NOT NULL,"
+        "  template_id TEXT NOT NULL,"
+        "  team_id INTEGER NOT NULL,"
+        "  status TEXT NOT NULL CHECK (status IN ('waiting', 'building', 'ready', 'error')),"
+        "  triggered INTEGER NOT NULL DEFAULT 0,"
+        "  tags_json TEXT NOT NULL DEFAULT '[]',"
+        "  reason TEXT NOT NULL DEFAULT '',"
+        "  reason_step TEXT NOT NULL DEFAULT '',"
+        "  result_json TEXT NOT NULL DEFAULT '{}',"
+        "  cpu_count INTEGER NOT NULL DEFAULT 0,"
+        "  memory_mb INTEGER NOT NULL DEFAULT 0,"
+        "  created_ms INTEGER NOT NULL,"
+        "  updated_ms INTEGER NOT NULL"
+        ") WITHOUT ROWID;"
+        "CREATE INDEX builds_template ON builds(template_id, created_ms);"
+        "CREATE TABLE build_logs ("
+        "  build_id TEXT NOT NULL,"
+        "  seq INTEGER NOT NULL,"
+        "  ts_ms INTEGER NOT NULL,"
+        "  level INTEGER NOT NULL CHECK (level BETWEEN 0 AND 3),"
+        "  step TEXT NOT NULL DEFAULT '',"
+        "  message TEXT NOT NULL,"
+        "  PRIMARY KEY (build_id, seq)"
+        ") WITHOUT ROWID;"
+        "CREATE TABLE build_tags ("
+        "  template_id TEXT NOT NULL,"
+        "  tag TEXT NOT NULL,"
+        "  build_id TEXT NOT NULL,"
+        "  created_ms INTEGER NOT NULL,"
+        "  PRIMARY KEY (template_id, tag)"
+        ") WITHOUT ROWID;",
 };
 
 int store_schema_version(void) {

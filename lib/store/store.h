@@ -303,3 +303,86 @@ int store_volume_delete(hutch_store *st, const char *id, hutch_error *err);
 /* Rows marked deleting (a delete cut short by a crash: finish it). */
 int store_volume_list_deleting(hutch_store *st, store_volume **ret, size_t *ret_n, hutch_error *err);
 int store_volume_set_token_hash(hutch_store *st, const char *id, const uint8_t hash[32], hutch_error *err);
+/* ------------------------------------------------------ template builds */
+/* store-build.c: templates built through the E2B build API (docs/templates.md
+ * "Building"). */
+
+typedef struct store_build {
+        char id[40];           /* a UUID */
+        char template_id[32];
+        int64_t team_id;
+        char status[12];       /* waiting | building | ready | error */
+        bool triggered;        /* POST /v2/templates/{id}/builds/{bid} came */
+        char *tags_json;       /* the tags it takes when ready: ["default", ...] */
+        char *reason;          /* "" unless failed */
+        char reason_step[16];
+        char *result_json;     /* ready: {"layer","user","workdir","env","startCmd","readyCmd"} */
+        int64_t cpu_count, memory_mb; /* the build sandbox's, as requested; 0: the daemon's */
+        int64_t created_ms, updated_ms;
+} store_build;
+void store_build_clear(store_build *b);
+
+typedef struct store_build_log {
+        int64_t ts_ms;
+        int level;             /* 0 debug, 1 info, 2 warn, 3 error */
+        char step[16];
+        char *message;
+} store_build_log;
+void store_build_log_array_free(store_build_log *v, size_t n);
+
+typedef struct store_build_tag {
+        char tag[129];
+        char build_id[40];
+        int64_t created_ms;
+} store_build_tag;
+
+typedef struct store_build_template {
+        char id[32];
+        int64_t team_id;
+        char alias[129];
+        int64_t created_ms;
+} store_build_template;
+
+/* The team's name (the namespace of its templates). */
+int store_team_name(hutch_store *st, int64_t team_id, char *ret, size_t n, hutch_error *err);
+int store_btemplate_create(hutch_store *st, const store_build_template *t, hutch_error *err);
+/* By id (any team; the caller checks the team) or by the team's alias; -ENOENT. */
+int store_btemplate_get(hutch_store *st, const char *id, store_build_template *ret, hutch_error *err);
+int store_btemplate_find(hutch_store *st, int64_t team_id, const char *alias, store_build_template *ret,
+                         hutch_error *err);
+/* By alias in any team: whether it exists for someone else (403 vs 404). */
+int store_btemplate_alias_exists(hutch_store *st, const char *alias, hutch_error *err);
+int store_btemplate_list(hutch_store *st, int64_t team_id, store_build_template **ret, size_t *ret_n,
+                         hutch_error *err);
+/* The template with its builds, logs and tags. */
+int store_btemplate_delete(hutch_store *st, const char *id, hutch_error *err);
+
+int store_build_insert(hutch_store *st, const store_build *b, hutch_error *err);
+int store_build_get(hutch_store *st, const char *id, store_build *ret, hutch_error *err);
+/* status and, when not NULL, the reason, its step and the result. */
+int store_build_set(hutch_store *st, const char *id, const char *status, const char *reason, const char *step,
+                    const char *result_json, hutch_error *err);
+int store_build_set_triggered(hutch_store *st, const char *id, hutch_error *err);
+/* Fail the template's other builds still waiting untriggered: superseded. */
+int store_build_supersede(hutch_store *st, const char *template_id, const char *except_id, hutch_error *err);
+/* At start-up: builds a previous daemon left waiting-triggered or building
+ * failed ("the daemon stopped during the build"); returns how many. */
+int store_build_fail_unfinished(hutch_store *st, hutch_error *err);
+/* Append log line number seq (0, 1, ...: the writer counts; the build's
+ * one writer is the daemon's job for it). */
+int store_build_log_add(hutch_store *st, const char *build_id, int64_t seq, int64_t ts_ms, int level,
+                        const char *step, const char *message, hutch_error *err);
+/* The lines at level >= min_level, from the offset-th of those, at most limit. */
+int store_build_logs(hutch_store *st, const char *build_id, int min_level, int64_t offset, unsigned limit,
+                     store_build_log **ret, size_t *ret_n, hutch_error *err);
+int store_build_tag_set(hutch_store *st, const char *template_id, const char *tag, const char *build_id,
+                        hutch_error *err);
+/* -ENOENT when the tag is not set. */
+int store_build_tag_get(hutch_store *st, const char *template_id, const char *tag, char ret_build[40],
+                        hutch_error *err);
+int store_build_tag_delete(hutch_store *st, const char *template_id, const char *tag, hutch_error *err);
+int store_build_tags(hutch_store *st, const char *template_id, store_build_tag **ret, size_t *ret_n,
+                     hutch_error *err);
+/* The layers ready builds' results name (what the step cache must keep): a
+ * NULL-terminated malloc'ed array of strings. */
+int store_build_ready_layers(hutch_store *st, char ***ret, hutch_error *err);

@@ -546,6 +546,109 @@ static int value_code(hutch_store *st, int64_t team, const char *name) {
 
 /* Without store_set_secrets_key(): every call fails with ENOKEY, also for a
  * secret that exists (name). */
+/* Template builds (store-build.c): templates by team and alias, builds and
+ * their states, the indexed log with its level filter, tags. */
+static void test_builds(hutch_store *st, int64_t team, int64_t other) {
+        hutch_error err = { 0 };
+        char name[128];
+        ok(store_team_name(st, team, name, sizeof name, &err) == 0 && streq(name, "alpha"),
+           "team name");
+        store_build_template t = {
+                .id = "aaaaaaaaaaaaaaaaaaaa", .team_id = team, .alias = "app", .created_ms = 5
+        };
+        store_build_template u = {
+                .id = "bbbbbbbbbbbbbbbbbbbb", .team_id = other, .alias = "app", .created_ms = 6
+        };
+        store_build_template r;
+        ok(store_btemplate_create(st, &t, &err) == 0 && store_btemplate_create(st, &u, &err) == 0,
+           "one alias in two teams");
+        ok(store_btemplate_create(st, &t, &err) < 0, "the same id twice is refused");
+        ok(store_btemplate_find(st, team, "app", &r, &err) == 0 && streq(r.id, t.id),
+           "found by team and alias");
+        ok(store_btemplate_find(st, team, "nope", &r, &err) == -ENOENT, "unknown alias ENOENT");
+        ok(store_btemplate_alias_exists(st, "app", &err) == 1 &&
+                   store_btemplate_alias_exists(st, "x", &err) == 0,
+           "alias exists somewhere");
+        store_build b = { .id = "11111111-1111-4111-8111-111111111111",
+                          .team_id = team,
+                          .status = "waiting",
+                          .tags_json = (char *) "[\"default\"]",
+                          .cpu_count = 2,
+                          .memory_mb = 512,
+                          .created_ms = 1,
+                          .updated_ms = 1 };
+        snprintf(b.template_id, sizeof b.template_id, "%s", t.id);
+        store_build old = b;
+        snprintf(old.id, sizeof old.id, "00000000-0000-4000-8000-000000000000");
+        ok(store_build_insert(st, &old, &err) == 0 && store_build_insert(st, &b, &err) == 0,
+           "two builds");
+        ok(store_build_supersede(st, t.id, b.id, &err) == 0, "supersede");
+        store_build g = { 0 };
+        ok(store_build_get(st, old.id, &g, &err) == 0 && streq(g.status, "error") &&
+                   strstr(g.reason, "superseded"),
+           "the older waiting build is superseded");
+        store_build_clear(&g);
+        ok(store_build_get(st, b.id, &g, &err) == 0 && streq(g.status, "waiting") &&
+                   g.cpu_count == 2 && g.memory_mb == 512 && streq(g.tags_json, "[\"default\"]"),
+           "the newer one waits, with its size and tags");
+        store_build_clear(&g);
+        ok(store_build_set_triggered(st, b.id, &err) == 0 &&
+                   store_build_set(st, b.id, "building", NULL, NULL, NULL, &err) == 0,
+           "triggered, building");
+        for (int i = 0; i < 6; i++)
+                ok(store_build_log_add(st, b.id, i, 100 + i, i % 4, i < 3 ? "1" : "2",
+                                       i % 2 ? "odd" : "even", &err) == 0,
+                   "log line %d", i);
+        ok(store_build_log_add(st, b.id, 3, 0, 1, "", "again", &err) < 0,
+           "a line number is written once");
+        store_build_log *v = NULL;
+        size_t n = 0;
+        ok(store_build_logs(st, b.id, 0, 2, 3, &v, &n, &err) == 0 && n == 3 && v[0].ts_ms == 102 &&
+                   streq(v[0].step, "1") && v[2].ts_ms == 104,
+           "offset and limit");
+        store_build_log_array_free(v, n);
+        /* levels 0 1 2 3 0 1: at warn and above, lines 2 and 3; offset 1 is line 3 */
+        ok(store_build_logs(st, b.id, 2, 1, 100, &v, &n, &err) == 0 && n == 1 && v[0].level == 3 &&
+                   v[0].ts_ms == 103,
+           "the offset counts over the level-filtered lines");
+        store_build_log_array_free(v, n);
+        ok(store_build_fail_unfinished(st, &err) == 1, "a restart fails the build in progress");
+        ok(store_build_get(st, b.id, &g, &err) == 0 && streq(g.status, "error"), "failed");
+        store_build_clear(&g);
+        ok(store_build_set(st, b.id, "ready", "", "", "{\"layer\":\"abc\"}", &err) == 0, "ready");
+        char **layers = NULL;
+        ok(store_build_ready_layers(st, &layers, &err) == 0 && layers[0] &&
+                   streq(layers[0], "abc") && !layers[1],
+           "the ready builds' layers");
+        for (char **p = layers; p && *p; p++)
+                free(*p);
+        free(layers);
+        char bid[40];
+        ok(store_build_tag_set(st, t.id, "default", b.id, &err) == 0 &&
+                   store_build_tag_set(st, t.id, "v1", old.id, &err) == 0 &&
+                   store_build_tag_set(st, t.id, "v1", b.id, &err) == 0,
+           "tags set, one moved");
+        ok(store_build_tag_get(st, t.id, "v1", bid, &err) == 0 && streq(bid, b.id), "the moved tag");
+        store_build_tag *tags = NULL;
+        ok(store_build_tags(st, t.id, &tags, &n, &err) == 0 && n == 2 && streq(tags[0].tag, "default"),
+           "tags listed");
+        free(tags);
+        ok(store_build_tag_delete(st, t.id, "v1", &err) == 0 &&
+                   store_build_tag_get(st, t.id, "v1", bid, &err) == -ENOENT,
+           "tag deleted");
+        store_build_template *list = NULL;
+        ok(store_btemplate_list(st, team, &list, &n, &err) == 0 && n == 1 && streq(list[0].id, t.id),
+           "the team's templates only");
+        free(list);
+        ok(store_btemplate_delete(st, t.id, &err) == 0 &&
+                   store_btemplate_get(st, t.id, &r, &err) == -ENOENT &&
+                   store_build_get(st, b.id, &g, &err) == -ENOENT &&
+                   raw_int("SELECT count(*) FROM build_logs") == 0 &&
+                   raw_int("SELECT count(*) FROM build_tags") == 0,
+           "delete takes builds, logs and tags");
+        ok(store_btemplate_get(st, u.id, &r, &err) == 0, "the other team's template stays");
+}
+
 static void test_secrets_nokey(hutch_store *st, int64_t team, const char *name, const char *what) {
         hutch_error err = { 0 };
         store_secret s = { 0 }, *v = NULL;
@@ -948,6 +1051,7 @@ int main(void) {
         test_sandboxes(st, team, other);
         test_templates(st, team);
         test_volumes(st, team, other);
+        test_builds(st, team, other);
 
         test_secrets_nokey(st, team, "keyed", "no secrets key");
         store_set_secrets_key(st, secrets_key);
