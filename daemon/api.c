@@ -14,6 +14,8 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "daemon/ingress.h"
+#include "daemon/ingress_http.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
 #include "util/error.h"
@@ -29,13 +31,13 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         struct MHD_Connection *c = req->conn;
         const char *port = http_header(c, "E2b-Sandbox-Port");
         const char *id = http_header(c, "E2b-Sandbox-Id");
-        /* Fallback for clients that reach us through wildcard DNS instead of
-         * E2B_SANDBOX_URL: Host "<port>-<id>.<domain>" (docs/protocol.md §a.4
-         * rule 6) */
+        /* Clients that reach us through wildcard DNS instead of
+         * E2B_SANDBOX_URL: Host "<port>-<id>.<sandbox-domain>"
+         * (docs/api.md "Sandbox ports") */
         char host_port[8], host_id[HUTCH_ID_LEN + 1];
         unsigned hp;
         const char *host = http_header(c, "Host");
-        if (!port && host && route_host(host, &hp, host_id) == 0) {
+        if (!port && host && ingress_host_parse(host, srv->cfg.sandbox_domain, &hp, host_id) == 0) {
                 snprintf(host_port, sizeof host_port, "%u", hp);
                 port = host_port;
                 id = host_id;
@@ -46,18 +48,25 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
 
         if (port) {
                 req->data_plane = true;
+                unsigned pn;
+                if (ingress_port_parse(port, &pn) < 0)
+                        return http_reply_error(c, 400, "E2b-Sandbox-Port must be a port number, 1 to 65535");
                 if (!id || !route_sandbox_id_valid(id))
-                        return http_reply_502(c, id);
-                if (!streq(port, "49983")) {
-                        /* Only envd is served; ports of processes inside the
-                         * sandbox are not reachable from outside (yet). */
-                        return http_reply_json(c, 502,
-                                               json_pack("{s:s, s:s, s:i}", "sandboxId", id, "message",
-                                                         "The sandbox is running but port is not open", "code", 502));
-                }
+                        return http_reply_502(c, id && strlen(id) <= HUTCH_ID_LEN ? id : "");
                 sb = sbx_find(srv, id);
-                if (!sb || sb->paused)
+                if (!sb)
                         return http_reply_502(c, id);
+                /* a private sandbox's ports take its traffic token, before
+                 * anything (auto-resume included) happens */
+                if (ingress_check_access(srv, req, sb, pn) < 0)
+                        return ingress_reply_forbidden(c, sb->id,
+                                                       !http_header(c, "E2b-Traffic-Access-Token"));
+                if (sb->paused && ingress_auto_resume(srv, sb) < 0)
+                        return http_reply_502(c, id);
+                if (pn != ENVD_PORT) {
+                        memcpy(req->sbx_id, sb->id, sizeof req->sbx_id);
+                        return ingress_begin(srv, req, sb, pn, ret_responded);
+                }
         } else if (is_files && http_query(c, "signature")) {
                 req->data_plane = true;
                 sb = files_signed_sandbox(srv, c, streq(req->method, "POST"));
@@ -154,15 +163,21 @@ int api_parse_body(request *req, json_t **ret) {
 }
 
 json_t *sandbox_created_json(sbx *sb) {
-        return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:n, s:n}", "sandboxID", sb->id, "templateID",
+        return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:o, s:o}", "sandboxID", sb->id, "templateID",
                          sb->template_id, "alias", sb->alias, "clientID", "hutch", "envdVersion", ENVD_VERSION,
-                         "envdAccessToken", sb->token, "trafficAccessToken", "domain");
+                         "envdAccessToken", sb->token, "trafficAccessToken", ingress_traffic_token_json(sb),
+                         "domain", ingress_domain_json(sb->srv));
 }
 
 static enum MHD_Result sandboxes_create(server *srv, request *req) {
         json_t *body;
         if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
+        char why[160];
+        if (ingress_create_check(body, why, sizeof why) < 0) {
+                json_decref(body);
+                return http_reply_error(req->conn, 400, "%s", why);
+        }
         sbx *sb = NULL;
         unsigned status = 500;
         hutch_error err = { 0 };

@@ -19,6 +19,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include "daemon/ingress.h"
 #include "daemon/server.h"
 #include "egress/policy.h"
 #include "egress/proxy.h"
@@ -402,9 +403,11 @@ json_t *egress_network_json(server *srv, sbx *sb, json_t **ret_internet) {
         } else if (!p)
                 json_array_append_new(deny, json_string("0.0.0.0/0")); /* off: nothing leaves */
         json_t *rules = spec ? json_object_get(spec, "rules") : NULL;
-        return json_pack("{s:o, s:o, s:o, s:n, s:b, s:n, s:[]}", "allowOut", allow, "denyOut", deny, "rules",
-                         json_is_object(rules) ? json_incref(rules) : json_object(), "egressProxy", "allowPublicTraffic", 0,
-                         "maskRequestHost", "httpsPorts");
+        json_t *net = json_pack("{s:o, s:o, s:o, s:n, s:[]}", "allowOut", allow, "denyOut", deny, "rules",
+                                json_is_object(rules) ? json_incref(rules) : json_object(), "egressProxy",
+                                "httpsPorts");
+        ingress_network_json(sb, net);
+        return net;
 }
 
 /* PUT /sandboxes/{id}/network: the lists are replaced (absent = empty);

@@ -11,9 +11,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 
 #include "daemon/connect.h"
+#include "daemon/ingress.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
 #include "util/error.h"
@@ -26,6 +28,36 @@ const char *http_header(struct MHD_Connection *c, const char *name) {
 
 const char *http_query(struct MHD_Connection *c, const char *name) {
         return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+}
+
+/* Per connection: the raw request target of its current request (MHD
+ * hands the access handler a decoded path without the query; ingress
+ * relays the target as the client wrote it). */
+typedef struct conn_ctx {
+        char *raw_uri;
+} conn_ctx;
+
+static conn_ctx *conn_ctx_of(struct MHD_Connection *c) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        return ci ? ci->socket_context : NULL;
+}
+
+const char *http_raw_uri(struct MHD_Connection *c) {
+        conn_ctx *x = conn_ctx_of(c);
+        return x ? x->raw_uri : NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+        if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+                *socket_context = calloc(1, sizeof(conn_ctx));
+                return;
+        }
+        conn_ctx *x = *socket_context;
+        if (x)
+                free(x->raw_uri);
+        free(x);
+        *socket_context = NULL;
 }
 
 /* While a request's body is still to come, libmicrohttpd 0.9.75 refuses a
@@ -288,6 +320,8 @@ static void request_free(request *req) {
                 MHD_destroy_response(req->deferred);
         if (req->upload)
                 files_upload_free(req->upload);
+        if (req->ingress)
+                ingress_request_gone(req->ingress);
         free(req->created);
         free(req->body);
         free(req->url);
@@ -313,6 +347,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
  * C string: `DELETE /sandboxes/<id>%00anything` was `DELETE /sandboxes/<id>`.
  * The raw request target is only seen here, before that decoding. */
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+        conn_ctx *x = conn_ctx_of(c);
+        if (x) {
+                free(x->raw_uri);
+                x->raw_uri = strdup(uri);
+        }
         return http_path_has_control(uri) ? &bad_path_marker : NULL;
 }
 
@@ -330,6 +369,13 @@ static enum MHD_Result nul_check(void *cls, enum MHD_ValueKind kind, const char 
  * parsers: a NUL inside a query value or header (C strings would cut it), or
  * both Content-Length and Transfer-Encoding (request smuggling, RFC 9112
  * §6.3). Answered early, so the connection is closed after the reply. */
+static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                 const char *value, size_t value_size) {
+        if (strcasecmp(key, "Host") == 0)
+                ++*(unsigned *) cls;
+        return MHD_YES;
+}
+
 static bool request_ambiguous(struct MHD_Connection *c, const char **ret_why) {
         bool bad = false;
         MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND | MHD_HEADER_KIND, nul_check, &bad);
@@ -339,6 +385,14 @@ static bool request_ambiguous(struct MHD_Connection *c, const char **ret_why) {
         }
         if (http_header(c, "Content-Length") && http_header(c, "Transfer-Encoding")) {
                 *ret_why = "both Content-Length and Transfer-Encoding";
+                return true;
+        }
+        /* RFC 9112 §3.2: which Host routes and which one a sandbox's server
+         * reads must be the same */
+        unsigned hosts = 0;
+        MHD_get_connection_values_n(c, MHD_HEADER_KIND, count_host, &hosts);
+        if (hosts > 1) {
+                *ret_why = "more than one Host header";
                 return true;
         }
         return false;
@@ -415,6 +469,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         req->body_mode = BODY_DISCARD; /* no route reads one: never buffer it */
                 return r;
         }
+        if (req->body_mode == BODY_INGRESS)
+                return ingress_on_request(srv, req, upload_data, upload_size);
         if (*upload_size > 0) {
                 if (req->responded && !req->deferred) {
                         *upload_size = 0;
@@ -602,7 +658,7 @@ int http_start(server *srv, hutch_error *err) {
                 return hutch_error_set(err, -EBADF, "the API socket is not bound");
         /* read by http_bind; MHD copies neither, so they stay until http_stop */
         const char *cert = srv->tls_pem[0], *key = srv->tls_pem[1];
-        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | (cert ? MHD_USE_TLS : 0);
+        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE | (cert ? MHD_USE_TLS : 0);
         struct MHD_OptionItem tls_opts[] = {
                 { cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *) cert },
                 { MHD_OPTION_HTTPS_MEM_KEY, 0, (void *) key },
@@ -613,7 +669,7 @@ int http_start(server *srv, hutch_error *err) {
         srv->mhd = MHD_start_daemon(
                 flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
                 MHD_OPTION_ARRAY, tls_opts,
-                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
                 MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                 (unsigned) srv->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
@@ -653,8 +709,10 @@ void http_stop(server *srv) {
         /* suspended connections must be resumed before MHD can close them */
         for (stream *st = srv->streams; st; st = st->next)
                 stream_cut(st);
+        ingress_stop(srv);
         MHD_run(srv->mhd);
         MHD_stop_daemon(srv->mhd);
         srv->mhd = NULL;
+        ingress_reap(srv);
         tls_pem_free(srv);
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "daemon/requests.h"
+#include "daemon/ingress.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -662,11 +663,13 @@ void sbx_cut_streams(server *srv, sbx *sb) {
         for (stream *st = srv->streams; st; st = st->next)
                 if (st->sb == sb)
                         stream_cut(st);
+        ingress_sbx_cut(srv, sb);
 }
 
 static void pause_image_remove(server *srv, const char *id);
 
 static void sbx_detach_all(server *srv, sbx *sb) {
+        ingress_sbx_cut(srv, sb);
         for (stream *st = srv->streams; st; st = st->next)
                 if (st->sb == sb) {
                         stream_cut(st);
@@ -1169,7 +1172,7 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
         json_object_set_new(o, "volumeMounts", json_array());
         if (detail) {
                 json_object_set_new(o, "envdAccessToken", json_string(sb->token));
-                json_object_set_new(o, "domain", json_null());
+                json_object_set_new(o, "domain", ingress_domain_json(sb->srv));
                 json_t *aia = NULL;
                 json_object_set_new(o, "network", egress_network_json(sb->srv, sb, &aia));
                 json_object_set_new(o, "allowInternetAccess", aia);

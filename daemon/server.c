@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/ingress.h"
 #include "daemon/server.h"
 #include "daemon/serve.h"
 #include "util/clock.h"
@@ -75,6 +76,7 @@ static const struct cfg_entry {
         { "retention", CFG_SECONDS, U(retention_s), 1, 87600 * 3600, "168h", "how long the database keeps ended sandboxes' rows and events, and egress records (pruned at start and then every retention/2, at most every 10 minutes)" },
         { "max-snapshots-per-team", CFG_U64, U(max_snapshots_per_team), 1, 1000000, "100", "snapshots a team may keep (429 beyond)" },
         { "snapshot-reserve", CFG_SIZE, U(snapshot_reserve_bytes), 0, 1ull << 50, "1G", "free disk a snapshot must leave on the data dir's file system (507 otherwise)" },
+        { "sandbox-domain", CFG_LIST, S(sandbox_domain), 0, 0, "", "domain of sandbox ports: a request with Host <port>-<id>.<domain> reaches that port of that sandbox, and create/connect answer it as 'domain', so the SDK's getHost() names it (may end in :PORT; empty: any domain, answered as null)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
         { "backend", CFG_STR, S(backend), 0, 0, "ns", "isolation backend of sandboxes whose create names none: ns (namespaces) or gvisor (runsc)" },
         { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base and host; e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
@@ -745,6 +747,7 @@ int server_run(const server_config *cfg) {
                         if (w && w->cb)
                                 w->cb(srv, w, evs[i].events);
                 }
+                ingress_reap(srv);
                 busy = wall_ms() - busy;
                 if (busy > 250)
                         log_warning("the loop was busy for %lld ms serving %d events", (long long) busy, n);

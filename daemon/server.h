@@ -58,6 +58,7 @@ typedef struct server_config {
         char egress_open[1024];      /* reserved ranges opened */
         char dns[256];               /* nameservers; empty: /etc/resolv.conf */
         char egress_upstream_ca[1024]; /* extra CAs trusted for intercepted upstreams */
+        char sandbox_domain[256];    /* ingress: Host <port>-<id>.<domain>; create's "domain" */
         uint64_t egress_port;
         char backend[16];            /* ns or gvisor: sandboxes whose create names none */
         char template_backends[256]; /* NAME=BACKEND,...: a template's default, before backend */
@@ -84,6 +85,7 @@ typedef struct sbx sbx;
 typedef struct proc proc;
 typedef struct stream stream;
 typedef struct request request;
+typedef struct ingress_conn ingress_conn;
 
 /* Something registered in the epoll set. */
 typedef struct watcher {
@@ -248,7 +250,7 @@ struct server {
 /* ---------------------------------------------------------------- http.c */
 
 /* One request's state across MHD's access-handler calls. */
-enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3 };
+enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3, BODY_INGRESS = 4 };
 struct request {
         server *srv;
         struct MHD_Connection *conn;
@@ -259,6 +261,7 @@ struct request {
         size_t body_len, body_cap;
         bool too_large;
         struct files_upload *upload; /* BODY_FILES */
+        ingress_conn *ingress;       /* BODY_INGRESS: a request to a sandbox port */
         bool responded;
         bool authenticated;     /* its connection got idle-timeout (http_conn_authenticated) */
         struct MHD_Response *deferred; /* a reply waiting for the body to be read */
@@ -286,6 +289,8 @@ enum MHD_Result http_reply_connect_error(struct MHD_Connection *c, const char *c
 enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id);
 const char *http_header(struct MHD_Connection *c, const char *name);
 const char *http_query(struct MHD_Connection *c, const char *name);
+/* The request target as the client sent it (path and query, undecoded). */
+const char *http_raw_uri(struct MHD_Connection *c);
 
 /* HOST:PORT with a numeric address ("[::1]:49982" for IPv6). */
 struct sockaddr_storage;

@@ -149,6 +149,7 @@ export async function restartDaemon() {
   appendFileSync(env.log, `\n===== restartDaemon(): killed ${old} with SIGKILL, starting again =====\n`)
   const child = spawn(env.bin, ['serve', '--listen', env.listen, '--data-dir', env.dataDir, '--run-dir', env.runDir,
     '--backend', process.env.HUTCH_E2B_BACKEND || 'ns',
+    ...(process.env.HUTCH_E2B_SANDBOX_DOMAIN ? ['--sandbox-domain', process.env.HUTCH_E2B_SANDBOX_DOMAIN] : []),
     ...(process.env.HUTCH_E2B_DISK ? ['--disk', process.env.HUTCH_E2B_DISK] : [])], {
     detached: true,
     stdio: ['ignore', log, log],

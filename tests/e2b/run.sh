@@ -144,8 +144,11 @@ if [[ -z "${HUTCH_E2B_DISK:-}" && "$HUTCH_E2B_BACKEND" == gvisor ]]; then
 fi
 disk_args=()
 [[ -n "${HUTCH_E2B_DISK:-}" ]] && disk_args=(--disk "$HUTCH_E2B_DISK")
+# The sandbox domain: getHost(port) is "<port>-<id>.sandbox.localhost:<daemon
+# port>", which ingress.test.mjs resolves to 127.0.0.1 as wildcard DNS would.
+export HUTCH_E2B_SANDBOX_DOMAIN="sandbox.localhost:$port"
 "$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
-	"${disk_args[@]}" >>"$log" 2>&1 &
+	--sandbox-domain "$HUTCH_E2B_SANDBOX_DOMAIN" "${disk_args[@]}" >>"$log" 2>&1 &
 first_pid=$!
 echo "$first_pid" >"$pidfile"
 

@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Ingress: requests to ports of sandboxes (daemon/ingress.c).
+ */
+#pragma once
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stdbool.h>
+
+#include "daemon/server.h"
+
+/* The request names port (not envd's) of the running sandbox sb and passed
+ * the access checks: connect to it and proxy. MHD_YES with *ret_responded
+ * false when proxying; the request's body mode is BODY_INGRESS then. */
+enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port, bool *ret_responded);
+/* MHD's later calls for a BODY_INGRESS request (body bytes, final call). */
+enum MHD_Result ingress_on_request(server *srv, request *req, const char *data, size_t *size);
+/* MHD freed the request. */
+void ingress_request_gone(ingress_conn *ic);
+/* Kill or pause: every connection to the sandbox's ports ends now. */
+void ingress_sbx_cut(server *srv, sbx *sb);
+/* Shutdown: end them all. */
+void ingress_stop(server *srv);
+/* Free what ended during the loop's last event batch. */
+void ingress_reap(server *srv);
+
+/* allowPublicTraffic:false at create: requests to ports other than envd's
+ * need e2b-traffic-access-token. 0 or -EACCES. */
+int ingress_check_access(server *srv, request *req, sbx *sb, unsigned port);
+enum MHD_Result ingress_reply_forbidden(struct MHD_Connection *c, const char *id, bool missing);
+/* Traffic to a paused sandbox: resume it when its lifecycle says
+ * autoResume. 0 (running now), -EHOSTDOWN (stays paused), -EIO. */
+int ingress_auto_resume(server *srv, sbx *sb);
+
+bool ingress_public(sbx *sb);
+/* create/connect answers: trafficAccessToken (null for a public sandbox) and domain */
+json_t *ingress_traffic_token_json(sbx *sb);
+json_t *ingress_domain_json(server *srv);
+/* SandboxDetail.network: allowPublicTraffic and maskRequestHost */
+void ingress_network_json(sbx *sb, json_t *network);
+/* The create body's network.allowPublicTraffic and maskRequestHost. */
+int ingress_create_check(json_t *body, char *why, size_t wl);
