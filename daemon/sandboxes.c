@@ -26,6 +26,7 @@
 #include "util/error.h"
 #include "util/log.h"
 #include "snapshot/seal.h"
+#include "template/interp-template.h"
 
 
 static void hex(const uint8_t *b, size_t n, char *out) {
@@ -400,6 +401,9 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
                 template_name = "host";
                 alias = cr.template_id;
+        } else if (template_is_interp(cr.template_id)) {
+                template_name = cr.template_id; /* the host template with start commands */
+                alias = cr.template_id;
         } else if (snapshot_id_valid(cr.template_id)) {
                 /* from a snapshot: its layer, verified and unsealed now */
                 if ((r = store_snapshot_get(srv->store, team, cr.template_id, &snap, err)) < 0) {
@@ -583,6 +587,12 @@ ready:
         /* restored from a memory checkpoint: its processes run; find them */
         if (checkpoint)
                 proc_readopt(srv, sb);
+        /* the template's start command, and its ready command until it succeeds */
+        if (!checkpoint && (r = sbx_start_commands(srv, sb, template_name, err)) < 0) {
+                *ret_status = r == -ETIMEDOUT ? 504 : 500;
+                sbx_kill(srv, sb, "create failed: the template's start or ready command failed");
+                return r;
+        }
         if (srv->pool_dirty) {
                 srv->pool_dirty = false;
                 pool_save(srv);

@@ -86,6 +86,7 @@ static const struct cfg_entry {
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
+        { "ready-timeout", CFG_SECONDS, U(ready_timeout_s), 1, 3600, "60", "a template's ready command (code-interpreter's: its kernel is up) must succeed within this, or the create fails" },
 #undef S
 #undef U
 };

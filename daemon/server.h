@@ -70,6 +70,7 @@ typedef struct server_config {
         uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
+        uint64_t ready_timeout_s;    /* a template's ready command must succeed within this (daemon/startcmd.c) */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -366,6 +367,9 @@ int sealed_file_write(server *srv, int plain_fd, const char *final, const char *
 /* gvisor, paused to disk: the checkpoint stream, unsealed, to out_fd. */
 int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err);
 void sbx_pool_fill(server *srv);
+/* A template's start command, then its ready command until it exits 0
+ * (daemon/startcmd.c); 0 at once for a template without them. */
+int sbx_start_commands(server *srv, sbx *sb, const char *template_name, hutch_error *err);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);
 

@@ -8,7 +8,8 @@
 
 #include "ibody.h"
 
-static const char *const languages[] = { "python", "javascript", "typescript", "r", "java", "bash", NULL };
+static const char *const languages[] = { "python", "javascript", "typescript", "r",
+                                         "java",   "bash",       NULL };
 
 int ix_language_normalize(const char *in, char out[IX_LANG_MAX]) {
         char buf[IX_LANG_MAX];
@@ -47,7 +48,8 @@ static json_t *load_object(const char *body, size_t len, char *why, size_t whyle
         }
         json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
         if (!j) {
-                snprintf(why, whylen, "The request body is not valid JSON: %s (at byte %d)", je.text, je.position);
+                snprintf(why, whylen, "The request body is not valid JSON: %s (at byte %d)",
+                         je.text, je.position);
                 return NULL;
         }
         if (!json_is_object(j)) {
@@ -98,7 +100,9 @@ int ix_parse_execute(const char *body, size_t len, ix_execute *ret, char *why, s
                 goto out;
         }
         if (lang && ix_language_normalize(lang, x.language) < 0) {
-                snprintf(why, whylen, "Unsupported language '%.40s': supported are python, javascript, typescript, r, java and bash", lang);
+                snprintf(why, whylen,
+                         "Unsupported language '%.40s': supported are python, javascript, typescript, r, java and bash",
+                         lang);
                 r = -ENOENT;
                 goto out;
         }
@@ -121,11 +125,13 @@ int ix_parse_execute(const char *body, size_t len, ix_execute *ret, char *why, s
                 json_t *v;
                 json_object_foreach(env, k, v) {
                         bool ok = *k && strlen(k) < 256 && json_is_string(v) &&
-                                  strlen(json_string_value(v)) == json_string_length(v);
+                                strlen(json_string_value(v)) == json_string_length(v);
                         for (const char *c = k; ok && *c; c++)
                                 ok = isalnum((unsigned char) *c) || *c == '_';
                         if (!ok || isdigit((unsigned char) *k)) {
-                                snprintf(why, whylen, "env_vars: '%.64s' is not a valid variable name with a string value", k);
+                                snprintf(why, whylen,
+                                         "env_vars: '%.64s' is not a valid variable name with a string value",
+                                         k);
                                 r = -EINVAL;
                                 goto out;
                         }
@@ -150,27 +156,31 @@ out:
 void ix_execute_clear(ix_execute *x) {
         free(x->code);
         json_decref(x->env_vars);
-        *x = (ix_execute){ 0 };
+        *x = (ix_execute) { 0 };
 }
 
-int ix_parse_context(const char *body, size_t len, char lang[IX_LANG_MAX], char cwd[IX_CWD_MAX], char *why,
-                     size_t whylen) {
+int ix_parse_context(const char *body, size_t len, char lang[IX_LANG_MAX], char cwd[IX_CWD_MAX],
+                     char *why, size_t whylen) {
         json_t *j = len ? load_object(body, len, why, whylen) : json_object();
         if (!j)
                 return -EINVAL;
         const char *l, *c;
         int r;
-        if ((r = opt_string(j, "language", &l, why, whylen)) < 0 || (r = opt_string(j, "cwd", &c, why, whylen)) < 0)
+        if ((r = opt_string(j, "language", &l, why, whylen)) < 0 ||
+            (r = opt_string(j, "cwd", &c, why, whylen)) < 0)
                 goto out;
         if (ix_language_normalize(l, lang) < 0) {
-                snprintf(why, whylen, "Unsupported language '%.40s': supported are python, javascript, typescript, r, java and bash", l);
+                snprintf(why, whylen,
+                         "Unsupported language '%.40s': supported are python, javascript, typescript, r, java and bash",
+                         l);
                 r = -ENOENT;
                 goto out;
         }
         if (!c || !*c)
                 c = "/home/user";
         if (c[0] != '/' || strlen(c) >= IX_CWD_MAX) {
-                snprintf(why, whylen, "'cwd' must be an absolute path of at most %d bytes", IX_CWD_MAX - 1);
+                snprintf(why, whylen, "'cwd' must be an absolute path of at most %d bytes",
+                         IX_CWD_MAX - 1);
                 r = -EINVAL;
                 goto out;
         }

@@ -14,10 +14,10 @@
 #define IX_CWD_MAX 1024
 
 typedef struct ix_execute {
-        char *code;              /* malloc'ed, NUL-terminated (a NUL inside is refused) */
-        char language[IX_LANG_MAX]; /* normalized, "" when absent */
+        char *code;                     /* malloc'ed, NUL-terminated (a NUL inside is refused) */
+        char language[IX_LANG_MAX];     /* normalized, "" when absent */
         char context_id[IX_CTX_ID_MAX]; /* "" when absent */
-        json_t *env_vars;        /* an object of strings, or NULL */
+        json_t *env_vars;               /* an object of strings, or NULL */
 } ix_execute;
 
 /* -EINVAL with the reason in why (the status is 400); -ENOENT for an
@@ -27,8 +27,8 @@ int ix_parse_execute(const char *body, size_t len, ix_execute *ret, char *why, s
 void ix_execute_clear(ix_execute *x);
 
 /* POST /contexts {"language"?, "cwd"?}: defaults python and /home/user. */
-int ix_parse_context(const char *body, size_t len, char lang[IX_LANG_MAX], char cwd[IX_CWD_MAX], char *why,
-                     size_t whylen);
+int ix_parse_context(const char *body, size_t len, char lang[IX_LANG_MAX], char cwd[IX_CWD_MAX],
+                     char *why, size_t whylen);
 
 /* "" or NULL -> python; lower-cased and trimmed; js -> javascript, ts ->
  * typescript. -ENOENT for a language no kernel serves. */

@@ -8,7 +8,7 @@
 
 static bool is_tchar(unsigned char c) {
         return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-               strchr("!#$%&'*+-.^_`|~", c) != NULL;
+                strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
 static const char *find_crlf(const char *p, const char *end) {
@@ -206,7 +206,8 @@ static int chunk_header(const char **pp, const char *end, uint64_t *ret) {
         return 1;
 }
 
-int ih_chunked_scan(const char *buf, size_t len, size_t max_body, size_t *ret_body_len, size_t *ret_consumed) {
+int ih_chunked_scan(const char *buf, size_t len, size_t max_body, size_t *ret_body_len,
+                    size_t *ret_consumed) {
         const char *p = buf, *end = buf + len;
         uint64_t total = 0;
         for (;;) {

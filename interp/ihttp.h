@@ -33,7 +33,8 @@ int ih_parse_head(const char *buf, size_t len, size_t max_body, ih_request *ret)
  * in *ret_consumed), 0 when more bytes are needed, -EBADMSG, or -EFBIG
  * past max_body decoded bytes. Only the chunk headers are read, so calling
  * it again on a growing buffer is cheap. */
-int ih_chunked_scan(const char *buf, size_t len, size_t max_body, size_t *ret_body_len, size_t *ret_consumed);
+int ih_chunked_scan(const char *buf, size_t len, size_t max_body, size_t *ret_body_len,
+                    size_t *ret_consumed);
 /* Copy the decoded body of a complete chunked body (ih_chunked_scan said
  * 1) into out, which has room for body_len bytes. */
 void ih_chunked_copy(const char *buf, size_t len, char *out);

@@ -40,7 +40,8 @@ static void copy_str(json_t *obj, const char *k, char *buf, size_t n) {
 
 int jmsg_decode(const char *key, const jframe *frames, size_t n, jmsg *ret) {
         size_t d = 0;
-        while (d < n && !(frames[d].len == strlen(DELIM) && memcmp(frames[d].data, DELIM, strlen(DELIM)) == 0))
+        while (d < n &&
+               !(frames[d].len == strlen(DELIM) && memcmp(frames[d].data, DELIM, strlen(DELIM)) == 0))
                 d++;
         if (d == n || n - d < 6)
                 return -EBADMSG;
@@ -90,22 +91,24 @@ static void uuid4(char out[37]) {
                 abort();
         b[6] = (unsigned char) ((b[6] & 0x0f) | 0x40);
         b[8] = (unsigned char) ((b[8] & 0x3f) | 0x80);
-        snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-                 b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+                 b[13], b[14], b[15]);
 }
 
-int jmsg_encode(const char *key, const char *session, const char *msg_type, json_t *content, char *out[5],
-                size_t out_len[5], char ret_msg_id[64]) {
+int jmsg_encode(const char *key, const char *session, const char *msg_type, json_t *content,
+                char *out[5], size_t out_len[5], char ret_msg_id[64]) {
         char id[37], date[40];
         uuid4(id);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         struct tm tm;
         gmtime_r(&ts.tv_sec, &tm);
-        snprintf(date, sizeof date, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
-        json_t *hdr = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "msg_id", id, "session", session, "username",
-                                "hutch", "date", date, "msg_type", msg_type, "version", "5.3");
+        snprintf(date, sizeof date, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
+        json_t *hdr = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "msg_id", id, "session", session,
+                                "username", "hutch", "date", date, "msg_type", msg_type, "version",
+                                "5.3");
         if (!hdr)
                 return -ENOMEM;
         char *h = json_dumps(hdr, JSON_COMPACT), *c = json_dumps(content, JSON_COMPACT);

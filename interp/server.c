@@ -140,7 +140,8 @@ static void buf_append(char **b, size_t *len, size_t *cap, const void *p, size_t
 
 static void client_flush(client *cl) {
         while (!cl->dead && cl->woff < cl->wlen) {
-                ssize_t k = send(cl->fd, cl->wbuf + cl->woff, cl->wlen - cl->woff, MSG_NOSIGNAL | MSG_DONTWAIT);
+                ssize_t k = send(cl->fd, cl->wbuf + cl->woff, cl->wlen - cl->woff,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -169,16 +170,26 @@ static void client_write(client *cl, const void *p, size_t n) {
 
 static const char *status_text(int status) {
         switch (status) {
-        case 200: return "OK";
-        case 400: return "Bad Request";
-        case 404: return "Not Found";
-        case 405: return "Method Not Allowed";
-        case 413: return "Payload Too Large";
-        case 431: return "Request Header Fields Too Large";
-        case 500: return "Internal Server Error";
-        case 501: return "Not Implemented";
-        case 503: return "Service Unavailable";
-        default: return "Error";
+        case 200:
+                return "OK";
+        case 400:
+                return "Bad Request";
+        case 404:
+                return "Not Found";
+        case 405:
+                return "Method Not Allowed";
+        case 413:
+                return "Payload Too Large";
+        case 431:
+                return "Request Header Fields Too Large";
+        case 500:
+                return "Internal Server Error";
+        case 501:
+                return "Not Implemented";
+        case 503:
+                return "Service Unavailable";
+        default:
+                return "Error";
         }
 }
 
@@ -186,8 +197,8 @@ static void reply(client *cl, int status, const char *ctype, const char *body, b
         char head[256];
         size_t n = strlen(body);
         int k = snprintf(head, sizeof head,
-                         "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n", status,
-                         status_text(status), ctype, n, keep ? "" : "Connection: close\r\n");
+                         "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
+                         status, status_text(status), ctype, n, keep ? "" : "Connection: close\r\n");
         client_write(cl, head, (size_t) k);
         client_write(cl, body, n);
         if (!keep)
@@ -235,7 +246,9 @@ static void emit_error(exec *e, const char *name, const char *value, const char 
         if (e->error_sent)
                 return;
         e->error_sent = true;
-        emit(e, json_pack("{s:s, s:s, s:s, s:s}", "type", "error", "name", name, "value", value, "traceback", tb));
+        emit(e,
+             json_pack("{s:s, s:s, s:s, s:s}", "type", "error", "name", name, "value", value,
+                       "traceback", tb));
 }
 
 static void emit_stream(exec *e, const char *name, const char *text, const char *date) {
@@ -244,9 +257,12 @@ static void emit_stream(exec *e, const char *name, const char *text, const char 
                 if (!e->cut_noted) {
                         e->cut_noted = true;
                         char msg[160];
-                        snprintf(msg, sizeof msg, "\n[hutch: output cut: this cell printed more than %zu bytes]\n",
+                        snprintf(msg, sizeof msg,
+                                 "\n[hutch: output cut: this cell printed more than %zu bytes]\n",
                                  output_limit);
-                        emit(e, json_pack("{s:s, s:s, s:s}", "type", "stderr", "text", msg, "timestamp", date));
+                        emit(e,
+                             json_pack("{s:s, s:s, s:s}", "type", "stderr", "text", msg,
+                                       "timestamp", date));
                 }
                 return;
         }
@@ -273,18 +289,12 @@ static json_t *result_event(json_t *data, bool main_result) {
         static const struct {
                 const char *mime, *field;
         } map[] = {
-                { "text/plain", "text" },
-                { "text/html", "html" },
-                { "text/markdown", "markdown" },
-                { "image/svg+xml", "svg" },
-                { "image/png", "png" },
-                { "image/jpeg", "jpeg" },
-                { "application/pdf", "pdf" },
-                { "text/latex", "latex" },
-                { "application/json", "json" },
-                { "application/javascript", "javascript" },
-                { "e2b/data", "data" },
-                { "e2b/chart", "chart" },
+                { "text/plain", "text" },        { "text/html", "html" },
+                { "text/markdown", "markdown" }, { "image/svg+xml", "svg" },
+                { "image/png", "png" },          { "image/jpeg", "jpeg" },
+                { "application/pdf", "pdf" },    { "text/latex", "latex" },
+                { "application/json", "json" },  { "application/javascript", "javascript" },
+                { "e2b/data", "data" },          { "e2b/chart", "chart" },
         };
         json_t *ev = json_object(), *extra = json_object();
         json_object_set_new(ev, "type", json_string("result"));
@@ -304,7 +314,8 @@ static json_t *result_event(json_t *data, bool main_result) {
                 if (strcmp(field, "text") == 0 && json_is_string(v)) {
                         const char *s = json_string_value(v);
                         size_t n = json_string_length(v);
-                        if (n >= 2 && ((s[0] == '\'' && s[n - 1] == '\'') || (s[0] == '"' && s[n - 1] == '"'))) {
+                        if (n >= 2 &&
+                            ((s[0] == '\'' && s[n - 1] == '\'') || (s[0] == '"' && s[n - 1] == '"'))) {
                                 json_object_set_new(ev, "text", json_stringn(s + 1, n - 2));
                                 continue;
                         }
@@ -331,7 +342,8 @@ static void emit_result(exec *e, json_t *content, bool main_result) {
                 json_decref(ev);
                 free(s);
                 char msg[200];
-                snprintf(msg, sizeof msg, "[hutch: result cut: %zu bytes, over the %zu-byte limit]", n, output_limit);
+                snprintf(msg, sizeof msg, "[hutch: result cut: %zu bytes, over the %zu-byte limit]",
+                         n, output_limit);
                 json_t *data2 = json_pack("{s:s}", "text/plain", msg);
                 ev = result_event(data2, main_result);
                 json_decref(data2);
@@ -352,9 +364,10 @@ static int pick_port(void) {
                 return -errno;
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         socklen_t l = sizeof a;
-        int r = bind(fd, (struct sockaddr *) &a, sizeof a) < 0 || getsockname(fd, (struct sockaddr *) &a, &l) < 0
-                        ? -errno
-                        : ntohs(a.sin_port);
+        int r = bind(fd, (struct sockaddr *) &a, sizeof a) < 0 ||
+                        getsockname(fd, (struct sockaddr *) &a, &l) < 0
+                ? -errno
+                : ntohs(a.sin_port);
         close(fd);
         return r;
 }
@@ -410,7 +423,8 @@ static void kernel_close_sockets(kctx *c) {
 static int kernel_argv(const kctx *c, char *argv[16], char bufs[4][PATH_MAX + 64]) {
         int n = 0;
         if (strcmp(c->lang, "python") == 0) {
-                snprintf(bufs[0], sizeof bufs[0], "--IPKernelApp.exec_files=['%s/e2b_startup.py']", interp_dir);
+                snprintf(bufs[0], sizeof bufs[0], "--IPKernelApp.exec_files=['%s/e2b_startup.py']",
+                         interp_dir);
                 argv[n++] = "/usr/bin/python3";
                 argv[n++] = "-m";
                 argv[n++] = "ipykernel_launcher";
@@ -429,10 +443,10 @@ static int kernel_argv(const kctx *c, char *argv[16], char bufs[4][PATH_MAX + 64
                 argv[n++] = (char *) c->conn_file;
         } else {
                 /* our wrapper kernels (kernels.py): bash, node, jshell */
-                const char *kind = strcmp(c->lang, "bash") == 0   ? "bash"
-                                   : strcmp(c->lang, "java") == 0 ? "java"
-                                   : strcmp(c->lang, "typescript") == 0 ? "typescript"
-                                                                        : "javascript";
+                const char *kind = strcmp(c->lang, "bash") == 0 ? "bash"
+                        : strcmp(c->lang, "java") == 0          ? "java"
+                        : strcmp(c->lang, "typescript") == 0    ? "typescript"
+                                                                : "javascript";
                 snprintf(bufs[0], sizeof bufs[0], "%s/hutch_kernels.py", interp_dir);
                 argv[n++] = "/usr/bin/python3";
                 argv[n++] = bufs[0];
@@ -476,7 +490,8 @@ static int kernel_spawn(kctx *c) {
                         dup2(nul, 0);
                 /* the kernel's own chatter: a log beside its connection file */
                 char logp[PATH_MAX + 8];
-                snprintf(logp, sizeof logp, "%.*s.log", (int) (strlen(c->conn_file) - 5), c->conn_file);
+                snprintf(logp, sizeof logp, "%.*s.log", (int) (strlen(c->conn_file) - 5),
+                         c->conn_file);
                 int lg = verbose ? 2 : open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
                 if (lg >= 0) {
                         dup2(lg, 1);
@@ -511,7 +526,8 @@ static int ksend(kctx *c, void *sock, const char *type, json_t *content, char re
                 return r;
         r = zmq_send(sock, "<IDS|MSG>", 9, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ? -errno : 0;
         for (int i = 0; i < 5; i++) {
-                if (r >= 0 && zmq_send(sock, fr[i], fl[i], (i < 4 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+                if (r >= 0 &&
+                    zmq_send(sock, fr[i], fl[i], (i < 4 ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
                         r = -errno;
                 free(fr[i]);
         }
@@ -522,8 +538,9 @@ static int ksend(kctx *c, void *sock, const char *type, json_t *content, char re
 
 static void execute_silent(kctx *c, const char *code) {
         (void) ksend(c, c->shell, "execute_request",
-                     json_pack("{s:s, s:b, s:b, s:{}, s:b, s:b}", "code", code, "silent", 1, "store_history", 0,
-                               "user_expressions", "allow_stdin", 0, "stop_on_error", 0),
+                     json_pack("{s:s, s:b, s:b, s:{}, s:b, s:b}", "code", code, "silent", 1,
+                               "store_history", 0, "user_expressions", "allow_stdin", 0,
+                               "stop_on_error", 0),
                      NULL);
 }
 
@@ -541,7 +558,8 @@ static void client_next_request(client *cl);
 static void exec_finish(exec *e) {
         client *cl = e->cl;
         if (cl) {
-                chunk_line(cl, "{\"type\": \"end_of_execution\"}", strlen("{\"type\": \"end_of_execution\"}"));
+                chunk_line(cl, "{\"type\": \"end_of_execution\"}",
+                           strlen("{\"type\": \"end_of_execution\"}"));
                 client_write(cl, "0\r\n\r\n", 5);
                 cl->ex = NULL;
                 e->cl = NULL;
@@ -628,9 +646,9 @@ static void ctx_pump(kctx *c) {
                 e->started = true;
                 if (e->env)
                         env_apply(c, e->env, false);
-                json_t *content = json_pack("{s:s, s:b, s:b, s:{}, s:b, s:b}", "code", e->code, "silent", 0,
-                                            "store_history", 1, "user_expressions", "allow_stdin", 0,
-                                            "stop_on_error", 1);
+                json_t *content = json_pack("{s:s, s:b, s:b, s:{}, s:b, s:b}", "code", e->code,
+                                            "silent", 0, "store_history", 1, "user_expressions",
+                                            "allow_stdin", 0, "stop_on_error", 1);
                 if (ksend(c, c->shell, "execute_request", content, e->msg_id) < 0) {
                         emit_error(e, "WebSocketError", "Failed to send execution request", "");
                         exec_finish(e);
@@ -779,7 +797,8 @@ static void on_iopub(kctx *c, const jmsg *m) {
         if (c->state == K_STARTING) {
                 c->state = K_READY;
                 c->deaths = 0;
-                logf("context %s (%s): ready after %lld ms\n", c->id, c->lang, (long long) (now_ms() - c->started_ms));
+                logf("context %s (%s): ready after %lld ms\n", c->id, c->lang,
+                     (long long) (now_ms() - c->started_ms));
                 ctx_pump(c);
         }
         exec *e = c->cur;
@@ -794,13 +813,15 @@ static void on_iopub(kctx *c, const jmsg *m) {
         } else if (strcmp(t, "execute_input") == 0) {
                 json_t *n = json_object_get(ct, "execution_count");
                 if (json_is_integer(n))
-                        emit(e, json_pack("{s:s, s:I}", "type", "number_of_executions", "execution_count",
-                                          json_integer_value(n)));
+                        emit(e,
+                             json_pack("{s:s, s:I}", "type", "number_of_executions",
+                                       "execution_count", json_integer_value(n)));
         } else if (strcmp(t, "stream") == 0) {
                 const char *name = json_string_value(json_object_get(ct, "name"));
                 const char *text = json_string_value(json_object_get(ct, "text"));
                 if (name && text)
-                        emit_stream(e, strcmp(name, "stderr") == 0 ? "stderr" : "stdout", text, m->date);
+                        emit_stream(e, strcmp(name, "stderr") == 0 ? "stderr" : "stdout", text,
+                                    m->date);
         } else if (strcmp(t, "execute_result") == 0) {
                 emit_result(e, ct, true);
         } else if (strcmp(t, "display_data") == 0 || strcmp(t, "update_display_data") == 0) {
@@ -847,8 +868,8 @@ static void on_shell(kctx *c, const jmsg *m) {
 }
 
 static void kernel_readable(kctx *c, void *sock) {
-        for (unsigned batch = 0; batch < 256 && !c->dead && (sock == c->shell || sock == c->iopub ||
-                                                             sock == c->control);
+        for (unsigned batch = 0;
+             batch < 256 && !c->dead && (sock == c->shell || sock == c->iopub || sock == c->control);
              batch++) {
                 zmq_msg_t msgs[JMSG_MAX_FRAMES];
                 size_t n = 0;
@@ -857,7 +878,7 @@ static void kernel_readable(kctx *c, void *sock) {
                         return;
                 jframe fr[JMSG_MAX_FRAMES];
                 for (size_t i = 0; i < n; i++)
-                        fr[i] = (jframe){ zmq_msg_data(&msgs[i]), zmq_msg_size(&msgs[i]) };
+                        fr[i] = (jframe) { zmq_msg_data(&msgs[i]), zmq_msg_size(&msgs[i]) };
                 jmsg m;
                 if (r == 0 && jmsg_decode(c->key, fr, n, &m) == 0) {
                         if (sock == c->iopub)
@@ -882,10 +903,12 @@ static void kernel_died(kctx *c) {
         c->pid = 0;
         char why[200];
         if (WIFSIGNALED(status))
-                snprintf(why, sizeof why, "The kernel died (signal %d%s) and was restarted: the context's state is lost",
+                snprintf(why, sizeof why,
+                         "The kernel died (signal %d%s) and was restarted: the context's state is lost",
                          WTERMSIG(status), WTERMSIG(status) == SIGKILL ? ", out of memory?" : "");
         else
-                snprintf(why, sizeof why, "The kernel exited (status %d) and was restarted: the context's state is lost",
+                snprintf(why, sizeof why,
+                         "The kernel exited (status %d) and was restarted: the context's state is lost",
                          WEXITSTATUS(status));
         logf("context %s: %s\n", c->id, why);
         if (c->state == K_STARTING && ++c->deaths >= 3) {
@@ -902,7 +925,8 @@ static void ctx_tick(kctx *c, int64_t now) {
                 if (now - c->started_ms > KERNEL_START_MS) {
                         kernel_kill(c);
                         c->state = K_FAILED;
-                        ctx_fail_all(c, "KernelStartError", "The context's kernel did not start in time");
+                        ctx_fail_all(c, "KernelStartError",
+                                     "The context's kernel did not start in time");
                 } else if (now - c->last_kinfo_ms >= 200) {
                         c->last_kinfo_ms = now;
                         (void) ksend(c, c->shell, "kernel_info_request", json_object(), NULL);
@@ -1041,12 +1065,16 @@ static void handle(client *cl, const ih_request *rq, const char *body, size_t le
                 if (r < 0)
                         return reply_text(cl, 400, why, keep);
                 if (!dir_ok(cwd)) {
-                        snprintf(why, sizeof why, "cwd %.900s: %s", cwd, strerror(errno ? errno : ENOTDIR));
+                        snprintf(why, sizeof why, "cwd %.900s: %s", cwd,
+                                 strerror(errno ? errno : ENOTDIR));
                         return reply_text(cl, 400, why, keep);
                 }
                 kctx *c = ctx_new(lang, cwd);
                 if (!c)
-                        return reply_text(cl, 500, "Failed to create the context (too many contexts, or the kernel did not start)", keep);
+                        return reply_text(
+                                cl, 500,
+                                "Failed to create the context (too many contexts, or the kernel did not start)",
+                                keep);
                 return reply_json(cl, 200, ctx_json(c), keep);
         }
         if (strncmp(p, "/contexts/", 10) == 0) {
@@ -1087,12 +1115,15 @@ static void client_next_request(client *cl) {
                 if (r == 0)
                         return;
                 if (r < 0) {
-                        int st = r == -E2BIG ? 431 : r == -EFBIG ? 413 : r == -EOPNOTSUPP ? 501 : 400;
+                        int st = r == -E2BIG       ? 431
+                                : r == -EFBIG      ? 413
+                                : r == -EOPNOTSUPP ? 501
+                                                   : 400;
                         reply_text(cl, st,
-                                   st == 413   ? "Request body too large"
-                                   : st == 431 ? "Request header too large"
-                                   : st == 501 ? "Unsupported transfer coding"
-                                               : "Malformed HTTP request",
+                                   st == 413           ? "Request body too large"
+                                           : st == 431 ? "Request header too large"
+                                           : st == 501 ? "Unsupported transfer coding"
+                                                       : "Malformed HTTP request",
                                    false);
                         cl->rlen = 0;
                         return;
@@ -1100,7 +1131,8 @@ static void client_next_request(client *cl) {
                 size_t blen = 0, used = 0;
                 char *body = NULL;
                 if (rq.chunked) {
-                        r = ih_chunked_scan(cl->rbuf + rq.head_len, cl->rlen - rq.head_len, MAX_BODY, &blen, &used);
+                        r = ih_chunked_scan(cl->rbuf + rq.head_len, cl->rlen - rq.head_len,
+                                            MAX_BODY, &blen, &used);
                         if (r == 0 && rq.expect_continue && !cl->eof) {
                                 client_write(cl, "HTTP/1.1 100 Continue\r\n\r\n", 25);
                                 rq.expect_continue = false;
@@ -1109,7 +1141,9 @@ static void client_next_request(client *cl) {
                                 return;
                         if (r < 0) {
                                 reply_text(cl, r == -EFBIG ? 413 : 400,
-                                           r == -EFBIG ? "Request body too large" : "Malformed chunked body", false);
+                                           r == -EFBIG ? "Request body too large"
+                                                       : "Malformed chunked body",
+                                           false);
                                 cl->rlen = 0;
                                 return;
                         }
@@ -1213,9 +1247,10 @@ static void on_term(int sig) {
 }
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: hutch-interp [--port PORT] [--listen ADDR] [--no-defaults] [--verbose]\n"
-                   "       hutch-interp --wait-ready [--port PORT] [--timeout SECONDS]\n"
-                   "The code interpreter's server inside a hutch sandbox (docs/interpreter.md).\n");
+        fprintf(f,
+                "Usage: hutch-interp [--port PORT] [--listen ADDR] [--no-defaults] [--verbose]\n"
+                "       hutch-interp --wait-ready [--port PORT] [--timeout SECONDS]\n"
+                "The code interpreter's server inside a hutch sandbox (docs/interpreter.md).\n");
 }
 
 /* The template's ready command: GET /health until it answers 200. */
@@ -1226,9 +1261,11 @@ static int wait_ready(const char *addr, int port, int timeout_s) {
                 struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t) port) };
                 inet_pton(AF_INET, addr, &a.sin_addr);
                 if (fd >= 0 && connect(fd, (struct sockaddr *) &a, sizeof a) == 0) {
-                        static const char rq[] = "GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+                        static const char rq[] =
+                                "GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
                         char buf[64] = "";
-                        if (write(fd, rq, sizeof rq - 1) == (ssize_t) sizeof rq - 1 && read(fd, buf, sizeof buf - 1) > 12 &&
+                        if (write(fd, rq, sizeof rq - 1) == (ssize_t) sizeof rq - 1 &&
+                            read(fd, buf, sizeof buf - 1) > 12 &&
                             strncmp(buf, "HTTP/1.1 200", 12) == 0) {
                                 close(fd);
                                 return 0;
@@ -1239,7 +1276,8 @@ static int wait_ready(const char *addr, int port, int timeout_s) {
                 struct timespec ts = { 0, 20 * 1000 * 1000 };
                 nanosleep(&ts, NULL);
         }
-        fprintf(stderr, "hutch-interp: the server on %s:%d was not ready after %d s\n", addr, port, timeout_s);
+        fprintf(stderr, "hutch-interp: the server on %s:%d was not ready after %d s\n", addr, port,
+                timeout_s);
         return 1;
 }
 
@@ -1257,24 +1295,44 @@ static void dir_of_self(char *buf, size_t n) {
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
-                { "port", required_argument, NULL, 'p' },    { "listen", required_argument, NULL, 'l' },
-                { "no-defaults", no_argument, NULL, 'n' },   { "verbose", no_argument, NULL, 'v' },
-                { "wait-ready", no_argument, NULL, 'w' },    { "timeout", required_argument, NULL, 't' },
-                { "help", no_argument, NULL, 'h' },          { 0 },
+                { "port", required_argument, NULL, 'p' },
+                { "listen", required_argument, NULL, 'l' },
+                { "no-defaults", no_argument, NULL, 'n' },
+                { "verbose", no_argument, NULL, 'v' },
+                { "wait-ready", no_argument, NULL, 'w' },
+                { "timeout", required_argument, NULL, 't' },
+                { "help", no_argument, NULL, 'h' },
+                { 0 },
         };
         int port = 49999, timeout_s = 60, c;
         const char *addr = "127.0.0.1";
         bool defaults = true, wait = false;
         while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
                 switch (c) {
-                case 'p': port = atoi(optarg); break;
-                case 'l': addr = optarg; break;
-                case 'n': defaults = false; break;
-                case 'v': verbose = 1; break;
-                case 'w': wait = true; break;
-                case 't': timeout_s = atoi(optarg); break;
-                case 'h': usage(stdout); return 0;
-                default: usage(stderr); return 2;
+                case 'p':
+                        port = atoi(optarg);
+                        break;
+                case 'l':
+                        addr = optarg;
+                        break;
+                case 'n':
+                        defaults = false;
+                        break;
+                case 'v':
+                        verbose = 1;
+                        break;
+                case 'w':
+                        wait = true;
+                        break;
+                case 't':
+                        timeout_s = atoi(optarg);
+                        break;
+                case 'h':
+                        usage(stdout);
+                        return 0;
+                default:
+                        usage(stderr);
+                        return 2;
                 }
         }
         if (port <= 0 || port > 65535 || timeout_s <= 0) {
@@ -1308,9 +1366,10 @@ int main(int argc, char **argv) {
         int one = 1;
         setsockopt(listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t) port) };
-        if (inet_pton(AF_INET, addr, &a.sin_addr) != 1 || bind(listen_fd, (struct sockaddr *) &a, sizeof a) < 0 ||
-            listen(listen_fd, 128) < 0) {
-                fprintf(stderr, "hutch-interp: listening on %s:%d: %s\n", addr, port, strerror(errno));
+        if (inet_pton(AF_INET, addr, &a.sin_addr) != 1 ||
+            bind(listen_fd, (struct sockaddr *) &a, sizeof a) < 0 || listen(listen_fd, 128) < 0) {
+                fprintf(stderr, "hutch-interp: listening on %s:%d: %s\n", addr, port,
+                        strerror(errno));
                 return 1;
         }
         if (defaults) {
@@ -1330,13 +1389,13 @@ int main(int argc, char **argv) {
                         void *obj, *sock;
                 } what[1 + MAX_CLIENTS + MAX_CONTEXTS * 8];
                 size_t n = 0;
-                items[n] = (zmq_pollitem_t){ .fd = listen_fd, .events = ZMQ_POLLIN };
+                items[n] = (zmq_pollitem_t) { .fd = listen_fd, .events = ZMQ_POLLIN };
                 what[n++].type = T_LISTEN;
                 for (client *cl = clients; cl; cl = cl->next) {
                         short ev = ZMQ_POLLIN;
                         if (cl->wlen > cl->woff)
                                 ev |= ZMQ_POLLOUT;
-                        items[n] = (zmq_pollitem_t){ .fd = cl->fd, .events = ev };
+                        items[n] = (zmq_pollitem_t) { .fd = cl->fd, .events = ev };
                         what[n].type = T_CLIENT;
                         what[n++].obj = cl;
                 }
@@ -1346,13 +1405,14 @@ int main(int argc, char **argv) {
                         void *socks[3] = { k->shell, k->iopub, k->control };
                         for (int i = 0; i < 3; i++)
                                 if (socks[i]) {
-                                        items[n] = (zmq_pollitem_t){ .socket = socks[i], .events = ZMQ_POLLIN };
+                                        items[n] = (zmq_pollitem_t) { .socket = socks[i],
+                                                                      .events = ZMQ_POLLIN };
                                         what[n].type = T_SOCK;
                                         what[n].obj = k;
                                         what[n++].sock = socks[i];
                                 }
                         if (k->pidfd >= 0) {
-                                items[n] = (zmq_pollitem_t){ .fd = k->pidfd, .events = ZMQ_POLLIN };
+                                items[n] = (zmq_pollitem_t) { .fd = k->pidfd, .events = ZMQ_POLLIN };
                                 what[n].type = T_PIDFD;
                                 what[n++].obj = k;
                         }
@@ -1366,7 +1426,9 @@ int main(int argc, char **argv) {
                         if (!items[i].revents)
                                 continue;
                         switch (what[i].type) {
-                        case T_LISTEN: accept_clients(); break;
+                        case T_LISTEN:
+                                accept_clients();
+                                break;
                         case T_CLIENT: {
                                 client *cl = what[i].obj;
                                 if (cl->dead)
@@ -1379,8 +1441,9 @@ int main(int argc, char **argv) {
                         }
                         case T_SOCK: {
                                 kctx *k = what[i].obj;
-                                if (!k->dead && (what[i].sock == k->shell || what[i].sock == k->iopub ||
-                                                 what[i].sock == k->control))
+                                if (!k->dead &&
+                                    (what[i].sock == k->shell || what[i].sock == k->iopub ||
+                                     what[i].sock == k->control))
                                         kernel_readable(k, what[i].sock);
                                 break;
                         }

@@ -28,6 +28,8 @@ typedef struct hutch_template {
         size_t n_binds;
         int lock_fd;    /* host: its version's directory, flocked shared until template_free */
         bool rebuilt;   /* host: this resolve built a new version */
+        char *start_cmd; /* run in every sandbox created from it, or NULL (owner of the behaviour: interp) */
+        char *ready_cmd;  /* polled until it exits 0 before a create returns, or NULL */
 } hutch_template;
 
 /* Resolve a template by name ("base" is an alias of "host"), building the
