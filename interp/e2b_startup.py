@@ -93,11 +93,14 @@ def _hutch_setup():
 
         def save(self, fp, *a, **kw):
             r = orig(self, fp, *a, **kw)
-            try:
-                from IPython.display import display
-                display(self)
-            except Exception:
-                pass
+            # a save to a file shows the image (not one into a buffer:
+            # matplotlib and _repr_png_ save through here)
+            if isinstance(fp, (str, os.PathLike)):
+                try:
+                    from IPython.display import display
+                    display(self)
+                except Exception:
+                    pass
             return r
         save._hutch = True
         Image.Image.save = save

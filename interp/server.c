@@ -42,7 +42,12 @@
 #include "jmsg.h"
 
 #define MAX_BODY (16u << 20)
-#define KEEPALIVE_MS 5000
+/* E2B's server sends one after 5 s of silence. A client's close is seen
+ * only by a write (the daemon's proxy learns of it when it writes, and TCP
+ * answers the first write after a close with the RST the second meets), so
+ * a cell whose client gave up is interrupted about two keepalives later:
+ * every second, not every five. */
+#define KEEPALIVE_MS 1000
 #define KERNEL_START_MS 60000
 #define INTERRUPT_GRACE_MS 3000
 #define MAX_CLIENTS 256
