@@ -55,7 +55,8 @@ int jmsg_decode(const char *key, const jframe *frames, size_t n, jmsg *ret) {
         json_error_t je;
         json_t *hdr = json_loadb(f[1].data, f[1].len, JSON_REJECT_DUPLICATES, &je);
         json_t *par = json_loadb(f[2].data, f[2].len, 0, &je);
-        json_t *content = json_loadb(f[4].data, f[4].len, 0, &je);
+        /* a kernel may print NUL characters: kept, not a reason to drop the message */
+        json_t *content = json_loadb(f[4].data, f[4].len, JSON_ALLOW_NUL, &je);
         int r = 0;
         if (!json_is_object(hdr) || !json_is_object(par) || !json_is_object(content)) {
                 r = -EBADMSG;
