@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # E2B's `chart` result: what a matplotlib figure draws, as data
-# (docs/interpreter.md "Charts"). This project's own reading of the figure's
+# (docs/interpreter.md "The wire (port 49999)", charts). This project's own reading of the figure's
 # artists; every key of a chart kind is present, null when unknown.
 import datetime
 import re

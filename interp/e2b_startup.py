@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Run in every python context's kernel at start (hutch-interp passes it as
 # IPKernelApp.exec_files): the extra result formats @e2b/code-interpreter
-# reads (docs/interpreter.md "Results"). Nothing heavy is imported here:
+# reads (docs/interpreter.md "The wire (port 49999)", results). Nothing heavy is imported here:
 # the formatters are registered by type name, so pandas and matplotlib
 # load only when the cell uses them.
 def _hutch_setup():

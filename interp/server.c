@@ -55,7 +55,7 @@
 
 extern char **environ;
 
-/* Output bounds (docs/interpreter.md "Limits"): stream text per execution,
+/* Output bounds (docs/interpreter.md "Interrupts, dead kernels, limits"): stream text per execution,
  * and the size of one result; HUTCH_INTERP_OUTPUT_LIMIT overrides. */
 static size_t output_limit = 64u << 20;
 static const char *interp_dir = ".";
@@ -222,7 +222,7 @@ static void reply_json(client *cl, int status, json_t *j, bool keep) {
 }
 
 /* One NDJSON line as one HTTP chunk: the SDK decodes each read on its own,
- * so a line is never split by us (docs/interpreter.md "The stream"). */
+ * so a line is never split by us (docs/interpreter.md "The wire (port 49999)"). */
 static void chunk_line(client *cl, const char *line, size_t n) {
         char head[32];
         int k = snprintf(head, sizeof head, "%zx\r\n", n + 1);
