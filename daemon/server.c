@@ -708,6 +708,9 @@ int server_run(const server_config *cfg) {
                         int64_t n2 = envd_timers(srv, now);
                         if (n2 >= 0 && (next < 0 || n2 < next))
                                 next = n2;
+                        n2 = startcmd_timers(srv, now);
+                        if (n2 >= 0 && (next < 0 || n2 < next))
+                                next = n2;
                         bool dirty = false;
                         for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
                                 dirty |= sb->dirty;

@@ -367,9 +367,14 @@ int sealed_file_write(server *srv, int plain_fd, const char *final, const char *
 /* gvisor, paused to disk: the checkpoint stream, unsealed, to out_fd. */
 int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err);
 void sbx_pool_fill(server *srv);
-/* A template's start command, then its ready command until it exits 0
- * (daemon/startcmd.c); 0 at once for a template without them. */
-int sbx_start_commands(server *srv, sbx *sb, const char *template_name, hutch_error *err);
+/* Template start and ready commands (daemon/startcmd.c): answer a create
+ * whose template has a start command once its ready command exits 0 (the
+ * connection waits suspended); the ready command's exits, the retries and
+ * deadlines; at stop, every waiting create is answered 503. */
+enum MHD_Result sbx_start_answer(server *srv, request *req, sbx *sb);
+bool startcmd_on_exit(server *srv, sbx *sb, const hutch_exit *ex);
+int64_t startcmd_timers(server *srv, int64_t now);
+void startcmd_stop(server *srv);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);
 

@@ -136,81 +136,237 @@ static int copy_interp_files(server *srv, sbx *sb, const char *dir, int64_t dead
         return 0;
 }
 
-int sbx_start_commands(server *srv, sbx *sb, const char *template_name, hutch_error *err) {
-        if (!template_is_interp(template_name))
-                return 0;
-        hutch_template *t = NULL;
-        int r = template_resolve(srv->cfg.data_dir, template_name, &t, err);
-        if (r < 0)
-                return r;
-        int64_t t0 = wall_ms(), deadline = t0 + (int64_t) srv->cfg.ready_timeout_s * 1000;
-        char dir[PATH_MAX];
-        if (interp_host_dir(dir, sizeof dir) == 0 && !interp_dir_visible(dir) &&
-            (r = copy_interp_files(srv, sb, dir, deadline, err)) < 0)
-                goto out;
-        char **envp = start_env(srv, sb);
-        if (!envp) {
-                r = hutch_error_set(err, -ENOMEM, "out of memory");
-                goto out;
+/* ------------------------------------------------- the wait for ready */
+
+/* A create whose answer waits for its template's ready command: the
+ * connection is suspended, the ready command's exit comes as an event
+ * (startcmd_on_exit), and the answer is queued when the connection is
+ * resumed (http.c's deferred reply). */
+typedef struct ready_wait {
+        struct ready_wait *next;
+        request *req;
+        char sbx_id[HUTCH_ID_LEN + 1];
+        char template_name[64];
+        char *ready_cmd;
+        char **envp;
+        pid_t pid; /* the ready command running now, or 0 */
+        int last;  /* its last exit status, -1 none yet */
+        int64_t started_ms, deadline_ms, retry_ms;
+} ready_wait;
+
+static ready_wait *waits;
+
+static void wait_free(ready_wait *w) {
+        free(w->ready_cmd);
+        strv_free(w->envp);
+        free(w);
+}
+
+static void wait_unlink(ready_wait *w) {
+        for (ready_wait **pp = &waits; *pp; pp = &(*pp)->next)
+                if (*pp == w) {
+                        *pp = w->next;
+                        return;
+                }
+}
+
+static struct MHD_Response *json_response(json_t *body) {
+        char *s = json_dumps(body, JSON_COMPACT);
+        json_decref(body);
+        struct MHD_Response *resp = s
+                ? MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE)
+                : NULL;
+        if (!resp) {
+                free(s);
+                return NULL;
         }
-        /* the start command in the background: its output to a log in /tmp */
-        _cleanup_free_ char *start = NULL;
-        if (asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", t->start_cmd) < 0) {
-                strv_free(envp);
-                r = hutch_error_set(err, -ENOMEM, "out of memory");
-                goto out;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        return resp;
+}
+
+/* The answer, then the connection back to libmicrohttpd. */
+static void wait_finish(server *srv, ready_wait *w, unsigned status, const char *message) {
+        sbx *sb = sbx_find(srv, w->sbx_id);
+        struct MHD_Response *resp;
+        if (status == 201 && sb && !sb->dead) {
+                resp = json_response(sandbox_created_json(sb));
+                log_debug("sandbox %s: template %s ready after %lld ms", sb->id, w->template_name,
+                          (long long) (wall_ms() - w->started_ms));
+        } else {
+                if (status == 201)
+                        status = 500,
+                        message = "the sandbox ended while its template's ready command ran";
+                log_info("sandbox %s: %s", w->sbx_id, message);
+                if (sb && !sb->dead)
+                        sbx_kill(srv, sb, "create failed: not ready");
+                resp = json_response(
+                        json_pack("{s:i, s:s}", "code", (int) status, "message", message));
         }
-        const char *sargv[] = { "/bin/sh", "-c", start, NULL };
+        if (resp) {
+                w->req->deferred = resp;
+                w->req->deferred_status = status;
+                if (status == 201)
+                        sbx_create_queued(srv, w->req);
+        }
+        srv->resumes++;
+        MHD_resume_connection(w->req->conn);
+        wait_unlink(w);
+        wait_free(w);
+}
+
+static void wait_fail(server *srv, ready_wait *w, const char *why) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "template '%s': %s; see /tmp/.hutch-start.log in the sandbox",
+                 w->template_name, why);
+        wait_finish(srv, w, 504, msg);
+}
+
+static void ready_spawn(server *srv, sbx *sb, ready_wait *w) {
+        const char *argv[] = { "/bin/sh", "-c", w->ready_cmd, NULL };
         hutch_spawn_config sc = {
-                .argv = sargv,
-                .envp = (const char *const *) envp,
+                .argv = argv,
+                .envp = (const char *const *) w->envp,
                 .cwd = "/home/user",
                 .uid = 1000,
                 .gid = 1000,
                 .stdin_mode = HUTCH_STDIN_NULL,
-                .tag = "start_cmd",
         };
         hutch_process hp;
-        r = hutch_sandbox_spawn(sb->h, &sc, &hp, err);
+        hutch_error err = { 0 };
+        int r = hutch_sandbox_spawn(sb->h, &sc, &hp, &err);
         sbx_mark_dirty(sb);
         if (r < 0) {
-                strv_free(envp);
-                hutch_error_wrap(err, r, "the template's start command");
-                goto out;
+                char why[300];
+                snprintf(why, sizeof why, "its ready command could not be started: %s", err.msg);
+                wait_fail(srv, w, why);
+                return;
         }
         safe_close(hp.stdin_fd);
         safe_close(hp.stdout_fd);
         safe_close(hp.stderr_fd);
-        /* the ready command until it exits 0 */
-        int last = -1;
-        if (t->ready_cmd && *t->ready_cmd) {
-                const char *rargv[] = { "/bin/sh", "-c", t->ready_cmd, NULL };
-                for (;;) {
-                        hutch_error e2 = { 0 };
-                        last = run_wait(srv, sb, rargv, (const char *const *) envp, 1000, deadline,
-                                        &e2);
-                        if (last == 0)
-                                break;
-                        if (last == -ETIMEDOUT || wall_ms() + READY_RETRY_MS >= deadline) {
-                                strv_free(envp);
-                                r = hutch_error_set(
-                                        err, -ETIMEDOUT,
-                                        "template '%s': its ready command did not succeed within %llu s "
-                                        "(last: %s%d); see /tmp/.hutch-start.log in the sandbox",
-                                        template_name, (unsigned long long) srv->cfg.ready_timeout_s,
-                                        last == -ETIMEDOUT ? "still running, " : "exit status ",
-                                        last == -ETIMEDOUT ? 0 : last);
-                                goto out;
+        w->pid = hp.pid;
+}
+
+bool startcmd_on_exit(server *srv, sbx *sb, const hutch_exit *ex) {
+        for (ready_wait *w = waits; w; w = w->next) {
+                if (w->pid != ex->pid || !streq(w->sbx_id, sb->id))
+                        continue;
+                w->pid = 0;
+                w->last = ex->signal ? 128 + ex->signal : ex->exit_code;
+                if (w->last == 0)
+                        wait_finish(srv, w, 201, NULL);
+                else
+                        w->retry_ms = wall_ms() + READY_RETRY_MS;
+                return true;
+        }
+        return false;
+}
+
+int64_t startcmd_timers(server *srv, int64_t now) {
+        int64_t next = -1;
+        for (ready_wait *w = waits, *n; w; w = n) {
+                n = w->next;
+                sbx *sb = sbx_find(srv, w->sbx_id);
+                if (!sb || sb->dead) {
+                        wait_finish(srv, w, 500,
+                                    "the sandbox ended while its template's ready command ran");
+                        continue;
+                }
+                if (now >= w->deadline_ms) {
+                        char why[200];
+                        if (w->pid) {
+                                hutch_error e2 = { 0 };
+                                (void) hutch_sandbox_signal(sb->h, w->pid, SIGKILL, true, &e2);
                         }
-                        struct timespec ts = { 0, READY_RETRY_MS * 1000000L };
-                        nanosleep(&ts, NULL);
+                        snprintf(why, sizeof why,
+                                 "its ready command did not succeed within %llu s (%s %d)",
+                                 (unsigned long long) srv->cfg.ready_timeout_s,
+                                 w->pid ? "still running; last exit status" : "last exit status",
+                                 w->last);
+                        wait_fail(srv, w, why);
+                        continue;
+                }
+                if (!w->pid && now >= w->retry_ms)
+                        ready_spawn(srv, sb, w);
+                int64_t due = w->pid ? w->deadline_ms : MIN(w->retry_ms, w->deadline_ms);
+                if (next < 0 || due < next)
+                        next = due;
+        }
+        return next;
+}
+
+void startcmd_stop(server *srv) {
+        while (waits)
+                wait_finish(srv, waits, 503, "the daemon is stopping");
+}
+
+enum MHD_Result sbx_start_answer(server *srv, request *req, sbx *sb) {
+        hutch_template *t = NULL;
+        hutch_error err = { 0 };
+        int r = template_resolve(srv->cfg.data_dir, sb->template_id, &t, &err);
+        if (r >= 0 && !t->start_cmd) {
+                template_free(t);
+                enum MHD_Result mr = http_reply_json(req->conn, 201, sandbox_created_json(sb));
+                if (mr == MHD_YES)
+                        sbx_create_queued(srv, req);
+                return mr;
+        }
+        ready_wait *w = r >= 0 ? calloc(1, sizeof *w) : NULL;
+        if (r >= 0 && !w)
+                r = hutch_error_set(&err, -ENOMEM, "out of memory");
+        char dir[PATH_MAX];
+        int64_t now = wall_ms();
+        if (r >= 0) {
+                w->req = req;
+                w->last = -1;
+                w->started_ms = now;
+                w->deadline_ms = now + (int64_t) srv->cfg.ready_timeout_s * 1000;
+                memcpy(w->sbx_id, sb->id, sizeof w->sbx_id);
+                snprintf(w->template_name, sizeof w->template_name, "%s", sb->template_id);
+                w->envp = start_env(srv, sb);
+                w->ready_cmd = t->ready_cmd ? strdup(t->ready_cmd) : strdup("true");
+                if (!w->envp || !w->ready_cmd)
+                        r = hutch_error_set(&err, -ENOMEM, "out of memory");
+        }
+        /* the files (a build tree's), then the start command in the background */
+        if (r >= 0 && interp_host_dir(dir, sizeof dir) == 0 && !interp_dir_visible(dir))
+                r = copy_interp_files(srv, sb, dir, w->deadline_ms, &err);
+        _cleanup_free_ char *start = NULL;
+        if (r >= 0 &&
+            asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", t->start_cmd) < 0)
+                r = hutch_error_set(&err, -ENOMEM, "out of memory");
+        if (r >= 0) {
+                const char *sargv[] = { "/bin/sh", "-c", start, NULL };
+                hutch_spawn_config sc = {
+                        .argv = sargv,
+                        .envp = (const char *const *) w->envp,
+                        .cwd = "/home/user",
+                        .uid = 1000,
+                        .gid = 1000,
+                        .stdin_mode = HUTCH_STDIN_NULL,
+                        .tag = "start_cmd",
+                };
+                hutch_process hp;
+                r = hutch_sandbox_spawn(sb->h, &sc, &hp, &err);
+                sbx_mark_dirty(sb);
+                if (r >= 0) {
+                        safe_close(hp.stdin_fd);
+                        safe_close(hp.stdout_fd);
+                        safe_close(hp.stderr_fd);
                 }
         }
-        strv_free(envp);
-        log_debug("sandbox %s: template %s ready after %lld ms", sb->id, template_name,
-                  (long long) (wall_ms() - t0));
-        r = 0;
-out:
         template_free(t);
-        return r;
+        if (r < 0) {
+                if (w)
+                        wait_free(w);
+                log_error("sandbox %s: the template's start command: %s", sb->id, err.msg);
+                sbx_kill(srv, sb, "create failed: start command");
+                return http_reply_error(req->conn, 500, "template '%s': its start command failed: %s",
+                                        sb->template_id, err.msg);
+        }
+        w->next = waits;
+        waits = w;
+        MHD_suspend_connection(req->conn);
+        ready_spawn(srv, sb, w); /* may answer at once, when it cannot start */
+        return MHD_YES;
 }

@@ -515,7 +515,8 @@ static int kernel_spawn(kctx *c) {
         c->state = K_STARTING;
         c->started_ms = now_ms();
         c->last_kinfo_ms = 0;
-        if (!c->shell || !c->iopub || !c->control || c->pidfd < 0)
+        /* gVisor has no pidfd_open: then ctx_tick asks waitpid() */
+        if (!c->shell || !c->iopub || !c->control)
                 return -EIO;
         logf("context %s (%s): kernel pid %d\n", c->id, c->lang, pid);
         return 0;
@@ -798,10 +799,21 @@ static int recv_frames(void *sock, zmq_msg_t *msgs, size_t *n) {
         }
 }
 
+/* The default javascript context is made once the python one is up: the
+ * two kernels starting together slowed python's start, which a create
+ * waits for (/health), by about half. */
+static bool js_default_pending;
+
 static void on_iopub(kctx *c, const jmsg *m) {
         if (c->state == K_STARTING) {
                 c->state = K_READY;
                 c->deaths = 0;
+                if (js_default_pending && c->is_default && strcmp(c->lang, "python") == 0) {
+                        js_default_pending = false;
+                        if (!ctx_default("javascript") && !ctx_default_new("javascript"))
+                                fprintf(stderr,
+                                        "hutch-interp: the javascript kernel did not start\n");
+                }
                 logf("context %s (%s): ready after %lld ms\n", c->id, c->lang,
                      (long long) (now_ms() - c->started_ms));
                 ctx_pump(c);
@@ -926,6 +938,18 @@ static void kernel_died(kctx *c) {
 }
 
 static void ctx_tick(kctx *c, int64_t now) {
+        if (c->pidfd < 0 && c->pid > 0) {
+                kernel_died(c); /* a no-op while it runs */
+                if (c->dead)
+                        return;
+        }
+        if (js_default_pending && c->is_default && strcmp(c->lang, "python") == 0 &&
+            c->state != K_STARTING) {
+                js_default_pending = false; /* python failed: javascript all the same */
+                if (!ctx_default("javascript"))
+                        (void) ctx_default_new("javascript");
+                return; /* the context list changed under the caller */
+        }
         if (c->state == K_STARTING) {
                 if (now - c->started_ms > KERNEL_START_MS) {
                         kernel_kill(c);
@@ -1381,8 +1405,7 @@ int main(int argc, char **argv) {
                 /* as E2B's server: python and javascript from the start */
                 if (!ctx_default_new("python"))
                         fprintf(stderr, "hutch-interp: the python kernel did not start\n");
-                if (!ctx_default_new("javascript"))
-                        fprintf(stderr, "hutch-interp: the javascript kernel did not start\n");
+                js_default_pending = true;
         }
         logf("listening on %s:%d\n", addr, port);
 
