@@ -77,7 +77,7 @@ build: deps
 	$(call compile,build)
 
 GVISOR_E2B_FILES ?= commands.test.mjs files.test.mjs pty.test.mjs watch.test.mjs egress.test.mjs \
-	upstream-commands.test.mjs upstream-files.test.mjs lifecycle.test.mjs
+	upstream-commands.test.mjs upstream-files.test.mjs lifecycle.test.mjs ingress.test.mjs
 
 test: deps-test
 	$(call configure,build-test,--buildtype=debugoptimized $(TEST_OPTS))
@@ -106,6 +106,7 @@ bench: deps-test build
 	BENCH_N=$(BENCH_N) HUTCH_BUILD_DIR=build bench/run.sh
 	HUTCH_BUILD_DIR=build bench/sdk.sh | tee build/bench-sdk.md
 	HUTCH_BUILD_DIR=build $(PYTHON) bench/egress.py | tee build/bench-egress.md
+	HUTCH_BUILD_DIR=build $(PYTHON) bench/ingress.py | tee build/bench-ingress.md
 	HUTCH_BUILD_DIR=build bench/snapshots.sh | tee build/bench-snapshots.md
 	HUTCH_BUILD_DIR=build bench/backends.sh | tee build/bench-backends.md
 

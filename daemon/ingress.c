@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -42,11 +43,13 @@
 #include "daemon/ingress_http.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
+#include "sandbox/initproto.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
 
-#define BUF_CAP (256 * 1024) /* per direction */
+#define BUF_CAP (256 * 1024)                   /* per direction */
+#define GVISOR_INIT_PATH INITPROTO_GVISOR_INIT /* hutch-init inside a gvisor sandbox */
 
 enum {
         ST_CONNECTING = 1,
@@ -69,15 +72,17 @@ struct ingress_conn {
         request *req; /* NULL once MHD freed the request */
         struct MHD_Connection *conn;
         int state;
-        watcher uw;   /* upstream socket */
-        watcher cw;   /* the client's socket, once upgraded */
+        watcher uw; /* upstream socket (gvisor: the connector's stdout, read) */
+        watcher ww; /* gvisor: the connector's stdin, written; fd -1 on ns (uw both ways) */
+        int parked_wfd;
+        watcher cw; /* the client's socket, once upgraded */
         bool suspended;
         bool req_chunked, req_done, head_request;
         bool up_eof, up_wr_dead, body_done, body_error;
         bool resp_alive; /* the MHD response (its reader) holds us */
         bool cut;
-        bool closed;  /* fds closed, off the live list */
-        bool c_eof;   /* upgraded: the client's side ended */
+        bool closed; /* fds closed, off the live list */
+        bool c_eof;  /* upgraded: the client's side ended */
         bool c_shut, u_shut;
         int fail_kind; /* ST_FAILED: 0 closed port, 1 bad response, 2 gone */
         ibuf out;      /* to the upstream */
@@ -87,6 +92,11 @@ struct ingress_conn {
         uint64_t body_left;
         struct MHD_UpgradeResponseHandle *urh;
         int parked_fd; /* the upstream between the 101 and the upgrade handler */
+        bool reused;   /* the upstream came from the idle pool */
+        bool leftover; /* the upstream sent bytes after its response: never reused */
+        bool up_close; /* the response says the upstream closes (or HTTP/1.0) */
+        ibuf replay;   /* a reused upstream's request so far, resent once if it was gone */
+        bool replay_on;
         ingress_conn *next, *prev;
         ingress_conn *next_zombie;
 };
@@ -94,6 +104,98 @@ struct ingress_conn {
 static ingress_conn *live;
 static ingress_conn *zombies;
 static int self_netns = -1;
+
+/* Idle upstream connections, kept after a cleanly framed response so that
+ * the next request to the same port of the same sandbox skips the connect
+ * (and the server's accept). Any byte or hang-up while idle closes one: a
+ * server that writes unasked would otherwise answer the next request. */
+#define POOL_PER_PORT 8
+typedef struct idle_up {
+        watcher w; /* the read end (the socket on ns) */
+        int wfd;   /* gvisor: the connector's stdin; -1 on ns */
+        char sbx_id[HUTCH_ID_LEN + 1];
+        unsigned port;
+        struct idle_up *next, *prev;
+} idle_up;
+static idle_up *idle;
+
+static void idle_drop(server *srv, idle_up *u) {
+        int fd = u->w.fd;
+        loop_del(srv, &u->w);
+        safe_close(fd);
+        safe_close(u->wfd);
+        if (u->prev)
+                u->prev->next = u->next;
+        else
+                idle = u->next;
+        if (u->next)
+                u->next->prev = u->prev;
+        /* a readable event of it may still be in this batch */
+        u->w.cb = NULL;
+        u->next = u->prev = NULL;
+        free(u); /* the loop never sees u again: its fd left the epoll set */
+}
+
+static void on_idle(server *srv, watcher *w, uint32_t revents) {
+        idle_drop(srv, w->data);
+}
+
+static void pool_put(server *srv, const char *sbx_id, unsigned port, int fd, int wfd) {
+        unsigned n = 0;
+        for (idle_up *u = idle; u; u = u->next)
+                n += u->port == port && streq(u->sbx_id, sbx_id);
+        idle_up *u = n < POOL_PER_PORT ? calloc(1, sizeof *u) : NULL;
+        if (!u) {
+                close(fd);
+                safe_close(wfd);
+                return;
+        }
+        u->wfd = wfd;
+        memcpy(u->sbx_id, sbx_id, sizeof u->sbx_id);
+        u->port = port;
+        u->w.cb = on_idle;
+        u->w.data = u;
+        if (loop_add(srv, &u->w, fd, EPOLLIN | EPOLLRDHUP) < 0) {
+                close(fd);
+                safe_close(wfd);
+                free(u);
+                return;
+        }
+        u->next = idle;
+        if (idle)
+                idle->prev = u;
+        idle = u;
+}
+
+static int pool_take(server *srv, const char *sbx_id, unsigned port, int *ret_wfd) {
+        *ret_wfd = -1;
+        for (idle_up *u = idle; u; u = u->next) {
+                if (u->port != port || !streq(u->sbx_id, sbx_id))
+                        continue;
+                int fd = u->w.fd, wfd = u->wfd;
+                loop_del(srv, &u->w);
+                u->w.fd = u->wfd = -1;
+                idle_drop(srv, u);
+                /* still open, and quiet (a socket or a pipe alike) */
+                struct pollfd pf = { .fd = fd, .events = POLLIN | POLLRDHUP };
+                if (poll(&pf, 1, 0) == 0) {
+                        *ret_wfd = wfd;
+                        return fd;
+                }
+                close(fd); /* closed, or bytes nobody asked for */
+                safe_close(wfd);
+                return -1;
+        }
+        return -1;
+}
+
+static void pool_cut(server *srv, const char *sbx_id) {
+        for (idle_up *u = idle, *next; u; u = next) {
+                next = u->next;
+                if (!sbx_id || streq(u->sbx_id, sbx_id))
+                        idle_drop(srv, u);
+        }
+}
 
 /* ------------------------------------------------------------- buffers */
 
@@ -147,6 +249,18 @@ static int ib_printf(ibuf *b, const char *fmt, ...) {
 
 /* ------------------------------------------------------------ lifecycle */
 
+#define REPLAY_MAX (128 * 1024)
+
+static void replay_add(ingress_conn *ic, const void *p, size_t n) {
+        if (!ic->replay_on)
+                return;
+        if (ic->replay.len + n > REPLAY_MAX || ib_append(&ic->replay, p, n) < 0) {
+                ic->replay_on = false;
+                free(ic->replay.p);
+                ic->replay = (ibuf) { 0 };
+        }
+}
+
 static void ic_suspend(ingress_conn *ic) {
         if (!ic->suspended && ic->conn) {
                 ic->suspended = true;
@@ -162,14 +276,22 @@ static void ic_resume(ingress_conn *ic) {
         }
 }
 
+static void up_close_fds(ingress_conn *ic) {
+        watcher *ws[2] = { &ic->uw, &ic->ww };
+        for (int i = 0; i < 2; i++)
+                if (ws[i]->fd >= 0) {
+                        int fd = ws[i]->fd;
+                        loop_del(ic->srv, ws[i]);
+                        close(fd);
+                }
+}
+
 static void ic_close_fds(ingress_conn *ic) {
-        if (ic->uw.fd >= 0) {
-                int fd = ic->uw.fd;
-                loop_del(ic->srv, &ic->uw);
-                close(fd);
-        }
+        up_close_fds(ic);
         ic->uw.cb = NULL;
+        ic->ww.cb = NULL;
         ic->parked_fd = safe_close(ic->parked_fd);
+        ic->parked_wfd = safe_close(ic->parked_wfd);
         if (ic->cw.fd >= 0)
                 loop_del(ic->srv, &ic->cw); /* MHD's socket: MHD closes it */
         ic->cw.cb = NULL;
@@ -213,11 +335,18 @@ void ingress_reap(server *srv) {
                 free(ic->out.p);
                 free(ic->in.p);
                 free(ic->head);
+                free(ic->replay.p);
                 free(ic);
         }
 }
 
+static void up_finish(ingress_conn *ic);
+
 void ingress_request_gone(ingress_conn *ic) {
+        /* MHD stops calling the reader once a known length is sent: the
+         * upstream's response may be complete without an END_OF_STREAM */
+        if (ic->state == ST_RESPONDING && ic->body_done && ib_pending(&ic->in) == 0 && !ic->closed)
+                up_finish(ic);
         ic->req = NULL;
         ic->conn = NULL;
         ic->suspended = false;
@@ -228,6 +357,7 @@ void ingress_request_gone(ingress_conn *ic) {
 }
 
 void ingress_sbx_cut(server *srv, sbx *sb) {
+        pool_cut(srv, sb->id);
         for (ingress_conn *ic = live, *next; ic; ic = next) {
                 next = ic->next;
                 if (!streq(ic->sbx_id, sb->id))
@@ -239,6 +369,7 @@ void ingress_sbx_cut(server *srv, sbx *sb) {
 }
 
 void ingress_stop(server *srv) {
+        pool_cut(srv, NULL);
         for (ingress_conn *ic = live, *next; ic; ic = next) {
                 next = ic->next;
                 ic->cut = true;
@@ -267,8 +398,8 @@ static enum MHD_Result reply_closed_port(struct MHD_Connection *c, const char *i
         }
         return http_reply_json(c, 502,
                                json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", id, "message",
-                                         "The sandbox is running but port is not open", "port", (int) port, "code",
-                                         502));
+                                         "The sandbox is running but port is not open", "port",
+                                         (int) port, "code", 502));
 }
 
 static enum MHD_Result reply_failed(ingress_conn *ic) {
@@ -276,10 +407,11 @@ static enum MHD_Result reply_failed(ingress_conn *ic) {
         if (ic->fail_kind == 2)
                 return http_reply_502(c, ic->sbx_id);
         if (ic->fail_kind == 1)
-                return http_reply_json(c, 502,
-                                       json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", ic->sbx_id, "message",
-                                                 "The sandbox's server on this port sent no valid HTTP response",
-                                                 "port", (int) ic->port, "code", 502));
+                return http_reply_json(
+                        c, 502,
+                        json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", ic->sbx_id, "message",
+                                  "The sandbox's server on this port sent no valid HTTP response",
+                                  "port", (int) ic->port, "code", 502));
         return reply_closed_port(c, ic->sbx_id, ic->port);
 }
 
@@ -293,11 +425,7 @@ static void ic_fail(ingress_conn *ic, int kind) {
         }
         ic->state = ST_FAILED;
         ic->fail_kind = kind;
-        if (ic->uw.fd >= 0) {
-                int fd = ic->uw.fd;
-                loop_del(ic->srv, &ic->uw);
-                close(fd);
-        }
+        up_close_fds(ic);
         ic->out.off = ic->out.len = 0;
         ic_resume(ic);
 }
@@ -305,10 +433,29 @@ static void ic_fail(ingress_conn *ic, int kind) {
 /* ------------------------------------------------------------- upstream */
 
 static void up_update(ingress_conn *ic);
+static bool up_retry(ingress_conn *ic);
+
+static bool up_split(const ingress_conn *ic) {
+        return ic->ww.fd >= 0;
+}
 
 static void up_events(ingress_conn *ic, uint32_t ev) {
+        if (up_split(ic)) {
+                (void) loop_mod(ic->srv, &ic->ww, ev & EPOLLOUT);
+                ev &= ~(uint32_t) EPOLLOUT;
+        }
         if (ic->uw.fd >= 0)
                 (void) loop_mod(ic->srv, &ic->uw, ev);
+}
+
+static ssize_t up_send(ingress_conn *ic, const void *p, size_t n) {
+        if (up_split(ic))
+                return write(ic->ww.fd, p, n);
+        if (ic->uw.fd < 0) {
+                errno = EPIPE;
+                return -1;
+        }
+        return send(ic->uw.fd, p, n, MSG_NOSIGNAL);
 }
 
 /* Decode what was just read at in.p[in.len .. in.len + n) into the body. */
@@ -317,10 +464,14 @@ static int body_take(ingress_conn *ic, size_t n) {
         switch (ic->head->body) {
         case INGRESS_BODY_NONE:
                 ic->body_done = true;
+                if (n > 0)
+                        ic->leftover = true;
                 return 0; /* anything after a bodiless response is dropped */
         case INGRESS_BODY_LENGTH:
-                if (n > ic->body_left)
+                if (n > ic->body_left) {
                         n = (size_t) ic->body_left;
+                        ic->leftover = true;
+                }
                 ic->body_left -= n;
                 ic->in.len += n;
                 if (ic->body_left == 0)
@@ -332,8 +483,11 @@ static int body_take(ingress_conn *ic, size_t n) {
                 if (d < 0)
                         return (int) d;
                 ic->in.len += (size_t) d;
-                if (ic->ck.done)
+                if (ic->ck.done) {
                         ic->body_done = true;
+                        if (used < n)
+                                ic->leftover = true;
+                }
                 return 0;
         }
         default:
@@ -377,8 +531,9 @@ static int up_read_head(ingress_conn *ic) {
                         return -ECONNRESET;
                 ic->in.len += (size_t) n;
                 for (;;) {
-                        int r = ingress_resp_head_parse(ic->in.p + ic->in.off, ic->in.len - ic->in.off,
-                                                        ic->head_request, ic->head);
+                        int r = ingress_resp_head_parse(ic->in.p + ic->in.off,
+                                                        ic->in.len - ic->in.off, ic->head_request,
+                                                        ic->head);
                         if (r < 0)
                                 return r;
                         if (r == 0)
@@ -392,7 +547,8 @@ static int up_read_head(ingress_conn *ic) {
                                 memmove(ic->in.p, ic->in.p + ic->in.off, ic->in.len - ic->in.off);
                                 ic->in.len -= ic->in.off;
                                 ic->in.off = 0;
-                                r = ingress_resp_head_parse(ic->in.p, ic->in.len, ic->head_request, ic->head);
+                                r = ingress_resp_head_parse(ic->in.p, ic->in.len, ic->head_request,
+                                                            ic->head);
                                 if (r <= 0)
                                         return -EBADMSG;
                         }
@@ -448,7 +604,7 @@ static int up_read_body(ingress_conn *ic) {
 
 static int up_write(ingress_conn *ic) {
         while (ib_pending(&ic->out) > 0) {
-                ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out), MSG_NOSIGNAL);
+                ssize_t n = up_send(ic, ic->out.p + ic->out.off, ib_pending(&ic->out));
                 if (n < 0) {
                         if (errno == EAGAIN || errno == EINTR)
                                 return 0;
@@ -467,6 +623,18 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
         ingress_conn *ic = w->data;
         if (ic->closed)
                 return;
+        if (w == &ic->ww && (revents & (EPOLLERR | EPOLLHUP))) {
+                /* the connector stopped reading: what is left of the request is dropped */
+                int fd = ic->ww.fd;
+                loop_del(srv, &ic->ww);
+                close(fd);
+                ic->up_wr_dead = true;
+                ic->u_shut = true;
+                ic->out.off = ic->out.len = 0;
+                if (ic->state == ST_UPGRADED)
+                        ic->c_eof = true;
+                return;
+        }
         if (ic->state == ST_UPGRADED) {
                 upgraded_pump(ic);
                 return;
@@ -498,7 +666,12 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
         if (ic->state == ST_SENDING && (revents & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
                 int r = up_read_head(ic);
                 if (r < 0) {
-                        ic_fail(ic, r == -ECONNRESET || r == -ECONNREFUSED ? 0 : 1);
+                        /* closed before a byte: nothing serves the port
+                         * (really: the listener went away); else a bad answer */
+                        bool silent = (r == -ECONNRESET || r == -ECONNREFUSED) && ic->in.len == 0;
+                        if (silent && up_retry(ic))
+                                return;
+                        ic_fail(ic, silent ? 0 : 1);
                         return;
                 }
                 if (r == 1)
@@ -522,7 +695,8 @@ static void up_update(ingress_conn *ic) {
                 ev |= EPOLLOUT;
         if (ic->state == ST_SENDING)
                 ev |= EPOLLIN;
-        if (ic->state == ST_RESPONDING && !ic->body_done && !ic->up_eof && ib_pending(&ic->in) < BUF_CAP)
+        if (ic->state == ST_RESPONDING && !ic->body_done && !ic->up_eof &&
+            ib_pending(&ic->in) < BUF_CAP)
                 ev |= EPOLLIN;
         up_events(ic, ev);
 }
@@ -530,8 +704,6 @@ static void up_update(ingress_conn *ic) {
 /* The upstream socket, made in the sandbox's netns: the sandbox gains no
  * route, the daemon gets a socket whose loopback is the sandbox's. */
 static int up_socket(sbx *sb, int *ret_fd) {
-        if (hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR)
-                return -EOPNOTSUPP;
         if (self_netns < 0) {
                 self_netns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
                 if (self_netns < 0)
@@ -558,6 +730,41 @@ static int up_socket(sbx *sb, int *ret_fd) {
         return 0;
 }
 
+/* gvisor: the sandbox's loopback is inside the sentry. A connector
+ * (hutch-init --ingress-connect PORT, init/connect.c) spawned in the
+ * sandbox joins its stdin and stdout, which the relay carries as mux
+ * streams, to 127.0.0.1:PORT there. Returns the read and write ends. */
+static int up_connector(server *srv, sbx *sb, unsigned port, int *ret_rfd, int *ret_wfd) {
+        char ps[8];
+        snprintf(ps, sizeof ps, "%u", port);
+        const char *argv[] = { GVISOR_INIT_PATH, "--ingress-connect", ps, NULL };
+        const char *envp[] = { "PATH=/usr/bin:/bin", NULL };
+        hutch_spawn_config cfg = {
+                .argv = argv, .envp = envp, .cwd = "/", .uid = 0, .gid = 0, .stdin_mode = HUTCH_STDIN_PIPE
+        };
+        hutch_process pr = { .stdin_fd = -1, .stdout_fd = -1, .stderr_fd = -1 };
+        hutch_error err = { 0 };
+        int r = hutch_sandbox_spawn(sb->h, &cfg, &pr, &err);
+        sbx_mark_dirty(sb); /* events may have come with the reply */
+        if (r < 0) {
+                log_warning("sandbox %s: ingress connector: %s", sb->id, err.msg);
+                return r;
+        }
+        safe_close(pr.stderr_fd);
+        int fds[2] = { pr.stdout_fd, pr.stdin_fd };
+        for (int i = 0; i < 2; i++) {
+                int fl = fcntl(fds[i], F_GETFL);
+                if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) < 0) {
+                        safe_close(pr.stdout_fd);
+                        safe_close(pr.stdin_fd);
+                        return -errno;
+                }
+        }
+        *ret_rfd = pr.stdout_fd;
+        *ret_wfd = pr.stdin_fd;
+        return 0;
+}
+
 /* ------------------------------------------------------------- upgrade */
 
 static void upgraded_finish_if_done(ingress_conn *ic) {
@@ -581,7 +788,7 @@ static void upgraded_pump(ingress_conn *ic) {
                                 goto broken;
                 }
                 if (ib_pending(&ic->out) > 0) {
-                        ssize_t n = send(ic->uw.fd, ic->out.p + ic->out.off, ib_pending(&ic->out), MSG_NOSIGNAL);
+                        ssize_t n = up_send(ic, ic->out.p + ic->out.off, ib_pending(&ic->out));
                         if (n > 0) {
                                 ic->out.off += (size_t) n;
                                 if (ic->out.off == ic->out.len)
@@ -595,12 +802,17 @@ static void upgraded_pump(ingress_conn *ic) {
         }
         if (ic->c_eof && ib_pending(&ic->out) == 0 && !ic->u_shut) {
                 ic->u_shut = true;
-                (void) shutdown(ic->uw.fd, SHUT_WR);
+                if (up_split(ic)) {
+                        int fd = ic->ww.fd;
+                        loop_del(ic->srv, &ic->ww);
+                        close(fd);
+                } else
+                        (void) shutdown(ic->uw.fd, SHUT_WR);
         }
         /* upstream → client */
         for (;;) {
                 if (!ic->up_eof && ib_pending(&ic->in) < BUF_CAP) {
-                        ssize_t n = recv(ic->uw.fd, buf, sizeof buf, 0);
+                        ssize_t n = read(ic->uw.fd, buf, sizeof buf);
                         if (n > 0) {
                                 if (ib_append(&ic->in, buf, (size_t) n) < 0)
                                         goto broken;
@@ -610,7 +822,8 @@ static void upgraded_pump(ingress_conn *ic) {
                                 goto broken;
                 }
                 if (ib_pending(&ic->in) > 0) {
-                        ssize_t n = send(ic->cw.fd, ic->in.p + ic->in.off, ib_pending(&ic->in), MSG_NOSIGNAL);
+                        ssize_t n = send(ic->cw.fd, ic->in.p + ic->in.off, ib_pending(&ic->in),
+                                         MSG_NOSIGNAL);
                         if (n > 0) {
                                 ic->in.off += (size_t) n;
                                 if (ic->in.off == ic->in.len)
@@ -638,7 +851,7 @@ static void upgraded_pump(ingress_conn *ic) {
                 ce |= EPOLLIN;
         if (ib_pending(&ic->in) > 0)
                 ce |= EPOLLOUT;
-        (void) loop_mod(ic->srv, &ic->uw, ue);
+        up_events(ic, ue);
         (void) loop_mod(ic->srv, &ic->cw, ce);
         return;
 broken:
@@ -651,8 +864,9 @@ static void on_client(server *srv, watcher *w, uint32_t revents) {
                 upgraded_pump(ic);
 }
 
-static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_cls, const char *extra_in,
-                       size_t extra_in_size, MHD_socket sock, struct MHD_UpgradeResponseHandle *urh) {
+static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_cls,
+                       const char *extra_in, size_t extra_in_size, MHD_socket sock,
+                       struct MHD_UpgradeResponseHandle *urh) {
         ingress_conn *ic = cls;
         ic->urh = urh;
         if (ic->closed || ic->cut) {
@@ -676,11 +890,18 @@ static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_c
                 ic_close(ic);
                 return;
         }
-        int ufd = ic->parked_fd;
-        ic->parked_fd = -1;
-        if (loop_add(ic->srv, &ic->uw, ufd, EPOLLIN | EPOLLOUT) < 0) {
+        int ufd = ic->parked_fd, wfd = ic->parked_wfd;
+        ic->parked_fd = ic->parked_wfd = -1;
+        if (loop_add(ic->srv, &ic->uw, ufd, wfd >= 0 ? EPOLLIN : EPOLLIN | EPOLLOUT) < 0) {
                 ic->uw.fd = -1;
                 close(ufd);
+                safe_close(wfd);
+                ic_close(ic);
+                return;
+        }
+        if (wfd >= 0 && loop_add(ic->srv, &ic->ww, wfd, EPOLLOUT) < 0) {
+                ic->ww.fd = -1;
+                close(wfd);
                 ic_close(ic);
                 return;
         }
@@ -688,6 +909,26 @@ static void on_upgrade(void *cls, struct MHD_Connection *connection, void *con_c
 }
 
 /* ------------------------------------------------------------- responses */
+
+/* The response is complete: the upstream goes back to the pool when both
+ * messages were framed and nothing is left over, else it is closed. */
+static void up_finish(ingress_conn *ic) {
+        if (ic->uw.fd < 0)
+                return;
+        int fd = ic->uw.fd, wfd = ic->ww.fd;
+        loop_del(ic->srv, &ic->uw);
+        loop_del(ic->srv, &ic->ww);
+        const ingress_resp_head *h = ic->head;
+        bool ok = !ic->up_close && !ic->leftover && !ic->up_eof && !ic->up_wr_dead &&
+                ic->req_done && ib_pending(&ic->out) == 0 && h->body != INGRESS_BODY_CLOSE &&
+                ic->body_done && !ic->cut;
+        if (ok)
+                pool_put(ic->srv, ic->sbx_id, ic->port, fd, wfd);
+        else {
+                close(fd);
+                safe_close(wfd);
+        }
+}
 
 static ssize_t resp_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         ingress_conn *ic = cls;
@@ -705,11 +946,7 @@ static ssize_t resp_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                 return (ssize_t) n;
         }
         if (ic->body_done) {
-                if (ic->uw.fd >= 0) {
-                        int fd = ic->uw.fd;
-                        loop_del(ic->srv, &ic->uw);
-                        close(fd);
-                }
+                up_finish(ic);
                 return MHD_CONTENT_READER_END_OF_STREAM;
         }
         if (ic->closed || ic->uw.fd < 0)
@@ -733,7 +970,8 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
                 resp = MHD_create_response_for_upgrade(on_upgrade, ic);
         } else if (h->body == INGRESS_BODY_NONE) {
                 if (ic->head_request && h->status != 304 && h->status != 204)
-                        resp = MHD_create_response_from_callback(h->content_length, 4096, resp_reader, ic, resp_free);
+                        resp = MHD_create_response_from_callback(h->content_length, 4096,
+                                                                 resp_reader, ic, resp_free);
                 else
                         resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
         } else {
@@ -742,15 +980,17 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
         }
         if (!resp)
                 return MHD_NO;
-        bool with_reader = !upgrade && (h->body != INGRESS_BODY_NONE ||
-                                        (ic->head_request && h->status != 304 && h->status != 204));
+        bool with_reader = !upgrade &&
+                (h->body != INGRESS_BODY_NONE ||
+                 (ic->head_request && h->status != 304 && h->status != 204));
         char name[256], value[8192];
         for (size_t i = 0; i < h->n_fields; i++) {
                 const ingress_field *f = &h->fields[i];
                 if (f->name_len >= sizeof name || f->value_len >= sizeof value)
                         continue;
                 bool is_upgrade_field = f->name_len == 7 && strncasecmp(f->name, "Upgrade", 7) == 0;
-                if (!(upgrade && is_upgrade_field) && ingress_resp_field_is_hop(h, f->name, f->name_len))
+                if (!(upgrade && is_upgrade_field) &&
+                    ingress_resp_field_is_hop(h, f->name, f->name_len))
                         continue;
                 memcpy(name, f->name, f->name_len);
                 name[f->name_len] = 0;
@@ -769,6 +1009,16 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
                 ic_close(ic);
                 return mr;
         }
+        ic->up_close = h->minor == 0;
+        for (size_t i = 0; i < h->n_fields; i++) {
+                const ingress_field *f = &h->fields[i];
+                if (f->name_len == 10 && strncasecmp(f->name, "Connection", 10) == 0) {
+                        if (ingress_list_has(f->value, f->value_len, "close"))
+                                ic->up_close = true;
+                        else if (ingress_list_has(f->value, f->value_len, "keep-alive"))
+                                ic->up_close = false;
+                }
+        }
         /* everything in `in` from here is body; the head was copied */
         int r = body_start(ic);
         enum MHD_Result mr = MHD_queue_response(ic->conn, h->status, resp);
@@ -785,9 +1035,15 @@ static enum MHD_Result queue_response(ingress_conn *ic) {
                  * (a hang-up meanwhile would be reported again and again) */
                 ic->parked_fd = ic->uw.fd;
                 loop_del(ic->srv, &ic->uw);
+                if (up_split(ic)) {
+                        ic->parked_wfd = ic->ww.fd;
+                        loop_del(ic->srv, &ic->ww);
+                }
         } else if (!with_reader) {
                 ic->state = ST_RESPONDING;
-                ic_close(ic); /* a bodiless answer: the upstream is done */
+                ic->body_done = true;
+                up_finish(ic); /* a bodiless answer: the upstream is done */
+                ic_close(ic);
         } else {
                 ic->state = ST_RESPONDING;
                 if (r < 0)
@@ -808,8 +1064,19 @@ typedef struct head_ctx {
 
 static bool req_field_dropped(const head_ctx *hc, const char *key) {
         static const char *const drop[] = {
-                "Host", "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "TE", "Trailer",
-                "Transfer-Encoding", "Upgrade", "Content-Length", "Expect", "E2b-Sandbox-Id", "E2b-Sandbox-Port",
+                "Host",
+                "Connection",
+                "Keep-Alive",
+                "Proxy-Connection",
+                "Proxy-Authorization",
+                "TE",
+                "Trailer",
+                "Transfer-Encoding",
+                "Upgrade",
+                "Content-Length",
+                "Expect",
+                "E2b-Sandbox-Id",
+                "E2b-Sandbox-Port",
                 "E2b-Traffic-Access-Token",
         };
         for (size_t i = 0; i < ELEMENTSOF(drop); i++)
@@ -818,13 +1085,14 @@ static bool req_field_dropped(const head_ctx *hc, const char *key) {
         return hc->conn_value && ingress_list_has(hc->conn_value, strlen(hc->conn_value), key);
 }
 
-static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
-                                  const char *value, size_t value_size) {
+static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  size_t key_size, const char *value, size_t value_size) {
         head_ctx *hc = cls;
         if (req_field_dropped(hc, key))
                 return MHD_YES;
         if (ib_append(hc->b, key, key_size) < 0 || ib_append(hc->b, ": ", 2) < 0 ||
-            ib_append(hc->b, value ? value : "", value ? value_size : 0) < 0 || ib_append(hc->b, "\r\n", 2) < 0) {
+            ib_append(hc->b, value ? value : "", value ? value_size : 0) < 0 ||
+            ib_append(hc->b, "\r\n", 2) < 0) {
                 hc->err = -ENOMEM;
                 return MHD_NO;
         }
@@ -833,7 +1101,7 @@ static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char
 
 static bool is_tchar(unsigned char c) {
         return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-               strchr("!#$%&'*+-.^_`|~", c) != NULL;
+                strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
 typedef struct check_ctx {
@@ -844,8 +1112,8 @@ typedef struct check_ctx {
 /* Every field a name of tchars and a value without CR, LF or other control
  * bytes (they would end a line in the head the daemon writes); at most one
  * Content-Length. */
-static enum MHD_Result check_field(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
-                                   const char *value, size_t value_size) {
+static enum MHD_Result check_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   size_t key_size, const char *value, size_t value_size) {
         check_ctx *cc = cls;
         if (key_size == 0) {
                 cc->why = "an empty header name";
@@ -875,7 +1143,8 @@ static void traffic_token(server *srv, const char *id, char out[65]) {
         int n = snprintf(msg, sizeof msg, "traffic-token:%s", id);
         uint8_t mac[32];
         unsigned maclen = sizeof mac;
-        HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac, &maclen);
+        HMAC(EVP_sha256(), srv->master, sizeof srv->master, (const uint8_t *) msg, (size_t) n, mac,
+             &maclen);
         static const char hexd[] = "0123456789abcdef";
         for (int i = 0; i < 20; i++) {
                 out[2 * i] = hexd[mac[i] >> 4];
@@ -909,7 +1178,8 @@ json_t *ingress_domain_json(server *srv) {
 void ingress_network_json(sbx *sb, json_t *network) {
         json_object_set_new(network, "allowPublicTraffic", json_boolean(ingress_public(sb)));
         json_t *m = json_object_get(sbx_network_create(sb), "maskRequestHost");
-        json_object_set_new(network, "maskRequestHost", json_is_string(m) ? json_incref(m) : json_null());
+        json_object_set_new(network, "maskRequestHost",
+                            json_is_string(m) ? json_incref(m) : json_null());
 }
 
 int ingress_create_check(json_t *body, char *why, size_t wl) {
@@ -927,12 +1197,15 @@ int ingress_create_check(json_t *body, char *why, size_t wl) {
         if (m && !json_is_null(m)) {
                 const char *s = json_string_value(m);
                 if (!s || !*s || strlen(s) > 253) {
-                        snprintf(why, wl, "network.maskRequestHost must be a host name (at most 253 bytes)");
+                        snprintf(why, wl,
+                                 "network.maskRequestHost must be a host name (at most 253 bytes)");
                         return -EINVAL;
                 }
                 for (const char *p = s; *p; p++)
-                        if ((unsigned char) *p <= 0x20 || *p == 0x7f || *p == '/' || *p == '@' || *p == '\\') {
-                                snprintf(why, wl, "network.maskRequestHost holds a byte a host name cannot");
+                        if ((unsigned char) *p <= 0x20 || *p == 0x7f || *p == '/' || *p == '@' ||
+                            *p == '\\') {
+                                snprintf(why, wl,
+                                         "network.maskRequestHost holds a byte a host name cannot");
                                 return -EINVAL;
                         }
         }
@@ -961,6 +1234,53 @@ static int host_value(sbx *sb, struct MHD_Connection *c, unsigned port, char *ou
         return 0;
 }
 
+static bool upgrade_requested(struct MHD_Connection *c) {
+        const char *conn_v = http_header(c, "Connection");
+        return http_header(c, "Upgrade") && conn_v &&
+                ingress_list_has(conn_v, strlen(conn_v), "upgrade");
+}
+
+/* A reused upstream failed before its first response byte: once, a fresh
+ * connection gets the same (bodiless) request. */
+static bool up_retry(ingress_conn *ic) {
+        if (!ic->reused || !ic->replay_on || ic->in.len > 0)
+                return false;
+        ic->reused = false;
+        sbx *sb = sbx_find(ic->srv, ic->sbx_id);
+        if (!sb || sb->paused)
+                return false;
+        bool gvisor = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
+        int fd = -1, wfd = -1;
+        if (gvisor ? up_connector(ic->srv, sb, ic->port, &fd, &wfd) < 0 : up_socket(sb, &fd) < 0)
+                return false;
+        struct sockaddr_in sin = { .sin_family = AF_INET,
+                                   .sin_port = htons((uint16_t) ic->port),
+                                   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        if (!gvisor && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+                close(fd);
+                return false;
+        }
+        up_close_fds(ic);
+        if (loop_add(ic->srv, &ic->uw, fd, gvisor ? EPOLLIN : EPOLLOUT | EPOLLIN) < 0) {
+                ic->uw.fd = -1;
+                close(fd);
+                safe_close(wfd);
+                return false;
+        }
+        if (gvisor && loop_add(ic->srv, &ic->ww, wfd, EPOLLOUT) < 0) {
+                ic->ww.fd = -1;
+                close(wfd);
+                return false;
+        }
+        ic->out.off = ic->out.len = 0;
+        ic->in.off = ic->in.len = 0;
+        ic->up_wr_dead = false;
+        if (ib_append(&ic->out, ic->replay.p, ic->replay.len) < 0)
+                return false;
+        ic->state = gvisor ? ST_SENDING : ST_CONNECTING;
+        return true;
+}
+
 enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port, bool *ret_responded) {
         struct MHD_Connection *c = req->conn;
         *ret_responded = true;
@@ -982,23 +1302,31 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                 return http_reply_error(c, 400, "the request target must be a path (origin-form)");
         for (const char *p = target; *p; p++)
                 if ((unsigned char) *p <= 0x20 || *p == 0x7f)
-                        return http_reply_error(c, 400, "a control byte or space in the request target");
+                        return http_reply_error(c, 400,
+                                                "a control byte or space in the request target");
 
-        int fd = -1;
-        int r = up_socket(sb, &fd);
-        if (r == -EOPNOTSUPP)
-                return http_reply_json(c, 502,
-                                       json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "message",
-                                                 "ports of gvisor sandboxes cannot be reached from outside yet",
-                                                 "port", (int) port, "code", 502));
+        /* a pooled upstream may be closing as it is taken: only a request
+         * that can be sent again (no body, not an upgrade) takes one */
+        bool gvisor = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
+        /* a pooled upstream may be closing as it is taken: only a request
+         * that can be sent again whole (no upgrade, a body of known and
+         * small size) takes one */
+        int wfd = -1;
+        bool poolable = !upgrade_requested(c) && !te &&
+                (!cl || strtoull(cl, NULL, 10) <= REPLAY_MAX / 2);
+        int fd = poolable ? pool_take(srv, sb->id, port, &wfd) : -1;
+        bool reused = fd >= 0;
+        int r = reused ? 0 : gvisor ? up_connector(srv, sb, port, &fd, &wfd) : up_socket(sb, &fd);
+        gvisor = wfd >= 0; /* split ends: a connector's pipes, fresh or pooled */
         if (r < 0) {
                 log_warning("sandbox %s: ingress socket: %s", sb->id, strerror(-r));
                 return http_reply_502(c, sb->id);
         }
-        struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t) port),
+        struct sockaddr_in sin = { .sin_family = AF_INET,
+                                   .sin_port = htons((uint16_t) port),
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         bool connecting = false;
-        if (connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
+        if (!reused && !gvisor && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
                 if (errno != EINPROGRESS) {
                         close(fd);
                         return reply_closed_port(c, sb->id, port);
@@ -1012,6 +1340,7 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                 free(ic);
                 free(head);
                 close(fd);
+                safe_close(wfd);
                 return MHD_NO;
         }
         ic->srv = srv;
@@ -1021,11 +1350,15 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         ic->req = req;
         ic->conn = c;
         ic->cw.fd = -1;
-        ic->parked_fd = -1;
+        ic->ww.fd = -1;
+        ic->parked_fd = ic->parked_wfd = -1;
+        ic->reused = reused;
         ic->state = connecting ? ST_CONNECTING : ST_SENDING;
         ic->head_request = streq(req->method, "HEAD");
         ic->uw.cb = on_up;
         ic->uw.data = ic;
+        ic->ww.cb = on_up;
+        ic->ww.data = ic;
 
         /* the request head, the daemon's own */
         const char *conn_v = http_header(c, "Connection");
@@ -1045,8 +1378,8 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         }
         if (r >= 0 && upgrade)
                 r = ib_printf(&ic->out, "Connection: upgrade\r\nUpgrade: %.4000s\r\n", upg);
-        else if (r >= 0)
-                r = ib_printf(&ic->out, "Connection: close\r\n");
+        /* else none: HTTP/1.1 keeps the upstream (or gvisor's connector)
+         * open for the pool */
         if (r >= 0 && cl)
                 r = ib_printf(&ic->out, "Content-Length: %s\r\n", cl);
         else if (r >= 0 && te) {
@@ -1055,11 +1388,20 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         }
         if (r >= 0)
                 r = ib_append(&ic->out, "\r\n", 2);
+        if (r >= 0 && reused) {
+                /* the pooled upstream may have been closed a moment ago:
+                 * the request can be sent again on a new one */
+                ic->replay_on = true;
+                replay_add(ic, ic->out.p, ic->out.len);
+        }
         if (r >= 0)
-                r = loop_add(srv, &ic->uw, fd, EPOLLOUT | EPOLLIN);
+                r = loop_add(srv, &ic->uw, fd, gvisor ? EPOLLIN : EPOLLOUT | EPOLLIN);
+        if (r >= 0 && gvisor && (r = loop_add(srv, &ic->ww, wfd, EPOLLOUT)) < 0)
+                loop_del(srv, &ic->uw);
         if (r < 0) {
-                ic->uw.fd = -1;
+                ic->uw.fd = ic->ww.fd = -1;
                 close(fd);
+                safe_close(wfd);
                 free(ic->out.p);
                 free(ic->head);
                 free(ic);
@@ -1072,6 +1414,10 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         req->ingress = ic;
         req->body_mode = BODY_INGRESS;
         *ret_responded = false;
+        /* connected already (pooled, or loopback's instant connect): the
+         * head goes now, not one loop turn later */
+        if (ic->state == ST_SENDING && up_write(ic) == 0)
+                up_update(ic);
         return MHD_YES;
 }
 
@@ -1095,15 +1441,23 @@ enum MHD_Result ingress_on_request(server *srv, request *req, const char *data, 
                 int r = 0;
                 if (ic->req_chunked)
                         r = ib_printf(&ic->out, "%zx\r\n", n);
+                size_t from = ic->out.len;
                 if (r >= 0)
                         r = ib_append(&ic->out, data, n);
                 if (r >= 0 && ic->req_chunked)
                         r = ib_append(&ic->out, "\r\n", 2);
+                if (r >= 0 && ic->replay_on)
+                        replay_add(ic, ic->out.p + from, ic->out.len - from);
                 if (r < 0)
                         return MHD_NO;
                 *size -= n;
-                if (ic->state != ST_CONNECTING)
-                        up_events(ic, EPOLLOUT | EPOLLIN);
+                if (ic->state != ST_CONNECTING && !ic->closed) {
+                        if (up_write(ic) < 0) {
+                                ic->up_wr_dead = true;
+                                ic->out.off = ic->out.len = 0;
+                        }
+                        up_update(ic);
+                }
                 return MHD_YES;
         }
         if (!ic->req_done) {
@@ -1140,12 +1494,13 @@ int ingress_check_access(server *srv, request *req, sbx *sb, unsigned port) {
 }
 
 enum MHD_Result ingress_reply_forbidden(struct MHD_Connection *c, const char *id, bool missing) {
-        return http_reply_json(c, 403,
-                               json_pack("{s:s, s:s, s:i}", "sandboxId", id, "message",
-                                         missing ? "the sandbox is private: the request has no "
-                                                   "e2b-traffic-access-token header"
-                                                 : "the sandbox is private: invalid e2b-traffic-access-token",
-                                         "code", 403));
+        return http_reply_json(
+                c, 403,
+                json_pack("{s:s, s:s, s:i}", "sandboxId", id, "message",
+                          missing ? "the sandbox is private: the request has no "
+                                    "e2b-traffic-access-token header"
+                                  : "the sandbox is private: invalid e2b-traffic-access-token",
+                          "code", 403));
 }
 
 int ingress_auto_resume(server *srv, sbx *sb) {
@@ -1158,13 +1513,21 @@ int ingress_auto_resume(server *srv, sbx *sb) {
                 log_warning("sandbox %s: auto-resume on traffic: %s", sb->id, err.msg);
                 return -EIO;
         }
-        int64_t want = wall_ms() + (int64_t) srv->cfg.default_timeout_s * 1000;
-        if (want > sb->end_ms)
-                sb->end_ms = want;
+        /* E2B: a fresh timeout from the resume, the one create gave, at
+         * least 5 minutes */
+        json_t *t = json_object_get(sb->extra, "timeoutS");
+        int64_t secs = json_is_integer(t) ? (int64_t) json_integer_value(t)
+                                          : (int64_t) srv->cfg.default_timeout_s;
+        if (secs < 300)
+                secs = 300;
+        if ((uint64_t) secs > srv->cfg.max_timeout_s)
+                secs = (int64_t) srv->cfg.max_timeout_s;
+        sb->end_ms = wall_ms() + secs * 1000;
         hutch_error e2 = { 0 };
         if (store_sandbox_set_end(srv->store, sb->id, sb->end_ms, &e2) < 0)
                 log_error("sandbox %s: database: %s", sb->id, e2.msg);
-        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.resume", "{\"reason\":\"traffic\"}", &e2);
+        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.resume",
+                               "{\"reason\":\"traffic\"}", &e2);
         log_debug("sandbox %s: resumed by traffic", sb->id);
         return 0;
 }

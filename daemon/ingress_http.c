@@ -70,8 +70,9 @@ int ingress_resp_head_parse(const char *buf, size_t len, bool head_request, ingr
 
         /* status line: HTTP/1.D SP 3DIGIT [SP reason] CRLF */
         const char *p = buf;
-        if (ret->head_len < 14 || memcmp(p, "HTTP/1.", 7) != 0 || !isdigit((unsigned char) p[7]) || p[8] != ' ' ||
-            !isdigit((unsigned char) p[9]) || !isdigit((unsigned char) p[10]) || !isdigit((unsigned char) p[11]))
+        if (ret->head_len < 14 || memcmp(p, "HTTP/1.", 7) != 0 || !isdigit((unsigned char) p[7]) ||
+            p[8] != ' ' || !isdigit((unsigned char) p[9]) || !isdigit((unsigned char) p[10]) ||
+            !isdigit((unsigned char) p[11]))
                 return -EBADMSG;
         ret->minor = (unsigned) (p[7] - '0');
         ret->status = (unsigned) ((p[9] - '0') * 100 + (p[10] - '0') * 10 + (p[11] - '0'));
@@ -174,8 +175,9 @@ int ingress_resp_head_parse(const char *buf, size_t len, bool head_request, ingr
 }
 
 bool ingress_resp_field_is_hop(const ingress_resp_head *h, const char *name, size_t name_len) {
-        static const char *const hop[] = { "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-                                           "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length" };
+        static const char *const hop[] = { "Connection",         "Keep-Alive", "Proxy-Connection",
+                                           "Proxy-Authenticate", "TE",         "Trailer",
+                                           "Transfer-Encoding",  "Upgrade",    "Content-Length" };
         for (size_t i = 0; i < sizeof hop / sizeof hop[0]; i++)
                 if (name_len == strlen(hop[i]) && strncasecmp(name, hop[i], name_len) == 0)
                         return true;
@@ -200,7 +202,7 @@ enum {
         CK_DATA,
         CK_DATA_CR,
         CK_DATA_LF,
-        CK_TRAILER,  /* at the start of a trailer line (or the final CRLF) */
+        CK_TRAILER, /* at the start of a trailer line (or the final CRLF) */
         CK_TRAILER_LINE,
         CK_TRAILER_LF,
         CK_FINAL_LF,
@@ -342,7 +344,8 @@ fail:
 
 /* -------------------------------------------------------------------- host */
 
-int ingress_host_parse(const char *host, const char *domain, unsigned *ret_port, char ret_id[HUTCH_ID_LEN + 1]) {
+int ingress_host_parse(const char *host, const char *domain, unsigned *ret_port,
+                       char ret_id[HUTCH_ID_LEN + 1]) {
         unsigned port;
         char id[HUTCH_ID_LEN + 1];
         if (!host || route_host(host, &port, id) < 0)

@@ -35,14 +35,14 @@ typedef struct ingress_field {
 } ingress_field;
 
 typedef struct ingress_resp_head {
-        unsigned status;  /* 100..999 */
-        unsigned minor;   /* HTTP/1.minor */
-        size_t head_len;  /* bytes of the head, its blank line included */
+        unsigned status; /* 100..999 */
+        unsigned minor;  /* HTTP/1.minor */
+        size_t head_len; /* bytes of the head, its blank line included */
         size_t n_fields;
         ingress_field fields[INGRESS_HEADERS_MAX];
-        int body;         /* INGRESS_BODY_* */
+        int body;                /* INGRESS_BODY_* */
         uint64_t content_length; /* INGRESS_BODY_LENGTH */
-        bool interim;     /* a 1xx other than 101: drop head_len bytes and parse the next head */
+        bool interim; /* a 1xx other than 101: drop head_len bytes and parse the next head */
 } ingress_resp_head;
 
 /* Parse the response head at the front of buf. head_request: the request
@@ -64,9 +64,9 @@ bool ingress_list_has(const char *value, size_t value_len, const char *tok);
 
 typedef struct ingress_chunked {
         int state;
-        uint64_t left;  /* of the chunk's data, or its size while read */
+        uint64_t left; /* of the chunk's data, or its size while read */
         unsigned digits;
-        size_t count;   /* bytes of the chunk extension or trailer line */
+        size_t count; /* bytes of the chunk extension or trailer line */
         unsigned n_trailers;
         bool done;
 } ingress_chunked;
@@ -83,7 +83,8 @@ ssize_t ingress_chunked_decode(ingress_chunked *c, uint8_t *buf, size_t n, size_
  * names a sandbox port under domain (case-insensitive; a domain with its
  * own ":port" must match it exactly, one without matches any port); an
  * empty domain accepts any. -EINVAL otherwise. */
-int ingress_host_parse(const char *host, const char *domain, unsigned *ret_port, char ret_id[HUTCH_ID_LEN + 1]);
+int ingress_host_parse(const char *host, const char *domain, unsigned *ret_port,
+                       char ret_id[HUTCH_ID_LEN + 1]);
 
 /* An E2b-Sandbox-Port value: 1..65535 in decimal, nothing else. */
 int ingress_port_parse(const char *s, unsigned *ret);

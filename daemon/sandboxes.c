@@ -495,6 +495,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         sb->auto_resume = cr.auto_resume;
         sb->pause_keep_memory = cr.pause_keep_memory;
         sb->extra = extra_json(sb, body);
+        json_object_set_new(sb->extra, "timeoutS", json_integer((json_int_t) timeout_s)); /* auto-resume's */
         json_object_set_new(sb->extra, "egress", egress_spec);
         {
                 json_t *names = json_array();
@@ -778,7 +779,7 @@ void save_sandbox_extra(server *srv, sbx *sb) {
         json_t *old = sb->extra;
         sb->extra = extra_json(sb, NULL);
         /* what create said about the network stays */
-        const char *keep[] = { "network", "allowInternetAccess", "egress", "secretRefs" };
+        const char *keep[] = { "network", "allowInternetAccess", "egress", "secretRefs", "timeoutS" };
         for (size_t i = 0; i < ELEMENTSOF(keep); i++) {
                 json_t *v = json_object_get(old, keep[i]);
                 if (v)

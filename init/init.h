@@ -138,6 +138,8 @@ bool memwatch_write_room(uint64_t *ret);
 
 /* The host relay of a gVisor sandbox (relay.c); argv[0] is "--gvisor-relay". */
 int relay_main(int argc, char **argv);
+/* connect.c: hutch-init --ingress-connect PORT (inside a gVisor sandbox) */
+int connect_main(const char *port_s);
 
 /* One outgoing frame is built at a time, in this writer. */
 initproto_writer *msg_begin(uint16_t type, uint16_t flags, uint32_t id);

@@ -900,12 +900,16 @@ void loop_run(void) {
  * hutch-init --gvisor-guest PORT [MEMORY [layer]]
  *                                 PID 1 under gVisor, the mux on fd 0;
  *                                 "layer": build the root (layer.c)
- * hutch-init --gvisor-relay ...   the host relay of a gVisor sandbox (relay.c) */
+ * hutch-init --gvisor-relay ...   the host relay of a gVisor sandbox (relay.c)
+ * hutch-init --ingress-connect PORT  inside a gVisor sandbox: stdin/stdout
+ *                                 joined to 127.0.0.1:PORT (connect.c) */
 int main(int argc, char **argv) {
         int r;
 
         if (argc >= 2 && streq(argv[1], "--gvisor-relay"))
                 return relay_main(argc - 1, argv + 1);
+        if (argc == 3 && streq(argv[1], "--ingress-connect"))
+                return connect_main(argv[2]);
         if (argc >= 3 && streq(argv[1], "--gvisor-guest")) {
                 char *end;
                 unsigned long port = strtoul(argv[2], &end, 10);

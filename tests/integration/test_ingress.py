@@ -1,0 +1,284 @@
+"""Ingress edge cases over raw HTTP (docs/api.md "Sandbox ports").
+
+One daemon with --sandbox-domain, one sandbox running
+tests/helpers/ingress_raw_server.py, which answers canned (often broken)
+responses and logs what reached it. What is checked: bad ports and ids get
+clear errors; the Host forms that route and those that do not; control bytes
+and request-smuggling shapes are refused before the sandbox sees them; a
+broken or ambiguous response from the sandbox becomes a 502 or a cut
+connection, and never a second response on the client's connection.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import hutchtest
+from serveclient import HttpConn, ServeDaemon
+
+DOMAIN = "sbx.hutch.test"
+PORT = 8000
+RAW = Path(__file__).resolve().parent.parent / "helpers" / "ingress_raw_server.py"
+
+
+@pytest.fixture(scope="module")
+def world(sandboxed_hutch, tmp_path_factory):
+    data = tmp_path_factory.mktemp("ingress") / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--sandbox-domain", DOMAIN])
+    d.start()
+    try:
+        sb = d.create(timeout=120)
+        assert sb["domain"] == DOMAIN and sb["trafficAccessToken"] is None, sb
+        assert d.upload(sb, "/tmp/raw.py", RAW.read_bytes()).status == 200
+        end, _, err, _ = d.run(sb, f"(setsid python3 /tmp/raw.py {PORT} /tmp/raw.log >/dev/null 2>&1 &)")
+        assert end.get("exitCode", 0) == 0, err
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if port_req(d, sb, "GET", "/ok").status == 200:
+                break
+            time.sleep(0.1)
+        yield d, sb
+    finally:
+        d.stop()
+        env = dict(os.environ, HUTCH_DATA_DIR=str(data))
+        for sid in d.created:
+            subprocess.run([str(sandboxed_hutch), "kill", sid], env=env, timeout=60,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def port_req(d, sb, method, path, port=PORT, extra=(), **kw):
+    hdrs = [("E2b-Sandbox-Id", sb["sandboxID"]), ("E2b-Sandbox-Port", str(port)), *extra]
+    return d.request(method, path, key="", headers=hdrs, **kw)
+
+
+def raw(d, data: bytes, timeout=10) -> bytes:
+    """Send raw bytes, read until the daemon closes or goes quiet."""
+    with HttpConn(d.host, d.port, timeout=timeout) as c:
+        c.sock.sendall(data)
+        c.sock.settimeout(2)
+        out = b""
+        try:
+            while True:
+                b = c.sock.recv(65536)
+                if not b:
+                    break
+                out += b
+        except OSError:
+            pass
+        return out
+
+
+def sandbox_log(d, sb) -> bytes:
+    _, out, _, _ = d.run(sb, "cat /tmp/raw.log; : > /tmp/raw.log")
+    return out
+
+
+def test_bad_ports_and_ids(world):
+    d, sb = world
+    for bad in ["0", "65536", "99999999", "80x", "+80", "8 0", "0x50", "-1"]:
+        r = port_req(d, sb, "GET", "/ok", port=bad)
+        assert r.status == 400, (bad, r)
+        assert "E2b-Sandbox-Port" in r.json()["message"], r
+    # unknown and malformed ids: E2B's not-found 502, naming nothing else
+    for sid in ["a" * 20, "UPPER" * 4, "x", "a" * 200]:
+        r = d.request("GET", "/", key="", headers=[("E2b-Sandbox-Id", sid), ("E2b-Sandbox-Port", "8000")])
+        assert r.status == 502, (sid, r)
+        assert r.json()["message"] == "The sandbox was not found", r
+        assert len(r.json()["sandboxId"]) <= 20
+    # a closed port of a live sandbox
+    r = port_req(d, sb, "GET", "/", port=9)
+    assert r.status == 502 and r.json() == {"sandboxId": sb["sandboxID"], "port": 9, "code": 502,
+                                            "message": "The sandbox is running but port is not open"}, r
+
+
+def test_host_forms(world):
+    d, sb = world
+    sid = sb["sandboxID"]
+
+    def host(h):
+        return raw(d, f"GET /ok HTTP/1.1\r\nHost: {h}\r\nConnection: close\r\n\r\n".encode())
+
+    for good in [f"{PORT}-{sid}.{DOMAIN}", f"{PORT}-{sid}.{DOMAIN}:{d.port}", f"{PORT}-{sid.upper()}.SBX.Hutch.TEST"]:
+        out = host(good)
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"ok"), (good, out)
+    # another domain, a bad port, no id: not a sandbox port (the control
+    # plane, which wants an API key)
+    for bad in [f"{PORT}-{sid}.other.test", f"0-{sid}.{DOMAIN}", f"70000-{sid}.{DOMAIN}",
+                f"{PORT}-{sid}.{DOMAIN}.evil", f"{PORT}-{sid}{DOMAIN}", f"{PORT}-{sid[:-1]}.{DOMAIN}",
+                f"{PORT}-{sid}.{DOMAIN}:x"]:
+        out = host(bad)
+        assert out.startswith(b"HTTP/1.1 401"), (bad, out)
+    # two Host headers: refused, whichever would route
+    out = raw(d, f"GET /ok HTTP/1.1\r\nHost: {PORT}-{sid}.{DOMAIN}\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    assert out.startswith(b"HTTP/1.1 400") and b"more than one Host" in out, out
+
+
+def test_control_bytes_and_smuggling_are_refused_before_the_sandbox(world):
+    d, sb = world
+    sid = sb["sandboxID"]
+    sandbox_log(d, sb)
+    pre = f"E2b-Sandbox-Id: {sid}\r\nE2b-Sandbox-Port: {PORT}\r\nHost: x\r\n"
+    cases = [
+        f"GET /a%00b HTTP/1.1\r\n{pre}\r\n",
+        f"GET /ok?q=%00 HTTP/1.1\r\n{pre}\r\n",
+        f"POST /ok HTTP/1.1\r\n{pre}Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        f"POST /ok HTTP/1.1\r\n{pre}Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        f"POST /ok HTTP/1.1\r\n{pre}Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        f"POST /ok HTTP/1.1\r\n{pre}Content-Length: +5\r\n\r\nhello",
+        f"GET /ok HTTP/1.1\r\n{pre}X-A: a\rb\r\n\r\n",
+    ]
+    for c in cases:
+        out = raw(d, c.encode())
+        # a 400, or libmicrohttpd closing at once (a coding it cannot read)
+        assert out.startswith(b"HTTP/1.1 400") or (out == b"" and "gzip" in c), (c, out)
+    assert sandbox_log(d, sb) == b"", "a refused request reached the sandbox"
+
+
+def test_pipelined_requests_stay_apart(world):
+    d, sb = world
+    sid = sb["sandboxID"]
+    sandbox_log(d, sb)
+    pre = f"E2b-Sandbox-Id: {sid}\r\nE2b-Sandbox-Port: {PORT}\r\nHost: x\r\n"
+    # a body that looks like a request, a chunked body, then a plain GET, on one connection
+    inner = b"GET /smuggled HTTP/1.1\r\nHost: y\r\n\r\n"
+    data = (f"POST /ok HTTP/1.1\r\n{pre}Content-Length: {len(inner)}\r\n\r\n".encode() + inner
+            + f"POST /ok HTTP/1.1\r\n{pre}Transfer-Encoding: chunked\r\n\r\n".encode()
+            + b"5\r\nhello\r\n0\r\n\r\n" + f"GET /ok?third HTTP/1.1\r\n{pre}Connection: close\r\n\r\n".encode())
+    out = raw(d, data)
+    assert out.count(b"HTTP/1.1 200") == 3, out
+    log = sandbox_log(d, sb)
+    heads = [e for e in log.split(b"\n=====\n") if e]
+    assert len(heads) == 3, log
+    assert heads[0].startswith(b"POST /ok HTTP/1.1") and heads[0].endswith(b"GET /smuggled HTTP/1.1\r\nHost: y\r\n\r\n")
+    assert heads[1].startswith(b"POST /ok HTTP/1.1") and b"Transfer-Encoding: chunked" in heads[1]
+    assert heads[1].endswith(b"5\r\nhello\r\n0\r\n\r\n"), heads[1]
+    assert heads[2].startswith(b"GET /ok?third HTTP/1.1")
+    for h in heads:
+        head = h.split(b"\r\n\r\n")[0]
+        assert head.count(b"\r\nHost: ") == 1 and b"e2b-sandbox" not in head.lower(), h
+
+
+@pytest.mark.parametrize("path", ["/two-cl", "/cl-te", "/bare-lf", "/fold", "/nul", "/garbage"])
+def test_bad_responses_are_502_and_the_connection_stays_in_step(world, path):
+    d, sb = world
+    with d.conn() as c:
+        hdrs = [("E2b-Sandbox-Id", sb["sandboxID"]), ("E2b-Sandbox-Port", str(PORT))]
+        r = c.request("GET", path, headers=hdrs)
+        assert r.status == 502, (path, r)
+        assert "no valid HTTP response" in r.json()["message"], r
+        r2 = c.request("GET", "/ok", headers=hdrs)
+        assert r2.status == 200 and r2.body == b"ok", r2
+
+
+def test_response_framing_is_the_daemons(world):
+    d, sb = world
+    hdrs = [("E2b-Sandbox-Id", sb["sandboxID"]), ("E2b-Sandbox-Port", str(PORT))]
+    with d.conn() as c:
+        # bytes after the body are dropped: the next answer is the next request's
+        r = c.request("GET", "/extra", headers=hdrs)
+        assert r.status == 200 and r.body == b"hi", r
+        r = c.request("GET", "/interim", headers=hdrs)
+        assert r.status == 200 and r.body == b"ok", r
+        r = c.request("GET", "/close", headers=hdrs)
+        assert r.status == 200 and r.body == b"until-close" and r.header("X-Mode") == "close", r
+        r = c.request("GET", "/chunked-trailer", headers=hdrs)
+        assert r.status == 200 and r.body == b"abc", r
+        r = c.request("GET", "/hop", headers=hdrs)
+        assert r.status == 200 and r.header("X-Kept") == "1", r
+        assert r.header("X-Secret") is None and r.header("Keep-Alive") is None, r
+        r = c.request("GET", "/ok", headers=hdrs)
+        assert r.body == b"ok"
+    # a broken chunk mid-body: the response is cut, not completed
+    out = raw(d, f"GET /chunk-bad HTTP/1.1\r\nE2b-Sandbox-Id: {sb['sandboxID']}\r\nE2b-Sandbox-Port: {PORT}\r\n"
+                 f"Host: x\r\n\r\n".encode())
+    assert out.startswith(b"HTTP/1.1 200") and not out.endswith(b"0\r\n\r\n"), out
+
+
+def test_ports_over_tls_and_a_websocket_through_it(sandboxed_hutch, tmp_path):
+    """With tls-cert/tls-key the sandbox ports are served over HTTPS on the
+    same port, upgrades included (libmicrohttpd relays the TLS side)."""
+    import base64
+    import hashlib
+    import http.client
+    import json
+    import socket
+    import ssl
+    from serveclient import free_port
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=hutch-test",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:*.sbx.hutch.test"], check=True, capture_output=True)
+    port = free_port()
+    data = tmp_path / "data"
+    proc = subprocess.Popen([str(sandboxed_hutch), "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
+                             "--pool-size", "0", "--tls-cert", str(cert), "--tls-key", str(key)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ctx = ssl.create_default_context(cafile=str(cert))
+    d = ServeDaemon(sandboxed_hutch, data)
+    d.port = port
+    d.proc = proc
+
+    def https(method, path, body=None, headers=None):
+        c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+    sid = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if https("GET", "/health")[0] == 200:
+                    break
+            except (OSError, ssl.SSLError):
+                time.sleep(0.1)
+        api = (data / "api-key").read_text().strip()
+        st, body = https("POST", "/sandboxes", json.dumps({"templateID": "base"}),
+                         {"X-API-KEY": api, "Content-Type": "application/json"})
+        assert st == 201, body
+        sb = json.loads(body)
+        sid = sb["sandboxID"]
+        envd = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983", "X-Access-Token": sb["envdAccessToken"]}
+        srv = (Path(__file__).resolve().parent.parent / "e2b" / "fixtures" / "ingress_server.py").read_bytes()
+        st, _ = https("POST", "/files?path=/tmp/s.py", srv, {**envd, "Content-Type": "application/octet-stream"})
+        assert st == 200
+        from serveclient import envelope
+        st, _ = https("POST", "/process.Process/Start",
+                      envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "(setsid python3 /tmp/s.py 8000 "
+                                                                              ">/dev/null 2>&1 &); sleep 1"]}}),
+                      {**envd, "Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
+        assert st == 200
+        port_h = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "8000"}
+        assert https("GET", "/", None, port_h) == (200, b"hello from the sandbox\n")
+        s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+        k = base64.b64encode(os.urandom(16)).decode()
+        s.sendall(f"GET /ws HTTP/1.1\r\nHost: 8000-{sid}.sbx.hutch.test\r\nE2b-Sandbox-Id: {sid}\r\n"
+                  f"E2b-Sandbox-Port: 8000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: {k}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(4096)
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        accept = base64.b64encode(hashlib.sha1((k + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        assert accept in head, head
+        payload, mask = b"over tls", b"\x01\x02\x03\x04"
+        s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(payload)))
+        while len(buf) < 2 + len(payload):
+            buf += s.recv(4096)
+        assert buf[:2 + len(payload)] == bytes([0x81, len(payload)]) + payload
+        s.close()
+        assert https("GET", "/", None, port_h)[0] == 200
+    finally:
+        if sid:
+            https("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": api})
+        proc.terminate()
+        proc.wait(20)
