@@ -244,10 +244,31 @@ static void pool_save(server *srv) {
         free(buf);
 }
 
-static sbx *pool_take(server *srv) {
+/* How many of each kind the pool holds: host ones, and code-interpreter
+ * ones (started or starting). */
+static void pool_counts(server *srv, unsigned *ret_host, unsigned *ret_interp) {
+        unsigned h = 0, i = 0;
+        for (sbx *p = srv->pool; p; p = p->next)
+                if (!p->dead) {
+                        if (template_is_interp(p->template_id))
+                                i++;
+                        else
+                                h++;
+                }
+        *ret_host = h;
+        *ret_interp = i;
+}
+
+bool sbx_pool_short(server *srv) {
+        unsigned h, i;
+        pool_counts(srv, &h, &i);
+        return h < srv->cfg.pool_size || i < srv->cfg.interp_pool_size;
+}
+
+static sbx *pool_take(server *srv, bool interp) {
         for (sbx **pp = &srv->pool; *pp; pp = &(*pp)->next) {
                 sbx *sb = *pp;
-                if (sb->dead)
+                if (sb->dead || template_is_interp(sb->template_id) != interp || sb->start_pending)
                         continue;
                 /* drain what its init said while it waited (nothing, normally) */
                 sbx_drain(srv, sb);
@@ -278,8 +299,12 @@ void sbx_pool_fill(server *srv) {
                 }
                 pp = &sb->next;
         }
-        if (srv->n_pool >= srv->cfg.pool_size)
+        unsigned n_host, n_interp;
+        pool_counts(srv, &n_host, &n_interp);
+        bool interp = n_host >= srv->cfg.pool_size;
+        if (interp && n_interp >= srv->cfg.interp_pool_size)
                 return;
+        const char *tpl = interp ? "code-interpreter-v1" : "host";
         sbx *sb = sbx_alloc(srv);
         if (!sb)
                 return;
@@ -293,11 +318,18 @@ void sbx_pool_fill(server *srv) {
         srv->n_pool++;
         pool_save(srv);
         hutch_error err = { 0 };
-        snprintf(sb->template_id, sizeof sb->template_id, "host");
+        snprintf(sb->template_id, sizeof sb->template_id, "%s", tpl);
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
-        int r = sbx_engine_start(srv, sb, "host", NULL, false, &err);
+        int r = sbx_engine_start(srv, sb, tpl, NULL, false, &err);
+        /* a code-interpreter one starts its kernels now (startcmd.c) */
+        if (r >= 0 && interp && (r = startcmd_pool_begin(srv, sb, &err)) < 0) {
+                loop_del(srv, &sb->w);
+                hutch_error e2 = { 0 };
+                (void) hutch_sandbox_destroy(sb->h, &e2);
+                sb->h = hutch_sandbox_unref(sb->h);
+        }
         if (r < 0) {
                 log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
                 srv->pool = sb->next;
@@ -471,9 +503,9 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        snap.id, checkpoint ? "gvisor" : "namespace (ns)", hutch_backend_name(backend));
         }
         /* the pool holds sandboxes of the operator's default backend */
-        bool poolable = streq(template_name, "host") && !snap.id[0] &&
+        bool poolable = (streq(template_name, "host") || template_is_interp(template_name)) && !snap.id[0] &&
                         backend == hutch_backend_from_name(srv->cfg.backend);
-        sbx *sb = poolable ? pool_take(srv) : NULL;
+        sbx *sb = poolable ? pool_take(srv, template_is_interp(template_name)) : NULL;
         if (!sb) {
                 sb = sbx_alloc(srv);
                 if (!sb) {

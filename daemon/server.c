@@ -86,6 +86,7 @@ static const struct cfg_entry {
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
+        { "interp-pool-size", CFG_U64, U(interp_pool_size), 0, 1000, "0", "code-interpreter sandboxes kept started, their kernels up, so that such a create only claims one (0: none; each holds its python and javascript kernels, about 150 MB)" },
         { "ready-timeout", CFG_SECONDS, U(ready_timeout_s), 1, 3600, "60", "a template's ready command (code-interpreter's: its kernel is up) must succeed within this, or the create fails" },
 #undef S
 #undef U
@@ -718,9 +719,9 @@ int server_run(const server_config *cfg) {
                                 break;
                 }
                 /* top up the warm pool, one sandbox per quiet turn */
-                if (srv->n_pool < srv->cfg.pool_size && wall_ms() >= srv->pool_backoff_ms) {
+                if (sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms) {
                         sbx_pool_fill(srv);
-                        if (srv->n_pool < srv->cfg.pool_size && wall_ms() >= srv->pool_backoff_ms)
+                        if (sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms)
                                 next = wall_ms(); /* go on filling without sleeping */
                 }
                 int64_t hk = housekeeping(srv, wall_ms());

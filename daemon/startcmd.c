@@ -156,6 +156,15 @@ typedef struct ready_wait {
 
 static ready_wait *waits;
 
+/* A live sandbox, claimed or in the warm pool. */
+static sbx *find_any(server *srv, const char *id) {
+        sbx *sb = sbx_find(srv, id);
+        for (sbx *p = srv->pool; !sb && p; p = p->next)
+                if (!p->dead && streq(p->id, id))
+                        sb = p;
+        return sb;
+}
+
 static void wait_free(ready_wait *w) {
         free(w->ready_cmd);
         strv_free(w->envp);
@@ -186,7 +195,25 @@ static struct MHD_Response *json_response(json_t *body) {
 
 /* The answer, then the connection back to libmicrohttpd. */
 static void wait_finish(server *srv, ready_wait *w, unsigned status, const char *message) {
-        sbx *sb = sbx_find(srv, w->sbx_id);
+        sbx *sb = find_any(srv, w->sbx_id);
+        if (!w->req) {
+                /* a pooled sandbox: ready to hand out, or gone */
+                if (status == 201 && sb && !sb->dead) {
+                        sb->start_pending = false;
+                        sb->start_done = true;
+                        log_info("warm pool: %s (%s) ready after %lld ms", sb->id, w->template_name,
+                                 (long long) (wall_ms() - w->started_ms));
+                } else {
+                        log_warning("warm pool: %s: %s; trying again in 10 s", w->sbx_id,
+                                    message ? message : "it ended while its kernels started");
+                        if (sb && !sb->dead)
+                                sbx_kill(srv, sb, "warm pool: not ready");
+                        srv->pool_backoff_ms = wall_ms() + 10000;
+                }
+                wait_unlink(w);
+                wait_free(w);
+                return;
+        }
         struct MHD_Response *resp;
         if (status == 201 && sb && !sb->dead) {
                 resp = json_response(sandbox_created_json(sb));
@@ -266,7 +293,7 @@ int64_t startcmd_timers(server *srv, int64_t now) {
         int64_t next = -1;
         for (ready_wait *w = waits, *n; w; w = n) {
                 n = w->next;
-                sbx *sb = sbx_find(srv, w->sbx_id);
+                sbx *sb = find_any(srv, w->sbx_id);
                 if (!sb || sb->dead) {
                         wait_finish(srv, w, 500,
                                     "the sandbox ended while its template's ready command ran");
@@ -300,41 +327,59 @@ void startcmd_stop(server *srv) {
                 wait_finish(srv, waits, 503, "the daemon is stopping");
 }
 
-enum MHD_Result sbx_start_answer(server *srv, request *req, sbx *sb) {
+/* Where a pooled sandbox learns the envs of the create that claimed it:
+ * hutch-interp applies them to each context before its first cell. */
+#define INTERP_ENVS_FILE "/run/hutch-interp/envs.json"
+
+static int write_claim_envs(server *srv, sbx *sb, hutch_error *err) {
+        static const hutch_fs_user root = { 0, 0 };
+        json_t *env = json_object();
+        json_object_set_new(env, "E2B_SANDBOX_ID", json_string(sb->id));
+        json_object_set_new(env, "E2B_TEMPLATE_ID", json_string(sb->template_id));
+        egress_sbx_env(srv, sb, env);
+        if (json_is_object(sb->envs))
+                json_object_update(env, sb->envs);
+        char *s = json_dumps(env, JSON_COMPACT);
+        json_decref(env);
+        if (!s)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        int r = hutch_fs_write_buffer(sb->h, &root, INTERP_ENVS_FILE, s, strlen(s), err);
+        sbx_mark_dirty(sb);
+        free(s);
+        return r;
+}
+
+/* The interpreter's files (from a build tree), then the start command in
+ * the background, and a wait for its ready command (req NULL: a pooled
+ * sandbox). */
+static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
         hutch_template *t = NULL;
-        hutch_error err = { 0 };
-        int r = template_resolve(srv->cfg.data_dir, sb->template_id, &t, &err);
-        if (r >= 0 && !t->start_cmd) {
+        int r = template_resolve(srv->cfg.data_dir, sb->template_id, &t, err);
+        if (r < 0)
+                return r;
+        ready_wait *w = calloc(1, sizeof *w);
+        if (!w) {
                 template_free(t);
-                enum MHD_Result mr = http_reply_json(req->conn, 201, sandbox_created_json(sb));
-                if (mr == MHD_YES)
-                        sbx_create_queued(srv, req);
-                return mr;
+                return hutch_error_set(err, -ENOMEM, "out of memory");
         }
-        ready_wait *w = r >= 0 ? calloc(1, sizeof *w) : NULL;
-        if (r >= 0 && !w)
-                r = hutch_error_set(&err, -ENOMEM, "out of memory");
-        char dir[PATH_MAX];
         int64_t now = wall_ms();
-        if (r >= 0) {
-                w->req = req;
-                w->last = -1;
-                w->started_ms = now;
-                w->deadline_ms = now + (int64_t) srv->cfg.ready_timeout_s * 1000;
-                memcpy(w->sbx_id, sb->id, sizeof w->sbx_id);
-                snprintf(w->template_name, sizeof w->template_name, "%s", sb->template_id);
-                w->envp = start_env(srv, sb);
-                w->ready_cmd = t->ready_cmd ? strdup(t->ready_cmd) : strdup("true");
-                if (!w->envp || !w->ready_cmd)
-                        r = hutch_error_set(&err, -ENOMEM, "out of memory");
-        }
-        /* the files (a build tree's), then the start command in the background */
+        w->req = req;
+        w->last = -1;
+        w->started_ms = now;
+        w->deadline_ms = now + (int64_t) srv->cfg.ready_timeout_s * 1000;
+        memcpy(w->sbx_id, sb->id, sizeof w->sbx_id);
+        snprintf(w->template_name, sizeof w->template_name, "%s", sb->template_id);
+        w->envp = start_env(srv, sb);
+        w->ready_cmd = strdup(t->ready_cmd ? t->ready_cmd : "true");
+        if (!w->envp || !w->ready_cmd || !t->start_cmd)
+                r = hutch_error_set(err, -ENOMEM, "out of memory");
+        char dir[PATH_MAX];
         if (r >= 0 && interp_host_dir(dir, sizeof dir) == 0 && !interp_dir_visible(dir))
-                r = copy_interp_files(srv, sb, dir, w->deadline_ms, &err);
+                r = copy_interp_files(srv, sb, dir, w->deadline_ms, err);
         _cleanup_free_ char *start = NULL;
         if (r >= 0 &&
             asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", t->start_cmd) < 0)
-                r = hutch_error_set(&err, -ENOMEM, "out of memory");
+                r = hutch_error_set(err, -ENOMEM, "out of memory");
         if (r >= 0) {
                 const char *sargv[] = { "/bin/sh", "-c", start, NULL };
                 hutch_spawn_config sc = {
@@ -347,7 +392,7 @@ enum MHD_Result sbx_start_answer(server *srv, request *req, sbx *sb) {
                         .tag = "start_cmd",
                 };
                 hutch_process hp;
-                r = hutch_sandbox_spawn(sb->h, &sc, &hp, &err);
+                r = hutch_sandbox_spawn(sb->h, &sc, &hp, err);
                 sbx_mark_dirty(sb);
                 if (r >= 0) {
                         safe_close(hp.stdin_fd);
@@ -357,16 +402,37 @@ enum MHD_Result sbx_start_answer(server *srv, request *req, sbx *sb) {
         }
         template_free(t);
         if (r < 0) {
-                if (w)
-                        wait_free(w);
-                log_error("sandbox %s: the template's start command: %s", sb->id, err.msg);
-                sbx_kill(srv, sb, "create failed: start command");
-                return http_reply_error(req->conn, 500, "template '%s': its start command failed: %s",
-                                        sb->template_id, err.msg);
+                wait_free(w);
+                return r;
         }
         w->next = waits;
         waits = w;
-        MHD_suspend_connection(req->conn);
-        ready_spawn(srv, sb, w); /* may answer at once, when it cannot start */
-        return MHD_YES;
+        if (req)
+                MHD_suspend_connection(req->conn);
+        else
+                sb->start_pending = true;
+        ready_spawn(srv, sb, w); /* may finish it at once, when it cannot start */
+        return 0;
+}
+
+int startcmd_pool_begin(server *srv, sbx *sb, hutch_error *err) {
+        return start_begin(srv, sb, NULL, err);
+}
+
+enum MHD_Result sbx_start_answer(server *srv, request *req, sbx *sb) {
+        hutch_error err = { 0 };
+        int r = 0;
+        /* from the warm pool: its kernels are up; it only learns the envs */
+        if (sb->start_done && (r = write_claim_envs(srv, sb, &err)) >= 0) {
+                enum MHD_Result mr = http_reply_json(req->conn, 201, sandbox_created_json(sb));
+                if (mr == MHD_YES)
+                        sbx_create_queued(srv, req);
+                return mr;
+        }
+        if (r >= 0 && (r = start_begin(srv, sb, req, &err)) >= 0)
+                return MHD_YES;
+        log_error("sandbox %s: the template's start command: %s", sb->id, err.msg);
+        sbx_kill(srv, sb, "create failed: start command");
+        return http_reply_error(req->conn, 500, "template '%s': its start command failed: %s",
+                                sb->template_id, err.msg);
 }

@@ -115,8 +115,9 @@ struct kctx {
         int64_t started_ms, last_kinfo_ms;
         unsigned deaths; /* at start, in a row */
         exec *cur, *qhead;
-        bool dead;       /* removed: freed at the end of the turn */
-        bool is_default; /* its language's default context */
+        bool dead;         /* removed: freed at the end of the turn */
+        bool is_default;   /* its language's default context */
+        bool envs_applied; /* the claim's envs (claim_envs_load) were set in this kernel */
 };
 
 static void *zctx;
@@ -125,6 +126,11 @@ static client *clients;
 static kctx *contexts;
 static char conn_dir[] = "/tmp/hutch-interp.XXXXXX";
 static char **base_env; /* the server's environment, what envs are restored to */
+/* A sandbox from the daemon's warm pool was started before a create
+ * claimed it: the daemon writes that create's envs here, and each kernel
+ * gets them before its first cell (docs/interpreter.md). */
+#define CLAIM_ENVS_FILE "/run/hutch-interp/envs.json"
+static json_t *claim_envs;
 
 /* ------------------------------------------------------------ clients */
 
@@ -513,6 +519,7 @@ static int kernel_spawn(kctx *c) {
         c->iopub = zsock(ZMQ_SUB, c->ports[1], NULL);
         c->control = zsock(ZMQ_DEALER, c->ports[3], c->session);
         c->state = K_STARTING;
+        c->envs_applied = false;
         c->started_ms = now_ms();
         c->last_kinfo_ms = 0;
         /* gVisor has no pidfd_open: then ctx_tick asks waitpid() */
@@ -620,6 +627,9 @@ static char *env_code(const char *lang, const char *k, const char *v, bool unset
 }
 
 static const char *base_getenv(const char *k) {
+        const char *v = json_string_value(json_object_get(claim_envs, k));
+        if (v)
+                return v;
         size_t n = strlen(k);
         for (char **e = base_env; *e; e++)
                 if (strncmp(*e, k, n) == 0 && (*e)[n] == '=')
@@ -639,6 +649,32 @@ static void env_apply(kctx *c, json_t *env, bool restore) {
         }
 }
 
+/* The claim's envs, read again while there are none (the file appears
+ * when a create claims the sandbox; it does not change after). */
+static json_t *claim_envs_load(void) {
+        if (!claim_envs) {
+                json_error_t je;
+                json_t *j = json_load_file(CLAIM_ENVS_FILE, JSON_REJECT_DUPLICATES, &je);
+                if (json_is_object(j)) {
+                        /* strings with names a shell would take, only */
+                        const char *k;
+                        json_t *v, *tmp;
+                        json_object_foreach_safe(j, tmp, k, v) {
+                                bool ok = *k && json_is_string(v) &&
+                                        strlen(json_string_value(v)) == json_string_length(v);
+                                for (const char *p = k; ok && *p; p++)
+                                        ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                                                *p == '_' || (p > k && *p >= '0' && *p <= '9');
+                                if (!ok)
+                                        json_object_del(j, k);
+                        }
+                        claim_envs = j;
+                } else
+                        json_decref(j);
+        }
+        return claim_envs;
+}
+
 static void ctx_pump(kctx *c) {
         while (c->state == K_READY && !c->cur && c->qhead) {
                 exec *e = c->qhead;
@@ -650,6 +686,12 @@ static void ctx_pump(kctx *c) {
                 }
                 c->cur = e;
                 e->started = true;
+                if (!c->envs_applied) {
+                        c->envs_applied = true;
+                        json_t *ce = claim_envs_load();
+                        if (ce)
+                                env_apply(c, ce, false);
+                }
                 if (e->env)
                         env_apply(c, e->env, false);
                 json_t *content = json_pack("{s:s, s:b, s:b, s:{}, s:b, s:b}", "code", e->code,

@@ -4,6 +4,7 @@ command without holding up the daemon's other requests, and a ready command
 that never succeeds fails the create with E2B's error body within
 ready-timeout, leaving no sandbox behind."""
 
+import json
 import sqlite3
 import threading
 import time
@@ -68,5 +69,35 @@ def test_a_ready_command_that_never_succeeds_fails_the_create(sandboxed_hutch, t
         db.close()
         assert len(rows) == 1 and rows[0][1] > 0, rows
         assert wait_until(lambda: rows[0][0] not in hutchtest.ps_sandboxes(), 30)
+    finally:
+        d.stop()
+
+
+def _execute(d, sid, body):
+    """POST /execute on the sandbox's port 49999 through the daemon: the NDJSON events."""
+    r = d.request("POST", "/execute", body, headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49999"}, timeout=60)
+    assert r.status == 200, r
+    return [json.loads(line) for line in r.body.decode().splitlines() if line]
+
+
+def test_the_warm_pool_hands_out_started_interpreters_with_the_creates_envs(sandboxed_hutch, tmp_path):
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0", "--interp-pool-size", "1"])
+    d.start()
+    try:
+        assert wait_until(lambda: "(code-interpreter-v1) ready after" in d.log_tail(), 60), d.log_tail()
+        t = time.monotonic()
+        sb = d.create(templateID="code-interpreter-v1", envVars={"HUTCH_CLAIM": "it's mine"})
+        took = time.monotonic() - t
+        assert took < 0.5, f"a create from the warm pool took {took:.2f} s"
+        ev = _execute(d, sb["sandboxID"], {"code": "import os; os.environ['HUTCH_CLAIM']"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["it's mine"], ev
+        ev = _execute(d, sb["sandboxID"], {"code": "process.env.HUTCH_CLAIM", "language": "js"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["it's mine"], ev
+        # per-call envs are restored to the claim's value afterwards
+        _execute(d, sb["sandboxID"], {"code": "1", "env_vars": {"HUTCH_CLAIM": "other"}})
+        ev = _execute(d, sb["sandboxID"], {"code": "import os; os.environ['HUTCH_CLAIM']"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["it's mine"], ev
+        # and the pool fills again
+        assert wait_until(lambda: d.log_tail(100000).count("(code-interpreter-v1) ready after") >= 2, 60)
     finally:
         d.stop()
