@@ -3,7 +3,8 @@
 # `hutch serve`. Prints markdown (docs/benchmarks.md "Code interpreter").
 #
 #   HUTCH_BIN=build/hutch bench/interp.sh
-#   INTERP_N=200 INTERP_CREATES=10 bench/interp.sh
+#   INTERP_N=200 INTERP_CREATES=5 INTERP_POOL=1 bench/interp.sh
+# (INTERP_POOL: the daemon's interp-pool-size)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HUTCH=${HUTCH_BIN:-${HUTCH_BUILD_DIR:-build}/hutch}
@@ -24,7 +25,8 @@ cleanup() {
         rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
-"$HUTCH" serve --listen 127.0.0.1:$port --data-dir "$work/data" --run-dir "$work/run" >"$work/serve.log" 2>&1 &
+"$HUTCH" serve --listen 127.0.0.1:$port --data-dir "$work/data" --run-dir "$work/run" \
+        --interp-pool-size "${INTERP_POOL:-1}" >"$work/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [[ -s $work/data/api-key ]] && curl -sf -o /dev/null http://127.0.0.1:$port/health && break; sleep 0.1; done
 export E2B_API_URL=http://127.0.0.1:$port E2B_SANDBOX_URL=http://127.0.0.1:$port
