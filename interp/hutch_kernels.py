@@ -36,7 +36,8 @@ class ChildKernel(Kernel):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.child = None
-        self.tmp = tempfile.mkdtemp(prefix="hutch-kernel-")
+        # beside the connection file: hutch-interp removes that directory
+        self.tmp = tempfile.mkdtemp(prefix="hutch-kernel-", dir=os.path.dirname(os.path.abspath(sys.argv[2])))
         self.start_child()
 
     # -- the child

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
@@ -1311,6 +1312,11 @@ static void accept_clients(void) {
 
 /* ----------------------------------------------------------------- main */
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+        (void) st, (void) flag, (void) ftw;
+        return remove(path) < 0 && errno != ENOENT ? -1 : 0;
+}
+
 static volatile sig_atomic_t stop;
 static void on_term(int sig) {
         (void) sig;
@@ -1554,6 +1560,7 @@ int main(int argc, char **argv) {
                         kernel_kill(k);
                         unlink(k->conn_file);
                 }
-        rmdir(conn_dir);
+        /* connection files, kernel logs, the wrapper kernels' scratch dirs */
+        nftw(conn_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         return 0;
 }
