@@ -75,67 +75,6 @@ static char **start_env(server *srv, sbx *sb) {
         return v;
 }
 
-/* Run argv in the sandbox and wait for it, at most until deadline_ms
- * (wall clock). Other exits seen meanwhile go to their processes. Returns
- * its exit status (>= 0, 128+N for a signal) or -ETIMEDOUT / -errno. */
-static int run_wait(server *srv, sbx *sb, const char *const *argv, const char *const *envp,
-                    uid_t uid, int64_t deadline_ms, hutch_error *err) {
-        hutch_spawn_config sc = {
-                .argv = argv,
-                .envp = envp,
-                .cwd = uid ? "/home/user" : "/",
-                .uid = uid,
-                .gid = uid,
-                .stdin_mode = HUTCH_STDIN_NULL,
-        };
-        hutch_process hp;
-        int r = hutch_sandbox_spawn(sb->h, &sc, &hp, err);
-        sbx_mark_dirty(sb);
-        if (r < 0)
-                return r;
-        safe_close(hp.stdin_fd);
-        safe_close(hp.stdout_fd);
-        safe_close(hp.stderr_fd);
-        for (;;) {
-                int64_t left = deadline_ms - wall_ms();
-                hutch_exit ex;
-                if (left <= 0 || (r = hutch_sandbox_wait(sb->h, (int) left, &ex, err)) < 0) {
-                        hutch_error e2 = { 0 };
-                        (void) hutch_sandbox_signal(sb->h, hp.pid, SIGKILL, true, &e2);
-                        return left <= 0 || r == -ETIMEDOUT ? -ETIMEDOUT : r;
-                }
-                if (ex.pid == hp.pid)
-                        return ex.signal ? 128 + ex.signal : ex.exit_code;
-                proc_on_exit(srv, sb, &ex);
-        }
-}
-
-/* The interpreter's files into INTERP_SANDBOX_DIR, root's and read-only
- * to the sandbox's user. */
-static int copy_interp_files(server *srv, sbx *sb, const char *dir, int64_t deadline_ms,
-                             hutch_error *err) {
-        static const hutch_fs_user root = { 0, 0 };
-        for (const char *const *f = interp_files; *f; f++) {
-                char src[PATH_MAX], dst[PATH_MAX];
-                snprintf(src, sizeof src, "%s/%s", dir, *f);
-                snprintf(dst, sizeof dst, "%s/%s", INTERP_SANDBOX_DIR, *f);
-                _cleanup_free_ char *data = NULL;
-                int r = read_file_at(AT_FDCWD, src, 8 << 20, &data);
-                if (r < 0)
-                        return hutch_error_set(err, r, "reading %s: %s", src, strerror(-r));
-                if ((r = hutch_fs_write_buffer(sb->h, &root, dst, data, (size_t) r, err)) < 0)
-                        return r;
-        }
-        static const char *const chmod_argv[] = { "/bin/chmod", "0755",
-                                                  INTERP_SANDBOX_DIR "/hutch-interp", NULL };
-        static const char *const envp[] = { "PATH=" START_PATH, NULL };
-        int r = run_wait(srv, sb, chmod_argv, envp, 0, deadline_ms, err);
-        if (r != 0)
-                return hutch_error_set(err, r < 0 ? r : -EIO,
-                                       "making the interpreter executable failed (%d)", r);
-        return 0;
-}
-
 /* ------------------------------------------------- the wait for ready */
 
 /* A create whose answer waits for its template's ready command: the
@@ -373,9 +312,10 @@ static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
         w->ready_cmd = strdup(t->ready_cmd ? t->ready_cmd : "true");
         if (!w->envp || !w->ready_cmd || !t->start_cmd)
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
-        char dir[PATH_MAX];
-        if (r >= 0 && interp_host_dir(dir, sizeof dir) == 0 && !interp_dir_visible(dir))
-                r = copy_interp_files(srv, sb, dir, w->deadline_ms, err);
+        if (r >= 0) {
+                r = interp_files_install(sb->h, (int) (w->deadline_ms - now), err);
+                sbx_mark_dirty(sb);
+        }
         _cleanup_free_ char *start = NULL;
         if (r >= 0 &&
             asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", t->start_cmd) < 0)

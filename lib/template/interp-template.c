@@ -1,15 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
 #include "template/interp-template.h"
 #include "template/template.h"
 #include "util/error.h"
+#include "util/fdutil.h"
 #include "util/macro.h"
 
 #ifndef HUTCH_INTERP_INSTALL_DIR
@@ -67,6 +71,116 @@ int interp_host_dir(char *buf, size_t n) {
 
 bool interp_dir_visible(const char *dir) {
         return startswith(dir, "/usr/");
+}
+
+static int64_t mono_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Run argv in the sandbox and wait for its exit: its status (128+N for a
+ * signal), or -ETIMEDOUT (it is killed then). Other exits are dropped. */
+static int run_wait(hutch_sandbox *sb, const char *const *argv, const char *const *envp, uid_t uid,
+                    int64_t deadline_ms, hutch_error *err) {
+        hutch_spawn_config sc = {
+                .argv = argv,
+                .envp = envp,
+                .cwd = uid ? "/home/user" : "/",
+                .uid = uid,
+                .gid = uid,
+                .stdin_mode = HUTCH_STDIN_NULL,
+        };
+        hutch_process hp;
+        int r = hutch_sandbox_spawn(sb, &sc, &hp, err);
+        if (r < 0)
+                return r;
+        safe_close(hp.stdin_fd);
+        safe_close(hp.stdout_fd);
+        safe_close(hp.stderr_fd);
+        for (;;) {
+                int64_t left = deadline_ms - mono_ms();
+                hutch_exit ex;
+                if (left <= 0 || (r = hutch_sandbox_wait(sb, (int) left, &ex, err)) < 0) {
+                        hutch_error e2 = { 0 };
+                        (void) hutch_sandbox_signal(sb, hp.pid, SIGKILL, true, &e2);
+                        return left <= 0 || r == -ETIMEDOUT ? -ETIMEDOUT : r;
+                }
+                if (ex.pid == hp.pid)
+                        return ex.signal ? 128 + ex.signal : ex.exit_code;
+        }
+}
+
+int interp_files_install(hutch_sandbox *sb, int timeout_ms, hutch_error *err) {
+        static const hutch_fs_user root = { 0, 0 };
+        char dir[PATH_MAX];
+        if (interp_host_dir(dir, sizeof dir) < 0 || interp_dir_visible(dir))
+                return 0;
+        for (const char *const *f = interp_files; *f; f++) {
+                char src[PATH_MAX], dst[PATH_MAX];
+                snprintf(src, sizeof src, "%s/%s", dir, *f);
+                snprintf(dst, sizeof dst, "%s/%s", INTERP_SANDBOX_DIR, *f);
+                _cleanup_free_ char *data = NULL;
+                int r = read_file_at(AT_FDCWD, src, 8 << 20, &data);
+                if (r < 0)
+                        return hutch_error_set(err, r, "reading %s: %s", src, strerror(-r));
+                if ((r = hutch_fs_write_buffer(sb, &root, dst, data, (size_t) r, err)) < 0)
+                        return r;
+        }
+        static const char *const chmod_argv[] = { "/bin/chmod", "0755",
+                                                  INTERP_SANDBOX_DIR "/hutch-interp", NULL };
+        static const char *const envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+        int r = run_wait(sb, chmod_argv, envp, 0, mono_ms() + timeout_ms, err);
+        if (r != 0)
+                return hutch_error_set(err, r < 0 ? r : -EIO,
+                                       "making the interpreter executable failed (%d)", r);
+        return 0;
+}
+
+int template_start_commands(hutch_sandbox *sb, const hutch_template *t, const char *const *envp,
+                            int timeout_ms, hutch_error *err) {
+        if (!t->start_cmd)
+                return 0;
+        int64_t deadline = mono_ms() + timeout_ms;
+        int r = interp_files_install(sb, timeout_ms, err);
+        if (r < 0)
+                return r;
+        _cleanup_free_ char *start = NULL;
+        if (asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", t->start_cmd) < 0)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        const char *sargv[] = { "/bin/sh", "-c", start, NULL };
+        hutch_spawn_config sc = {
+                .argv = sargv,
+                .envp = envp,
+                .cwd = "/home/user",
+                .uid = 1000,
+                .gid = 1000,
+                .stdin_mode = HUTCH_STDIN_NULL,
+                .tag = "start_cmd",
+        };
+        hutch_process hp;
+        if ((r = hutch_sandbox_spawn(sb, &sc, &hp, err)) < 0)
+                return hutch_error_wrap(err, r, "the template's start command");
+        safe_close(hp.stdin_fd);
+        safe_close(hp.stdout_fd);
+        safe_close(hp.stderr_fd);
+        if (!t->ready_cmd)
+                return 0;
+        const char *rargv[] = { "/bin/sh", "-c", t->ready_cmd, NULL };
+        int last = -1;
+        while (mono_ms() < deadline) {
+                hutch_error e2 = { 0 };
+                last = run_wait(sb, rargv, envp, 1000, deadline, &e2);
+                if (last == 0)
+                        return 0;
+                struct timespec ts = { 0, 50 * 1000 * 1000 };
+                nanosleep(&ts, NULL);
+        }
+        return hutch_error_set(
+                err, -ETIMEDOUT,
+                "template '%s': its ready command did not succeed within %d s (last exit status %d); "
+                "see /tmp/.hutch-start.log in the sandbox",
+                t->name, timeout_ms / 1000, last);
 }
 
 int template_interp_resolve(const char *data_dir, const char *name, hutch_template **ret,

@@ -101,3 +101,18 @@ def test_the_warm_pool_hands_out_started_interpreters_with_the_creates_envs(sand
         assert wait_until(lambda: d.log_tail(100000).count("(code-interpreter-v1) ready after") >= 2, 60)
     finally:
         d.stop()
+
+
+def test_hutch_run_starts_the_interpreter_before_the_command(sandboxed_hutch, sandbox_run):
+    """`hutch run --template code-interpreter` is a normal template whose
+    start command runs (and is ready) before the command, with its --env."""
+    code = json.dumps({"code": "import os, pandas, sklearn, matplotlib; os.environ['HUTCH_RUN_ENV']"})
+    cp = sandbox_run(["--template", "code-interpreter", "--env", "HUTCH_RUN_ENV=from-run"],
+                     ["sh", "-c", "curl -s localhost:49999/health && curl -sN localhost:49999/execute -d \"$0\"", code],
+                     timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    out = cp.stdout.decode()
+    assert out.startswith('"OK"'), out
+    events = [json.loads(line) for line in out[4:].splitlines() if line]
+    assert [e.get("text") for e in events if e["type"] == "result"] == ["from-run"], events
+    assert events[-1] == {"type": "end_of_execution"}
