@@ -83,8 +83,7 @@ static bool env_name_valid(const char *kv) {
         if (!eq || eq == kv)
                 return false;
         for (const char *p = kv; p < eq; p++)
-                if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
-                      (*p >= '0' && *p <= '9') || *p == '_'))
+                if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
                         return false;
         return !(kv[0] >= '0' && kv[0] <= '9');
 }
@@ -119,7 +118,7 @@ typedef struct run_opts {
         const char *workdir;
         uint64_t timeout_ms;
         bool json;
-        const char *net; /* NULL or "deny": no network */
+        const char *net;      /* NULL or "deny": no network */
         const char *net_open;
         const char *dns;
         bool net_log;
@@ -153,9 +152,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         const char *env_backend = getenv("HUTCH_BACKEND");
         if (env_backend && *env_backend) {
                 if ((r = hutch_backend_from_name(env_backend)) < 0)
-                        return log_error("invalid HUTCH_BACKEND '%s' (expected ns or gvisor)",
-                                         env_backend),
-                               -EINVAL;
+                        return log_error("invalid HUTCH_BACKEND '%s' (expected ns or gvisor)", env_backend), -EINVAL;
                 o->sb.backend = r;
         }
         opterr = 0;
@@ -167,47 +164,32 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         break;
                 case OPT_BACKEND:
                         if ((r = hutch_backend_from_name(optarg)) < 0)
-                                return log_error("invalid --backend '%s' (expected ns or gvisor)",
-                                                 optarg),
-                                       -EINVAL;
+                                return log_error("invalid --backend '%s' (expected ns or gvisor)", optarg), -EINVAL;
                         o->sb.backend = r;
                         break;
                 case OPT_MEMORY:
                         /* the engine's bounds, checked here so that every bad value is a
                          * usage error (2) naming its bound, not a failure (125) */
-                        if (parse_size(optarg, &o->sb.limits.memory_bytes) < 0 ||
-                            o->sb.limits.memory_bytes < HUTCH_MIN_MEMORY)
-                                return log_error("invalid --memory '%s' (expected a size of at least 4M, like 512M or 2G)",
-                                                 optarg),
-                                       -EINVAL;
+                        if (parse_size(optarg, &o->sb.limits.memory_bytes) < 0 || o->sb.limits.memory_bytes < HUTCH_MIN_MEMORY)
+                                return log_error("invalid --memory '%s' (expected a size of at least 4M, like 512M or 2G)", optarg), -EINVAL;
                         break;
                 case OPT_DISK:
-                        if (parse_size(optarg, &o->sb.limits.disk_bytes) < 0 ||
-                            o->sb.limits.disk_bytes < HUTCH_MIN_DISK ||
+                        if (parse_size(optarg, &o->sb.limits.disk_bytes) < 0 || o->sb.limits.disk_bytes < HUTCH_MIN_DISK ||
                             o->sb.limits.disk_bytes > HUTCH_MAX_DISK)
-                                return log_error("invalid --disk '%s' (expected a size from 1M to 1T, like 1G)",
-                                                 optarg),
-                                       -EINVAL;
+                                return log_error("invalid --disk '%s' (expected a size from 1M to 1T, like 1G)", optarg), -EINVAL;
                         break;
                 case OPT_PIDS:
-                        if (parse_u64(optarg, HUTCH_MAX_PIDS, &o->sb.limits.pids) < 0 ||
-                            o->sb.limits.pids == 0)
-                                return log_error("invalid --pids '%s' (expected a number from 1 to 4194304)",
-                                                 optarg),
-                                       -EINVAL;
+                        if (parse_u64(optarg, HUTCH_MAX_PIDS, &o->sb.limits.pids) < 0 || o->sb.limits.pids == 0)
+                                return log_error("invalid --pids '%s' (expected a number from 1 to 4194304)", optarg), -EINVAL;
                         break;
                 case OPT_INODES:
                         if (parse_u64(optarg, HUTCH_MAX_INODES, &o->sb.limits.disk_inodes) < 0 ||
                             o->sb.limits.disk_inodes < HUTCH_MIN_INODES)
-                                return log_error("invalid --inodes '%s' (expected a number from 64 to 4294967296)",
-                                                 optarg),
-                                       -EINVAL;
+                                return log_error("invalid --inodes '%s' (expected a number from 64 to 4294967296)", optarg), -EINVAL;
                         break;
                 case OPT_CPUS:
                         if (parse_cpus_millis(optarg, &o->sb.limits.cpu_millis) < 0)
-                                return log_error("invalid --cpus '%s' (expected a number like 2 or 0.5)",
-                                                 optarg),
-                                       -EINVAL;
+                                return log_error("invalid --cpus '%s' (expected a number like 2 or 0.5)", optarg), -EINVAL;
                         break;
                 case OPT_NET: {
                         /* checked here, so that a typo is a usage error */
@@ -216,8 +198,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         if (egress_policy_new(&p) < 0)
                                 return -ENOMEM;
                         r = streq(optarg, "deny") || streq(optarg, "allow")
-                                ? 0
-                                : egress_policy_add_rules(p, optarg, why, sizeof why);
+                                    ? 0
+                                    : egress_policy_add_rules(p, optarg, why, sizeof why);
                         egress_policy_free(p);
                         if (r < 0)
                                 return log_error("invalid --net: %s", why), -EINVAL;
@@ -236,8 +218,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 case 'e':
                 case OPT_ENV:
                         if (!env_name_valid(optarg))
-                                return log_error("invalid --env '%s' (expected NAME=VALUE)", optarg),
-                                       -EINVAL;
+                                return log_error("invalid --env '%s' (expected NAME=VALUE)", optarg), -EINVAL;
                         if ((r = env_set(o->env, &o->n_env, optarg)) < 0)
                                 return log_error("too many --env options"), r;
                         break;
@@ -248,16 +229,12 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 case 'w':
                 case OPT_WORKDIR:
                         if (optarg[0] != '/')
-                                return log_error("invalid --workdir '%s' (must be an absolute path)",
-                                                 optarg),
-                                       -EINVAL;
+                                return log_error("invalid --workdir '%s' (must be an absolute path)", optarg), -EINVAL;
                         o->workdir = optarg;
                         break;
                 case OPT_TIMEOUT:
                         if (parse_duration_ms(optarg, &o->timeout_ms) < 0 || o->timeout_ms == 0)
-                                return log_error("invalid --timeout '%s' (expected a duration like 500ms, 10s, 2m)",
-                                                 optarg),
-                                       -EINVAL;
+                                return log_error("invalid --timeout '%s' (expected a duration like 500ms, 10s, 2m)", optarg), -EINVAL;
                         break;
                 case OPT_NNP:
                         o->sb.no_new_privs = true;
@@ -274,11 +251,9 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         if (optopt && optopt < 256)
                                 log_error("unknown option '-%c' (see `hutch run --help`)", optopt);
                         else if (optopt)
-                                log_error("option '%s' needs a value (see `hutch run --help`)",
-                                          argv[optind - 1]);
+                                log_error("option '%s' needs a value (see `hutch run --help`)", argv[optind - 1]);
                         else
-                                log_error("unknown option '%s' (see `hutch run --help`)",
-                                          argv[optind - 1]);
+                                log_error("unknown option '%s' (see `hutch run --help`)", argv[optind - 1]);
                         return -EINVAL;
                 }
         }
@@ -292,8 +267,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         if (optind < argc && streq(argv[optind], "--"))
                 optind++;
         if (optind >= argc)
-                return log_error("no command given (usage: hutch run [OPTIONS] -- CMD [ARG...])"),
-                       -EINVAL;
+                return log_error("no command given (usage: hutch run [OPTIONS] -- CMD [ARG...])"), -EINVAL;
         o->cmd = argv + optind;
 
         uint64_t uid;
@@ -304,9 +278,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         else if (parse_u64(user, 65535, &uid) == 0)
                 o->uid = o->gid = (uid_t) uid;
         else
-                return log_error("invalid --user '%s' (expected user, root or a uid from 0 to 65535)",
-                                 user),
-                       -EINVAL;
+                return log_error("invalid --user '%s' (expected user, root or a uid from 0 to 65535)", user), -EINVAL;
         return 0;
 }
 
@@ -351,9 +323,8 @@ static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
                 return r;
         if ((r = egress_ceiling_add_allow(c, "*", why, sizeof why)) < 0)
                 return log_error("%s", why), r;
-        if (o->net_open &&
-            (r = egress_ceiling_add_list(c, o->net_open, egress_ceiling_allow_private, why,
-                                         sizeof why)) < 0)
+        if (o->net_open && (r = egress_ceiling_add_list(c, o->net_open, egress_ceiling_allow_private, why,
+                                                        sizeof why)) < 0)
                 return log_error("invalid --net-open: %s", r == -ENOMEM ? "out of memory" : why), r;
         if ((r = egress_ceiling_add_host_addresses(c)) < 0)
                 return log_error_errno(r, "getifaddrs: %m");
@@ -409,8 +380,7 @@ static void default_env(run_opts *o) {
         size_t n_user = o->n_env;
         memcpy(user_env, o->env, sizeof(char *) * n_user);
         o->n_env = 0;
-        (void) env_set(o->env, &o->n_env,
-                       "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        (void) env_set(o->env, &o->n_env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
         snprintf(buf, sizeof buf, "HOME=%s", home);
         (void) env_set(o->env, &o->n_env, buf);
         if (name) {
@@ -465,8 +435,8 @@ static int pump(stream *s, char *buf, size_t bufsz) {
         return r < 0 ? r : 1;
 }
 
-static void json_summary(const char *id, const hutch_exit *ex, bool exited, bool timed_out,
-                         bool oom, int64_t wall_ns, const hutch_stats *st) {
+static void json_summary(const char *id, const hutch_exit *ex, bool exited, bool timed_out, bool oom, int64_t wall_ns,
+                         const hutch_stats *st) {
         char code[16] = "null", sig[16] = "null";
         if (exited && ex->signal == 0)
                 snprintf(code, sizeof code, "%d", ex->exit_code);
@@ -475,9 +445,8 @@ static void json_summary(const char *id, const hutch_exit *ex, bool exited, bool
         fprintf(stderr,
                 "{\"sandbox_id\":\"%s\",\"exit_code\":%s,\"signal\":%s,\"timed_out\":%s,\"oom_killed\":%s,"
                 "\"wall_ms\":%.3f,\"cpu_ms\":%.3f,\"memory_peak_bytes\":%llu}\n",
-                id, code, sig, timed_out ? "true" : "false", oom ? "true" : "false",
-                (double) wall_ns / 1e6, (double) st->cpu_usage_ns / 1e6,
-                (unsigned long long) st->memory_peak);
+                id, code, sig, timed_out ? "true" : "false", oom ? "true" : "false", (double) wall_ns / 1e6,
+                (double) st->cpu_usage_ns / 1e6, (unsigned long long) st->memory_peak);
 }
 
 int verb_run(int argc, char **argv) {
@@ -520,15 +489,11 @@ int verb_run(int argc, char **argv) {
                 log_error("%s", err.msg);
                 goto out;
         }
-        log_debug("sandbox %s created in %.3f ms", hutch_sandbox_id(sb),
-                  (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
+        log_debug("sandbox %s created in %.3f ms", hutch_sandbox_id(sb), (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
         if (o.net && net_start(&o, sb, &proxy) < 0)
                 goto out;
 
-        const char *cwd = o.workdir ? o.workdir
-                : o.uid == 0        ? "/root"
-                : o.uid == 1000     ? "/home/user"
-                                    : "/";
+        const char *cwd = o.workdir ? o.workdir : o.uid == 0 ? "/root" : o.uid == 1000 ? "/home/user" : "/";
         hutch_spawn_config sc = {
                 .argv = (const char *const *) o.cmd,
                 .envp = (const char *const *) o.env,
@@ -547,8 +512,7 @@ int verb_run(int argc, char **argv) {
         if (template_is_interp(o.sb.template_name)) {
                 const char *dd = getenv("HUTCH_DATA_DIR");
                 hutch_template *t = NULL;
-                if (template_resolve(dd && *dd ? dd : "/var/lib/hutch", o.sb.template_name, &t,
-                                     &err) < 0 ||
+                if (template_resolve(dd && *dd ? dd : "/var/lib/hutch", o.sb.template_name, &t, &err) < 0 ||
                     template_start_commands(sb, t, (const char *const *) o.env, 60000, &err) < 0) {
                         template_free(t);
                         log_error("%s", err.msg);
@@ -612,28 +576,28 @@ int verb_run(int argc, char **argv) {
                 int np = 0, i_in = -1, i_pipe = -1, i_out = -1, i_err = -1, i_sig = -1, i_net = -1;
                 if (!stdin_done && in_len == 0) {
                         i_in = np;
-                        p[np++] = (struct pollfd) { .fd = STDIN_FILENO, .events = POLLIN };
+                        p[np++] = (struct pollfd){ .fd = STDIN_FILENO, .events = POLLIN };
                 }
                 if (!stdin_done && in_len > 0) {
                         i_pipe = np;
-                        p[np++] = (struct pollfd) { .fd = proc.stdin_fd, .events = POLLOUT };
+                        p[np++] = (struct pollfd){ .fd = proc.stdin_fd, .events = POLLOUT };
                 }
                 if (sout.open) {
                         i_out = np;
-                        p[np++] = (struct pollfd) { .fd = sout.in, .events = POLLIN };
+                        p[np++] = (struct pollfd){ .fd = sout.in, .events = POLLIN };
                 }
                 if (serr.open) {
                         i_err = np;
-                        p[np++] = (struct pollfd) { .fd = serr.in, .events = POLLIN };
+                        p[np++] = (struct pollfd){ .fd = serr.in, .events = POLLIN };
                 }
-                p[np++] = (struct pollfd) { .fd = hutch_sandbox_fd(sb), .events = POLLIN };
+                p[np++] = (struct pollfd){ .fd = hutch_sandbox_fd(sb), .events = POLLIN };
                 if (sfd >= 0) {
                         i_sig = np;
-                        p[np++] = (struct pollfd) { .fd = sfd, .events = POLLIN };
+                        p[np++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
                 }
                 if (proxy) {
                         i_net = np;
-                        p[np++] = (struct pollfd) { .fd = egress_proxy_fd(proxy), .events = POLLIN };
+                        p[np++] = (struct pollfd){ .fd = egress_proxy_fd(proxy), .events = POLLIN };
                 }
                 int wait = -1;
                 if (deadline) {
@@ -712,8 +676,7 @@ int verb_run(int argc, char **argv) {
                                         ex.signal = (int) si.ssi_signo;
                                         goto done;
                                 }
-                                (void) hutch_sandbox_signal(sb, proc.pid, (int) si.ssi_signo, true,
-                                                            NULL);
+                                (void) hutch_sandbox_signal(sb, proc.pid, (int) si.ssi_signo, true, NULL);
                                 first_signal = (int) si.ssi_signo;
                                 signal_deadline = clock_ns(CLOCK_MONOTONIC) + SIGNAL_GRACE_NS;
                         }
@@ -737,8 +700,7 @@ done:;
                                 break;
                 }
         if (timed_out) {
-                log_error("timed out after %.3fs; the sandbox was killed",
-                          (double) o.timeout_ms / 1000);
+                log_error("timed out after %.3fs; the sandbox was killed", (double) o.timeout_ms / 1000);
                 exit_status = EXIT_TIMEOUT;
         } else if (killed_outside) {
                 if (ex.signal == 0)
@@ -749,8 +711,7 @@ done:;
         else
                 exit_status = ex.exit_code;
         if (o.json)
-                json_summary(hutch_sandbox_id(sb), &ex, exited, timed_out, oom,
-                             clock_ns(CLOCK_MONOTONIC) - t0, &st);
+                json_summary(hutch_sandbox_id(sb), &ex, exited, timed_out, oom, clock_ns(CLOCK_MONOTONIC) - t0, &st);
 
 out:
         safe_close(proc.stdin_fd);
@@ -762,8 +723,7 @@ out:
                         if (exit_status == 0)
                                 exit_status = EXIT_HUTCH;
                 }
-                log_debug("sandbox destroyed at %.3f ms",
-                          (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
+                log_debug("sandbox destroyed at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
                 hutch_sandbox_unref(sb);
         }
         egress_proxy_free(proxy); /* each open connection recorded */
