@@ -712,9 +712,10 @@ static void exec_done(kctx *c) {
         if (!e)
                 return;
         c->cur = NULL;
-        exec_finish(e);
+        /* the restore goes first: finishing may start a pipelined cell */
         if (e->env && c->state == K_READY)
                 env_apply(c, e->env, true);
+        exec_finish(e);
         exec_free(e);
         ctx_pump(c);
 }
@@ -1105,7 +1106,7 @@ static void handle(client *cl, const ih_request *rq, const char *body, size_t le
         const char *m = rq->method, *p = rq->path;
         char why[256];
         if (strcmp(p, "/health") == 0) {
-                if (strcmp(m, "GET") && strcmp(m, "HEAD"))
+                if (strcmp(m, "GET"))
                         return reply_text(cl, 405, "Method Not Allowed", keep);
                 kctx *py = ctx_default("python");
                 if (py && py->state == K_READY)
