@@ -39,7 +39,7 @@ def exchange(port, data, timeout=5):
     c = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     c.sendall(data)
     out = b""
-    c.settimeout(0.5)
+    c.settimeout(0.2)
     end = time.time() + timeout
     while time.time() < end:
         try:
