@@ -216,6 +216,23 @@ fig, ax = plt.subplots(); ax.imshow([[1, 2], [3, 4]]); plt.show()
     await sbx.removeCodeContext(ctx)
   })
 
+  test('a restart or a removal during a cell ends it with an error; text stays whole UTF-8', async () => {
+    const ctx = await sbx.createCodeContext()
+    await sbx.runCode('0', { context: ctx })
+    const running = sbx.runCode('import time; time.sleep(30)', { context: ctx })
+    await new Promise((r) => setTimeout(r, 300))
+    await sbx.restartCodeContext(ctx)
+    const e = await running
+    assert.equal(e.error.name, 'ContextRestarting')
+    const u = await sbx.runCode('print("héllo ✓ 日本"); "ünï"', { context: ctx })
+    assert.deepEqual(u.logs.stdout, ['héllo ✓ 日本\n'])
+    assert.equal(u.text, 'ünï')
+    const gone = sbx.runCode('import time; time.sleep(30)', { context: ctx })
+    await new Promise((r) => setTimeout(r, 300))
+    await sbx.removeCodeContext(ctx)
+    assert.equal((await gone).error.name, 'ContextRemoved')
+  })
+
   test('a kernel that dies is restarted and the caller gets a clear error', async () => {
     const ctx = await sbx.createCodeContext()
     const t0 = Date.now()
