@@ -395,10 +395,12 @@ static int template_backends_parse(const char *setting, const char *template_nam
                         memcpy(bname, eq + 1, n - (size_t) (eq - p) - 1);
                 }
                 int backend = hutch_backend_from_name(bname);
-                if (!streq(tname, "base") && !streq(tname, "host"))
+                if (!streq(tname, "base") && !streq(tname, "host") && !template_is_interp(tname))
                         backend = -EINVAL;
                 if (backend < 0) {
-                        snprintf(why, whylen, "'%.*s' is not TEMPLATE=BACKEND (templates: base, host; backends: ns, gvisor)",
+                        snprintf(why, whylen,
+                                 "'%.*s' is not TEMPLATE=BACKEND (templates: base, host, code-interpreter-v1, "
+                                 "code-interpreter; backends: ns, gvisor)",
                                  (int) MIN(n, 64), p);
                         return -EINVAL;
                 }

@@ -79,7 +79,7 @@ static const struct cfg_entry {
         { "sandbox-domain", CFG_LIST, S(sandbox_domain), 0, 0, "", "domain of sandbox ports: a request with Host <port>-<id>.<domain> reaches that port of that sandbox, and create/connect answer it as 'domain', so the SDK's getHost() names it (may end in :PORT; empty: any domain, answered as null)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
         { "backend", CFG_STR, S(backend), 0, 0, "ns", "isolation backend of sandboxes whose create names none: ns (namespaces) or gvisor (runsc)" },
-        { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base and host; e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
+        { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base, host and code-interpreter-v1 (and its aliases); e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
         { "runsc", CFG_STR, S(runsc), 0, 0, "auto", "runsc of the gvisor backend (auto: /usr/bin/runsc, /usr/local/bin/runsc)" },
         { "gvisor-platform", CFG_STR, S(gvisor_platform), 0, 0, "ptrace", "runsc --platform: ptrace, systrap or kvm" },
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
