@@ -405,9 +405,12 @@ static void *zsock(int type, int port, const char *ident) {
         if (!s)
                 return NULL;
         int zero = 0;
-        int64_t maxmsg = (int64_t) (2 * output_limit + (16u << 20));
+        /* No ZMQ_MAXMSGSIZE: past it ZeroMQ drops the connection, and the
+         * message with it, unmarked. A huge result is received (into the
+         * sandbox's memory, where the kernel made it first; the kernels are
+         * the OOM killer's first choice, kernel_spawn) and then cut with a
+         * marker (emit_result). */
         zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-        zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
         if (ident)
                 zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, strlen(ident));
         if (type == ZMQ_SUB)
@@ -511,6 +514,13 @@ static int kernel_spawn(kctx *c) {
                 }
                 if (chdir(c->cwd) < 0)
                         _exit(126);
+                /* out of memory, a kernel goes before the server: the cell
+                 * then ends with KernelDied instead of a server gone */
+                int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+                if (oom >= 0) {
+                        (void) !write(oom, "500", 3);
+                        close(oom);
+                }
                 execve(argv[0], argv, base_env);
                 _exit(127);
         }

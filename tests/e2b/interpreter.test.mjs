@@ -241,6 +241,10 @@ fig, ax = plt.subplots(); ax.imshow([[1, 2], [3, 4]]); plt.show()
     assert.match(e.error.value, /exited \(status 3\)/)
     assert.ok(Date.now() - t0 < 10000)
     assert.equal((await sbx.runCode('2 + 2', { context: ctx })).text, '4')
+    // out of memory: the OOM killer takes the kernel, not the server
+    const oom = await sbx.runCode('x = b"x" * (2 << 30)', { context: ctx })
+    assert.ok(['KernelDied', 'MemoryError'].includes(oom.error?.name), JSON.stringify(oom.error))
+    assert.equal((await sbx.runCode('3 + 3', { context: ctx })).text, '6')
     await sbx.removeCodeContext(ctx)
   })
 
