@@ -15,6 +15,8 @@
 #include "template/template.h"
 #include "egress/policy.h"
 #include "egress/proxy.h"
+#include "template/interp-template.h"
+#include "template/template.h"
 
 /* How long the command has to end after a forwarded SIGINT/SIGTERM/SIGHUP
  * before the sandbox is destroyed (a second signal does it at once). */
@@ -587,6 +589,19 @@ int verb_run(int argc, char **argv) {
         if (hutch_sandbox_tie_lifetime(sb, &err) < 0) {
                 log_error("%s", err.msg);
                 goto out;
+        }
+        /* a template with a start command (code-interpreter): it runs, and
+         * is ready, before the command (docs/interpreter.md) */
+        if (template_is_interp(o.sb.template_name)) {
+                const char *dd = getenv("HUTCH_DATA_DIR");
+                hutch_template *t = NULL;
+                if (template_resolve(dd && *dd ? dd : "/var/lib/hutch", o.sb.template_name, &t, &err) < 0 ||
+                    template_start_commands(sb, t, (const char *const *) o.env, 60000, &err) < 0) {
+                        template_free(t);
+                        log_error("%s", err.msg);
+                        goto out;
+                }
+                template_free(t);
         }
         r = hutch_sandbox_spawn(sb, &sc, &proc, &err);
         if (r < 0) {

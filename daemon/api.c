@@ -19,6 +19,7 @@
 #include "daemon/route.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
+#include "template/interp-template.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -220,6 +221,9 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                 sbx_kill(srv, sb, "create failed");
                 return http_reply_error(req->conn, 500, "out of memory");
         }
+        /* a template with a start command answers once it is ready (startcmd.c) */
+        if (template_is_interp(sb->template_id))
+                return sbx_start_answer(srv, req, sb);
         enum MHD_Result mr = http_reply_json(req->conn, 201, sandbox_created_json(sb));
         if (mr == MHD_YES)
                 sbx_create_queued(srv, req);

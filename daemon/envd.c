@@ -537,6 +537,8 @@ void proc_free(proc *p) {
 }
 
 void proc_on_exit(server *srv, sbx *sb, const hutch_exit *ex) {
+        if (startcmd_on_exit(srv, sb, ex)) /* a template's ready command (startcmd.c) */
+                return;
         for (proc *p = sb->procs; p; p = p->next) {
                 if (p->pid != ex->pid || p->exited)
                         continue;

@@ -719,6 +719,7 @@ void http_stop(server *srv) {
         /* suspended connections must be resumed before MHD can close them */
         for (stream *st = srv->streams; st; st = st->next)
                 stream_cut(st);
+        startcmd_stop(srv);
         ingress_stop(srv);
         MHD_run(srv->mhd);
         MHD_stop_daemon(srv->mhd);

@@ -28,6 +28,7 @@
 #include "util/log.h"
 #include "snapshot/seal.h"
 #include "template/template.h"
+#include "template/interp-template.h"
 
 
 static void hex(const uint8_t *b, size_t n, char *out) {
@@ -249,10 +250,31 @@ static void pool_save(server *srv) {
         free(buf);
 }
 
-static sbx *pool_take(server *srv) {
+/* How many of each kind the pool holds: host ones, and code-interpreter
+ * ones (started or starting). */
+static void pool_counts(server *srv, unsigned *ret_host, unsigned *ret_interp) {
+        unsigned h = 0, i = 0;
+        for (sbx *p = srv->pool; p; p = p->next)
+                if (!p->dead) {
+                        if (template_is_interp(p->template_id))
+                                i++;
+                        else
+                                h++;
+                }
+        *ret_host = h;
+        *ret_interp = i;
+}
+
+bool sbx_pool_short(server *srv) {
+        unsigned h, i;
+        pool_counts(srv, &h, &i);
+        return h < srv->cfg.pool_size || i < srv->cfg.interp_pool_size;
+}
+
+static sbx *pool_take(server *srv, bool interp) {
         for (sbx **pp = &srv->pool; *pp; pp = &(*pp)->next) {
                 sbx *sb = *pp;
-                if (sb->dead)
+                if (sb->dead || template_is_interp(sb->template_id) != interp || sb->start_pending)
                         continue;
                 /* drain what its init said while it waited (nothing, normally) */
                 sbx_drain(srv, sb);
@@ -283,8 +305,12 @@ void sbx_pool_fill(server *srv) {
                 }
                 pp = &sb->next;
         }
-        if (srv->n_pool >= srv->cfg.pool_size)
+        unsigned n_host, n_interp;
+        pool_counts(srv, &n_host, &n_interp);
+        bool interp = n_host >= srv->cfg.pool_size;
+        if (interp && n_interp >= srv->cfg.interp_pool_size)
                 return;
+        const char *tpl = interp ? "code-interpreter-v1" : "host";
         sbx *sb = sbx_alloc(srv);
         if (!sb)
                 return;
@@ -298,11 +324,18 @@ void sbx_pool_fill(server *srv) {
         srv->n_pool++;
         pool_save(srv);
         hutch_error err = { 0 };
-        snprintf(sb->template_id, sizeof sb->template_id, "host");
+        snprintf(sb->template_id, sizeof sb->template_id, "%s", tpl);
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
-        int r = sbx_engine_start(srv, sb, "host", NULL, false, &err);
+        int r = sbx_engine_start(srv, sb, tpl, NULL, false, &err);
+        /* a code-interpreter one starts its kernels now (startcmd.c) */
+        if (r >= 0 && interp && (r = startcmd_pool_begin(srv, sb, &err)) < 0) {
+                loop_del(srv, &sb->w);
+                hutch_error e2 = { 0 };
+                (void) hutch_sandbox_destroy(sb->h, &e2);
+                sb->h = hutch_sandbox_unref(sb->h);
+        }
         if (r < 0) {
                 log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
                 srv->pool = sb->next;
@@ -368,10 +401,12 @@ static int template_backends_parse(const char *setting, const char *template_nam
                         memcpy(bname, eq + 1, n - (size_t) (eq - p) - 1);
                 }
                 int backend = hutch_backend_from_name(bname);
-                if (!streq(tname, "base") && !streq(tname, "host"))
+                if (!streq(tname, "base") && !streq(tname, "host") && !template_is_interp(tname))
                         backend = -EINVAL;
                 if (backend < 0) {
-                        snprintf(why, whylen, "'%.*s' is not TEMPLATE=BACKEND (templates: base, host; backends: ns, gvisor)",
+                        snprintf(why, whylen,
+                                 "'%.*s' is not TEMPLATE=BACKEND (templates: base, host, code-interpreter-v1, "
+                                 "code-interpreter; backends: ns, gvisor)",
                                  (int) MIN(n, 64), p);
                         return -EINVAL;
                 }
@@ -414,6 +449,9 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         char built_tid[32] = "", built_alias[64] = "", snap_base[64];
         if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
                 template_name = "host";
+                alias = cr.template_id;
+        } else if (template_is_interp(cr.template_id)) {
+                template_name = cr.template_id; /* the host template with start commands */
                 alias = cr.template_id;
         } else if (snapshot_id_valid(cr.template_id)) {
                 /* from a snapshot: its layer, verified and unsealed now */
@@ -577,9 +615,10 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                        "volume mounts are not supported on the gvisor backend (docs/volumes.md)");
         }
         /* the pool holds sandboxes of the operator's default backend */
-        bool poolable = streq(template_name, "host") && !snap.id[0] && !mounts && !built &&
+        bool poolable = (streq(template_name, "host") || template_is_interp(template_name)) && !snap.id[0] &&
+                        !mounts && !built &&
                         backend == hutch_backend_from_name(srv->cfg.backend);
-        sbx *sb = poolable ? pool_take(srv) : NULL;
+        sbx *sb = poolable ? pool_take(srv, template_is_interp(template_name)) : NULL;
         if (!sb) {
                 sb = sbx_alloc(srv);
                 if (!sb) {

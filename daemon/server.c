@@ -84,7 +84,7 @@ static const struct cfg_entry {
         { "sandbox-domain", CFG_LIST, S(sandbox_domain), 0, 0, "", "domain of sandbox ports: a request with Host <port>-<id>.<domain> reaches that port of that sandbox, and create/connect answer it as 'domain', so the SDK's getHost() names it (may end in :PORT; empty: any domain, answered as null)" },
         { "egress-upstream-ca", CFG_LIST, S(egress_upstream_ca), 0, 0, "", "PEM file of CAs trusted for intercepted upstreams, besides the system store" },
         { "backend", CFG_STR, S(backend), 0, 0, "ns", "isolation backend of sandboxes whose create names none: ns (namespaces) or gvisor (runsc)" },
-        { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base and host; e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
+        { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base, host and code-interpreter-v1 (and its aliases); e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
         { "runsc", CFG_STR, S(runsc), 0, 0, "auto", "runsc of the gvisor backend (auto: /usr/bin/runsc, /usr/local/bin/runsc)" },
         { "gvisor-platform", CFG_STR, S(gvisor_platform), 0, 0, "ptrace", "runsc --platform: ptrace, systrap or kvm" },
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
@@ -93,6 +93,8 @@ static const struct cfg_entry {
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
         { "registries-conf", CFG_STR, S(registries_conf), 0, 0, "-", "registries.conf of image pulls (search, mirror, insecure and ca lines; '-': DATA_DIR/registries.conf, as `hutch template pull`)" },
         { "registry-ca", CFG_STR, S(registry_ca), 0, 0, "-", "PEM file of CAs trusted for every registry, besides the system's ('-': none)" },
+        { "interp-pool-size", CFG_U64, U(interp_pool_size), 0, 1000, "0", "code-interpreter sandboxes kept started, their kernels up, so that such a create only claims one (0: none; each holds its python and javascript kernels, about 150 MB)" },
+        { "ready-timeout", CFG_SECONDS, U(ready_timeout_s), 1, 3600, "60", "a template's ready command (code-interpreter's: its kernel is up) must succeed within this, or the create fails" },
 #undef S
 #undef U
 };
@@ -735,6 +737,9 @@ int server_run(const server_config *cfg) {
                         int64_t n2 = envd_timers(srv, now);
                         if (n2 >= 0 && (next < 0 || n2 < next))
                                 next = n2;
+                        n2 = startcmd_timers(srv, now);
+                        if (n2 >= 0 && (next < 0 || n2 < next))
+                                next = n2;
                         bool dirty = false;
                         for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
                                 dirty |= sb->dirty;
@@ -742,9 +747,9 @@ int server_run(const server_config *cfg) {
                                 break;
                 }
                 /* top up the warm pool, one sandbox per quiet turn */
-                if (srv->n_pool < srv->cfg.pool_size && wall_ms() >= srv->pool_backoff_ms) {
+                if (sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms) {
                         sbx_pool_fill(srv);
-                        if (srv->n_pool < srv->cfg.pool_size && wall_ms() >= srv->pool_backoff_ms)
+                        if (sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms)
                                 next = wall_ms(); /* go on filling without sleeping */
                 }
                 int64_t hk = housekeeping(srv, wall_ms());

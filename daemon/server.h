@@ -76,6 +76,8 @@ typedef struct server_config {
         /* image pulls (lib/image/pull.h): the same files `hutch template pull` reads */
         char registries_conf[1024];  /* "-": DATA_DIR/registries.conf */
         char registry_ca[1024];      /* "-": the system's CAs only */
+        uint64_t ready_timeout_s;    /* a template's ready command must succeed within this (daemon/startcmd.c) */
+        uint64_t interp_pool_size;   /* code-interpreter sandboxes kept started and ready */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -185,6 +187,8 @@ struct sbx {
         bool dirty;             /* a synchronous call may have queued events: drain them */
         bool procs_pending;     /* re-adopted while paused: find its processes at resume */
         bool pooled;            /* in the warm pool: no row, no owner yet */
+        bool start_pending;     /* pooled: its template's ready command has not succeeded yet */
+        bool start_done;        /* its template's start command runs and was ready (a pooled one) */
         bool dying;             /* killed; the engine finishes when init's pidfd is readable */
         watcher gone_w;         /* init's pidfd while dying (never the init socket's watcher: a
                                    stale event for that one must not finish the teardown) */
@@ -379,6 +383,18 @@ int sealed_file_write(server *srv, int plain_fd, const char *final, const char *
 /* gvisor, paused to disk: the checkpoint stream, unsealed, to out_fd. */
 int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err);
 void sbx_pool_fill(server *srv);
+bool sbx_pool_short(server *srv); /* fewer warm sandboxes than the settings ask */
+/* Template start and ready commands (daemon/startcmd.c): answer a create
+ * whose template has a start command once its ready command exits 0 (the
+ * connection waits suspended); the ready command's exits, the retries and
+ * deadlines; at stop, every waiting create is answered 503. */
+enum MHD_Result sbx_start_answer(server *srv, request *req, sbx *sb);
+bool startcmd_on_exit(server *srv, sbx *sb, const hutch_exit *ex);
+int64_t startcmd_timers(server *srv, int64_t now);
+void startcmd_stop(server *srv);
+/* A pooled sandbox of a template with a start command: start it, and mark
+ * it start_done once ready (it is not handed out before). */
+int startcmd_pool_begin(server *srv, sbx *sb, hutch_error *err);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);
 

@@ -2,7 +2,8 @@
 # Install the Debian packages hutch needs, and only the missing ones.
 #
 #   scripts/deps.sh build   # compilers, meson, libraries, runtime tools
-#   scripts/deps.sh test    # build + test and benchmark extras
+#   scripts/deps.sh test    # build + test and benchmark extras (+ interp)
+#   scripts/deps.sh interp  # the code interpreter's kernels (docs/interpreter.md)
 #
 # Idempotent and quick: when dpkg already has every package installed, apt is
 # never touched (no `apt-get update`, no network) and it prints one line;
@@ -17,7 +18,18 @@ build_pkgs=(
         libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev
         libzstd-dev libarchive-dev libcap-dev
         libcurl4-openssl-dev # hutch template pull: the registry client (HTTPS, parallel downloads)
+        libzmq3-dev # hutch-interp speaks ZeroMQ to the Jupyter kernels
         iproute2 ca-certificates python3
+)
+# The code-interpreter template's languages, from the host's /usr
+# (docs/interpreter.md): about 640 MB and a minute of apt on a fresh machine.
+interp_pkgs=(
+        python3-ipykernel python3-jupyter-client # the python kernel, and the bench's direct client
+        python3-numpy python3-pandas python3-matplotlib python3-scipy python3-sklearn
+        python3-seaborn python3-pil python3-plotly
+        r-cran-irkernel # R
+        node-typescript # TypeScript, transpiled for the node kernel
+        openjdk-17-jdk-headless # jshell, for the Java kernel
 )
 test_pkgs=(
         python3-pytest
@@ -38,16 +50,17 @@ test_pkgs=(
 
 case "$set_name" in
 build) want=("${build_pkgs[@]}") ;;
-test) want=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+test) want=("${build_pkgs[@]}" "${test_pkgs[@]}" "${interp_pkgs[@]}") ;;
+interp) want=("${interp_pkgs[@]}") ;;
 *)
-        echo "usage: $0 build|test" >&2
+        echo "usage: $0 build|test|interp" >&2
         exit 2
         ;;
 esac
 
 # node and npm may come from elsewhere (e.g. NodeSource, which also names its
 # package "nodejs" but ships npm inside it): ask only for what is missing.
-if [[ $set_name == test ]]; then
+if [[ $set_name == test || $set_name == interp ]]; then
         command -v node >/dev/null 2>&1 || want+=(nodejs)
         command -v npm >/dev/null 2>&1 || want+=(npm)
 fi

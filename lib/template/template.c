@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "sandbox/initproto.h"
+#include "template/interp-template.h"
 #include "template/template.h"
 #include "template/template-internal.h"
 #include "image/layer.h"
@@ -22,7 +23,7 @@
 extern const unsigned char hutch_gvisor_compat_start[];
 extern const unsigned char hutch_gvisor_compat_end[];
 
-#define HOST_TEMPLATE_VERSION "host-8"
+#define HOST_TEMPLATE_VERSION "host-9"
 #define USER_UID 1000
 
 /* Host /etc entries a sandbox needs to behave like the host's userland:
@@ -37,7 +38,10 @@ static const char *const host_etc_copy[] = {
         "ca-certificates", "ca-certificates.conf", "gai.conf", "host.conf", "magic",
         "magic.mime", "python3", "perl", "xattr.conf", "locale.alias", "sudo.conf",
         "bindresvport.blacklist", "manpath.config", "skel", "vim", "nanorc",
-        "ld-musl-x86_64.path", "ld-musl-x86_64.d", NULL,
+        "ld-musl-x86_64.path", "ld-musl-x86_64.d",
+        /* Debian keeps these packages' configuration in /etc: matplotlib
+         * (the code interpreter's charts), R, the JDK, fontconfig */
+        "matplotlibrc", "R", "java-17-openjdk", "fonts", NULL,
 };
 /* Inside the copied trees: keys and password history. (Files that may hold
  * an operator's credentials — environment, npmrc, pip.conf, gitconfig —
@@ -661,6 +665,8 @@ fail:
 int template_resolve(const char *data_dir, const char *name, hutch_template **ret, hutch_error *err) {
         if (!name || !*name || streq(name, "base"))
                 name = "host";
+        if (template_is_interp(name))
+                return template_interp_resolve(data_dir, name, ret, err); /* interp-template.c */
         if (template_validate_name(name) < 0)
                 return hutch_error_set(err, -EINVAL, "invalid template name '%s'", name);
         char tpl_root[PATH_MAX], tdir[PATH_MAX];
@@ -696,6 +702,8 @@ void template_free(hutch_template *t) {
         if (!t)
                 return;
         safe_close(t->lock_fd);
+        free(t->start_cmd);
+        free(t->ready_cmd);
         free(t->name);
         free(t->rootfs);
         for (size_t i = 0; i < t->n_layers; i++)

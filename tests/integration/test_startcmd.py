@@ -1,0 +1,118 @@
+"""Template start and ready commands (daemon/startcmd.c), through a real
+daemon with the code-interpreter template: a create waits for the ready
+command without holding up the daemon's other requests, and a ready command
+that never succeeds fails the create with E2B's error body within
+ready-timeout, leaving no sandbox behind."""
+
+import json
+import sqlite3
+import threading
+import time
+
+import hutchtest
+from hutchtest import wait_until
+from serveclient import ServeDaemon
+
+
+def test_create_waits_for_ready_without_blocking_the_daemon(sandboxed_hutch, tmp_path):
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0"])
+    d.start()
+    try:
+        got = {}
+
+        def create():
+            t = time.monotonic()
+            got["r"] = d.request("POST", "/v2/sandboxes", {"templateID": "code-interpreter-v1"}, timeout=120)
+            got["s"] = time.monotonic() - t
+        th = threading.Thread(target=create)
+        th.start()
+        # while the kernels start, the daemon answers others at once
+        lat = []
+        while th.is_alive():
+            t = time.monotonic()
+            assert d.request("GET", "/v2/sandboxes").status == 200
+            lat.append(time.monotonic() - t)
+            time.sleep(0.05)
+        th.join()
+        r = got["r"]
+        assert r.status == 201, r
+        sb = r.json()
+        d.created[sb["sandboxID"]] = d.key
+        # (the engine's own create runs on the loop: the first request may
+        # wait for it; the ready wait must not hold the others)
+        fast = [x for x in lat if x < 0.1]
+        assert len(fast) >= 5, (f"the create took {got['s']:.2f} s", lat)
+        # answered only once the interpreter is up: /health through the daemon
+        h = d.request("GET", "/health", headers={"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "49999"})
+        assert h.status == 200 and h.body == b'"OK"', h
+    finally:
+        d.stop()
+
+
+def test_a_ready_command_that_never_succeeds_fails_the_create(sandboxed_hutch, tmp_path):
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0", "--ready-timeout", "3"])
+    d.start()
+    try:
+        t = time.monotonic()
+        # a python that cannot start: the default kernel never comes up
+        r = d.request("POST", "/v2/sandboxes", {"templateID": "code-interpreter-v1",
+                                                 "envVars": {"PYTHONHOME": "/nonexistent"}}, timeout=60)
+        took = time.monotonic() - t
+        assert r.status == 504, r
+        body = r.json()
+        assert body["code"] == 504 and "ready command did not succeed within 3 s" in body["message"], body
+        assert 2.5 < took < 15, took
+        assert d.list_ids() == []
+        # its row ended, and its processes are gone
+        db = sqlite3.connect(d.data_dir / "hutch.db")
+        rows = db.execute("select id, ended_ms from sandboxes").fetchall()
+        db.close()
+        assert len(rows) == 1 and rows[0][1] > 0, rows
+        assert wait_until(lambda: rows[0][0] not in hutchtest.ps_sandboxes(), 30)
+    finally:
+        d.stop()
+
+
+def _execute(d, sid, body):
+    """POST /execute on the sandbox's port 49999 through the daemon: the NDJSON events."""
+    r = d.request("POST", "/execute", body, headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49999"}, timeout=60)
+    assert r.status == 200, r
+    return [json.loads(line) for line in r.body.decode().splitlines() if line]
+
+
+def test_the_warm_pool_hands_out_started_interpreters_with_the_creates_envs(sandboxed_hutch, tmp_path):
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0", "--interp-pool-size", "1"])
+    d.start()
+    try:
+        assert wait_until(lambda: "(code-interpreter-v1) ready after" in d.log_tail(), 60), d.log_tail()
+        t = time.monotonic()
+        sb = d.create(templateID="code-interpreter-v1", envVars={"HUTCH_CLAIM": "it's mine"})
+        took = time.monotonic() - t
+        assert took < 0.5, f"a create from the warm pool took {took:.2f} s"
+        ev = _execute(d, sb["sandboxID"], {"code": "import os; os.environ['HUTCH_CLAIM']"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["it's mine"], ev
+        ev = _execute(d, sb["sandboxID"], {"code": "process.env.HUTCH_CLAIM", "language": "js"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["it's mine"], ev
+        # per-call envs are restored to the claim's value afterwards
+        _execute(d, sb["sandboxID"], {"code": "1", "env_vars": {"HUTCH_CLAIM": "other"}})
+        ev = _execute(d, sb["sandboxID"], {"code": "import os; os.environ['HUTCH_CLAIM']"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["it's mine"], ev
+        # and the pool fills again
+        assert wait_until(lambda: d.log_tail(100000).count("(code-interpreter-v1) ready after") >= 2, 60)
+    finally:
+        d.stop()
+
+
+def test_hutch_run_starts_the_interpreter_before_the_command(sandboxed_hutch, sandbox_run):
+    """`hutch run --template code-interpreter` is a normal template whose
+    start command runs (and is ready) before the command, with its --env."""
+    code = json.dumps({"code": "import os, pandas, sklearn, matplotlib; os.environ['HUTCH_RUN_ENV']"})
+    cp = sandbox_run(["--template", "code-interpreter", "--env", "HUTCH_RUN_ENV=from-run"],
+                     ["sh", "-c", "curl -s localhost:49999/health && curl -sN localhost:49999/execute -d \"$0\"", code],
+                     timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    out = cp.stdout.decode()
+    assert out.startswith('"OK"'), out
+    events = [json.loads(line) for line in out[4:].splitlines() if line]
+    assert [e.get("text") for e in events if e["type"] == "result"] == ["from-run"], events
+    assert events[-1] == {"type": "end_of_execution"}
