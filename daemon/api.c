@@ -222,7 +222,7 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                 return http_reply_error(req->conn, 500, "out of memory");
         }
         /* a template with a start command answers once it is ready (startcmd.c) */
-        if (template_is_interp(sb->template_id))
+        if (startcmd_wanted(sb))
                 return sbx_start_answer(srv, req, sb);
         enum MHD_Result mr = http_reply_json(req->conn, 201, sandbox_created_json(sb));
         if (mr == MHD_YES)
@@ -599,13 +599,12 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 return secrets_dispatch(srv, req, &rt);
         case ROUTE_SNAPSHOTS_LIST:
                 return snapshots_list(srv, req);
-        case ROUTE_TEMPLATE_DELETE:
-                return snapshot_delete(srv, req, rt.secret);
         case ROUTE_VOLUMES_CREATE:
         case ROUTE_VOLUMES_LIST:
         case ROUTE_VOLUME_GET:
         case ROUTE_VOLUME_DELETE:
                 return volumes_dispatch(srv, req, &rt);
+        case ROUTE_TEMPLATE_DELETE: /* a snapshot or a built template */
         case ROUTE_TPL_REQUEST ... ROUTE_TPL_TAGS_GET:
                 return templates_dispatch(srv, req, &rt);
         default:

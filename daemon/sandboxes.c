@@ -746,12 +746,6 @@ ready:
         /* restored from a memory checkpoint: its processes run; find them */
         if (checkpoint)
                 proc_readopt(srv, sb);
-        /* a built template's start command, and its ready command until it passes */
-        if (built && (r = templates_sbx_start(srv, sb, err)) < 0) {
-                *ret_status = r == -ETIMEDOUT ? 504 : 500;
-                sbx_kill(srv, sb, "create failed: the template's start or ready command failed");
-                return r;
-        }
         if (srv->pool_dirty) {
                 srv->pool_dirty = false;
                 pool_save(srv);

@@ -395,6 +395,9 @@ void startcmd_stop(server *srv);
 /* A pooled sandbox of a template with a start command: start it, and mark
  * it start_done once ready (it is not handed out before). */
 int startcmd_pool_begin(server *srv, sbx *sb, hutch_error *err);
+/* Whether a create from sb's template waits for its start and ready
+ * commands (the code interpreter's, a built template's setStartCmd). */
+bool startcmd_wanted(sbx *sb);
 void sbx_pool_cleanup_previous(server *srv);
 void sbx_pool_destroy(server *srv);
 

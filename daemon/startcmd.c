@@ -27,6 +27,7 @@
 #include "server.h"
 #include "template/interp-template.h"
 #include "template/template.h"
+#include "daemon/templates.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/fsutil.h"
@@ -88,6 +89,9 @@ typedef struct ready_wait {
         char template_name[64];
         char *ready_cmd;
         char **envp;
+        char *cwd;   /* the template's user and workdir run both commands */
+        uid_t uid;
+        gid_t gid;
         pid_t pid; /* the ready command running now, or 0 */
         int last;  /* its last exit status, -1 none yet */
         int64_t started_ms, deadline_ms, retry_ms;
@@ -107,6 +111,7 @@ static sbx *find_any(server *srv, const char *id) {
 static void wait_free(ready_wait *w) {
         free(w->ready_cmd);
         strv_free(w->envp);
+        free(w->cwd);
         free(w);
 }
 
@@ -192,9 +197,9 @@ static void ready_spawn(server *srv, sbx *sb, ready_wait *w) {
         hutch_spawn_config sc = {
                 .argv = argv,
                 .envp = (const char *const *) w->envp,
-                .cwd = "/home/user",
-                .uid = 1000,
-                .gid = 1000,
+                .cwd = w->cwd,
+                .uid = w->uid,
+                .gid = w->gid,
                 .stdin_mode = HUTCH_STDIN_NULL,
         };
         hutch_process hp;
@@ -288,19 +293,54 @@ static int write_claim_envs(server *srv, sbx *sb, hutch_error *err) {
         return r;
 }
 
+/* The start and ready commands of sb's template: a built template's (its
+ * build's result, daemon/templates.c), else the template's own (the code
+ * interpreter's). 0 and the commands (malloc'ed), user and cwd. */
+static int start_spec(server *srv, sbx *sb, ready_wait *w, char **ret_start, hutch_error *err) {
+        templates_start ts;
+        int r = templates_start_spec(sb, &ts);
+        if (r < 0)
+                return hutch_error_set(err, r, "out of memory");
+        if (r > 0) {
+                *ret_start = TAKE_PTR(ts.start);
+                w->ready_cmd = TAKE_PTR(ts.ready);
+                w->cwd = TAKE_PTR(ts.cwd);
+                w->envp = TAKE_PTR(ts.envp);
+                w->uid = ts.user.uid;
+                w->gid = ts.user.gid;
+                templates_start_clear(&ts);
+                return 0;
+        }
+        hutch_template *t = NULL;
+        if ((r = template_resolve(srv->cfg.data_dir, sb->template_id, &t, err)) < 0)
+                return r;
+        if (!t->start_cmd) {
+                template_free(t);
+                return hutch_error_set(err, -EINVAL, "template '%s' has no start command", sb->template_id);
+        }
+        *ret_start = strdup(t->start_cmd);
+        w->ready_cmd = strdup(t->ready_cmd ? t->ready_cmd : "true");
+        w->cwd = strdup("/home/user");
+        w->envp = start_env(srv, sb);
+        w->uid = w->gid = 1000;
+        template_free(t);
+        if (!*ret_start || !w->ready_cmd || !w->cwd || !w->envp)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        return 0;
+}
+
+bool startcmd_wanted(sbx *sb) {
+        const char *s = json_string_value(json_object_get(json_object_get(sb->extra, "template"), "startCmd"));
+        return template_is_interp(sb->template_id) || (s && *s);
+}
+
 /* The interpreter's files (from a build tree), then the start command in
  * the background, and a wait for its ready command (req NULL: a pooled
  * sandbox). */
 static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
-        hutch_template *t = NULL;
-        int r = template_resolve(srv->cfg.data_dir, sb->template_id, &t, err);
-        if (r < 0)
-                return r;
         ready_wait *w = calloc(1, sizeof *w);
-        if (!w) {
-                template_free(t);
+        if (!w)
                 return hutch_error_set(err, -ENOMEM, "out of memory");
-        }
         int64_t now = wall_ms();
         w->req = req;
         w->last = -1;
@@ -308,26 +348,24 @@ static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
         w->deadline_ms = now + (int64_t) srv->cfg.ready_timeout_s * 1000;
         memcpy(w->sbx_id, sb->id, sizeof w->sbx_id);
         snprintf(w->template_name, sizeof w->template_name, "%s", sb->template_id);
-        w->envp = start_env(srv, sb);
-        w->ready_cmd = strdup(t->ready_cmd ? t->ready_cmd : "true");
-        if (!w->envp || !w->ready_cmd || !t->start_cmd)
-                r = hutch_error_set(err, -ENOMEM, "out of memory");
-        if (r >= 0) {
+        _cleanup_free_ char *start_cmd = NULL;
+        int r = start_spec(srv, sb, w, &start_cmd, err);
+        if (r >= 0 && template_is_interp(sb->template_id)) {
                 r = interp_files_install(sb->h, (int) (w->deadline_ms - now), err);
                 sbx_mark_dirty(sb);
         }
         _cleanup_free_ char *start = NULL;
         if (r >= 0 &&
-            asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", t->start_cmd) < 0)
+            asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", start_cmd) < 0)
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
         if (r >= 0) {
                 const char *sargv[] = { "/bin/sh", "-c", start, NULL };
                 hutch_spawn_config sc = {
                         .argv = sargv,
                         .envp = (const char *const *) w->envp,
-                        .cwd = "/home/user",
-                        .uid = 1000,
-                        .gid = 1000,
+                        .cwd = w->cwd,
+                        .uid = w->uid,
+                        .gid = w->gid,
                         .stdin_mode = HUTCH_STDIN_NULL,
                         .tag = "start_cmd",
                 };
@@ -340,7 +378,6 @@ static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
                         safe_close(hp.stderr_fd);
                 }
         }
-        template_free(t);
         if (r < 0) {
                 wait_free(w);
                 return r;

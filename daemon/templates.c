@@ -428,11 +428,7 @@ const char *templates_sbx_default(sbx *sb, const char *what) {
 
 /* ------------------------------------------- start and ready at create */
 
-#define START_READY_TIMEOUT_MS 60000
 #define START_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-/* bash as E2B runs the commands; an image without bash gets its sh */
-#define LOGIN_SHELL                                                                                \
-        "if [ -x /bin/bash ]; then exec /bin/bash -l -c \"$1\"; fi; exec /bin/sh -l -c \"$1\""
 
 /* The build's env (ENV values reach the start and ready commands, not the
  * sandbox's other processes), then the sandbox's own. */
@@ -464,85 +460,63 @@ static char **start_envp(sbx *sb, json_t *t, const char *user, const char *home)
         return v;
 }
 
-/* Spawn cmd through a login shell; with wait, its exit status (128+N for
- * a signal) by deadline_ms, else -ETIMEDOUT; without, 0 once started. */
-static int start_run(server *srv, sbx *sb, const char *cmd, const hutch_fs_user *u, const char *cwd,
-                     char **envp, bool wait, int64_t deadline_ms, hutch_error *err) {
-        const char *script = wait ? LOGIN_SHELL
-                                  : "exec </dev/null >>/tmp/.hutch-start.log 2>&1; " LOGIN_SHELL;
-        const char *argv[] = { "/bin/sh", "-c", script, "hutch-start", cmd, NULL };
-        hutch_spawn_config sc = { .argv = argv,
-                                  .envp = (const char *const *) envp,
-                                  .cwd = cwd,
-                                  .uid = u->uid,
-                                  .gid = u->gid,
-                                  .stdin_mode = HUTCH_STDIN_NULL,
-                                  .tag = wait ? NULL : "start_cmd" };
-        hutch_process hp;
-        int r = hutch_sandbox_spawn(sb->h, &sc, &hp, err);
-        sbx_mark_dirty(sb);
-        if (r < 0)
-                return r;
-        safe_close(hp.stdin_fd);
-        safe_close(hp.stdout_fd);
-        safe_close(hp.stderr_fd);
-        if (!wait)
-                return 0;
-        for (;;) {
-                int64_t left = deadline_ms - wall_ms();
-                hutch_exit ex;
-                if (left <= 0 || (r = hutch_sandbox_wait(sb->h, (int) left, &ex, err)) < 0) {
-                        hutch_error e2 = { 0 };
-                        (void) hutch_sandbox_signal(sb->h, hp.pid, SIGKILL, true, &e2);
-                        return left <= 0 || r == -ETIMEDOUT ? -ETIMEDOUT : r;
-                }
-                if (ex.pid == hp.pid)
-                        return ex.signal ? 128 + ex.signal : ex.exit_code;
-                proc_on_exit(srv, sb, &ex);
-        }
+/* cmd as E2B runs a template's commands: through a login bash (an image
+ * without bash: its sh), as one shell word for /bin/sh -c. */
+static char *login_wrap(const char *cmd) {
+        size_t n = 0;
+        for (const char *p = cmd; *p; p++)
+                n += *p == '\'' ? 4 : 1;
+        char *q = malloc(n + 3), *o = q;
+        if (!q)
+                return NULL;
+        *o++ = '\'';
+        for (const char *p = cmd; *p; p++)
+                if (*p == '\'') {
+                        memcpy(o, "'\\''", 4);
+                        o += 4;
+                } else
+                        *o++ = *p;
+        *o++ = '\'';
+        *o = 0;
+        char *r = NULL;
+        if (asprintf(&r, "if [ -x /bin/bash ]; then exec /bin/bash -l -c %s; fi; exec /bin/sh -l -c %s", q, q) < 0)
+                r = NULL;
+        free(q);
+        return r;
 }
 
-int templates_sbx_start(server *srv, sbx *sb, hutch_error *err) {
+int templates_start_spec(sbx *sb, templates_start *ret) {
+        memset(ret, 0, sizeof *ret);
         json_t *t = json_object_get(sb->extra, "template");
         const char *start = json_string_value(json_object_get(t, "startCmd"));
         const char *ready = json_string_value(json_object_get(t, "readyCmd"));
         if (!start || !*start)
                 return 0;
         const char *user = templates_sbx_default(sb, "user");
-        hutch_fs_user u;
         const char *home;
-        if (!user || user_resolve(user, &u, &home) < 0)
-                (void) user_resolve(user = "user", &u, &home);
+        if (!user || user_resolve(user, &ret->user, &home) < 0)
+                (void) user_resolve(user = "user", &ret->user, &home);
         const char *wd = json_string_value(json_object_get(t, "workdir"));
-        const char *cwd = wd && *wd ? wd : home;
-        char **envp = start_envp(sb, t, user, home);
-        if (!envp)
-                return hutch_error_set(err, -ENOMEM, "out of memory");
-        int64_t deadline = wall_ms() + START_READY_TIMEOUT_MS;
-        int r = start_run(srv, sb, start, &u, cwd, envp, false, deadline, err);
-        if (r < 0) {
-                strv_free(envp);
-                return hutch_error_wrap(err, r, "the template's start command");
+        ret->start = login_wrap(start);
+        ret->ready = ready && *ready ? login_wrap(ready) : strdup("true");
+        ret->cwd = strdup(wd && *wd ? wd : home);
+        ret->envp = start_envp(sb, t, user, home);
+        if (!ret->start || !ret->ready || !ret->cwd || !ret->envp) {
+                templates_start_clear(ret);
+                return -ENOMEM;
         }
-        int last = 0;
-        while (ready && *ready) {
-                hutch_error e2 = { 0 };
-                last = start_run(srv, sb, ready, &u, cwd, envp, true, deadline, &e2);
-                if (last == 0)
-                        break;
-                if (last == -ETIMEDOUT || wall_ms() + 100 >= deadline) {
-                        strv_free(envp);
-                        return hutch_error_set(
-                                err, -ETIMEDOUT,
-                                "the template's ready command did not succeed within %d s "
-                                "(last: %d); see /tmp/.hutch-start.log in the sandbox",
-                                START_READY_TIMEOUT_MS / 1000, last);
-                }
-                struct timespec ts = { 0, 100 * 1000 * 1000 };
-                nanosleep(&ts, NULL);
-        }
-        strv_free(envp);
-        return 0;
+        return 1;
+}
+
+void templates_start_clear(templates_start *s) {
+        free(s->start);
+        free(s->ready);
+        free(s->cwd);
+        if (s->envp)
+                for (char **p = s->envp; *p; p++)
+                        free(*p);
+        free(s->envp);
+        memset(s, 0, sizeof *s);
 }
 
 /* ----------------------------------------------------- POST /v3/templates */

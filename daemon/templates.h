@@ -23,10 +23,17 @@ int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[3
 /* A built template's default for its sandboxes: "user" or "workdir"
  * (NULL when none, or a user envd does not know). */
 const char *templates_sbx_default(sbx *sb, const char *what);
-/* On a create from a built template with a start command: start it in the
- * background (as the template's user, in its workdir, with the build's
- * env), then run the ready command until it exits 0, at most 60 s. */
-int templates_sbx_start(server *srv, sbx *sb, hutch_error *err);
+/* A built template's start and ready commands (each one /bin/sh -c
+ * word running the command through a login bash, as E2B does), its user,
+ * workdir and the build's env, for daemon/startcmd.c: 1 and ret filled,
+ * 0 when it has no start command, -ENOMEM. */
+typedef struct templates_start {
+        char *start, *ready, *cwd;
+        char **envp;
+        hutch_fs_user user;
+} templates_start;
+int templates_start_spec(sbx *sb, templates_start *ret);
+void templates_start_clear(templates_start *s);
 /* When template_id is a template the team built: the template its layers
  * sit on ("host" or an image template's name), for a snapshot taken from
  * one of its sandboxes (whose layer holds the build's files too). -ENOENT. */

@@ -702,8 +702,6 @@ void template_free(hutch_template *t) {
         if (!t)
                 return;
         safe_close(t->lock_fd);
-        free(t->start_cmd);
-        free(t->ready_cmd);
         free(t->name);
         free(t->rootfs);
         for (size_t i = 0; i < t->n_layers; i++)
