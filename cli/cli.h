@@ -36,5 +36,13 @@ int verb_template(int argc, char **argv);
 int template_pull_main(int argc, char **argv) __attribute__((weak));
 int template_login_main(int argc, char **argv) __attribute__((weak));
 
+/* tty.c: our terminal in raw mode for a -t session (restored by
+ * cli_tty_restore and at exit), its window size (24x80 when it has none),
+ * and NAME=VALUE with a shell-safe name. */
+void cli_tty_raw(void);
+void cli_tty_restore(void);
+void cli_tty_size(uint16_t *rows, uint16_t *cols);
+bool cli_env_name_valid(const char *kv);
+
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

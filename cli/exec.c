@@ -19,9 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/signalfd.h>
-#include <termios.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -61,18 +59,6 @@ typedef struct exec_opts {
         char **cmd;
 } exec_opts;
 
-/* NAME=VALUE with a shell-safe name */
-static bool exec_env_valid(const char *kv) {
-        const char *eq = strchr(kv, '=');
-        if (!eq || eq == kv || (kv[0] >= '0' && kv[0] <= '9'))
-                return false;
-        for (const char *p = kv; p < eq; p++)
-                if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
-                      (*p >= '0' && *p <= '9') || *p == '_'))
-                        return false;
-        return true;
-}
-
 /* 0, 1 after --help, -EINVAL after a usage error (printed) */
 static int exec_parse(int argc, char **argv, exec_opts *o) {
         static const struct option longopts[] = {
@@ -97,7 +83,7 @@ static int exec_parse(int argc, char **argv, exec_opts *o) {
                         o->tty = true;
                         break;
                 case 'e':
-                        if (!exec_env_valid(optarg))
+                        if (!cli_env_name_valid(optarg))
                                 return log_error("invalid --env '%s' (expected NAME=VALUE)", optarg),
                                        -EINVAL;
                         if (o->n_env >= EXEC_MAX_ENV)
@@ -217,36 +203,6 @@ static void exec_env(const exec_opts *o, const char **env, size_t cap) {
         env[n] = NULL;
 }
 
-static struct termios saved_tio;
-static bool tio_saved;
-
-static void tty_restore(void) {
-        if (tio_saved)
-                (void) tcsetattr(STDIN_FILENO, TCSADRAIN, &saved_tio);
-        tio_saved = false;
-}
-
-static void tty_raw(void) {
-        struct termios t;
-        if (!isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &t) < 0)
-                return;
-        saved_tio = t;
-        tio_saved = true;
-        cfmakeraw(&t);
-        (void) tcsetattr(STDIN_FILENO, TCSADRAIN, &t);
-}
-
-static void tty_size(uint16_t *rows, uint16_t *cols) {
-        struct winsize ws;
-        if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row && ws.ws_col) {
-                *rows = ws.ws_row;
-                *cols = ws.ws_col;
-        } else {
-                *rows = 24;
-                *cols = 80;
-        }
-}
-
 /* Copy what in has to out: 1 more may come, 0 EOF (or a pty's EIO once its
  * last writer is gone), <0 a failure. A closed out (EPIPE) discards. */
 static int exec_pump(int in, int out, bool *out_broken) {
@@ -324,7 +280,7 @@ int verb_exec(int argc, char **argv) {
                 .pty = o.tty,
         };
         if (o.tty)
-                tty_size(&sc.pty_rows, &sc.pty_cols);
+                cli_tty_size(&sc.pty_rows, &sc.pty_cols);
         r = hutch_sandbox_spawn(sb, &sc, &proc, &err);
         if (r < 0) {
                 if (r == -ENOENT && !strstr(err.msg, "chdir")) {
@@ -338,7 +294,7 @@ int verb_exec(int argc, char **argv) {
                 goto out;
         }
         if (o.tty && o.interactive)
-                tty_raw();
+                cli_tty_raw();
 
         /* the command's output: its terminal (stdout_fd, read and written) or
          * two pipes; its input: the pipe, or the terminal with -i */
@@ -431,7 +387,7 @@ int verb_exec(int argc, char **argv) {
                                 if (si.ssi_signo == SIGWINCH) {
                                         if (o.tty) {
                                                 uint16_t rows, cols;
-                                                tty_size(&rows, &cols);
+                                                cli_tty_size(&rows, &cols);
                                                 (void) hutch_sandbox_resize(sb, proc.pid, rows,
                                                                             cols, NULL);
                                         }
@@ -457,7 +413,7 @@ int verb_exec(int argc, char **argv) {
                                 break;
                 }
         }
-        tty_restore();
+        cli_tty_restore();
         if (killed) {
                 log_error("sandbox %s ended while the command ran", id);
                 status = 128 + SIGKILL;
@@ -465,7 +421,7 @@ int verb_exec(int argc, char **argv) {
                 status = ex.signal ? 128 + ex.signal : ex.exit_code;
 
 out:
-        tty_restore();
+        cli_tty_restore();
         safe_close(proc.stdin_fd);
         safe_close(proc.stdout_fd);
         safe_close(proc.stderr_fd);

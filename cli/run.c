@@ -51,6 +51,9 @@ static void run_usage(FILE *f) {
               "  --timeout DURATION   kill the sandbox after this long: 500ms, 10s, 2m, 1h\n"
               "  --no-new-privs       set no_new_privs (sudo and setuid binaries stop working)\n"
               "  --json               print a JSON summary as the last line of stderr\n"
+              "  --tty (-t)           give the command a terminal: ours goes raw, keys (Ctrl-C,\n"
+              "                       Ctrl-Z) reach the command's terminal, its size follows ours\n"
+              "  --interactive (-i)   accepted for docker habits: stdin is always passed through\n"
               "  --volume NAME:PATH   mount the volume NAME (hutch volume create) read-write at PATH\n"
               "                       (absolute; repeatable, at most 8; the default team's volumes)\n"
               "\n"
@@ -82,15 +85,6 @@ enum {
 };
 
 
-static bool env_name_valid(const char *kv) {
-        const char *eq = strchr(kv, '=');
-        if (!eq || eq == kv)
-                return false;
-        for (const char *p = kv; p < eq; p++)
-                if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
-                        return false;
-        return !(kv[0] >= '0' && kv[0] <= '9');
-}
 
 /* Set or replace NAME=... in env (n entries, owned strings). */
 static int env_set(char **env, size_t *n, const char *kv) {
@@ -126,6 +120,7 @@ typedef struct run_opts {
         bool tpl_image;    /* a template of image layers */
         uint64_t timeout_ms;
         bool json;
+        bool tty; /* -t: a pseudo-terminal, ours in raw mode */
         const char *net;      /* NULL or "deny": no network */
         const char *net_open;
         const char *dns;
@@ -158,6 +153,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 { "no-new-privs", no_argument, NULL, OPT_NNP },
                 { "json", no_argument, NULL, OPT_JSON },
                 { "volume", required_argument, NULL, OPT_VOLUME },
+                { "tty", no_argument, NULL, 't' },
+                { "interactive", no_argument, NULL, 'i' },
                 { "help", no_argument, NULL, OPT_HELP },
                 {},
         };
@@ -171,7 +168,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         }
         opterr = 0;
         optind = 1;
-        while ((c = getopt_long(argc, argv, "+e:u:w:h", longopts, NULL)) != -1) {
+        while ((c = getopt_long(argc, argv, "+e:u:w:hti", longopts, NULL)) != -1) {
                 switch (c) {
                 case OPT_TEMPLATE:
                         o->sb.template_name = optarg;
@@ -231,7 +228,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         break;
                 case 'e':
                 case OPT_ENV:
-                        if (!env_name_valid(optarg))
+                        if (!cli_env_name_valid(optarg))
                                 return log_error("invalid --env '%s' (expected NAME=VALUE)", optarg), -EINVAL;
                         if ((r = env_set(o->env, &o->n_env, optarg)) < 0)
                                 return log_error("too many --env options"), r;
@@ -278,6 +275,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         o->n_vols++;
                         break;
                 }
+                case 't':
+                        o->tty = true;
+                        break;
+                case 'i':
+                        break; /* stdin is always passed through */
                 case 'h':
                 case OPT_HELP:
                         run_usage(stdout);
@@ -450,7 +452,7 @@ static void default_env(run_opts *o) {
                 (void) env_set(o->env, &o->n_env, buf);
         }
         for (char **e = o->tpl_env; e && *e; e++)
-                if (env_name_valid(*e))
+                if (cli_env_name_valid(*e))
                         (void) env_set(o->env, &o->n_env, *e);
         for (size_t i = 0; i < n_user; i++) {
                 (void) env_set(o->env, &o->n_env, user_env[i]);
@@ -556,6 +558,7 @@ int verb_run(int argc, char **argv) {
         sigaddset(&mask, SIGTERM);
         sigaddset(&mask, SIGHUP);
         sigaddset(&mask, SIGQUIT);
+        sigaddset(&mask, SIGWINCH);
         sigprocmask(SIG_BLOCK, &mask, NULL);
         signal(SIGPIPE, SIG_IGN);
         sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -583,8 +586,11 @@ int verb_run(int argc, char **argv) {
                 .cwd = cwd,
                 .uid = o.uid,
                 .gid = o.gid,
-                .stdin_mode = HUTCH_STDIN_PIPE,
+                .stdin_mode = o.tty ? HUTCH_STDIN_NULL : HUTCH_STDIN_PIPE,
+                .pty = o.tty,
         };
+        if (o.tty)
+                cli_tty_size(&sc.pty_rows, &sc.pty_cols);
         /* If we die, even by SIGKILL, the sandbox's processes die with us. */
         if (hutch_sandbox_tie_lifetime(sb, &err) < 0) {
                 log_error("%s", err.msg);
@@ -619,8 +625,18 @@ int verb_run(int argc, char **argv) {
                 goto out;
         }
 
+        /* -t: the terminal's master carries both ways (stdin through a copy
+         * of it), and ours goes raw for the session */
+        if (o.tty) {
+                proc.stdin_fd = fcntl(proc.stdout_fd, F_DUPFD_CLOEXEC, 3);
+                if (proc.stdin_fd < 0) {
+                        log_error("dup: %m");
+                        goto out;
+                }
+                cli_tty_raw();
+        }
         stream sout = { .in = proc.stdout_fd, .out = STDOUT_FILENO, .open = true };
-        stream serr = { .in = proc.stderr_fd, .out = STDERR_FILENO, .open = true };
+        stream serr = { .in = proc.stderr_fd, .out = STDERR_FILENO, .open = proc.stderr_fd >= 0 };
         /* stdin goes through a buffer: the command's stdin pipe is
          * non-blocking, and we read more from ours only once the command
          * took what we had, so a command that does not read its input
@@ -720,6 +736,8 @@ int verb_run(int argc, char **argv) {
                                 in_off = 0;
                         } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
                                 stdin_done = true; /* EOF: the command sees it too */
+                                if (o.tty) /* as a Ctrl-D typed on its terminal */
+                                        (void) fd_write_all(proc.stdin_fd, "\x04", 1);
                                 proc.stdin_fd = safe_close(proc.stdin_fd);
                                 (void) hutch_sandbox_close_stdin(sb, proc.pid, NULL);
                         }
@@ -754,6 +772,13 @@ int verb_run(int argc, char **argv) {
                 if (i_sig >= 0 && p[i_sig].revents) {
                         struct signalfd_siginfo si;
                         while (read(sfd, &si, sizeof si) == sizeof si) {
+                                if (si.ssi_signo == SIGWINCH) {
+                                        uint16_t rows, cols;
+                                        cli_tty_size(&rows, &cols);
+                                        if (o.tty)
+                                                (void) hutch_sandbox_resize(sb, proc.pid, rows, cols, NULL);
+                                        continue;
+                                }
                                 if (++signals_seen > 1 || exited) {
                                         killed_outside = true;
                                         ex.signal = (int) si.ssi_signo;
@@ -766,6 +791,7 @@ int verb_run(int argc, char **argv) {
                 }
         }
 done:;
+        cli_tty_restore();
         log_debug("command ended at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
         hutch_stats st = { 0 };
         (void) hutch_sandbox_stats(sb, &st, NULL);
@@ -797,6 +823,7 @@ done:;
                 json_summary(hutch_sandbox_id(sb), &ex, exited, timed_out, oom, clock_ns(CLOCK_MONOTONIC) - t0, &st);
 
 out:
+        cli_tty_restore();
         safe_close(proc.stdin_fd);
         safe_close(proc.stdout_fd);
         safe_close(proc.stderr_fd);

@@ -164,3 +164,41 @@ def test_exec_on_gvisor(warm):
         assert cp.returncode == 0 and cp.stdout.startswith(b"/dev/pts/"), cp
     finally:
         bg.stop()
+
+
+def test_run_tty(warm):
+    """`hutch run -it` on a terminal: the command has a terminal of our
+    size, follows a resize, Ctrl-C reaches its foreground job through the
+    sandbox's terminal, and the exit status is the command's."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["TERM"] = "xterm-test"
+        os.execv(str(hutchtest.hutch_path()), ["hutch", "run", "-it", "--", "sh", "-i"])
+    try:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 97, 0, 0))
+        os.write(fd, b"echo T=$TERM; tty\n")
+        out = _read_until(fd, b"/dev/pts/")
+        assert b"T=xterm-test" in out, out
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 42, 121, 0, 0))
+        os.kill(pid, signal.SIGWINCH)
+        time.sleep(0.3)
+        os.write(fd, b"stty size\n")
+        _read_until(fd, b"42 121")
+        os.write(fd, b"sleep 100\n")
+        time.sleep(0.5)
+        os.write(fd, b"\x03")
+        os.write(fd, b"echo after=$?\n")
+        _read_until(fd, b"after=130")
+        os.write(fd, b"exit 9\n")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 9
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    # without a terminal of ours, -t still gives the command one
+    cp = run_hutch(["run", "-t", "--", "sh", "-c", "tty; stty size"])
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.startswith(b"/dev/pts/") and b"24 80" in cp.stdout, cp.stdout
