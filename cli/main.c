@@ -12,6 +12,7 @@ static void usage(FILE *f) {
               "  run [OPTIONS] -- CMD [ARG...]   run a command in a fresh sandbox\n"
               "  serve [OPTIONS]                 the E2B-compatible API daemon (--help)\n"
               "  key create|list|revoke          manage the daemon's API keys\n"
+              "  audit verify|export|pubkey      check and export the audit trail (--help)\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
               "  kill ID...                      destroy sandboxes\n"
@@ -56,6 +57,8 @@ int main(int argc, char **argv) {
                 return verb_serve(argc - 1, argv + 1);
         if (streq(verb, "key"))
                 return verb_key(argc - 1, argv + 1);
+        if (streq(verb, "audit"))
+                return verb_audit(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

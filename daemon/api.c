@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 
 #include "daemon/route.h"
+#include "daemon/audit.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -115,7 +116,7 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         if (!key || !*key)
                 return http_reply_error(c, 401, "Invalid API key");
         hutch_error err = { 0 };
-        int r = store_key_lookup(srv->store, key, &req->team, &err);
+        int r = store_key_lookup_id(srv->store, key, &req->team, &req->key_id, &err);
         if (r == -ENOENT)
                 return http_reply_error(c, 401, "Invalid API key");
         if (r < 0) {
@@ -567,6 +568,9 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 return snapshots_list(srv, req);
         case ROUTE_TEMPLATE_DELETE:
                 return snapshot_delete(srv, req, rt.secret);
+        case ROUTE_EVENTS:
+        case ROUTE_SANDBOX_EVENTS:
+                return audit_events_api(srv, req, rt.kind == ROUTE_EVENTS ? NULL : rt.id);
         default:
                 break;
         }

@@ -15,6 +15,7 @@
 
 #include "daemon/connect.h"
 #include "daemon/route.h"
+#include "daemon/audit.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -302,6 +303,8 @@ static char bad_path_marker;
  * (COMPLETED_OK), or when the request ended without that. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
         request *req = *con_cls;
+        if (req && req != (void *) &bad_path_marker)
+                audit_request_done(cls, req, c);
         if (req && req != (void *) &bad_path_marker && req->n_created)
                 sbx_create_answered(cls, req, toe);
         if (*con_cls != &bad_path_marker)

@@ -36,6 +36,8 @@ enum {
         ROUTE_SANDBOX_FORK,
         ROUTE_SNAPSHOTS_LIST,
         ROUTE_TEMPLATE_DELETE,
+        ROUTE_EVENTS,         /* hutch: GET /events, the team's audit records (docs/audit.md) */
+        ROUTE_SANDBOX_EVENTS, /* hutch: GET /sandboxes/{id}/events */
         _ROUTE_MAX, /* not a route: one past the last */
 };
 

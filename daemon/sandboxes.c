@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "daemon/requests.h"
+#include "daemon/audit.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -592,6 +593,7 @@ ready:
                 snprintf(detail, sizeof detail, "{\"template\":\"%s\",\"timeout\":%llu}", sb->template_id,
                          (unsigned long long) timeout_s);
                 (void) store_event_add(srv->store, team, sb->id, "sandbox.create", detail, &e2);
+                audit_sandbox_created(srv, sb);
         }
         *ret = sb;
         return 0;

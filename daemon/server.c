@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/audit.h"
 #include "daemon/server.h"
 #include "daemon/serve.h"
 #include "util/clock.h"
@@ -35,7 +36,7 @@
 
 /* ---------------------------------------------------------------- config */
 
-enum { CFG_STR, CFG_LIST, CFG_U64, CFG_SIZE, CFG_SECONDS };
+enum { CFG_STR, CFG_LIST, CFG_U64, CFG_SIZE, CFG_SECONDS, CFG_BOOL };
 static const struct cfg_entry {
         const char *name;
         int type;
@@ -84,6 +85,9 @@ static const struct cfg_entry {
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
+        { "audit", CFG_BOOL, U(audit), 0, 1, "on", "keep the tamper-evident audit trail (docs/audit.md): on or off" },
+        { "audit-checkpoint-interval", CFG_SECONDS, U(audit_checkpoint_interval_s), 1, 86400, "60", "how often the audit trail's head is signed (and at shutdown)" },
+        { "audit-retention", CFG_SECONDS, U(audit_retention_s), 0, 87600 * 3600, "2160h", "how long audit records are kept (0: for ever); a signed checkpoint says where the trail starts" },
 #undef S
 #undef U
 };
@@ -116,6 +120,11 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                         break;
                 case CFG_SIZE:
                         r = parse_size(value, &v);
+                        break;
+                case CFG_BOOL:
+                        r = streq(value, "on") || streq(value, "true") ? (v = 1, 0)
+                            : streq(value, "off") || streq(value, "false") ? (v = 0, 0)
+                                                                           : -EINVAL;
                         break;
                 case CFG_SECONDS: {
                         uint64_t ms;
@@ -670,6 +679,8 @@ int server_run(const server_config *cfg) {
         r = egress_setup(srv);
         if (r < 0)
                 goto out;
+        if ((r = audit_setup(srv)) < 0)
+                goto out;
 
         /* Bind first, then re-adopt: requests queue in the backlog meanwhile. */
         r = http_start(srv, &err);
@@ -720,6 +731,9 @@ int server_run(const server_config *cfg) {
                 int64_t hk = housekeeping(srv, wall_ms());
                 if (next < 0 || hk < next)
                         next = hk;
+                int64_t at = audit_tick(srv, wall_ms());
+                if (at >= 0 && at < next)
+                        next = at;
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
                 if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)
@@ -759,6 +773,7 @@ int server_run(const server_config *cfg) {
 out:
         http_stop(srv);
         egress_teardown(srv);
+        audit_teardown(srv);
         /* a start refused before the lock owns nothing in the data dir: the
          * pool's file there is another daemon's */
         if (srv->lock_fd >= 0)

@@ -69,6 +69,7 @@ typedef struct server_config {
         uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
+        uint64_t audit, audit_checkpoint_interval_s, audit_retention_s; /* daemon/audit.c */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -148,6 +149,7 @@ struct proc {
         hutch_exit exit;
         int64_t exited_ms;
         int64_t deadline_ms;   /* SIGKILL at this time (Connect-Timeout-Ms of Start) */
+        int64_t started_ms;    /* audit: when Start started it (0: found at re-adoption) */
         stream *timeout_stream; /* the Start stream whose deadline this is */
         bool throttled;        /* output reading paused: a subscriber is slow */
         stream *subs;          /* subscriber streams */
@@ -243,6 +245,7 @@ struct server {
         bool pruning;            /* a pass is under way */
         bool checkpoint_pending; /* rows were deleted and the WAL not truncated since */
         store_prune_counts pruned; /* what this pass removed so far */
+        struct daemon_audit *audit; /* daemon/audit.c; NULL with audit = off */
 };
 
 /* ---------------------------------------------------------------- http.c */
@@ -266,6 +269,7 @@ struct request {
         uint64_t discarded;
         bool data_plane;             /* routed to a sandbox's envd */
         int64_t team;                /* control plane: the API key's team */
+        int64_t key_id;              /* control plane: the API key's id (audit) */
         char sbx_id[HUTCH_ID_LEN + 1];
         /* sandboxes this request created, whose rows stay marked unanswered
          * until its response has been sent (sbx_create_answered) */

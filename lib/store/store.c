@@ -157,6 +157,42 @@ static const char *const migrations[] = {
         "CREATE INDEX events_ts ON events(ts_ms);"
         "CREATE INDEX egress_log_ts ON egress_log(ts_ms);"
         "CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id);",
+
+        /* 6, 7: reserved for other branches (volumes; template builds) */
+        "SELECT 1;",
+        "SELECT 1;",
+
+        /* 8: the audit trail (lib/audit/, docs/audit.md): records chained by
+         * SHA-256, checkpoints signed with Ed25519, and how far the store's
+         * events and egress log have been folded into the chain */
+        "CREATE TABLE audit_log ("
+        "  seq INTEGER PRIMARY KEY,"
+        "  ts_ms INTEGER NOT NULL,"
+        "  team_id INTEGER NOT NULL DEFAULT 0,"
+        "  sandbox_id TEXT NOT NULL DEFAULT '',"
+        "  kind TEXT NOT NULL CHECK (kind <> ''),"
+        "  detail TEXT NOT NULL DEFAULT '{}',"
+        "  prev BLOB NOT NULL CHECK (length(prev) = 32),"
+        "  hash BLOB NOT NULL CHECK (length(hash) = 32)"
+        ");"
+        "CREATE INDEX audit_log_ts ON audit_log(ts_ms);"
+        "CREATE INDEX audit_log_team ON audit_log(team_id, seq);"
+        "CREATE INDEX audit_log_sandbox ON audit_log(sandbox_id, seq) WHERE sandbox_id <> '';"
+        "CREATE TABLE audit_checkpoints ("
+        "  n INTEGER PRIMARY KEY,"
+        "  ts_ms INTEGER NOT NULL,"
+        "  seq INTEGER NOT NULL,"
+        "  hash BLOB NOT NULL,"
+        "  pruned_seq INTEGER NOT NULL DEFAULT 0,"
+        "  pruned_hash BLOB NOT NULL,"
+        "  sig BLOB NOT NULL"
+        ");"
+        "CREATE TABLE audit_fold ("
+        "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+        "  events_id INTEGER NOT NULL DEFAULT 0,"
+        "  egress_id INTEGER NOT NULL DEFAULT 0"
+        ");"
+        "INSERT INTO audit_fold (id) VALUES (1);",
 };
 
 int store_schema_version(void) {
@@ -472,6 +508,10 @@ int store_event_add(hutch_store *st, int64_t team_id, const char *sandbox_id, co
         if (rc != SQLITE_OK)
                 return store_fail(st, rc, err, "binding");
         return store_step_done(st, s, err, "recording event");
+}
+
+sqlite3 *store_sqlite(hutch_store *st) {
+        return st ? st->db : NULL;
 }
 
 /* --------------------------------------------------------- open/close */
