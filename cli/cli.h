@@ -19,6 +19,7 @@ int verb_gc(int argc, char **argv);
 int verb_serve(int argc, char **argv);
 int verb_key(int argc, char **argv);
 int verb_audit(int argc, char **argv);
+int verb_usage(int argc, char **argv);
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

@@ -17,6 +17,7 @@
 #include "daemon/route.h"
 #include "daemon/audit.h"
 #include "daemon/server.h"
+#include "daemon/usage.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -568,6 +569,8 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 return snapshots_list(srv, req);
         case ROUTE_TEMPLATE_DELETE:
                 return snapshot_delete(srv, req, rt.secret);
+        case ROUTE_USAGE:
+                return usage_api(srv, req);
         case ROUTE_EVENTS:
         case ROUTE_SANDBOX_EVENTS:
                 return audit_events_api(srv, req, rt.kind == ROUTE_EVENTS ? NULL : rt.id);

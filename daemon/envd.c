@@ -22,6 +22,7 @@
 #include "daemon/requests.h"
 #include "daemon/audit.h"
 #include "daemon/server.h"
+#include "daemon/usage.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -733,6 +734,7 @@ static enum MHD_Result process_start(rpc *x) {
         if (cwd_in)
                 json_object_set_new(p->config, "cwd", json_string(cwd_in));
         audit_proc_start(x->srv, x->sb, p, x->user, cwd ? cwd : x->home);
+        usage_proc_started(x->srv, x->sb);
 
         enum MHD_Result mr;
         stream *st = open_stream(x, STREAM_PROCESS, &mr);

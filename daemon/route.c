@@ -56,6 +56,13 @@ int route_control(const char *method, const char *url, route *ret) {
                 *ret = r;
                 return 0;
         }
+        if (streq(url, "/usage")) {
+                if (!streq(method, "GET"))
+                        return -EPERM;
+                r.kind = ROUTE_USAGE;
+                *ret = r;
+                return 0;
+        }
         if (streq(url, "/events")) {
                 if (!streq(method, "GET"))
                         return -EPERM;

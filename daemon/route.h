@@ -38,6 +38,7 @@ enum {
         ROUTE_TEMPLATE_DELETE,
         ROUTE_EVENTS,         /* hutch: GET /events, the team's audit records (docs/audit.md) */
         ROUTE_SANDBOX_EVENTS, /* hutch: GET /sandboxes/{id}/events */
+        ROUTE_USAGE,          /* hutch: GET /usage, the team's usage ledger (docs/usage.md) */
         _ROUTE_MAX, /* not a route: one past the last */
 };
 

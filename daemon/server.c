@@ -27,6 +27,7 @@
 #include "daemon/audit.h"
 #include "daemon/server.h"
 #include "daemon/serve.h"
+#include "daemon/usage.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -734,6 +735,9 @@ int server_run(const server_config *cfg) {
                 int64_t at = audit_tick(srv, wall_ms());
                 if (at >= 0 && at < next)
                         next = at;
+                int64_t ut = usage_tick(srv, wall_ms());
+                if (ut >= 0 && ut < next)
+                        next = ut;
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
                 if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)
@@ -773,6 +777,7 @@ int server_run(const server_config *cfg) {
 out:
         http_stop(srv);
         egress_teardown(srv);
+        usage_teardown(srv);
         audit_teardown(srv);
         /* a start refused before the lock owns nothing in the data dir: the
          * pool's file there is another daemon's */

@@ -246,6 +246,7 @@ struct server {
         bool checkpoint_pending; /* rows were deleted and the WAL not truncated since */
         store_prune_counts pruned; /* what this pass removed so far */
         struct daemon_audit *audit; /* daemon/audit.c; NULL with audit = off */
+        struct daemon_usage *usage; /* daemon/usage.c */
 };
 
 /* ---------------------------------------------------------------- http.c */

@@ -192,7 +192,35 @@ static const char *const migrations[] = {
         "  events_id INTEGER NOT NULL DEFAULT 0,"
         "  egress_id INTEGER NOT NULL DEFAULT 0"
         ");"
-        "INSERT INTO audit_fold (id) VALUES (1);",
+        "INSERT INTO audit_fold (id) VALUES (1);"
+        /* the usage ledger (lib/meter/): one row per sandbox, counters as
+         * absolute values (cumulative kernel counters, integrals up to
+         * updated_ms) so that writing a row again never counts twice */
+        "CREATE TABLE usage ("
+        "  sandbox_id TEXT PRIMARY KEY NOT NULL,"
+        "  team_id INTEGER NOT NULL,"
+        "  template_id TEXT NOT NULL DEFAULT '',"
+        "  backend TEXT NOT NULL DEFAULT '',"
+        "  started_ms INTEGER NOT NULL,"
+        "  ended_ms INTEGER NOT NULL DEFAULT 0,"
+        "  updated_ms INTEGER NOT NULL,"
+        "  cpu_ns INTEGER NOT NULL DEFAULT 0,"
+        "  memory_mb INTEGER NOT NULL DEFAULT 0,"
+        "  memory_reserved_mib_ms INTEGER NOT NULL DEFAULT 0,"
+        "  memory_peak_bytes INTEGER NOT NULL DEFAULT 0,"
+        "  disk_kib_ms INTEGER NOT NULL DEFAULT 0,"
+        "  disk_peak_bytes INTEGER NOT NULL DEFAULT 0,"
+        "  pids_peak INTEGER NOT NULL DEFAULT 0,"
+        "  processes INTEGER NOT NULL DEFAULT 0,"
+        "  egress_allowed INTEGER NOT NULL DEFAULT 0,"
+        "  egress_denied INTEGER NOT NULL DEFAULT 0,"
+        "  egress_allowed_out INTEGER NOT NULL DEFAULT 0,"
+        "  egress_allowed_in INTEGER NOT NULL DEFAULT 0,"
+        "  egress_denied_out INTEGER NOT NULL DEFAULT 0,"
+        "  egress_denied_in INTEGER NOT NULL DEFAULT 0"
+        ") WITHOUT ROWID;"
+        "CREATE INDEX usage_team ON usage(team_id, started_ms);"
+        "CREATE INDEX usage_open ON usage(sandbox_id) WHERE ended_ms = 0;",
 };
 
 int store_schema_version(void) {
