@@ -40,6 +40,7 @@ struct audit_log {
         int64_t changes_seen; /* sqlite3_total_changes() at the last fold */
         int64_t version_seen; /* PRAGMA data_version then: other connections' commits */
         sqlite3_stmt *data_version;
+        sqlite3_stmt *stmts[5]; /* the writer's statements, prepared once (stmt_get) */
         audit_start_state start;
 };
 
@@ -326,6 +327,8 @@ void audit_close(audit_log *a) {
         free(a->q);
         EVP_PKEY_free(a->key);
         (void) sqlite3_finalize(a->data_version);
+        for (size_t i = 0; i < ELEMENTSOF(a->stmts); i++)
+                (void) sqlite3_finalize(a->stmts[i]);
         free(a);
 }
 
@@ -395,6 +398,25 @@ static int chain_insert(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t h
         return 0;
 }
 
+static void resetp(sqlite3_stmt **s) {
+        if (*s) {
+                (void) sqlite3_reset(*s);
+                (void) sqlite3_clear_bindings(*s);
+        }
+}
+
+/* The cached statement in slot i, prepared from sql on first use; reset by
+ * the _cleanup_(resetp) of its user. */
+static int stmt_get(audit_log *a, size_t i, const char *sql, sqlite3_stmt **ret, hutch_error *err) {
+        if (!a->stmts[i] &&
+            sqlite3_prepare_v3(a->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &a->stmts[i], NULL) != SQLITE_OK) {
+                a->stmts[i] = NULL;
+                return audit_db_fail(a->db, err, "preparing an audit statement");
+        }
+        *ret = a->stmts[i];
+        return 0;
+}
+
 #define INSERT_SQL                                                                                 \
         "INSERT INTO audit_log (seq, ts_ms, team_id, sandbox_id, kind, detail, prev, hash)"        \
         " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
@@ -418,8 +440,8 @@ static int fold(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t hash[32],
                 "UPDATE audit_fold SET egress_id = ?1 WHERE id = 1",
         };
         for (int q = 0; q < 2; q++) {
-                _cleanup_(audit_finalizep) sqlite3_stmt *s = NULL;
-                int r = audit_prepare(a->db, queries[q], &s, err);
+                _cleanup_(resetp) sqlite3_stmt *s = NULL;
+                int r = stmt_get(a, 1 + q, queries[q], &s, err);
                 if (r < 0)
                         return r;
                 int64_t last = -1;
@@ -440,8 +462,8 @@ static int fold(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t hash[32],
                                              "folding the store's records into the audit chain");
                 if (last < 0)
                         continue;
-                _cleanup_(audit_finalizep) sqlite3_stmt *u = NULL;
-                r = audit_prepare(a->db, updates[q], &u, err);
+                _cleanup_(resetp) sqlite3_stmt *u = NULL;
+                r = stmt_get(a, 3 + q, updates[q], &u, err);
                 if (r < 0)
                         return r;
                 if (sqlite3_bind_int64(u, 1, last) != SQLITE_OK || sqlite3_step(u) != SQLITE_DONE)
@@ -454,16 +476,16 @@ static int fold(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t hash[32],
 typedef int (*tx_body)(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t hash[32], void *arg,
                        hutch_error *err);
 
-static int write_tx(audit_log *a, tx_body body, void *arg, hutch_error *err) {
+static int write_tx(audit_log *a, bool do_fold, tx_body body, void *arg, hutch_error *err) {
         int r = exec(a->db, "BEGIN IMMEDIATE", err);
         if (r < 0)
                 return r;
-        _cleanup_(audit_finalizep) sqlite3_stmt *ins = NULL;
-        r = audit_prepare(a->db, INSERT_SQL, &ins, err);
+        _cleanup_(resetp) sqlite3_stmt *ins = NULL;
+        r = stmt_get(a, 0, INSERT_SQL, &ins, err);
         int64_t seq = a->last_seq;
         uint8_t hash[32];
         memcpy(hash, a->last_hash, 32);
-        if (r >= 0)
+        if (r >= 0 && do_fold)
                 r = fold(a, ins, &seq, hash, err);
         if (r >= 0)
                 for (size_t i = 0; i < a->n && r >= 0; i++)
@@ -471,7 +493,8 @@ static int write_tx(audit_log *a, tx_body body, void *arg, hutch_error *err) {
                                          a->q[i].sandbox, a->q[i].kind, a->q[i].detail, err);
         if (r >= 0 && body)
                 r = body(a, ins, &seq, hash, arg, err);
-        sqlite3_finalize(TAKE_PTR(ins));
+        resetp(&ins);
+        ins = NULL;
         if (r >= 0)
                 r = exec(a->db, "COMMIT", err);
         if (r < 0) {
@@ -509,10 +532,10 @@ int audit_flush(audit_log *a, hutch_error *err) {
          * (this connection's change count, the others' data_version): no
          * transaction at all */
         int64_t dv = data_version(a);
-        if (a->n == 0 && sqlite3_total_changes64(a->db) == a->changes_seen && dv >= 0 &&
-            dv == a->version_seen)
+        bool do_fold = sqlite3_total_changes64(a->db) != a->changes_seen || dv < 0 || dv != a->version_seen;
+        if (a->n == 0 && !do_fold)
                 return 0;
-        int r = write_tx(a, NULL, NULL, err);
+        int r = write_tx(a, do_fold, NULL, NULL, err);
         if (r >= 0)
                 a->version_seen = dv;
         return r;
@@ -585,7 +608,7 @@ static int checkpoint_with(audit_log *a, int64_t pruned_seq, const uint8_t prune
                            hutch_error *err) {
         ckpt_arg c = { .pruned_seq = pruned_seq };
         memcpy(c.pruned_hash, pruned_hash, 32);
-        int r = write_tx(a, ckpt_body, &c, err);
+        int r = write_tx(a, true, ckpt_body, &c, err);
         if (r < 0)
                 return r;
         a->last_n = c.row.n;
