@@ -9,7 +9,9 @@
 #include "audit/audit.h"
 #include "config.h"
 #include "daemon/audit.h"
+#include "daemon/metrics.h"
 #include "daemon/serve.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 /* A flush each loop turn; a queue this long is written at once (a burst of
@@ -115,11 +117,14 @@ int64_t audit_tick(server *srv, int64_t now) {
                 return -1;
         hutch_error err = { 0 };
         int r;
+        int64_t t0 = clock_ns(CLOCK_MONOTONIC);
         if (now >= d->next_checkpoint_ms) {
                 r = audit_checkpoint(d->log, false, &err);
                 d->next_checkpoint_ms = now + (int64_t) srv->cfg.audit_checkpoint_interval_s * 1000;
         } else
                 r = audit_flush(d->log, &err);
+        if (r > 0)
+                metrics_store_write(srv, "audit", clock_ns(CLOCK_MONOTONIC) - t0);
         if (r < 0) {
                 if (!d->warned)
                         log_warning("audit: %s (kept in memory; trying again)", err.msg);
@@ -149,11 +154,14 @@ int64_t audit_tick(server *srv, int64_t now) {
 /* ------------------------------------------------------------------ hooks */
 
 void audit_request_done(server *srv, request *req, struct MHD_Connection *c) {
-        if (!A(srv) || !req)
+        if (!req)
                 return;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
                 c, MHD_CONNECTION_INFO_HTTP_STATUS);
         unsigned status = ci ? ci->http_status : 0;
+        metrics_request_done(srv, req, status);
+        if (!A(srv))
+                return;
         if (streq(req->url, "/health") || startswith(req->url, "/metrics"))
                 return;
         int64_t team = req->team;

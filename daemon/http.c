@@ -16,6 +16,7 @@
 #include "daemon/connect.h"
 #include "daemon/route.h"
 #include "daemon/audit.h"
+#include "util/clock.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -379,6 +380,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 req->method = method;
                 req->url = strdup(url);
                 req->body_mode = BODY_BUFFER;
+                req->t0_ns = clock_ns(CLOCK_MONOTONIC);
                 if (!req->url) {
                         free(req);
                         return MHD_NO;

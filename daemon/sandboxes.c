@@ -22,6 +22,7 @@
 
 #include "daemon/requests.h"
 #include "daemon/audit.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "daemon/usage.h"
 #include "util/error.h"
@@ -740,6 +741,7 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         if (sb->dead)
                 return 0;
         usage_sandbox_end(srv, sb);
+        metrics_sandbox_end(srv, sb, reason);
         sbx_detach_all(srv, sb);
         egress_sbx_stop(srv, sb);
         pause_image_remove(srv, sb->id);

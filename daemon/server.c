@@ -26,6 +26,7 @@
 
 #include "daemon/audit.h"
 #include "daemon/server.h"
+#include "daemon/metrics.h"
 #include "daemon/serve.h"
 #include "daemon/usage.h"
 #include "util/clock.h"
@@ -86,6 +87,7 @@ static const struct cfg_entry {
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
+        { "metrics-listen", CFG_STR, S(metrics_listen), 0, 0, "-", "address and port of the Prometheus GET /metrics (HOST:PORT; '-': not served)" },
         { "audit", CFG_BOOL, U(audit), 0, 1, "on", "keep the tamper-evident audit trail (docs/audit.md): on or off" },
         { "audit-checkpoint-interval", CFG_SECONDS, U(audit_checkpoint_interval_s), 1, 86400, "60", "how often the audit trail's head is signed (and at shutdown)" },
         { "audit-retention", CFG_SECONDS, U(audit_retention_s), 0, 87600 * 3600, "2160h", "how long audit records are kept (0: for ever); a signed checkpoint says where the trail starts" },
@@ -108,7 +110,7 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                                 return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
                         if (streq(key, "on-stop") && !streq(value, "keep") && !streq(value, "kill"))
                                 return hutch_error_set(err, -EINVAL, "on-stop: keep or kill, not '%s'", value);
-                        if (streq(key, "listen")) {
+                        if (streq(key, "listen") || (streq(key, "metrics-listen") && !streq(value, "-"))) {
                                 struct sockaddr_storage ss;
                                 unsigned len;
                                 if ((r = http_listen_parse(value, &ss, &len, err)) < 0)
@@ -682,6 +684,8 @@ int server_run(const server_config *cfg) {
                 goto out;
         if ((r = audit_setup(srv)) < 0)
                 goto out;
+        if ((r = metrics_setup(srv)) < 0)
+                goto out;
 
         /* Bind first, then re-adopt: requests queue in the backlog meanwhile. */
         r = http_start(srv, &err);
@@ -779,6 +783,7 @@ out:
         egress_teardown(srv);
         usage_teardown(srv);
         audit_teardown(srv);
+        metrics_teardown(srv);
         /* a start refused before the lock owns nothing in the data dir: the
          * pool's file there is another daemon's */
         if (srv->lock_fd >= 0)

@@ -70,6 +70,7 @@ typedef struct server_config {
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
         uint64_t audit, audit_checkpoint_interval_s, audit_retention_s; /* daemon/audit.c */
+        char metrics_listen[128];    /* daemon/metrics.c: HOST:PORT or "-" */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -247,6 +248,7 @@ struct server {
         store_prune_counts pruned; /* what this pass removed so far */
         struct daemon_audit *audit; /* daemon/audit.c; NULL with audit = off */
         struct daemon_usage *usage; /* daemon/usage.c */
+        struct daemon_metrics *metrics; /* daemon/metrics.c */
 };
 
 /* ---------------------------------------------------------------- http.c */
@@ -271,6 +273,7 @@ struct request {
         bool data_plane;             /* routed to a sandbox's envd */
         int64_t team;                /* control plane: the API key's team */
         int64_t key_id;              /* control plane: the API key's id (audit) */
+        int64_t t0_ns;               /* CLOCK_MONOTONIC at its headers (metrics) */
         char sbx_id[HUTCH_ID_LEN + 1];
         /* sandboxes this request created, whose rows stay marked unanswered
          * until its response has been sent (sbx_create_answered) */

@@ -6,9 +6,11 @@
 #include <time.h>
 
 #include "audit/audit.h"
+#include "daemon/metrics.h"
 #include "daemon/serve.h"
 #include "daemon/usage.h"
 #include "meter/meter.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 #define USAGE_FLUSH_MS 1000
@@ -82,6 +84,7 @@ static void advance(live *l, const hutch_stats *s, int64_t now) {
 }
 
 void usage_sandbox_start(server *srv, const sbx *sb) {
+        metrics_sandbox_created(srv);
         live *l = live_get(srv, sb);
         if (!l)
                 return;
@@ -151,6 +154,7 @@ int64_t usage_tick(server *srv, int64_t now) {
                 any |= l->dirty;
         if (!any)
                 return u->next_flush_ms;
+        int64_t t0 = clock_ns(CLOCK_MONOTONIC);
         int r = meter_begin(srv->store, &err);
         for (live *l = u->rows; l && r >= 0; l = l->next)
                 if (l->dirty)
@@ -161,6 +165,8 @@ int64_t usage_tick(server *srv, int64_t now) {
         else
                 for (live *l = u->rows; l; l = l->next)
                         l->dirty = false;
+        if (r >= 0)
+                metrics_store_write(srv, "usage", clock_ns(CLOCK_MONOTONIC) - t0);
         return u->next_flush_ms;
 }
 

@@ -28,6 +28,7 @@ test_pkgs=(
         sqlite3 # bench/sdk.sh reads the daemon's database
         curl openssl # the egress tests: clients inside sandboxes, the test CA
         man-db systemd # the install test: man -l of the man page, systemd-analyze verify of the unit
+        prometheus # tests/integration/test_metrics.py scrapes the daemon's /metrics with it
 )
 
 case "$set_name" in
