@@ -160,6 +160,10 @@ void audit_request_done(server *srv, request *req, struct MHD_Connection *c) {
                 c, MHD_CONNECTION_INFO_HTTP_STATUS);
         unsigned status = ci ? ci->http_status : 0;
         metrics_request_done(srv, req, status);
+        /* the access log, at debug level, under the request's id */
+        const char *old = log_set_context(req->rid);
+        log_debug("%s %s: %u", req->method, req->url, status);
+        log_set_context(old);
         if (!A(srv))
                 return;
         if (streq(req->url, "/health") || startswith(req->url, "/metrics"))
@@ -177,22 +181,18 @@ void audit_request_done(server *srv, request *req, struct MHD_Connection *c) {
         }
         char path[256];
         snprintf(path, sizeof path, "%s", req->url);
+        char id[HUTCH_ID_LEN + 1];
         if (!req->data_plane && !sandbox[0]) {
                 /* the control plane names its sandbox in the path */
                 const char *p = strstr(path, "sandboxes/");
                 if (p) {
-                        char id[HUTCH_ID_LEN + 1];
                         snprintf(id, sizeof id, "%.*s", (int) strcspn(p + 10, "/"), p + 10);
-                        json_t *d = json_pack("{s:s, s:s, s:i, s:I, s:b}", "method", req->method,
-                                              "path", path, "status", (int) status, "key_id",
-                                              (json_int_t) req->key_id, "data_plane", false);
-                        put(srv, team, id, "api.call", d);
-                        return;
+                        sandbox = id;
                 }
         }
-        json_t *d = json_pack("{s:s, s:s, s:i, s:I, s:b}", "method", req->method, "path", path,
+        json_t *d = json_pack("{s:s, s:s, s:i, s:I, s:b, s:s}", "method", req->method, "path", path,
                               "status", (int) status, "key_id", (json_int_t) req->key_id,
-                              "data_plane", req->data_plane);
+                              "data_plane", req->data_plane, "request_id", req->rid);
         put(srv, team, sandbox, "api.call", d);
 }
 

@@ -87,6 +87,7 @@ static const struct cfg_entry {
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
+        { "log-format", CFG_STR, S(log_format), 0, 0, "text", "text (\"hutch serve: message\") or json (one object per line: ts, level, prog, msg, request_id)" },
         { "metrics-listen", CFG_STR, S(metrics_listen), 0, 0, "-", "address and port of the Prometheus GET /metrics (HOST:PORT; '-': not served)" },
         { "audit", CFG_BOOL, U(audit), 0, 1, "on", "keep the tamper-evident audit trail (docs/audit.md): on or off" },
         { "audit-checkpoint-interval", CFG_SECONDS, U(audit_checkpoint_interval_s), 1, 86400, "60", "how often the audit trail's head is signed (and at shutdown)" },
@@ -108,6 +109,8 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                 case CFG_LIST:
                         if (strlen(value) >= e->size || (!*value && e->type == CFG_STR))
                                 return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
+                        if (streq(key, "log-format") && !streq(value, "text") && !streq(value, "json"))
+                                return hutch_error_set(err, -EINVAL, "log-format: text or json, not '%s'", value);
                         if (streq(key, "on-stop") && !streq(value, "keep") && !streq(value, "kill"))
                                 return hutch_error_set(err, -EINVAL, "on-stop: keep or kill, not '%s'", value);
                         if (streq(key, "listen") || (streq(key, "metrics-listen") && !streq(value, "-"))) {
@@ -485,6 +488,12 @@ static void print_env(server *srv) {
                 key[strcspn(key, "\r\n")] = 0;
         }
         const char *scheme = tls_on(srv) ? "https" : "http";
+        if (streq(srv->cfg.log_format, "json")) {
+                /* one object per line, and no key in a log that may be shipped */
+                log_info("listening on %s://%s (E2B_API_URL and E2B_SANDBOX_URL; the first API key is in %s)", scheme,
+                         srv->cfg.listen, path);
+                return;
+        }
         fprintf(stderr,
                 "hutch: listening on %s://%s\n"
                 "hutch: point the E2B SDK at it with:\n"
@@ -590,6 +599,7 @@ int server_run(const server_config *cfg) {
         srv->egress_w.fd = -1;
         hutch_error err = { 0 };
         int r;
+        log_set_json(streq(srv->cfg.log_format, "json"));
 
         (void) signal(SIGPIPE, SIG_IGN);
         /* every sandbox's proxy connections are this process's descriptors:

@@ -71,6 +71,7 @@ typedef struct server_config {
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
         uint64_t audit, audit_checkpoint_interval_s, audit_retention_s; /* daemon/audit.c */
         char metrics_listen[128];    /* daemon/metrics.c: HOST:PORT or "-" */
+        char log_format[8];          /* text | json */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -274,6 +275,7 @@ struct request {
         int64_t team;                /* control plane: the API key's team */
         int64_t key_id;              /* control plane: the API key's id (audit) */
         int64_t t0_ns;               /* CLOCK_MONOTONIC at its headers (metrics) */
+        char rid[65];                /* request id: the client's X-Request-Id, or made here (logs, audit) */
         char sbx_id[HUTCH_ID_LEN + 1];
         /* sandboxes this request created, whose rows stay marked unanswered
          * until its response has been sent (sbx_create_answered) */

@@ -59,13 +59,11 @@ static uint8_t *raw_value(int64_t team, const char *name, size_t *ret_len) {
         sqlite3_stmt *s = NULL;
         uint8_t *v = NULL;
         if (sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
-            sqlite3_prepare_v2(
-                    db,
-                    "SELECT value FROM secrets WHERE team_id = ?1 AND name = ?2 AND deleted_ms = 0",
-                    -1, &s, NULL) == SQLITE_OK &&
+            sqlite3_prepare_v2(db, "SELECT value FROM secrets WHERE team_id = ?1 AND name = ?2 AND deleted_ms = 0",
+                               -1, &s, NULL) == SQLITE_OK &&
             sqlite3_bind_int64(s, 1, team) == SQLITE_OK &&
-            sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC) == SQLITE_OK &&
-            sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) == SQLITE_BLOB) {
+            sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW &&
+            sqlite3_column_type(s, 0) == SQLITE_BLOB) {
                 size_t n = (size_t) sqlite3_column_bytes(s, 0);
                 v = malloc(n ? n : 1);
                 if (v) {
@@ -85,14 +83,11 @@ static bool raw_set_value(int64_t team, const char *name, const uint8_t *v, size
         sqlite3_stmt *s = NULL;
         bool done = false;
         if (sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
-            sqlite3_prepare_v2(
-                    db,
-                    "UPDATE secrets SET value = ?3 WHERE team_id = ?1 AND name = ?2 AND deleted_ms = 0",
-                    -1, &s, NULL) == SQLITE_OK &&
+            sqlite3_prepare_v2(db, "UPDATE secrets SET value = ?3 WHERE team_id = ?1 AND name = ?2 AND deleted_ms = 0",
+                               -1, &s, NULL) == SQLITE_OK &&
             sqlite3_bind_int64(s, 1, team) == SQLITE_OK &&
             sqlite3_bind_text(s, 2, name, -1, SQLITE_STATIC) == SQLITE_OK &&
-            (v ? sqlite3_bind_blob(s, 3, v, (int) len, SQLITE_TRANSIENT)
-               : sqlite3_bind_null(s, 3)) == SQLITE_OK &&
+            (v ? sqlite3_bind_blob(s, 3, v, (int) len, SQLITE_TRANSIENT) : sqlite3_bind_null(s, 3)) == SQLITE_OK &&
             sqlite3_step(s) == SQLITE_DONE)
                 done = sqlite3_changes(db) == 1;
         sqlite3_finalize(s);
@@ -377,17 +372,14 @@ static void test_retention(hutch_store *st, int64_t team) {
         store_sandbox fresh = sbx("rrrrrrrrrrrrrrrrrrr5", team, 100);
         fresh.unanswered = true;
         ok(store_sandbox_insert(st, &old, &err) == 0 && store_sandbox_insert(st, &recent, &err) == 0 &&
-                   store_sandbox_insert(st, &snapped, &err) == 0 &&
-                   store_sandbox_insert(st, &live, &err) == 0 &&
+                   store_sandbox_insert(st, &snapped, &err) == 0 && store_sandbox_insert(st, &live, &err) == 0 &&
                    store_sandbox_insert(st, &fresh, &err) == 0,
            "retention rows inserted (%s)", err.msg);
 
         store_sandbox g = { 0 };
-        ok(store_sandbox_get(st, fresh.id, &g, &err) == 0 && g.unanswered,
-           "an unanswered create reads back so");
+        ok(store_sandbox_get(st, fresh.id, &g, &err) == 0 && g.unanswered, "an unanswered create reads back so");
         store_sandbox_clear(&g);
-        ok(store_sandbox_get(st, old.id, &g, &err) == 0 && !g.unanswered,
-           "rows are answered by default");
+        ok(store_sandbox_get(st, old.id, &g, &err) == 0 && !g.unanswered, "rows are answered by default");
         store_sandbox_clear(&g);
         const char *one[] = { fresh.id }, *two[] = { fresh.id, old.id }, *nope[] = { "nope" };
         ok(store_sandbox_set_answered(st, one, 1, true, &err) == 0 &&
@@ -401,8 +393,7 @@ static void test_retention(hutch_store *st, int64_t team) {
         ok(store_sandbox_get(st, old.id, &g, &err) == 0 && g.unanswered, "the second one too");
         store_sandbox_clear(&g);
         ok(store_sandbox_set_answered(st, two + 1, 1, true, &err) == 0, "one answered again");
-        ok(store_sandbox_set_answered(st, nope, 1, true, &err) == -ENOENT,
-           "answered: unknown id is ENOENT");
+        ok(store_sandbox_set_answered(st, nope, 1, true, &err) == -ENOENT, "answered: unknown id is ENOENT");
         ok(raw_int("UPDATE sandboxes SET unanswered = 2 WHERE id = 'rrrrrrrrrrrrrrrrrrr5'") == -1,
            "the schema refuses an unanswered value other than 0 and 1");
 
@@ -419,18 +410,12 @@ static void test_retention(hutch_store *st, int64_t team) {
 
         const char *evs[] = { old.id, old.id, live.id, snapped.id, NULL };
         for (size_t i = 0; i < ELEMENTSOF(evs); i++)
-                ok(store_event_add(st, team, evs[i], "retention.test", NULL, &err) == 0,
-                   "event %zu", i);
-        ok(raw_int("UPDATE events SET ts_ms = 500 WHERE kind = 'retention.test'") == 5,
-           "events made old");
+                ok(store_event_add(st, team, evs[i], "retention.test", NULL, &err) == 0, "event %zu", i);
+        ok(raw_int("UPDATE events SET ts_ms = 500 WHERE kind = 'retention.test'") == 5, "events made old");
         ok(store_event_add(st, team, old.id, "retention.recent", NULL, &err) == 0, "a recent event");
         for (int i = 0; i < 3; i++) {
-                store_egress e = { .team_id = team,
-                                   .ts_ms = i < 2 ? 500 : 9000,
-                                   .kind = (char *) "connect",
-                                   .host = (char *) "example.com",
-                                   .port = 443,
-                                   .allowed = true };
+                store_egress e = { .team_id = team, .ts_ms = i < 2 ? 500 : 9000, .kind = (char *) "connect",
+                                   .host = (char *) "example.com", .port = 443, .allowed = true };
                 snprintf(e.sandbox_id, sizeof e.sandbox_id, "%s", i == 1 ? live.id : old.id);
                 ok(store_egress_add(st, &e, &err) == 0, "egress record %d", i);
         }
@@ -439,38 +424,31 @@ static void test_retention(hutch_store *st, int64_t team) {
         int calls = 0, r;
         ok(store_prune(st, 5000, 0, &c, &err) == -EINVAL, "limit 0 is EINVAL");
         while ((r = store_prune(st, 5000, 1, &c, &err)) > 0 && calls < 100) {
-                ok(c.sandboxes <= 1 && c.events <= 1 && c.egress <= 1,
-                   "a batch deletes at most its limit");
+                ok(c.sandboxes <= 1 && c.events <= 1 && c.egress <= 1, "a batch deletes at most its limit");
                 total.sandboxes += c.sandboxes;
                 total.events += c.events;
                 total.egress += c.egress;
                 calls++;
         }
-        ok(r == 0 && calls > 1, "batches until nothing is left (%d calls, last %d: %s)", calls, r,
-           err.msg);
+        ok(r == 0 && calls > 1, "batches until nothing is left (%d calls, last %d: %s)", calls, r, err.msg);
         ok(total.sandboxes == 2 && total.events == 4 && total.egress == 2,
-           "pruned 2 rows, 4 events, 2 egress records (%lld, %lld, %lld)",
-           (long long) total.sandboxes, (long long) total.events, (long long) total.egress);
-        ok(store_sandbox_get(st, old.id, &g, &err) == -ENOENT &&
-                   store_sandbox_get(st, fresh.id, &g, &err) == -ENOENT,
+           "pruned 2 rows, 4 events, 2 egress records (%lld, %lld, %lld)", (long long) total.sandboxes,
+           (long long) total.events, (long long) total.egress);
+        ok(store_sandbox_get(st, old.id, &g, &err) == -ENOENT && store_sandbox_get(st, fresh.id, &g, &err) == -ENOENT,
            "rows ended before the cutoff are gone");
         ok(store_sandbox_get(st, recent.id, &g, &err) == 0, "a row ended after the cutoff stays");
         store_sandbox_clear(&g);
         ok(store_sandbox_get(st, snapped.id, &g, &err) == 0, "a row a snapshot names stays");
         store_sandbox_clear(&g);
-        ok(store_sandbox_get(st, live.id, &g, &err) == 0 && g.state == STORE_SBX_RUNNING,
-           "a live row stays");
+        ok(store_sandbox_get(st, live.id, &g, &err) == 0 && g.state == STORE_SBX_RUNNING, "a live row stays");
         store_sandbox_clear(&g);
         ok(raw_int("SELECT count(*) FROM events WHERE kind = 'retention.test'") == 1 &&
                    raw_int("SELECT count(*) FROM events WHERE kind = 'retention.test' AND sandbox_id = "
                            "'rrrrrrrrrrrrrrrrrrr4'") == 1,
            "old events go, except a live sandbox's");
-        ok(raw_int("SELECT count(*) FROM events WHERE kind = 'retention.recent'") == 1,
-           "recent events stay");
-        ok(raw_int("SELECT count(*) FROM egress_log WHERE sandbox_id LIKE 'rrrrrrrrrrrrrrrrrrr%'") ==
-                           1 &&
-                   raw_int("SELECT ts_ms FROM egress_log WHERE sandbox_id LIKE 'rrrrrrrrrrrrrrrrrrr%'") ==
-                           9000,
+        ok(raw_int("SELECT count(*) FROM events WHERE kind = 'retention.recent'") == 1, "recent events stay");
+        ok(raw_int("SELECT count(*) FROM egress_log WHERE sandbox_id LIKE 'rrrrrrrrrrrrrrrrrrr%'") == 1 &&
+                   raw_int("SELECT ts_ms FROM egress_log WHERE sandbox_id LIKE 'rrrrrrrrrrrrrrrrrrr%'") == 9000,
            "old egress records go, a live sandbox's too; recent ones stay");
 
         ok(wal_size() > 0, "the WAL holds pages (%lld bytes)", wal_size());
@@ -480,19 +458,14 @@ static void test_retention(hutch_store *st, int64_t team) {
                 /* a reader elsewhere: the checkpoint does not wait for it */
                 sqlite3 *db = NULL;
                 sqlite3_stmt *s = NULL;
-                ok(store_event_add(st, team, NULL, "retention.wal", NULL, &err) == 0,
-                   "a write after it");
-                bool reading = sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL) ==
-                                SQLITE_OK &&
-                        sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK &&
-                        sqlite3_prepare_v2(db, "SELECT count(*) FROM events", -1, &s, NULL) ==
-                                SQLITE_OK &&
-                        sqlite3_step(s) == SQLITE_ROW;
+                ok(store_event_add(st, team, NULL, "retention.wal", NULL, &err) == 0, "a write after it");
+                bool reading = sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+                               sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) == SQLITE_OK &&
+                               sqlite3_prepare_v2(db, "SELECT count(*) FROM events", -1, &s, NULL) == SQLITE_OK &&
+                               sqlite3_step(s) == SQLITE_ROW;
                 ok(reading, "another connection holds a read transaction");
-                ok(store_event_add(st, team, NULL, "retention.wal", NULL, &err) == 0,
-                   "a write while it reads");
-                ok(store_checkpoint(st, &err) == -EBUSY,
-                   "checkpoint under a reader is EBUSY at once (%s)", err.msg);
+                ok(store_event_add(st, team, NULL, "retention.wal", NULL, &err) == 0, "a write while it reads");
+                ok(store_checkpoint(st, &err) == -EBUSY, "checkpoint under a reader is EBUSY at once (%s)", err.msg);
                 sqlite3_finalize(s);
                 sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
                 sqlite3_close(db);
@@ -533,10 +506,9 @@ static void test_templates(hutch_store *st, int64_t team) {
 
 /* ---------------------------------------------------------------- secrets */
 
-static const uint8_t secrets_key[32] = { 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88,
-                                         0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff, 0x01,
-                                         0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09,
-                                         0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x12 };
+static const uint8_t secrets_key[32] = { 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb,
+                                         0xcc, 0xdd, 0xee, 0xff, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07,
+                                         0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x12 };
 
 #define CANARY1 "hutch-canary-plaintext-one-7f3a9c1d"
 #define CANARY2 "hutch-canary-plaintext-two-b81e44a0"
@@ -609,8 +581,8 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
 
         /* create, get by id and by name */
         ok(store_secret_create(st, team, "GitHub_Token", CANARY1, strlen(CANARY1),
-                               "[\"api.github.test\",\"*.githubusercontent.test\"]",
-                               "{\"owner\":\"ci\"}", &a, &err) == 0,
+                               "[\"api.github.test\",\"*.githubusercontent.test\"]", "{\"owner\":\"ci\"}", &a,
+                               &err) == 0,
            "secret created (%s)", err.msg);
         ok(id_wellformed(a.id), "id is sec_ + 20 [a-z0-9]: %s", a.id);
         ok(a.team_id == team && a.name && streq(a.name, "github_token") && a.version == 1,
@@ -618,47 +590,41 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
         ok(a.hosts_json && streq(a.hosts_json, "[\"api.github.test\",\"*.githubusercontent.test\"]") &&
                    a.metadata_json && streq(a.metadata_json, "{\"owner\":\"ci\"}"),
            "hosts and metadata as given");
-        ok(a.created_ms > 1600000000000LL && a.updated_ms == a.created_ms,
-           "created = updated, unix ms");
-        ok(store_secret_get(st, team, a.id, &g, &err) == 0 && streq(g.id, a.id) &&
-                   streq(g.name, "github_token"),
+        ok(a.created_ms > 1600000000000LL && a.updated_ms == a.created_ms, "created = updated, unix ms");
+        ok(store_secret_get(st, team, a.id, &g, &err) == 0 && streq(g.id, a.id) && streq(g.name, "github_token"),
            "get by id (%s)", err.msg);
         store_secret_clear(&g);
-        ok(store_secret_get(st, team, "github_token", &g, &err) == 0 && streq(g.id, a.id),
-           "get by name");
+        ok(store_secret_get(st, team, "github_token", &g, &err) == 0 && streq(g.id, a.id), "get by name");
         store_secret_clear(&g);
         ok(store_secret_get(st, team, "GITHUB_Token", &g, &err) == 0 && streq(g.id, a.id),
            "get by name is case-insensitive");
         store_secret_clear(&g);
-        ok(store_secret_get(st, team, "github", &g, &err) == -ENOENT, "a prefix is not a name (%s)",
-           err.msg);
-        ok(store_secret_get(st, team, "sec_aaaaaaaaaaaaaaaaaaaa", &g, &err) == -ENOENT,
-           "unknown id is ENOENT");
+        ok(store_secret_get(st, team, "github", &g, &err) == -ENOENT, "a prefix is not a name (%s)", err.msg);
+        ok(store_secret_get(st, team, "sec_aaaaaaaaaaaaaaaaaaaa", &g, &err) == -ENOENT, "unknown id is ENOENT");
 
         /* defaults, and names */
-        ok(store_secret_create(st, team, "bare", "b", 1, NULL, NULL, &x, &err) == 0 &&
-                   streq(x.hosts_json, "[]") && streq(x.metadata_json, "{}"),
+        ok(store_secret_create(st, team, "bare", "b", 1, NULL, NULL, &x, &err) == 0 && streq(x.hosts_json, "[]") &&
+                   streq(x.metadata_json, "{}"),
            "NULL hosts and metadata store [] and {} (%s)", err.msg);
         store_secret_clear(&x);
         ok(store_secret_create(st, team, "github_token", "z", 1, NULL, NULL, &x, &err) == -EEXIST,
            "duplicate name is EEXIST (%s)", err.msg);
         ok(store_secret_create(st, team, "GITHUB_TOKEN", "z", 1, NULL, NULL, &x, &err) == -EEXIST,
            "duplicate name in other case is EEXIST");
-        ok(store_secret_create(st, other, "github_token", "other team", 10, NULL, NULL, &x, &err) ==
-                           0 &&
+        ok(store_secret_create(st, other, "github_token", "other team", 10, NULL, NULL, &x, &err) == 0 &&
                    !streq(x.id, a.id),
            "the same name in another team is another secret (%s)", err.msg);
         store_secret_clear(&x);
-        ok(store_secret_create(st, team, "", "z", 1, NULL, NULL, &x, &err) == -EINVAL,
-           "empty name is EINVAL (%s)", err.msg);
+        ok(store_secret_create(st, team, "", "z", 1, NULL, NULL, &x, &err) == -EINVAL, "empty name is EINVAL (%s)",
+           err.msg);
         char name[200];
         memset(name, 'n', sizeof name);
         name[129] = 0;
         ok(store_secret_create(st, team, name, "z", 1, NULL, NULL, &x, &err) == -EINVAL,
            "a 129-byte name is EINVAL (%s)", err.msg);
         name[128] = 0;
-        ok(store_secret_create(st, team, name, "z", 1, NULL, NULL, &x, &err) == 0,
-           "a 128-byte name is taken (%s)", err.msg);
+        ok(store_secret_create(st, team, name, "z", 1, NULL, NULL, &x, &err) == 0, "a 128-byte name is taken (%s)",
+           err.msg);
         store_secret_clear(&x);
         ok(store_secret_create(st, team, "badmeta", "z", 1, NULL, "[1]", &x, &err) == -EINVAL,
            "metadata that is not an object is EINVAL (%s)", err.msg);
@@ -667,8 +633,7 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
 
         /* the value */
         ok(value_is(st, team, "github_token", CANARY1, strlen(CANARY1)), "the value round-trips");
-        ok(value_is(st, team, "GitHub_TOKEN", CANARY1, strlen(CANARY1)),
-           "... looked up by name in any case");
+        ok(value_is(st, team, "GitHub_TOKEN", CANARY1, strlen(CANARY1)), "... looked up by name in any case");
         ok(value_is(st, team, a.id, CANARY1, strlen(CANARY1)), "... and by id");
         static const uint8_t bin[] = { 0, 1, 2, 0xff, 0, '\r', '\n', 0x80 };
         ok(store_secret_create(st, team, "binary", bin, sizeof bin, NULL, NULL, &x, &err) == 0 &&
@@ -683,42 +648,36 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
         {
                 size_t bl = 0;
                 _cleanup_free_ uint8_t *blob = raw_value(team, "github_token", &bl);
-                ok(blob && bl == 12 + strlen(CANARY1) + 16,
-                   "stored: nonce, ciphertext, tag (%zu bytes)", bl);
+                ok(blob && bl == 12 + strlen(CANARY1) + 16, "stored: nonce, ciphertext, tag (%zu bytes)", bl);
         }
 
         /* limits */
         char *big = malloc(STORE_SECRET_VALUE_MAX + 1);
         memset(big, 'v', STORE_SECRET_VALUE_MAX + 1);
-        ok(store_secret_create(st, team, "toobig", big, STORE_SECRET_VALUE_MAX + 1, NULL, NULL, &x,
-                               &err) == -E2BIG,
+        ok(store_secret_create(st, team, "toobig", big, STORE_SECRET_VALUE_MAX + 1, NULL, NULL, &x, &err) == -E2BIG,
            "a value over %d bytes is E2BIG (%s)", STORE_SECRET_VALUE_MAX, err.msg);
         ok(store_secret_get(st, team, "toobig", &x, &err) == -ENOENT, "... and nothing was stored");
-        ok(store_secret_create(st, team, "max", big, STORE_SECRET_VALUE_MAX, NULL, NULL, &x, &err) ==
-                           0 &&
+        ok(store_secret_create(st, team, "max", big, STORE_SECRET_VALUE_MAX, NULL, NULL, &x, &err) == 0 &&
                    value_is(st, team, "max", big, STORE_SECRET_VALUE_MAX),
            "a value of exactly %d bytes round-trips", STORE_SECRET_VALUE_MAX);
         store_secret_clear(&x);
-        ok(store_secret_update(st, team, "max", big, STORE_SECRET_VALUE_MAX + 1, NULL, NULL, &x,
-                               &err) == -E2BIG,
+        ok(store_secret_update(st, team, "max", big, STORE_SECRET_VALUE_MAX + 1, NULL, NULL, &x, &err) == -E2BIG,
            "an update over %d bytes is E2BIG", STORE_SECRET_VALUE_MAX);
         free(big);
 
         /* update: a new version and value; NULL hosts/metadata kept */
-        ok(store_secret_update(st, team, "GITHUB_TOKEN", CANARY2, strlen(CANARY2), NULL, NULL, &u,
-                               &err) == 0,
+        ok(store_secret_update(st, team, "GITHUB_TOKEN", CANARY2, strlen(CANARY2), NULL, NULL, &u, &err) == 0,
            "update (%s)", err.msg);
-        ok(streq(u.id, a.id) && u.version == 2 && streq(u.name, "github_token") &&
-                   u.created_ms == a.created_ms && u.updated_ms >= a.updated_ms,
+        ok(streq(u.id, a.id) && u.version == 2 && streq(u.name, "github_token") && u.created_ms == a.created_ms &&
+                   u.updated_ms >= a.updated_ms,
            "update: same id and created, version 2 (%lld)", (long long) u.version);
         ok(streq(u.hosts_json, a.hosts_json) && streq(u.metadata_json, a.metadata_json),
            "update with NULL hosts and metadata keeps them");
         ok(value_is(st, team, "github_token", CANARY2, strlen(CANARY2)), "update changes the value");
         store_secret_clear(&u);
-        ok(store_secret_update(st, team, a.id, CANARY3, strlen(CANARY3), "[\"api.github.test\"]",
-                               "{}", &u, &err) == 0 &&
-                   u.version == 3 && streq(u.hosts_json, "[\"api.github.test\"]") &&
-                   streq(u.metadata_json, "{}"),
+        ok(store_secret_update(st, team, a.id, CANARY3, strlen(CANARY3), "[\"api.github.test\"]", "{}", &u, &err) ==
+                           0 &&
+                   u.version == 3 && streq(u.hosts_json, "[\"api.github.test\"]") && streq(u.metadata_json, "{}"),
            "update by id replaces hosts and metadata, version 3 (%s)", err.msg);
         store_secret_clear(&u);
         ok(store_secret_update(st, team, a.id, "nope", 4, NULL, "[]", &u, &err) == -EINVAL,
@@ -727,16 +686,14 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
                    value_is(st, team, a.id, CANARY3, strlen(CANARY3)),
            "a refused update changes nothing (version %lld)", (long long) g.version);
         store_secret_clear(&g);
-        ok(!on_disk(CANARY1) && !on_disk(CANARY2) && !on_disk(CANARY3),
-           "no version's plaintext is on disk");
+        ok(!on_disk(CANARY1) && !on_disk(CANARY2) && !on_disk(CANARY3), "no version's plaintext is on disk");
         ok(store_secret_update(st, team, "nosuch", "v", 1, NULL, NULL, &u, &err) == -ENOENT,
            "update of an unknown secret is ENOENT");
 
         /* list: by name, paged */
         static const char *const names[] = { "echo", "charlie", "alpha", "delta", "bravo" };
         for (size_t i = 0; i < ELEMENTSOF(names); i++) {
-                ok(store_secret_create(st, team, names[i], names[i], strlen(names[i]), NULL, NULL,
-                                       &x, &err) == 0,
+                ok(store_secret_create(st, team, names[i], names[i], strlen(names[i]), NULL, NULL, &x, &err) == 0,
                    "create %s", names[i]);
                 store_secret_clear(&x);
         }
@@ -748,31 +705,26 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
         for (size_t i = 0; i < n; i++)
                 mine &= v[i].team_id == team && id_wellformed(v[i].id);
         ok(sorted && mine && n == 11, "list: the team's 11 live secrets, by name (%zu)", n);
-        ok(n >= 3 && streq(v[0].name, "alpha") && streq(v[1].name, "bare") &&
-                   streq(v[2].name, "binary"),
+        ok(n >= 3 && streq(v[0].name, "alpha") && streq(v[1].name, "bare") && streq(v[2].name, "binary"),
            "list starts alpha, bare, binary");
         store_secret_array_free(v, n);
-        ok(store_secret_list(st, team, NULL, 2, &v, &n, &err) == 0 && n == 2 &&
-                   streq(v[0].name, "alpha") && streq(v[1].name, "bare"),
+        ok(store_secret_list(st, team, NULL, 2, &v, &n, &err) == 0 && n == 2 && streq(v[0].name, "alpha") &&
+                   streq(v[1].name, "bare"),
            "first page of 2");
         store_secret_array_free(v, n);
-        ok(store_secret_list(st, team, "bare", 3, &v, &n, &err) == 0 && n == 3 &&
-                   streq(v[0].name, "binary") && streq(v[1].name, "bravo") &&
-                   streq(v[2].name, "charlie"),
+        ok(store_secret_list(st, team, "bare", 3, &v, &n, &err) == 0 && n == 3 && streq(v[0].name, "binary") &&
+                   streq(v[1].name, "bravo") && streq(v[2].name, "charlie"),
            "next page after \"bare\"");
         store_secret_array_free(v, n);
-        ok(store_secret_list(st, team, "bravo", 1, &v, &n, &err) == 0 && n == 1 &&
-                   streq(v[0].name, "charlie"),
+        ok(store_secret_list(st, team, "bravo", 1, &v, &n, &err) == 0 && n == 1 && streq(v[0].name, "charlie"),
            "a page of 1 after \"bravo\"");
         store_secret_array_free(v, n);
-        ok(store_secret_list(st, team, "zzz", 10, &v, &n, &err) == 0 && n == 0,
-           "after the last: empty");
+        ok(store_secret_list(st, team, "zzz", 10, &v, &n, &err) == 0 && n == 0, "after the last: empty");
         store_secret_array_free(v, n);
         ok(store_secret_list(st, team, NULL, 0, &v, &n, &err) == -EINVAL &&
                    store_secret_list(st, team, NULL, 1001, &v, &n, &err) == -EINVAL,
            "limit 0 and 1001 are EINVAL");
-        ok(store_secret_list(st, other, NULL, 10, &v, &n, &err) == 0 && n == 1 &&
-                   v[0].team_id == other,
+        ok(store_secret_list(st, other, NULL, 10, &v, &n, &err) == 0 && n == 1 && v[0].team_id == other,
            "the other team lists only its own");
         store_secret_array_free(v, n);
 
@@ -787,38 +739,34 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
         ok(store_secret_update(st, team, c.id, "v", 1, NULL, NULL, &u, &err) == -ENOENT,
            "deleted: update is ENOENT");
         ok(store_secret_delete(st, team, c.id, &err) == -ENOENT, "delete twice is ENOENT");
-        ok(store_secret_list(st, team, "bravo", 1, &v, &n, &err) == 0 && n == 1 &&
-                   streq(v[0].name, "delta"),
+        ok(store_secret_list(st, team, "bravo", 1, &v, &n, &err) == 0 && n == 1 && streq(v[0].name, "delta"),
            "deleted: not listed");
         store_secret_array_free(v, n);
         {
                 char q[160];
-                snprintf(q, sizeof q,
-                         "SELECT count(*) FROM secrets WHERE id = '%s' AND deleted_ms > 0 AND value IS NULL",
+                snprintf(q, sizeof q, "SELECT count(*) FROM secrets WHERE id = '%s' AND deleted_ms > 0 AND value IS NULL",
                          c.id);
                 ok(raw_int(q) == 1, "a deleted secret keeps its row, without its value");
         }
-        ok(store_secret_create(st, team, "charlie", "again", 5, NULL, NULL, &x, &err) == 0 &&
-                   !streq(x.id, c.id) && x.version == 1 && value_is(st, team, "charlie", "again", 5),
+        ok(store_secret_create(st, team, "charlie", "again", 5, NULL, NULL, &x, &err) == 0 && !streq(x.id, c.id) &&
+                   x.version == 1 && value_is(st, team, "charlie", "again", 5),
            "the name can be created again: a new id (%s)", err.msg);
         store_secret_clear(&x);
         store_secret_clear(&c);
 
         /* another team cannot reach it */
         ok(store_secret_get(st, other, a.id, &g, &err) == -ENOENT, "other team: get by id is ENOENT");
-        ok(store_secret_get(st, other, "alpha", &g, &err) == -ENOENT,
-           "other team: get by name is ENOENT");
+        ok(store_secret_get(st, other, "alpha", &g, &err) == -ENOENT, "other team: get by name is ENOENT");
         ok(store_secret_update(st, other, a.id, "stolen", 6, NULL, NULL, &u, &err) == -ENOENT,
            "other team: update is ENOENT");
-        ok(store_secret_delete(st, other, a.id, &err) == -ENOENT &&
-                   store_secret_delete(st, other, "alpha", &err) == -ENOENT,
+        ok(store_secret_delete(st, other, a.id, &err) == -ENOENT && store_secret_delete(st, other, "alpha", &err) ==
+                                                                           -ENOENT,
            "other team: delete is ENOENT");
         ok(value_code(st, other, a.id) == -ENOENT && value_code(st, other, "alpha") == -ENOENT,
            "other team: value is ENOENT");
-        ok(value_is(st, other, "github_token", "other team", 10),
-           "other team: its own secret of that name");
-        ok(value_is(st, team, a.id, CANARY3, strlen(CANARY3)) &&
-                   store_secret_get(st, team, a.id, &g, &err) == 0 && g.version == 3,
+        ok(value_is(st, other, "github_token", "other team", 10), "other team: its own secret of that name");
+        ok(value_is(st, team, a.id, CANARY3, strlen(CANARY3)) && store_secret_get(st, team, a.id, &g, &err) == 0 &&
+                   g.version == 3,
            "... and ours is untouched");
         store_secret_clear(&g);
 
@@ -826,8 +774,7 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
         size_t al = 0, bl = 0;
         uint8_t *alpha = raw_value(team, "alpha", &al), *bravo = raw_value(team, "bravo", &bl);
         ok(alpha && bravo, "raw values read");
-        ok(alpha && raw_set_value(team, "bravo", alpha, al) &&
-                   value_code(st, team, "bravo") == -EBADMSG,
+        ok(alpha && raw_set_value(team, "bravo", alpha, al) && value_code(st, team, "bravo") == -EBADMSG,
            "a value copied into another row does not authenticate: EBADMSG");
         ok(value_is(st, team, "alpha", "alpha", 5), "the row it came from still does");
         ok(bravo && raw_set_value(team, "bravo", bravo, bl) && value_is(st, team, "bravo", "bravo", 5),
@@ -855,15 +802,12 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
                 ok(raw_set_value(team, "bravo", t, bl) && value_code(st, team, "bravo") == -EBADMSG,
                    "a flipped %s byte: EBADMSG", flips[i].what);
         }
-        ok(bravo && raw_set_value(team, "bravo", bravo, bl - 1) &&
-                   value_code(st, team, "bravo") == -EBADMSG,
+        ok(bravo && raw_set_value(team, "bravo", bravo, bl - 1) && value_code(st, team, "bravo") == -EBADMSG,
            "a truncated value: EBADMSG");
         ok(raw_set_value(team, "bravo", bravo, 27) && value_code(st, team, "bravo") == -EBADMSG,
            "shorter than nonce + tag: EBADMSG");
-        ok(raw_set_value(team, "bravo", NULL, 0) && value_code(st, team, "bravo") < 0,
-           "no value at all: refused");
-        ok(raw_set_value(team, "bravo", bravo, bl) && value_is(st, team, "bravo", "bravo", 5),
-           "restored");
+        ok(raw_set_value(team, "bravo", NULL, 0) && value_code(st, team, "bravo") < 0, "no value at all: refused");
+        ok(raw_set_value(team, "bravo", bravo, bl) && value_is(st, team, "bravo", "bravo", 5), "restored");
         {
                 char q[160];
                 snprintf(q, sizeof q, "UPDATE secrets SET version = 2 WHERE id = '%s'", a.id);
@@ -881,18 +825,15 @@ static void test_secrets(hutch_store *st, int64_t team, int64_t other) {
         ok(store_open(db_path, &st2, &err) == 0, "second handle (%s)", err.msg);
         if (st2) {
                 test_secrets_nokey(st2, team, "bare", "a handle without the key, the secret present");
-                ok(value_is(st, team, "bare", "b", 1),
-                   "the secret the keyless calls named is still there");
+                ok(value_is(st, team, "bare", "b", 1), "the secret the keyless calls named is still there");
                 uint8_t k2[32];
                 memcpy(k2, secrets_key, sizeof k2);
                 k2[31] ^= 0x80;
                 store_set_secrets_key(st2, k2);
-                ok(value_code(st2, team, "github_token") == -EBADMSG &&
-                           value_code(st2, team, "alpha") == -EBADMSG,
+                ok(value_code(st2, team, "github_token") == -EBADMSG && value_code(st2, team, "alpha") == -EBADMSG,
                    "another secrets key: EBADMSG");
                 store_set_secrets_key(st2, secrets_key);
-                ok(value_is(st2, team, "github_token", CANARY3, strlen(CANARY3)),
-                   "the same key: the value");
+                ok(value_is(st2, team, "github_token", CANARY3, strlen(CANARY3)), "the same key: the value");
                 store_close(st2);
         }
         store_secret_clear(&a);
