@@ -19,6 +19,7 @@
 #define AUDIT_QUEUE_FLUSH 512
 #define AUDIT_PRUNE_INTERVAL_MS (600 * 1000)
 #define EVENTS_PAGE_MAX 1000
+#define AUDIT_QUEUE_MAX 100000
 
 typedef struct upload_hash {
         const void *key;
@@ -29,7 +30,9 @@ struct daemon_audit {
         audit_log *log;
         int64_t next_checkpoint_ms;
         int64_t next_prune_ms;
-        bool warned; /* a failing flush is logged once until it works again */
+        bool warned;      /* a failing flush is logged once until it works again */
+        uint64_t dropped; /* records not queued (AUDIT_QUEUE_MAX) since the last audit.lost */
+        int64_t retry_ms; /* after a failed write: not before then (the store's busy timeout each try) */
         upload_hash *uploads;
         size_t n_uploads;
 };
@@ -45,12 +48,22 @@ static void put(server *srv, int64_t team, const char *sandbox, const char *kind
                 json_decref(detail);
                 return;
         }
+        /* a database that refuses every write (a full disk) must not take
+         * the daemon's memory with it: beyond the bound, records are
+         * counted, and the count is recorded once writing works again */
+        if (audit_queued(a) >= AUDIT_QUEUE_MAX) {
+                if (srv->audit->dropped++ == 0)
+                        log_error("audit: %d records could not be written: dropping further ones (counted)",
+                                  AUDIT_QUEUE_MAX);
+                json_decref(detail);
+                return;
+        }
         char *s = detail ? json_dumps(detail, JSON_COMPACT) : NULL;
         json_decref(detail);
         if (audit_append(a, 0, team, sandbox, kind, s ? s : "{}") < 0)
                 log_warning("audit: out of memory: a %s record is lost", kind);
         free(s);
-        if (audit_queued(a) >= AUDIT_QUEUE_FLUSH) {
+        if (audit_queued(a) >= AUDIT_QUEUE_FLUSH && srv->audit->retry_ms <= wall_ms()) {
                 hutch_error err = { 0 };
                 if (audit_flush(a, &err) < 0)
                         log_debug("audit: %s", err.msg);
@@ -115,6 +128,8 @@ int64_t audit_tick(server *srv, int64_t now) {
         struct daemon_audit *d = srv->audit;
         if (!d)
                 return -1;
+        if (d->retry_ms > now)
+                return d->retry_ms;
         hutch_error err = { 0 };
         int r;
         int64_t t0 = clock_ns(CLOCK_MONOTONIC);
@@ -129,9 +144,18 @@ int64_t audit_tick(server *srv, int64_t now) {
                 if (!d->warned)
                         log_warning("audit: %s (kept in memory; trying again)", err.msg);
                 d->warned = true;
-                return now + 100;
+                d->retry_ms = now + 1000;
+                return d->retry_ms;
         }
         d->warned = false;
+        if (d->dropped) {
+                uint64_t n = d->dropped;
+                d->dropped = 0;
+                put(srv, 0, "", "audit.lost", json_pack("{s:I}", "records", (json_int_t) n));
+                log_warning("audit: writing works again; %llu record(s) were dropped meanwhile (an audit.lost "
+                            "record says so)",
+                            (unsigned long long) n);
+        }
         if (srv->cfg.audit_retention_s > 0 && now >= d->next_prune_ms) {
                 int64_t half = (int64_t) srv->cfg.audit_retention_s * 500;
                 d->next_prune_ms = now +

@@ -418,10 +418,18 @@ typedef struct ckpt_list {
         size_t n;
 } ckpt_list;
 
+/* By number: the list is in n order (ORDER BY n, a primary key). */
 static ssize_t ckpt_find(const ckpt_list *l, int64_t n) {
-        for (size_t i = 0; i < l->n; i++)
-                if (l->v[i].n == n)
-                        return (ssize_t) i;
+        size_t lo = 0, hi = l->n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (l->v[mid].n == n)
+                        return (ssize_t) mid;
+                if (l->v[mid].n < n)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
         return -1;
 }
 

@@ -359,3 +359,30 @@ def test_retention_prunes_under_a_signed_checkpoint(sandboxed_hutch, tmp_path):
     _sql(copy, ("DELETE FROM audit_log WHERE seq <= ?", (max(first, pruned + 1),)))
     rc, out = _verify(sandboxed_hutch, copy)
     assert rc == 1 and "are missing (deleted)" in out, out
+
+
+def test_a_held_write_lock_delays_records_and_loses_none(sandboxed_hutch, tmp_path):
+    """Another process holding the database's write lock (a CLI, a backup)
+    makes the writes fail after the store's busy timeout: the records stay
+    queued, are written once the lock is gone, and the chain is whole."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    d.start()
+    try:
+        assert d.request("GET", "/v2/sandboxes").status == 200   # the key's last-used write is done
+        db = sqlite3.connect(data / "hutch.db", timeout=10)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for i in range(3):
+                assert d.request("GET", "/v2/sandboxes", timeout=60).status == 200
+            time.sleep(2.5)
+        finally:
+            db.rollback()
+            db.close()
+        assert wait_until(lambda: len([r for r in _export(sandboxed_hutch, data, "--kind", "api.call")
+                                       if r["detail"]["path"] == "/v2/sandboxes"]) == 4, 15)
+        assert "kept in memory; trying again" in d.log_tail(20000)
+    finally:
+        d.stop()
+    rc, out = _verify(sandboxed_hutch, data)
+    assert rc == 0, out
