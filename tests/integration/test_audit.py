@@ -39,6 +39,7 @@ from hutchtest import wait_until
 from serveclient import ServeDaemon, parse_frames, envelope
 
 SECRET_VALUE = "s3cr3t-value-never-logged"
+WEIRD_ARGV = ["x\n{\"seq\":1,\"kind\":\"forged\"}\r\n", "\",\"kind\":\"forged", "a,b\"c", "\u00e9\t\\"]
 
 
 def _hutch(hutch_bin, *args, timeout=60):
@@ -120,6 +121,10 @@ def trail(sandboxed_hutch, tmp_path_factory):
                      {"process": {"cmd": "/bin/sh", "args": ["-c", "echo audited; exit 3"], "cwd": "/tmp",
                                   "envs": {"API_TOKEN": SECRET_VALUE}}, "stdin": False}, user="root")
         assert r.status == 200, r
+        # argv chosen to break a naive log format: it must come back as given
+        r = d.stream(sb, "process.Process/Start", {"process": {"cmd": "/bin/true", "args": WEIRD_ARGV},
+                                                    "stdin": False}, user="root")
+        assert r.status == 200, r
         payload = b"audited bytes\n" * 1000
         assert d.upload(sb, "/tmp/up.bin", payload, user="root").status == 200
         r = d.unary(sb, "filesystem.Filesystem/Remove", {"path": "/tmp/up.bin"}, user="root")
@@ -156,12 +161,12 @@ def test_records_what_a_client_did(sandboxed_hutch, trail):
         assert k in kinds, (k, kinds)
     assert [e["seq"] for e in mine] == sorted(e["seq"] for e in mine)
 
-    start = next(e for e in mine if e["type"] == "process.start")
+    start = next(e for e in mine if e["type"] == "process.start" and e["detail"]["argv"][0] == "/bin/sh")
     assert start["sandboxID"] == sid
     assert start["detail"]["argv"] == ["/bin/sh", "-c", "echo audited; exit 3"]
     assert start["detail"]["user"] == "root" and start["detail"]["cwd"] == "/tmp"
     assert start["detail"]["env_names"] == ["API_TOKEN"] and start["detail"]["pty"] is False
-    end = next(e for e in mine if e["type"] == "process.end")
+    end = next(e for e in mine if e["type"] == "process.end" and e["detail"]["pid"] == start["detail"]["pid"])
     assert end["detail"]["pid"] == start["detail"]["pid"] and end["detail"]["exit_code"] == 3
     assert end["detail"]["duration_ms"] >= 0
     limits = next(e for e in mine if e["type"] == "sandbox.limits")["detail"]
@@ -206,6 +211,12 @@ def test_export_filters_and_formats(sandboxed_hutch, trail):
     rows = list(csv.DictReader(io.StringIO(cp.stdout)))
     assert rows and all(r["team"] == "1" for r in rows)
     assert any(r["kind"] == "process.start" and json.loads(r["detail"])["env_names"] == ["API_TOKEN"] for r in rows)
+    # sandbox-chosen strings are escaped: every line is one record, argv as given
+    weird = [r for r in allr if r["kind"] == "process.start" and r["detail"]["argv"][0] == "/bin/true"]
+    assert len(weird) == 1 and weird[0]["detail"]["argv"][1:] == WEIRD_ARGV, weird
+    assert "forged" not in kinds
+    crow = [r for r in rows if r["kind"] == "process.start" and json.loads(r["detail"])["argv"][0] == "/bin/true"]
+    assert len(crow) == 1 and json.loads(crow[0]["detail"])["argv"][1:] == WEIRD_ARGV
     future = _export(sandboxed_hutch, data, "--since", "2999-01-01")
     assert future == []
     bad = _hutch(sandboxed_hutch, "audit", "export", "--data-dir", str(data), "--since", "soon")
