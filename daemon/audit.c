@@ -10,6 +10,7 @@
 #include "config.h"
 #include "daemon/audit.h"
 #include "daemon/metrics.h"
+#include "meter/meter.h"
 #include "daemon/serve.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -228,6 +229,16 @@ void audit_sandbox_created(server *srv, const sbx *sb) {
                       sb->alias, "backend", hutch_backend_name(sb->backend), "cpu_count",
                       (json_int_t) sb->cpu_count, "memory_mb", (json_int_t) sb->memory_mb,
                       "disk_mb", (json_int_t) sb->disk_mb, "end_ms", (json_int_t) sb->end_ms));
+}
+
+void audit_sandbox_final(server *srv, const sbx *sb, const meter_row *r) {
+        if (!A(srv))
+                return;
+        put(srv, sb->team_id, sb->id, "sandbox.final",
+            json_pack("{s:I, s:I, s:I, s:I, s:I}", "cpu_ns", (json_int_t) r->cpu_ns,
+                      "memory_peak_bytes", (json_int_t) r->memory_peak_bytes, "oom_kills",
+                      (json_int_t) r->oom_kills, "processes", (json_int_t) r->processes,
+                      "lifetime_ms", (json_int_t) (r->ended_ms - r->started_ms)));
 }
 
 void audit_proc_start(server *srv, sbx *sb, proc *p, const char *user, const char *cwd) {

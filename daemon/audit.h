@@ -27,6 +27,10 @@ int64_t audit_tick(server *srv, int64_t now);
 void audit_request_done(server *srv, request *req, struct MHD_Connection *c);
 /* A sandbox exists: its template, backend and limits. */
 void audit_sandbox_created(server *srv, const sbx *sb);
+/* A sandbox is ending: its final counters from the usage ledger (CPU,
+ * memory peak, processes the memory limit killed). */
+struct meter_row;
+void audit_sandbox_final(server *srv, const sbx *sb, const struct meter_row *row);
 /* envd: a process started (argv, user, cwd, env names, pty) or ended. */
 void audit_proc_start(server *srv, sbx *sb, proc *p, const char *user, const char *cwd);
 void audit_proc_end(server *srv, sbx *sb, proc *p);

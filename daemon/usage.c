@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "audit/audit.h"
+#include "daemon/audit.h"
 #include "daemon/metrics.h"
 #include "daemon/serve.h"
 #include "daemon/usage.h"
@@ -74,6 +75,7 @@ static void advance(live *l, const hutch_stats *s, int64_t now) {
                                            (int64_t) MAX(s->memory_peak, s->memory_current));
                 r->disk_peak_bytes = MAX(r->disk_peak_bytes, (int64_t) s->disk_used);
                 r->pids_peak = MAX(r->pids_peak, (int64_t) s->pids_current);
+                r->oom_kills = MAX(r->oom_kills, (int64_t) s->oom_kills);
                 if (now > r->updated_ms)
                         r->disk_kib_ms += (now - r->updated_ms) * (int64_t) (s->disk_used >> 10);
         }
@@ -118,6 +120,7 @@ void usage_sandbox_end(server *srv, const sbx *sb) {
         bool have = sb->h && hutch_sandbox_stats(sb->h, &s, &err) == 0;
         advance(l, have ? &s : NULL, wall_ms());
         l->row.ended_ms = l->row.updated_ms;
+        audit_sandbox_final(srv, sb, &l->row);
         if (meter_put(srv->store, &l->row, &err) < 0)
                 log_warning("usage: sandbox %s: %s (its row is closed at the next start)", sb->id,
                             err.msg);
@@ -188,18 +191,19 @@ void usage_teardown(server *srv) {
 /* ------------------------------------------------------------------ report */
 
 static json_t *counters_json(const meter_row *r) {
-        return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
-                         "cpu_ns", (json_int_t) r->cpu_ns, "memory_reserved_mib_ms",
-                         (json_int_t) r->memory_reserved_mib_ms, "memory_peak_bytes",
-                         (json_int_t) r->memory_peak_bytes, "disk_kib_ms",
-                         (json_int_t) r->disk_kib_ms, "disk_peak_bytes",
-                         (json_int_t) r->disk_peak_bytes, "pids_peak", (json_int_t) r->pids_peak,
-                         "processes", (json_int_t) r->processes, "egress", "allowed",
-                         (json_int_t) r->egress_allowed, "denied", (json_int_t) r->egress_denied,
-                         "allowed_bytes_out", (json_int_t) r->egress_allowed_out,
-                         "allowed_bytes_in", (json_int_t) r->egress_allowed_in, "denied_bytes_out",
-                         (json_int_t) r->egress_denied_out, "denied_bytes_in",
-                         (json_int_t) r->egress_denied_in);
+        return json_pack(
+                "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
+                "cpu_ns", (json_int_t) r->cpu_ns, "memory_reserved_mib_ms",
+                (json_int_t) r->memory_reserved_mib_ms, "memory_peak_bytes",
+                (json_int_t) r->memory_peak_bytes, "disk_kib_ms", (json_int_t) r->disk_kib_ms,
+                "disk_peak_bytes", (json_int_t) r->disk_peak_bytes, "pids_peak",
+                (json_int_t) r->pids_peak, "processes", (json_int_t) r->processes, "oom_kills",
+                (json_int_t) r->oom_kills, "egress", "allowed", (json_int_t) r->egress_allowed,
+                "denied", (json_int_t) r->egress_denied, "allowed_bytes_out",
+                (json_int_t) r->egress_allowed_out, "allowed_bytes_in",
+                (json_int_t) r->egress_allowed_in, "denied_bytes_out",
+                (json_int_t) r->egress_denied_out, "denied_bytes_in",
+                (json_int_t) r->egress_denied_in);
 }
 
 typedef struct report {

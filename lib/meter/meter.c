@@ -8,9 +8,9 @@
 #include "meter/meter.h"
 #include "util/macro.h"
 
-#define COLS                                                                                              \
-        "sandbox_id, team_id, template_id, backend, started_ms, ended_ms, updated_ms, cpu_ns, memory_mb," \
-        " memory_reserved_mib_ms, memory_peak_bytes, disk_kib_ms, disk_peak_bytes, pids_peak, processes," \
+#define COLS                                                                                                         \
+        "sandbox_id, team_id, template_id, backend, started_ms, ended_ms, updated_ms, cpu_ns, memory_mb,"            \
+        " memory_reserved_mib_ms, memory_peak_bytes, disk_kib_ms, disk_peak_bytes, pids_peak, processes, oom_kills," \
         " egress_allowed, egress_denied, egress_allowed_out, egress_allowed_in, egress_denied_out, egress_denied_in"
 
 static int fail(sqlite3 *db, hutch_error *err, const char *what) {
@@ -34,15 +34,15 @@ static void fill(sqlite3_stmt *s, meter_row *r) {
         r->team = sqlite3_column_int64(s, 1);
         text(s, 2, r->template_id, sizeof r->template_id);
         text(s, 3, r->backend, sizeof r->backend);
-        int64_t *v[] = { &r->started_ms,        &r->ended_ms,
-                         &r->updated_ms,        &r->cpu_ns,
-                         &r->memory_mb,         &r->memory_reserved_mib_ms,
-                         &r->memory_peak_bytes, &r->disk_kib_ms,
-                         &r->disk_peak_bytes,   &r->pids_peak,
-                         &r->processes,         &r->egress_allowed,
-                         &r->egress_denied,     &r->egress_allowed_out,
-                         &r->egress_allowed_in, &r->egress_denied_out,
-                         &r->egress_denied_in };
+        int64_t *v[] = { &r->started_ms,         &r->ended_ms,
+                         &r->updated_ms,         &r->cpu_ns,
+                         &r->memory_mb,          &r->memory_reserved_mib_ms,
+                         &r->memory_peak_bytes,  &r->disk_kib_ms,
+                         &r->disk_peak_bytes,    &r->pids_peak,
+                         &r->processes,          &r->oom_kills,
+                         &r->egress_allowed,     &r->egress_denied,
+                         &r->egress_allowed_out, &r->egress_allowed_in,
+                         &r->egress_denied_out,  &r->egress_denied_in };
         for (size_t i = 0; i < ELEMENTSOF(v); i++)
                 *v[i] = sqlite3_column_int64(s, (int) i + 4);
 }
@@ -71,7 +71,7 @@ int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
         if (sqlite3_prepare_v2(db,
                                "INSERT OR REPLACE INTO usage (" COLS
                                ") SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
-                               " ?11, ?12, ?13, ?14, ?15,"
+                               " ?11, ?12, ?13, ?14, ?15, ?16,"
                                " coalesce(sum(allowed = 1), 0), coalesce(sum(allowed = 0), 0),"
                                " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_out END), 0),"
                                " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_in END), 0),"
@@ -89,7 +89,7 @@ int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
                               r->memory_mb,         r->memory_reserved_mib_ms,
                               r->memory_peak_bytes, r->disk_kib_ms,
                               r->disk_peak_bytes,   r->pids_peak,
-                              r->processes };
+                              r->processes,         r->oom_kills };
         for (size_t i = 0; i < ELEMENTSOF(v); i++)
                 sqlite3_bind_int64(s, (int) i + 5, v[i]);
         if (sqlite3_step(s) != SQLITE_DONE)
@@ -163,6 +163,7 @@ void meter_row_add(meter_row *sum, const meter_row *r) {
         sum->disk_peak_bytes = MAX(sum->disk_peak_bytes, r->disk_peak_bytes);
         sum->pids_peak = MAX(sum->pids_peak, r->pids_peak);
         sum->processes += r->processes;
+        sum->oom_kills += r->oom_kills;
         sum->egress_allowed += r->egress_allowed;
         sum->egress_denied += r->egress_denied;
         sum->egress_allowed_out += r->egress_allowed_out;

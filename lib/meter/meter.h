@@ -29,6 +29,7 @@ typedef struct meter_row {
         int64_t disk_peak_bytes;
         int64_t pids_peak;
         int64_t processes; /* started through the API */
+        int64_t oom_kills; /* processes the memory limit killed (the cgroup's count) */
         /* from the egress log, by decision */
         int64_t egress_allowed, egress_denied;
         int64_t egress_allowed_out, egress_allowed_in, egress_denied_out, egress_denied_in;

@@ -212,6 +212,7 @@ static const char *const migrations[] = {
         "  disk_peak_bytes INTEGER NOT NULL DEFAULT 0,"
         "  pids_peak INTEGER NOT NULL DEFAULT 0,"
         "  processes INTEGER NOT NULL DEFAULT 0,"
+        "  oom_kills INTEGER NOT NULL DEFAULT 0,"
         "  egress_allowed INTEGER NOT NULL DEFAULT 0,"
         "  egress_denied INTEGER NOT NULL DEFAULT 0,"
         "  egress_allowed_out INTEGER NOT NULL DEFAULT 0,"

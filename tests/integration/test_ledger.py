@@ -127,3 +127,25 @@ def test_ledger_counts_once_across_a_restart(sandboxed_hutch, tmp_path):
         assert db["memory_reserved_mib_ms"] == db["memory_mb"] * (db["ended_ms"] - db["started_ms"]), db
     finally:
         d2.stop()
+
+
+def test_an_oom_kill_is_in_the_ledger_and_the_trail(sandboxed_hutch, tmp_path):
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--memory", "64M"])
+    d.start()
+    try:
+        sb = d.create()
+        sid = sb["sandboxID"]
+        end, _, _, _ = d.run(sb, "python3 -c " + shlex.quote(ALLOC))
+        assert end.get("exitCode", 0) != 0, end     # killed by the memory limit
+        assert d.kill(sid).status == 204
+        r = {x["sandboxID"]: x for x in _usage(d)["rows"]}[sid]
+        assert r["oom_kills"] >= 1, r
+        ev = d.request("GET", f"/sandboxes/{sid}/events?limit=1000").json()
+        final = [e["detail"] for e in ev if e["type"] == "sandbox.final"]
+        assert len(final) == 1 and final[0]["oom_kills"] >= 1 and final[0]["cpu_ns"] == r["cpu_ns"], final
+        ends = [e["detail"] for e in ev if e["type"] == "process.end"]
+        assert any(e["signal"] == 9 or e["exit_code"] == 137 for e in ends), ends   # sh -c: 128+9
+        assert [e["detail"]["reason"] for e in ev if e["type"] == "sandbox.end"] == ["killed"]
+    finally:
+        d.stop()
