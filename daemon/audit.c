@@ -171,6 +171,8 @@ int64_t audit_tick(server *srv, int64_t now) {
                         log_info("audit: retention: records up to %lld removed (older than %llu s)",
                                  (long long) upto, (unsigned long long) srv->cfg.audit_retention_s);
         }
+        if (audit_fold_pending(d->log))
+                return now; /* a backlog of the store's records: the next batch at once */
         return d->next_checkpoint_ms < d->next_prune_ms || srv->cfg.audit_retention_s == 0
                 ? d->next_checkpoint_ms
                 : d->next_prune_ms;

@@ -39,6 +39,7 @@ struct audit_log {
         uint8_t pruned_hash[32];
         int64_t changes_seen; /* sqlite3_total_changes() at the last fold */
         int64_t version_seen; /* PRAGMA data_version then: other connections' commits */
+        bool fold_more;       /* the last fold stopped at FOLD_MAX rows: fold again */
         sqlite3_stmt *data_version;
         sqlite3_stmt *stmts[5]; /* the writer's statements, prepared once (stmt_get) */
         audit_start_state start;
@@ -340,6 +341,10 @@ size_t audit_queued(const audit_log *a) {
         return a->n;
 }
 
+bool audit_fold_pending(const audit_log *a) {
+        return a->fold_more;
+}
+
 int audit_append(audit_log *a, int64_t ts_ms, int64_t team, const char *sandbox, const char *kind,
                  const char *detail_json) {
         if (!a || !kind || !*kind)
@@ -409,7 +414,8 @@ static void resetp(sqlite3_stmt **s) {
  * the _cleanup_(resetp) of its user. */
 static int stmt_get(audit_log *a, size_t i, const char *sql, sqlite3_stmt **ret, hutch_error *err) {
         if (!a->stmts[i] &&
-            sqlite3_prepare_v3(a->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &a->stmts[i], NULL) != SQLITE_OK) {
+            sqlite3_prepare_v3(a->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &a->stmts[i], NULL) !=
+                    SQLITE_OK) {
                 a->stmts[i] = NULL;
                 return audit_db_fail(a->db, err, "preparing an audit statement");
         }
@@ -423,17 +429,25 @@ static int stmt_get(audit_log *a, size_t i, const char *sql, sqlite3_stmt **ret,
 
 /* The store's events and egress records written since the last fold, in
  * id order, onto the chain. */
+/* Rows folded per table and transaction: a backlog (a first start after an
+ * upgrade, a stretch with audit = off) is worked through over several loop
+ * turns instead of in one long transaction. */
+#define FOLD_MAX 2000 /* the LIMIT of the two queries below */
+
 static int fold(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t hash[32], hutch_error *err) {
+        a->fold_more = false;
         static const char *const queries[2] = {
                 "SELECT e.id, e.ts_ms, e.team_id, coalesce(e.sandbox_id, ''), e.kind, e.detail_json"
-                " FROM events e, audit_fold f WHERE f.id = 1 AND e.id > f.events_id ORDER BY e.id",
+                " FROM events e, audit_fold f WHERE f.id = 1 AND e.id > f.events_id ORDER BY e.id"
+                " LIMIT 2000",
                 "SELECT g.id, g.ts_ms, g.team_id, g.sandbox_id,"
                 " CASE WHEN g.allowed THEN 'egress.allow' ELSE 'egress.deny' END,"
                 " json_object('kind', g.kind, 'method', g.method, 'host', g.host, 'port', g.port,"
                 "  'address', g.address, 'reason', g.reason, 'rule', g.rule, 'error', g.error,"
                 "  'bytes_out', g.bytes_out, 'bytes_in', g.bytes_in, 'duration_ms', g.duration_ms,"
                 "  'suppressed', g.suppressed, 'injected', g.injected, 'egress_id', g.id)"
-                " FROM egress_log g, audit_fold f WHERE f.id = 1 AND g.id > f.egress_id ORDER BY g.id",
+                " FROM egress_log g, audit_fold f WHERE f.id = 1 AND g.id > f.egress_id ORDER BY g.id"
+                " LIMIT 2000",
         };
         static const char *const updates[2] = {
                 "UPDATE audit_fold SET events_id = ?1 WHERE id = 1",
@@ -445,9 +459,11 @@ static int fold(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t hash[32],
                 if (r < 0)
                         return r;
                 int64_t last = -1;
+                unsigned n_rows = 0;
                 int rc;
                 while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
                         last = sqlite3_column_int64(s, 0);
+                        n_rows++;
                         const char *sandbox = (const char *) sqlite3_column_text(s, 3);
                         const char *kind = (const char *) sqlite3_column_text(s, 4);
                         const char *detail = (const char *) sqlite3_column_text(s, 5);
@@ -460,6 +476,8 @@ static int fold(audit_log *a, sqlite3_stmt *ins, int64_t *seq, uint8_t hash[32],
                 if (rc != SQLITE_DONE)
                         return audit_db_fail(a->db, err,
                                              "folding the store's records into the audit chain");
+                if (n_rows >= FOLD_MAX)
+                        a->fold_more = true;
                 if (last < 0)
                         continue;
                 _cleanup_(resetp) sqlite3_stmt *u = NULL;
@@ -532,7 +550,8 @@ int audit_flush(audit_log *a, hutch_error *err) {
          * (this connection's change count, the others' data_version): no
          * transaction at all */
         int64_t dv = data_version(a);
-        bool do_fold = sqlite3_total_changes64(a->db) != a->changes_seen || dv < 0 || dv != a->version_seen;
+        bool do_fold = a->fold_more || sqlite3_total_changes64(a->db) != a->changes_seen ||
+                dv < 0 || dv != a->version_seen;
         if (a->n == 0 && !do_fold)
                 return 0;
         int r = write_tx(a, do_fold, NULL, NULL, err);

@@ -38,6 +38,9 @@ void audit_close(audit_log *a);
 int audit_append(audit_log *a, int64_t ts_ms, int64_t team, const char *sandbox, const char *kind,
                  const char *detail_json);
 size_t audit_queued(const audit_log *a);
+/* The last flush folded as many store records as one transaction takes:
+ * more are waiting (flush again soon). */
+bool audit_fold_pending(const audit_log *a);
 
 /* Write what is queued, after folding in the store's new events and egress
  * records, in one transaction. Returns the number of records written; on

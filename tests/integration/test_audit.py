@@ -397,3 +397,29 @@ def test_a_held_write_lock_delays_records_and_loses_none(sandboxed_hutch, tmp_pa
         d.stop()
     rc, out = _verify(sandboxed_hutch, data)
     assert rc == 0, out
+
+
+def test_a_backlog_of_store_records_is_folded_in_batches(sandboxed_hutch, tmp_path):
+    """Egress records written while the trail was off (or before an upgrade)
+    are folded in at the next start, a batch per loop turn, every one."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--audit", "off"])
+    d.start()
+    d.stop()
+    db = sqlite3.connect(data / "hutch.db")
+    db.executemany("INSERT INTO egress_log (sandbox_id, team_id, ts_ms, kind, host, port, allowed, bytes_in)"
+                   " VALUES ('x', 1, ?, 'http', 'h.test', 80, ?, ?)",
+                   [(int(time.time() * 1000) + i, i % 2, i) for i in range(5000)])
+    db.commit()
+    db.close()
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    d.start()
+    try:
+        assert wait_until(lambda: len(_export(sandboxed_hutch, data, "--kind", "egress.")) == 5000, 20)
+        assert d.request("GET", "/health").status == 200
+    finally:
+        d.stop()
+    recs = _export(sandboxed_hutch, data, "--kind", "egress.")
+    assert [r["detail"]["bytes_in"] for r in recs] == list(range(5000))
+    rc, out = _verify(sandboxed_hutch, data)
+    assert rc == 0, out
