@@ -937,7 +937,7 @@ static enum MHD_Result fs_make_dir(rpc *x) {
         hutch_error err = { 0 };
         int r = hutch_fs_mkdir(x->sb->h, &x->fsu, path, true, &err);
         sbx_mark_dirty(x->sb);
-        audit_fs(x->srv, x->sb, "dir.create", path, NULL, r == -EEXIST ? r : r < 0 ? r : 0);
+        audit_fs(x->srv, x->sb, "dir.create", path, NULL, r == 0 ? -EEXIST : r < 0 ? r : 0);
         if (r == 0)
                 return rpc_error(x, "already_exists", "directory already exists: %s", path);
         if (r == -EEXIST || r == -ENOTDIR)
