@@ -450,6 +450,11 @@ int audit_verify(hutch_store *st, const char *data_dir, const char *pubkey_pem,
         int r = load_pubkey(data_dir, pubkey_pem, &key, err);
         if (r < 0)
                 return r;
+        /* audit.head before the database: the daemon writes it after each
+         * checkpoint's commit, so the snapshot read below is at least as new
+         * and a checkpoint signed meanwhile is never taken for a truncation */
+        audit_checkpoint_row head;
+        int hr = head_read(data_dir, &head);
         /* one read transaction: a daemon appending meanwhile is not seen */
         if (sqlite3_exec(db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK) {
                 EVP_PKEY_free(key);
@@ -658,8 +663,6 @@ int audit_verify(hutch_store *st, const char *data_dir, const char *pubkey_pem,
                 res.unsigned_records = res.records;
 
         /* the head outside the database: a cut back to an older state */
-        audit_checkpoint_row head;
-        int hr = head_read(data_dir, &head);
         if (hr == 0) {
                 res.head_checked = true;
                 uint8_t msg[AUDIT_CKPT_MSG_LEN];

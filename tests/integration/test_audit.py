@@ -423,3 +423,37 @@ def test_a_backlog_of_store_records_is_folded_in_batches(sandboxed_hutch, tmp_pa
     assert [r["detail"]["bytes_in"] for r in recs] == list(range(5000))
     rc, out = _verify(sandboxed_hutch, data)
     assert rc == 0, out
+
+
+def test_verify_beside_a_writing_daemon_never_cries_wolf(sandboxed_hutch, tmp_path):
+    """Checkpoints signed while verify reads (every second here) are never
+    taken for a truncation or a forgery."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--audit-checkpoint-interval", "1s"])
+    d.start()
+    stop = threading.Event()
+
+    def writes():
+        sb = d.create()
+        i = 0
+        while not stop.is_set():
+            d.upload(sb, f"/tmp/w{i % 10}", b"y" * 100, user="root", timeout=10)
+            i += 1
+
+    t = threading.Thread(target=writes)
+    t.start()
+    try:
+        time.sleep(0.5)
+        results = []
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            results.append(_verify(sandboxed_hutch, data))
+        assert len(results) >= 3
+        for rc, out in results:
+            assert rc == 0, out
+        (n,) = _rows(data, "SELECT count(*) FROM audit_checkpoints")[0]
+        assert n >= 3
+    finally:
+        stop.set()
+        t.join(30)
+        d.stop()
