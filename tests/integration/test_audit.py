@@ -239,7 +239,7 @@ def _seq_of(data, kind):
     return _rows(data, "SELECT seq FROM audit_log WHERE kind = ? ORDER BY seq LIMIT 1", kind)[0][0]
 
 
-@pytest.mark.parametrize("case", ["edit", "delete", "reorder", "rewrite", "truncate", "replay"])
+@pytest.mark.parametrize("case", ["edit", "delete", "reorder", "rewrite", "truncate", "replay", "head"])
 def test_verify_names_the_tampering(sandboxed_hutch, trail, tmp_path, case):
     data = _copy(trail["data"], tmp_path / "copy")
     ps = _seq_of(data, "process.start")
@@ -290,6 +290,10 @@ def test_verify_names_the_tampering(sandboxed_hutch, trail, tmp_path, case):
              ("INSERT INTO audit_checkpoints (n, ts_ms, seq, hash, pruned_seq, pruned_hash, sig)"
               " VALUES (?, ?, ?, ?, ?, ?, ?)", (n_last, *old)))
         want = [f"checkpoint {n_last}: a replay of checkpoint {n_first}"]
+    elif case == "head":
+        # the signed copy outside the database removed, to hide a truncation
+        (data / "audit.head").unlink()
+        want = ["audit.head is missing while the database holds checkpoints"]
     rc, out = _verify(sandboxed_hutch, data)
     assert rc == 1, out
     for w in want:
