@@ -43,6 +43,8 @@ void cli_tty_raw(void);
 void cli_tty_restore(void);
 void cli_tty_size(uint16_t *rows, uint16_t *cols);
 bool cli_env_name_valid(const char *kv);
+int verb_audit(int argc, char **argv);
+int verb_usage(int argc, char **argv);
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

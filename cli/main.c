@@ -13,6 +13,8 @@ static void usage(FILE *f) {
               "  serve [OPTIONS]                 the E2B-compatible API daemon (--help)\n"
               "  key create|list|revoke          manage the daemon's API keys\n"
               "  volume create|ls|rm             manage named persistent volumes (--help)\n"
+              "  audit verify|export|pubkey      check and export the audit trail (--help)\n"
+              "  usage [--team T] [--by day]     the usage ledger: what each sandbox used (--help)\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
               "  kill ID...                      destroy sandboxes\n"
@@ -62,6 +64,10 @@ int main(int argc, char **argv) {
                 return verb_volume(argc - 1, argv + 1);
         if (streq(verb, "template"))
                 return verb_template(argc - 1, argv + 1);
+        if (streq(verb, "usage"))
+                return verb_usage(argc - 1, argv + 1);
+        if (streq(verb, "audit"))
+                return verb_audit(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

@@ -17,9 +17,11 @@
 #include "daemon/ingress.h"
 #include "daemon/ingress_http.h"
 #include "daemon/route.h"
+#include "daemon/audit.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
 #include "template/interp-template.h"
+#include "daemon/usage.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -140,7 +142,7 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         if (!key || !*key)
                 return http_reply_error(c, 401, "Invalid API key");
         hutch_error err = { 0 };
-        int r = store_key_lookup(srv->store, key, &req->team, &err);
+        int r = store_key_lookup_id(srv->store, key, &req->team, &req->key_id, &err);
         if (r == -ENOENT)
                 return http_reply_error(c, 401, "Invalid API key");
         if (r < 0) {
@@ -607,6 +609,11 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         case ROUTE_TEMPLATE_DELETE: /* a snapshot or a built template */
         case ROUTE_TPL_REQUEST ... ROUTE_TPL_TAGS_GET:
                 return templates_dispatch(srv, req, &rt);
+        case ROUTE_USAGE:
+                return usage_api(srv, req);
+        case ROUTE_EVENTS:
+        case ROUTE_SANDBOX_EVENTS:
+                return audit_events_api(srv, req, rt.kind == ROUTE_EVENTS ? NULL : rt.id);
         default:
                 break;
         }

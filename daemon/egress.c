@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "daemon/ingress.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "egress/policy.h"
 #include "egress/proxy.h"
@@ -97,6 +98,7 @@ static void on_record(void *userdata, const egress_record *r) {
         hutch_error err = { 0 };
         if (store_egress_add(srv->store, &e, &err) < 0)
                 log_warning("egress: sandbox %s: recording a decision: %s", r->sandbox_id, err.msg);
+        metrics_egress(srv, &e);
         log_debug("egress: %s %s %s:%u %s (%s%s%s)", r->sandbox_id, r->allowed ? "allow" : "deny", r->host, r->port,
                   r->address, r->reason, r->rule[0] ? " " : "", r->rule);
 }

@@ -23,6 +23,9 @@
 #include "daemon/ingress.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
+#include "daemon/audit.h"
+#include "daemon/server.h"
+#include "daemon/usage.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -546,6 +549,7 @@ void proc_on_exit(server *srv, sbx *sb, const hutch_exit *ex) {
                 p->exit = *ex;
                 p->exited_ms = wall_ms();
                 p->deadline_ms = 0;
+                audit_proc_end(srv, sb, p);
                 /* read what is already in the pipes before reporting the end */
                 if (!p->out_eof && !p->throttled)
                         on_output(srv, &p->out_w, EPOLLIN);
@@ -746,6 +750,8 @@ static enum MHD_Result process_start(rpc *x) {
                 json_object_set_new(p->config, "envs", json_object());
         if (cwd_in)
                 json_object_set_new(p->config, "cwd", json_string(cwd_in));
+        audit_proc_start(x->srv, x->sb, p, x->user, cwd ? cwd : x->home);
+        usage_proc_started(x->srv, x->sb);
 
         enum MHD_Result mr;
         stream *st = open_stream(x, STREAM_PROCESS, &mr);
@@ -948,6 +954,7 @@ static enum MHD_Result fs_make_dir(rpc *x) {
         hutch_error err = { 0 };
         int r = hutch_fs_mkdir(x->sb->h, &x->fsu, path, true, &err);
         sbx_mark_dirty(x->sb);
+        audit_fs(x->srv, x->sb, "dir.create", path, NULL, r == 0 ? -EEXIST : r < 0 ? r : 0);
         if (r == 0)
                 return rpc_error(x, "already_exists", "directory already exists: %s", path);
         if (r == -EEXIST || r == -ENOTDIR)
@@ -971,6 +978,7 @@ static enum MHD_Result fs_move(rpc *x) {
         hutch_error err = { 0 };
         int r = hutch_fs_move(x->sb->h, &x->fsu, src, dst, &err);
         sbx_mark_dirty(x->sb);
+        audit_fs(x->srv, x->sb, "file.move", src, dst, r);
         if (r == -ENOENT)
                 return rpc_error(x, "not_found", "source file not found: %s", src);
         /* rename(2) does not cross file systems (the writable layer, /dev/shm,
@@ -1046,6 +1054,7 @@ static enum MHD_Result fs_remove(rpc *x) {
         hutch_error err = { 0 };
         int r = hutch_fs_remove(x->sb->h, &x->fsu, path, &err);
         sbx_mark_dirty(x->sb);
+        audit_fs(x->srv, x->sb, "file.delete", path, NULL, r);
         if (r < 0 && r != -ENOENT)
                 return rpc_errno(x, r, &err);
         return rpc_ok(x, NULL);

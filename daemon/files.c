@@ -21,6 +21,7 @@
 
 #include "daemon/gzipstream.h"
 #include "daemon/multipart.h"
+#include "daemon/audit.h"
 #include "daemon/server.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -359,6 +360,7 @@ static void upload_file_abort(files_upload *u, upload_file *f) {
         }
         safe_close(f->fd);
         f->fd = -1;
+        audit_upload_done(u->srv, u->sbx_id, f, f->path, f->bytes, -ECANCELED);
         if (f->w)
                 sbx_write_abort(u->srv, u->sbx_id, f->w); /* deferred to resume when paused */
         f->w = NULL;
@@ -450,8 +452,10 @@ static void file_commit(files_upload *u, upload_file *f) {
                         upload_fail_no_room(u, r, f->path);
                 else
                         upload_fail(u, status_from_errno(r), "writing '%s': %s", f->path, err.msg);
+                audit_upload_done(u->srv, u->sbx_id, f, f->path, f->bytes, r);
                 return;
         }
+        audit_upload_done(u->srv, u->sbx_id, f, fi.path ? fi.path : f->path, f->bytes, 0);
         json_t *o = json_pack("{s:s, s:s, s:s}", "name", fi.name ? fi.name : "", "type", "file", "path",
                               fi.path ? fi.path : f->path);
         if (u->n_md > 0) {
@@ -493,6 +497,7 @@ static void file_broken(files_upload *u, upload_file *f, int write_err) {
                 upload_fail_no_room(u, r, f->path);
         else
                 upload_fail(u, status_from_errno(r), "writing '%s': %s", f->path, err.msg);
+        audit_upload_done(u->srv, u->sbx_id, f, f->path, f->bytes, r);
 }
 
 /* Flush in order; commit files whose data is complete. 0 = nothing pending. */
@@ -649,6 +654,7 @@ static int part_data(void *ud, const void *data, size_t len) {
                 return -EFBIG;
         }
         f->bytes += len;
+        audit_upload_data(u->srv, f, data, len);
         if (f->plen == 0 && f == u->files) {
                 ssize_t n = write(f->fd, data, len);
                 if (n < 0) {

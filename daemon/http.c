@@ -17,6 +17,8 @@
 #include "daemon/connect.h"
 #include "daemon/ingress.h"
 #include "daemon/route.h"
+#include "daemon/audit.h"
+#include "util/clock.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
 #include "util/error.h"
@@ -339,6 +341,8 @@ static char bad_path_marker;
  * (COMPLETED_OK), or when the request ended without that. */
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
         request *req = *con_cls;
+        if (req && req != (void *) &bad_path_marker)
+                audit_request_done(cls, req, c);
         if (req && req != (void *) &bad_path_marker && req->n_created)
                 sbx_create_answered(cls, req, toe);
         if (*con_cls != &bad_path_marker)
@@ -416,9 +420,41 @@ static enum MHD_Result finish_deferred(request *req) {
         return r;
 }
 
+/* X-Request-Id as the client sent it when it is short and plain, else one
+ * made here: logs and the audit trail carry it. */
+static void request_id_set(request *req, struct MHD_Connection *conn) {
+        static uint64_t counter;
+        const char *h = http_header(conn, "X-Request-Id");
+        size_t n = h ? strlen(h) : 0;
+        bool ok = n > 0 && n < sizeof req->rid;
+        for (size_t i = 0; ok && i < n; i++)
+                ok = (h[i] >= 'a' && h[i] <= 'z') || (h[i] >= 'A' && h[i] <= 'Z') || (h[i] >= '0' && h[i] <= '9') ||
+                     h[i] == '-' || h[i] == '_' || h[i] == '.';
+        if (ok)
+                memcpy(req->rid, h, n + 1);
+        else
+                snprintf(req->rid, sizeof req->rid, "%08x%08llx", (unsigned) getpid(),
+                         (unsigned long long) (req->t0_ns ^ ++counter));
+}
+
+static enum MHD_Result on_request_inner(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                        const char *version, const char *upload_data, size_t *upload_size,
+                                        void **con_cls);
+
+/* Log lines written while a request is served carry its id. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
                                   void **con_cls) {
+        request *known = *con_cls && *con_cls != &bad_path_marker ? *con_cls : NULL;
+        const char *old = log_set_context(known ? known->rid : NULL);
+        enum MHD_Result r = on_request_inner(cls, conn, url, method, version, upload_data, upload_size, con_cls);
+        log_set_context(old);
+        return r;
+}
+
+static enum MHD_Result on_request_inner(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                        const char *version, const char *upload_data, size_t *upload_size,
+                                        void **con_cls) {
         server *srv = cls;
         bool bad_path = *con_cls == &bad_path_marker;
         if (bad_path)
@@ -433,6 +469,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 req->method = method;
                 req->url = strdup(url);
                 req->body_mode = BODY_BUFFER;
+                req->t0_ns = clock_ns(CLOCK_MONOTONIC);
+                request_id_set(req, conn);
+                log_set_context(req->rid);
                 if (!req->url) {
                         free(req);
                         return MHD_NO;

@@ -33,6 +33,7 @@ static const struct {
         { "GET", "egress", ROUTE_SANDBOX_EGRESS },
         { "POST", "snapshots", ROUTE_SANDBOX_SNAPSHOT },
         { "POST", "fork", ROUTE_SANDBOX_FORK },
+        { "GET", "events", ROUTE_SANDBOX_EVENTS },
 };
 
 int route_control(const char *method, const char *url, route *ret) {
@@ -52,6 +53,20 @@ int route_control(const char *method, const char *url, route *ret) {
                         r.kind = ROUTE_SANDBOXES_LIST;
                 else
                         return -EPERM;
+                *ret = r;
+                return 0;
+        }
+        if (streq(url, "/usage")) {
+                if (!streq(method, "GET"))
+                        return -EPERM;
+                r.kind = ROUTE_USAGE;
+                *ret = r;
+                return 0;
+        }
+        if (streq(url, "/events")) {
+                if (!streq(method, "GET"))
+                        return -EPERM;
+                r.kind = ROUTE_EVENTS;
                 *ret = r;
                 return 0;
         }

@@ -51,6 +51,9 @@ enum {
         ROUTE_TPL_TAGS_ASSIGN,  /* POST /templates/tags */
         ROUTE_TPL_TAGS_DELETE,  /* DELETE /templates/tags */
         ROUTE_TPL_TAGS_GET,     /* GET /templates/{id}/tags */
+        ROUTE_EVENTS,         /* hutch: GET /events, the team's audit records (docs/audit.md) */
+        ROUTE_SANDBOX_EVENTS, /* hutch: GET /sandboxes/{id}/events */
+        ROUTE_USAGE,          /* hutch: GET /usage, the team's usage ledger (docs/usage.md) */
         _ROUTE_MAX, /* not a route: one past the last */
 };
 

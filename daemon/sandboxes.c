@@ -24,6 +24,10 @@
 #include "daemon/ingress.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
+#include "daemon/audit.h"
+#include "daemon/metrics.h"
+#include "daemon/server.h"
+#include "daemon/usage.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "snapshot/seal.h"
@@ -756,6 +760,8 @@ ready:
                 snprintf(detail, sizeof detail, "{\"template\":\"%s\",\"timeout\":%llu}", sb->template_id,
                          (unsigned long long) timeout_s);
                 (void) store_event_add(srv->store, team, sb->id, "sandbox.create", detail, &e2);
+                audit_sandbox_created(srv, sb);
+                usage_sandbox_start(srv, sb);
         }
         *ret = sb;
         return 0;
@@ -901,6 +907,8 @@ int sbx_reattach(server *srv, sbx *sb) {
 int sbx_kill(server *srv, sbx *sb, const char *reason) {
         if (sb->dead)
                 return 0;
+        usage_sandbox_end(srv, sb);
+        metrics_sandbox_end(srv, sb, reason);
         sbx_detach_all(srv, sb);
         egress_sbx_stop(srv, sb);
         pause_image_remove(srv, sb->id);
@@ -1250,6 +1258,7 @@ void sbx_sample(server *srv, sbx *sb, int64_t now) {
                 log_debug("sandbox %s: stats: %s", sb->id, err.msg);
                 return;
         }
+        usage_sample(srv, sb, &s, now);
         double pct = 0;
         if (sb->last_cpu_ms > 0 && now > sb->last_cpu_ms && s.cpu_usage_ns >= sb->last_cpu_ns) {
                 double used_ms = (double) (s.cpu_usage_ns - sb->last_cpu_ns) / 1e6;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "daemon/route.h"
+#include "daemon/audit.h"
 #include "daemon/server.h"
 #include "egress/inject.h"
 #include "egress/proxy.h"
@@ -295,6 +296,7 @@ int secrets_resolve(void *userdata, const char *sandbox_id, const char *name, co
                 return -ENOENT;
         int r = secret_allows(&meta, h, port) ? store_secret_value_of(srv->store, &meta, ret, ret_len, &err) : -EACCES;
         store_secret_clear(&meta);
+        audit_secret_use(srv, sandbox_id, name, h ? h->text : NULL, port, r);
         if (r == -EACCES)
                 return r;
         if (r < 0 && r != -ENOENT)

@@ -29,6 +29,11 @@
 #include "daemon/templates.h"
 #include "daemon/serve.h"
 #include "image/pull.h"
+#include "daemon/audit.h"
+#include "daemon/server.h"
+#include "daemon/metrics.h"
+#include "daemon/serve.h"
+#include "daemon/usage.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -38,7 +43,7 @@
 
 /* ---------------------------------------------------------------- config */
 
-enum { CFG_STR, CFG_LIST, CFG_U64, CFG_SIZE, CFG_SECONDS };
+enum { CFG_STR, CFG_LIST, CFG_U64, CFG_SIZE, CFG_SECONDS, CFG_BOOL };
 static const struct cfg_entry {
         const char *name;
         int type;
@@ -95,6 +100,11 @@ static const struct cfg_entry {
         { "registry-ca", CFG_STR, S(registry_ca), 0, 0, "-", "PEM file of CAs trusted for every registry, besides the system's ('-': none)" },
         { "interp-pool-size", CFG_U64, U(interp_pool_size), 0, 1000, "0", "code-interpreter sandboxes kept started, their kernels up, so that such a create only claims one (0: none; each holds its python and javascript kernels, about 150 MB)" },
         { "ready-timeout", CFG_SECONDS, U(ready_timeout_s), 1, 3600, "60", "a template's ready command (code-interpreter's: its kernel is up) must succeed within this, or the create fails" },
+        { "log-format", CFG_STR, S(log_format), 0, 0, "text", "text (\"hutch serve: message\") or json (one object per line: ts, level, prog, msg, request_id)" },
+        { "metrics-listen", CFG_STR, S(metrics_listen), 0, 0, "-", "address and port of the Prometheus GET /metrics (HOST:PORT; '-': not served)" },
+        { "audit", CFG_BOOL, U(audit), 0, 1, "on", "keep the tamper-evident audit trail (docs/audit.md): on or off" },
+        { "audit-checkpoint-interval", CFG_SECONDS, U(audit_checkpoint_interval_s), 1, 86400, "60", "how often the audit trail's head is signed (and at shutdown)" },
+        { "audit-retention", CFG_SECONDS, U(audit_retention_s), 0, 87600 * 3600, "2160h", "how long audit records are kept (0: for ever); a signed checkpoint says where the trail starts" },
 #undef S
 #undef U
 };
@@ -112,9 +122,11 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                 case CFG_LIST:
                         if (strlen(value) >= e->size || (!*value && e->type == CFG_STR))
                                 return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
+                        if (streq(key, "log-format") && !streq(value, "text") && !streq(value, "json"))
+                                return hutch_error_set(err, -EINVAL, "log-format: text or json, not '%s'", value);
                         if (streq(key, "on-stop") && !streq(value, "keep") && !streq(value, "kill"))
                                 return hutch_error_set(err, -EINVAL, "on-stop: keep or kill, not '%s'", value);
-                        if (streq(key, "listen")) {
+                        if (streq(key, "listen") || (streq(key, "metrics-listen") && !streq(value, "-"))) {
                                 struct sockaddr_storage ss;
                                 unsigned len;
                                 if ((r = http_listen_parse(value, &ss, &len, err)) < 0)
@@ -127,6 +139,11 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                         break;
                 case CFG_SIZE:
                         r = parse_size(value, &v);
+                        break;
+                case CFG_BOOL:
+                        r = streq(value, "on") || streq(value, "true") ? (v = 1, 0)
+                            : streq(value, "off") || streq(value, "false") ? (v = 0, 0)
+                                                                           : -EINVAL;
                         break;
                 case CFG_SECONDS: {
                         uint64_t ms;
@@ -491,6 +508,12 @@ static void print_env(server *srv) {
                 key[strcspn(key, "\r\n")] = 0;
         }
         const char *scheme = tls_on(srv) ? "https" : "http";
+        if (streq(srv->cfg.log_format, "json")) {
+                /* one object per line, and no key in a log that may be shipped */
+                log_info("listening on %s://%s (E2B_API_URL and E2B_SANDBOX_URL; the first API key is in %s)", scheme,
+                         srv->cfg.listen, path);
+                return;
+        }
         fprintf(stderr,
                 "hutch: listening on %s://%s\n"
                 "hutch: point the E2B SDK at it with:\n"
@@ -606,6 +629,7 @@ int server_run(const server_config *cfg) {
         srv->egress_w.fd = -1;
         hutch_error err = { 0 };
         int r;
+        log_set_json(streq(srv->cfg.log_format, "json"));
 
         (void) signal(SIGPIPE, SIG_IGN);
         /* every sandbox's proxy connections are this process's descriptors:
@@ -702,6 +726,10 @@ int server_run(const server_config *cfg) {
         r = egress_setup(srv);
         if (r < 0)
                 goto out;
+        if ((r = audit_setup(srv)) < 0)
+                goto out;
+        if ((r = metrics_setup(srv)) < 0)
+                goto out;
 
         /* Bind first, then re-adopt: requests queue in the backlog meanwhile. */
         r = http_start(srv, &err);
@@ -755,6 +783,12 @@ int server_run(const server_config *cfg) {
                 int64_t hk = housekeeping(srv, wall_ms());
                 if (next < 0 || hk < next)
                         next = hk;
+                int64_t at = audit_tick(srv, wall_ms());
+                if (at >= 0 && at < next)
+                        next = at;
+                int64_t ut = usage_tick(srv, wall_ms());
+                if (ut >= 0 && ut < next)
+                        next = ut;
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
                 if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)
@@ -796,6 +830,9 @@ out:
         templates_teardown(srv);
         http_stop(srv);
         egress_teardown(srv);
+        usage_teardown(srv);
+        audit_teardown(srv);
+        metrics_teardown(srv);
         /* a start refused before the lock owns nothing in the data dir: the
          * pool's file there is another daemon's */
         if (srv->lock_fd >= 0)

@@ -78,6 +78,9 @@ typedef struct server_config {
         char registry_ca[1024];      /* "-": the system's CAs only */
         uint64_t ready_timeout_s;    /* a template's ready command must succeed within this (daemon/startcmd.c) */
         uint64_t interp_pool_size;   /* code-interpreter sandboxes kept started and ready */
+        uint64_t audit, audit_checkpoint_interval_s, audit_retention_s; /* daemon/audit.c */
+        char metrics_listen[128];    /* daemon/metrics.c: HOST:PORT or "-" */
+        char log_format[8];          /* text | json */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -163,6 +166,7 @@ struct proc {
         hutch_exit exit;
         int64_t exited_ms;
         int64_t deadline_ms;   /* SIGKILL at this time (Connect-Timeout-Ms of Start) */
+        int64_t started_ms;    /* audit: when Start started it (0: found at re-adoption) */
         stream *timeout_stream; /* the Start stream whose deadline this is */
         bool throttled;        /* output reading paused: a subscriber is slow */
         stream *subs;          /* subscriber streams */
@@ -260,6 +264,9 @@ struct server {
         bool pruning;            /* a pass is under way */
         bool checkpoint_pending; /* rows were deleted and the WAL not truncated since */
         store_prune_counts pruned; /* what this pass removed so far */
+        struct daemon_audit *audit; /* daemon/audit.c; NULL with audit = off */
+        struct daemon_usage *usage; /* daemon/usage.c */
+        struct daemon_metrics *metrics; /* daemon/metrics.c */
 };
 
 /* ---------------------------------------------------------------- http.c */
@@ -286,6 +293,9 @@ struct request {
         uint64_t discarded;
         bool data_plane;             /* routed to a sandbox's envd */
         int64_t team;                /* control plane: the API key's team */
+        int64_t key_id;              /* control plane: the API key's id (audit) */
+        int64_t t0_ns;               /* CLOCK_MONOTONIC at its headers (metrics) */
+        char rid[65];                /* request id: the client's X-Request-Id, or made here (logs, audit) */
         char sbx_id[HUTCH_ID_LEN + 1];
         /* sandboxes this request created, whose rows stay marked unanswered
          * until its response has been sent (sbx_create_answered) */

@@ -46,6 +46,7 @@ test_pkgs=(
         busybox-static # tests/integration/test_images.py: a static shell for the images the tests build
         umoci # image tooling for checking the layouts the tests write by hand (docs/templates.md)
         zstd # tests/helpers/ociimage.py compresses zstd layers with it
+        prometheus # tests/integration/test_metrics.py scrapes the daemon's /metrics with it
 )
 
 case "$set_name" in

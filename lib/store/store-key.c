@@ -157,6 +157,13 @@ int store_key_create(hutch_store *st, int64_t team_id, const char *label, char r
                 memcpy(ret_key, key, sizeof key);
                 if (ret_key_id)
                         *ret_key_id = key_id;
+                /* for the audit trail: which key, never the key */
+                char detail[256];
+                char prefix[16];
+                snprintf(prefix, sizeof prefix, "%.*s", STORE_KEY_PREFIX_LEN, key);
+                snprintf(detail, sizeof detail, "{\"key_id\":%lld,\"prefix\":\"%s\"}", (long long) key_id,
+                         prefix);
+                (void) store_event_add(st, team_id, NULL, "key.create", detail, NULL);
         }
         OPENSSL_cleanse(key, sizeof key);
         return r;
@@ -179,6 +186,11 @@ static void key_touch(hutch_store *st, int64_t key_id, int64_t now) {
 }
 
 int store_key_lookup(hutch_store *st, const char *key, int64_t *ret_team_id, hutch_error *err) {
+        return store_key_lookup_id(st, key, ret_team_id, NULL, err);
+}
+
+int store_key_lookup_id(hutch_store *st, const char *key, int64_t *ret_team_id, int64_t *ret_key_id,
+                        hutch_error *err) {
         /* A malformed string never reaches the database, and the message
          * never echoes what the client sent. */
         if (!key_is_wellformed(key))
@@ -217,6 +229,8 @@ int store_key_lookup(hutch_store *st, const char *key, int64_t *ret_team_id, hut
                 key_touch(st, key_id, now);
         if (ret_team_id)
                 *ret_team_id = team_id;
+        if (ret_key_id)
+                *ret_key_id = key_id;
         return 0;
 }
 
@@ -287,5 +301,8 @@ int store_key_revoke(hutch_store *st, int64_t key_id, hutch_error *err) {
                 return r;
         if (sqlite3_changes(st->db) == 0)
                 return hutch_error_set(err, -ENOENT, "no key with id %lld", (long long) key_id);
+        char detail[64];
+        snprintf(detail, sizeof detail, "{\"key_id\":%lld}", (long long) key_id);
+        (void) store_event_add(st, 0, NULL, "key.revoke", detail, NULL);
         return 0;
 }

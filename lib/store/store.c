@@ -215,6 +215,67 @@ static const char *const migrations[] = {
         "  created_ms INTEGER NOT NULL,"
         "  PRIMARY KEY (template_id, tag)"
         ") WITHOUT ROWID;",
+
+        /* 8: the audit trail (lib/audit/, docs/audit.md): records chained by
+         * SHA-256, checkpoints signed with Ed25519, and how far the store's
+         * events and egress log have been folded into the chain */
+        "CREATE TABLE audit_log ("
+        "  seq INTEGER PRIMARY KEY,"
+        "  ts_ms INTEGER NOT NULL,"
+        "  team_id INTEGER NOT NULL DEFAULT 0,"
+        "  sandbox_id TEXT NOT NULL DEFAULT '',"
+        "  kind TEXT NOT NULL CHECK (kind <> ''),"
+        "  detail TEXT NOT NULL DEFAULT '{}',"
+        "  prev BLOB NOT NULL CHECK (length(prev) = 32),"
+        "  hash BLOB NOT NULL CHECK (length(hash) = 32)"
+        ");"
+        "CREATE INDEX audit_log_ts ON audit_log(ts_ms);"
+        "CREATE INDEX audit_log_team ON audit_log(team_id, seq);"
+        "CREATE INDEX audit_log_sandbox ON audit_log(sandbox_id, seq) WHERE sandbox_id <> '';"
+        "CREATE TABLE audit_checkpoints ("
+        "  n INTEGER PRIMARY KEY,"
+        "  ts_ms INTEGER NOT NULL,"
+        "  seq INTEGER NOT NULL,"
+        "  hash BLOB NOT NULL,"
+        "  pruned_seq INTEGER NOT NULL DEFAULT 0,"
+        "  pruned_hash BLOB NOT NULL,"
+        "  sig BLOB NOT NULL"
+        ");"
+        "CREATE TABLE audit_fold ("
+        "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+        "  events_id INTEGER NOT NULL DEFAULT 0,"
+        "  egress_id INTEGER NOT NULL DEFAULT 0"
+        ");"
+        "INSERT INTO audit_fold (id) VALUES (1);"
+        /* the usage ledger (lib/meter/): one row per sandbox, counters as
+         * absolute values (cumulative kernel counters, integrals up to
+         * updated_ms) so that writing a row again never counts twice */
+        "CREATE TABLE usage ("
+        "  sandbox_id TEXT PRIMARY KEY NOT NULL,"
+        "  team_id INTEGER NOT NULL,"
+        "  template_id TEXT NOT NULL DEFAULT '',"
+        "  backend TEXT NOT NULL DEFAULT '',"
+        "  started_ms INTEGER NOT NULL,"
+        "  ended_ms INTEGER NOT NULL DEFAULT 0,"
+        "  updated_ms INTEGER NOT NULL,"
+        "  cpu_ns INTEGER NOT NULL DEFAULT 0,"
+        "  memory_mb INTEGER NOT NULL DEFAULT 0,"
+        "  memory_reserved_mib_ms INTEGER NOT NULL DEFAULT 0,"
+        "  memory_peak_bytes INTEGER NOT NULL DEFAULT 0,"
+        "  disk_kib_ms INTEGER NOT NULL DEFAULT 0,"
+        "  disk_peak_bytes INTEGER NOT NULL DEFAULT 0,"
+        "  pids_peak INTEGER NOT NULL DEFAULT 0,"
+        "  processes INTEGER NOT NULL DEFAULT 0,"
+        "  oom_kills INTEGER NOT NULL DEFAULT 0,"
+        "  egress_allowed INTEGER NOT NULL DEFAULT 0,"
+        "  egress_denied INTEGER NOT NULL DEFAULT 0,"
+        "  egress_allowed_out INTEGER NOT NULL DEFAULT 0,"
+        "  egress_allowed_in INTEGER NOT NULL DEFAULT 0,"
+        "  egress_denied_out INTEGER NOT NULL DEFAULT 0,"
+        "  egress_denied_in INTEGER NOT NULL DEFAULT 0"
+        ") WITHOUT ROWID;"
+        "CREATE INDEX usage_team ON usage(team_id, started_ms);"
+        "CREATE INDEX usage_open ON usage(sandbox_id) WHERE ended_ms = 0;",
 };
 
 int store_schema_version(void) {
@@ -530,6 +591,10 @@ int store_event_add(hutch_store *st, int64_t team_id, const char *sandbox_id, co
         if (rc != SQLITE_OK)
                 return store_fail(st, rc, err, "binding");
         return store_step_done(st, s, err, "recording event");
+}
+
+sqlite3 *store_sqlite(hutch_store *st) {
+        return st ? st->db : NULL;
 }
 
 /* --------------------------------------------------------- open/close */

@@ -56,6 +56,9 @@ int store_key_create(hutch_store *st, int64_t team_id, const char *label, char r
  * well-formed key (NULL included). Also updates last_used (at most once a
  * minute; best effort: a failure to record it does not fail the lookup). */
 int store_key_lookup(hutch_store *st, const char *key, int64_t *ret_team_id, hutch_error *err);
+/* The same, and the key's id (for the audit trail). */
+int store_key_lookup_id(hutch_store *st, const char *key, int64_t *ret_team_id, int64_t *ret_key_id,
+                        hutch_error *err);
 
 typedef struct store_key_info {
         int64_t id, team_id;
@@ -158,6 +161,11 @@ int store_template_find(hutch_store *st, const char *id_or_alias, store_template
  * grow (an audit chain will build on them). */
 int store_event_add(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *kind,
                     const char *detail_json, hutch_error *err);
+
+/* The connection itself, for lib/audit/, whose tables (migration 8) live in
+ * this file so that a record and the change it describes share a commit. */
+typedef struct sqlite3 sqlite3;
+sqlite3 *store_sqlite(hutch_store *st);
 
 /* ------------------------------------------------------------- retention */
 

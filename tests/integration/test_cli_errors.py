@@ -72,3 +72,24 @@ def test_help_exits_0(verb):
     cp = run_hutch([verb, "--help"])
     assert cp.returncode == 0, (verb, cp.stderr)
     assert b"usage: hutch" in cp.stdout, (verb, cp.stdout)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["audit", "frob"], "unknown subcommand 'frob'"),
+    (["audit", "verify", "--since", "1h"], "unknown argument '--since'"),
+    (["audit", "export", "--since", "soon"], "--since: expected"),
+    (["audit", "export", "--format", "xml"], "--format is jsonl or csv"),
+    (["audit", "export", "--kind", "Bad Kind"], "--kind: expected"),
+    (["usage", "--by", "week"], "--by is sandbox or day"),
+    (["usage", "--since", "tomorrow-ish"], "--since: expected"),
+    (["usage", "--bogus"], "unknown or incomplete argument '--bogus'"),
+])
+def test_audit_and_usage_errors_change_nothing(args, needle, tmp_path):
+    """`hutch audit` and `hutch usage` refuse bad filters before they open
+    anything: the data dir is not created."""
+    cp = run_hutch([*args], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                 "HUTCH_DATA_DIR": str(tmp_path / "data")})
+    assert cp.returncode == 2, (cp.returncode, cp.stderr)
+    first = hutchtest.stderr_lines(cp)[0]
+    assert first.startswith("hutch: ") and needle in first, cp.stderr
+    assert not (tmp_path / "data").exists()

@@ -675,6 +675,13 @@ def test_secret_placeholder_is_swapped_only_for_its_hosts(env, clean, secrets_ma
         assert out.strip() == "end", out
         assert SECRET not in json.dumps(log)
         assert SECRET not in sd.log_tail(1 << 20)
+        # the audit trail: which secret went to which host, never its value
+        ev = sd.request("GET", f"/sandboxes/{sb['sandboxID']}/events?limit=1000").json()
+        uses = [e["detail"] for e in ev if e["type"] == "secret.use"]
+        assert any(u["secret"].lower() == "api-token" and u["host"] == "api.example.test" and u["granted"]
+                   for u in uses), uses
+        # (the grep above carries it in its own argv, which is recorded as given)
+        assert SECRET not in json.dumps([e for e in ev if e["type"] != "process.start"])
     finally:
         sd.kill(sb["sandboxID"])
 
@@ -820,3 +827,35 @@ def test_plain_http_inside_a_tunnel_is_held_to_the_tunnels_host(env, only_ok, cl
     raw = "CONNECT ok.example.test:9000 HTTP/1.1\r\nHost: ok.example.test\r\n\r\nEHLO me\r\n"
     res = client(sd, only_ok, "raw", raw.encode().hex())
     assert "EHLO me" in res["reply"].split("\r\n\r\n", 1)[1]
+
+
+# --------------------------------------------------------------------------
+# The audit trail and the usage ledger see the proxy's records (issue 15)
+# --------------------------------------------------------------------------
+
+def test_audit_and_ledger_count_the_proxys_bytes(env):
+    net, sd = env
+    sb = new_sandbox(env, allow_internet_access=False, network={"allowOut": ["ok.example.test"]})
+    sid = sb["sandboxID"]
+    code, out, _ = sh(sd, sb, "curl -sS -m 10 -o /dev/null -w '%{size_download}' http://ok.example.test/bytes/100000")
+    assert code == 0 and out == "100000", out
+    code, out, _ = sh(sd, sb, "curl -sS -m 10 -o /dev/null -w '%{http_code}' http://evil.test/x")
+    assert out == "403", out
+    log = log_of(sd, sb)
+    assert sd.kill(sid).status == 204
+    allowed = [e for e in log if e["decision"] == "allow"]
+    assert allowed and [e for e in log if e["decision"] == "deny"], log
+
+    rows = {r["sandboxID"]: r for r in sd.request("GET", "/usage").json()["rows"]}
+    eg = rows[sid]["egress"]
+    # the ledger's bytes are the sums of the proxy's own records, exactly
+    assert eg["allowed"] == len(allowed) and eg["denied"] == len(log) - len(allowed), (eg, log)
+    assert eg["allowed_bytes_in"] == sum(e["bytesIn"] for e in allowed), (eg, log)
+    assert eg["allowed_bytes_out"] == sum(e["bytesOut"] for e in allowed), (eg, log)
+    # 100000 bytes of body and an HTTP head
+    assert 100000 < eg["allowed_bytes_in"] < 100000 + 4096, eg
+
+    events = sd.request("GET", f"/sandboxes/{sid}/events?kind=egress.&limit=1000").json()
+    kinds = {e["type"] for e in events}
+    assert kinds == {"egress.allow", "egress.deny"}, events
+    assert any(e["detail"]["host"] == "ok.example.test" and e["detail"]["bytes_in"] > 100000 for e in events)

@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* hutch usage: the usage ledger of a data dir (docs/usage.md), read beside
+ * a running daemon (never its serve.lock). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "audit/audit.h"
+#include "cli/cli.h"
+#include "daemon/serve.h"
+#include "daemon/usage.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+static void usage_usage(FILE *f) {
+        fputs("usage: hutch usage [--data-dir DIR] [--team NAME|ID] [--since TIME] [--until TIME]\n"
+              "                   [--by sandbox|day] [--json]\n"
+              "\n"
+              "The usage ledger: per sandbox (or per UTC day of their start) CPU time, memory\n"
+              "reserved (limit x lifetime) and peak, the writable layer's use over time, processes\n"
+              "started and egress by decision, with a TOTAL row that is the exact sum of the rows.\n"
+              "\n"
+              "  --data-dir DIR   the daemon's data dir (default $HUTCH_DATA_DIR or /var/lib/hutch)\n"
+              "  --team NAME|ID   one team (default: every team)\n"
+              "  --since TIME     sandboxes that ran at or after TIME (RFC 3339, YYYY-MM-DD, unix ms,\n"
+              "                   or a duration back from now such as 24h)\n"
+              "  --until TIME     sandboxes that started before TIME\n"
+              "  --by KEY         sandbox (default) or day\n"
+              "  --json           the report as JSON, counters in their base units\n",
+              f);
+}
+
+static int64_t geti(json_t *o, const char *k) {
+        return (int64_t) json_integer_value(json_object_get(o, k));
+}
+
+int verb_usage(int argc, char **argv) {
+        const char *data_dir = getenv("HUTCH_DATA_DIR") ? getenv("HUTCH_DATA_DIR") : "/var/lib/hutch";
+        const char *team = NULL, *by = "sandbox";
+        bool as_json = false;
+        int64_t since = 0, until = 0, now = clock_ns(CLOCK_REALTIME) / 1000000;
+        for (int i = 1; i < argc; i++) {
+                const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+                if (streq(a, "--help") || streq(a, "-h")) {
+                        usage_usage(stdout);
+                        return 0;
+                }
+                if (streq(a, "--json")) {
+                        as_json = true;
+                        continue;
+                }
+                if (!v ||
+                    (!streq(a, "--data-dir") && !streq(a, "--team") && !streq(a, "--since") &&
+                     !streq(a, "--until") && !streq(a, "--by"))) {
+                        log_error("usage: unknown or incomplete argument '%s'", a);
+                        usage_usage(stderr);
+                        return EXIT_USAGE;
+                }
+                i++;
+                if (streq(a, "--data-dir"))
+                        data_dir = v;
+                else if (streq(a, "--team"))
+                        team = v;
+                else if (streq(a, "--by")) {
+                        if (!streq(v, "sandbox") && !streq(v, "day")) {
+                                log_error("usage: --by is sandbox or day, not '%s'", v);
+                                return EXIT_USAGE;
+                        }
+                        by = v;
+                } else if (audit_time_parse(v, now, streq(a, "--since") ? &since : &until) < 0) {
+                        log_error("usage: %s: expected an RFC 3339 time, a date, unix ms or a duration",
+                                  a);
+                        return EXIT_USAGE;
+                }
+        }
+        struct stat sb;
+        if (stat(data_dir, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+                log_error("usage: %s is not a data dir (--data-dir)", data_dir);
+                return 1;
+        }
+        hutch_store *st = NULL;
+        if (server_open_store(data_dir, &st) < 0)
+                return 1;
+        hutch_error err = { 0 };
+        int64_t team_id = -1;
+        if (team) {
+                char *e = NULL;
+                long long n = strtoll(team, &e, 10);
+                if (*team && !*e && n >= 0)
+                        team_id = n;
+                else if (store_team_find(st, team, &team_id, &err) < 0) {
+                        log_error("usage: team %s: %s", team, err.msg);
+                        store_close(st);
+                        return 1;
+                }
+        }
+        json_t *rep = usage_report(st, team_id, since, until, by, &err);
+        store_close(st);
+        if (!rep) {
+                log_error("usage: %s", err.msg);
+                return 1;
+        }
+        if (as_json) {
+                char *s = json_dumps(rep, JSON_INDENT(2));
+                puts(s ? s : "null");
+                free(s);
+                json_decref(rep);
+                return 0;
+        }
+        /* whole units per row; TOTAL is the sum of the printed rows */
+        printf("%-22s %10s %12s %9s %12s %6s %12s %12s %8s\n", streq(by, "day") ? "DAY" : "SANDBOX",
+               "CPU-MS", "MEM-MIB-S", "PEAK-MIB", "DISK-KIB-S", "PROCS", "EGRESS-OUT", "EGRESS-IN",
+               "DENIED");
+        int64_t t[8] = { 0 };
+        size_t i;
+        json_t *row;
+        json_array_foreach(json_object_get(rep, "rows"), i, row) {
+                json_t *eg = json_object_get(row, "egress");
+                int64_t v[8] = { geti(row, "cpu_ns") / 1000000,
+                                 geti(row, "memory_reserved_mib_ms") / 1000,
+                                 geti(row, "memory_peak_bytes") >> 20,
+                                 geti(row, "disk_kib_ms") / 1000,
+                                 geti(row, "processes"),
+                                 geti(eg, "allowed_bytes_out"),
+                                 geti(eg, "allowed_bytes_in"),
+                                 geti(eg, "denied") };
+                const char *key = json_string_value(
+                        json_object_get(row, streq(by, "day") ? "day" : "sandboxID"));
+                printf("%-22s %10lld %12lld %9lld %12lld %6lld %12lld %12lld %8lld\n", key ? key : "",
+                       (long long) v[0], (long long) v[1], (long long) v[2], (long long) v[3],
+                       (long long) v[4], (long long) v[5], (long long) v[6], (long long) v[7]);
+                for (int k = 0; k < 8; k++)
+                        t[k] = k == 2 ? MAX(t[k], v[k]) : t[k] + v[k];
+        }
+        printf("%-22s %10lld %12lld %9lld %12lld %6lld %12lld %12lld %8lld\n", "TOTAL",
+               (long long) t[0], (long long) t[1], (long long) t[2], (long long) t[3],
+               (long long) t[4], (long long) t[5], (long long) t[6], (long long) t[7]);
+        json_decref(rep);
+        return 0;
+}

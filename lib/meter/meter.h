@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The usage ledger (docs/usage.md): one row per sandbox in the store's
+ * database (table usage, store migration 8). Every counter is an absolute
+ * value, never a delta: the kernel's cumulative counters as last read
+ * (CPU time, memory peak), integrals up to updated_ms (writable layer), and
+ * sums over the egress log; so a row written twice, or again by the next
+ * daemon after a restart, never counts anything twice. All integers.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hutch/hutch.h"
+#include "store/store.h"
+
+typedef struct meter_row {
+        char sandbox_id[64];
+        int64_t team;
+        char template_id[64];
+        char backend[16];
+        int64_t started_ms, ended_ms, updated_ms; /* ended 0: still running */
+        int64_t cpu_ns;                           /* the cgroup's CPU time */
+        int64_t memory_mb;                        /* the limit (reserved) */
+        int64_t memory_reserved_mib_ms;           /* memory_mb × lifetime */
+        int64_t memory_peak_bytes;
+        int64_t disk_kib_ms; /* the writable layer's use, integrated */
+        int64_t disk_peak_bytes;
+        int64_t pids_peak;
+        int64_t processes; /* started through the API */
+        int64_t oom_kills; /* processes the memory limit killed (the cgroup's count) */
+        /* from the egress log, by decision */
+        int64_t egress_allowed, egress_denied;
+        int64_t egress_allowed_out, egress_allowed_in, egress_denied_out, egress_denied_in;
+} meter_row;
+
+/* -ENOENT when the sandbox has no row. */
+int meter_get(hutch_store *st, const char *sandbox_id, meter_row *ret, hutch_error *err);
+/* Insert or replace the row; the egress columns are summed from the
+ * egress log here, whatever r holds. */
+int meter_put(hutch_store *st, const meter_row *r, hutch_error *err);
+/* Rows still open whose sandbox the store says ended (the daemon died
+ * before it closed them): closed at the sandbox's end. Returns how many. */
+int meter_close_orphans(hutch_store *st, hutch_error *err);
+
+/* Rows of a team (-1: all) that overlap [since, until) (0: open), by start. */
+int meter_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
+                int (*cb)(void *arg, const meter_row *r), void *arg, hutch_error *err);
+
+/* A transaction around several meter_put() (BEGIN IMMEDIATE … COMMIT). */
+int meter_begin(hutch_store *st, hutch_error *err);
+int meter_commit(hutch_store *st, bool ok, hutch_error *err); /* ok false: ROLLBACK */
+
+/* Totals of rows grouped by key (a sandbox id, or a UTC day "YYYY-MM-DD"
+ * of the sandbox's start): each sum is the exact integer sum of its rows. */
+void meter_row_add(meter_row *sum, const meter_row *r);
