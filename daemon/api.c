@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "daemon/node.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
 #include "util/error.h"
@@ -160,6 +161,8 @@ json_t *sandbox_created_json(sbx *sb) {
 }
 
 static enum MHD_Result sandboxes_create(server *srv, request *req) {
+        if (node_draining(srv)) /* `hutch node drain`: a router tries another node */
+                return http_reply_error(req->conn, 503, "node %s is draining: it takes no new sandboxes", srv->cfg.node_id);
         json_t *body;
         if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
@@ -567,6 +570,8 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 return snapshots_list(srv, req);
         case ROUTE_TEMPLATE_DELETE:
                 return snapshot_delete(srv, req, rt.secret);
+        case ROUTE_NODE:
+                return node_info(srv, req);
         default:
                 break;
         }

@@ -36,6 +36,7 @@ enum {
         ROUTE_SANDBOX_FORK,
         ROUTE_SNAPSHOTS_LIST,
         ROUTE_TEMPLATE_DELETE,
+        ROUTE_NODE, /* hutch: GET /node, this node's identity and capacity (daemon/node.h) */
         _ROUTE_MAX, /* not a route: one past the last */
 };
 

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/node.h"
 #include "daemon/server.h"
 #include "daemon/serve.h"
 #include "util/clock.h"
@@ -83,6 +84,7 @@ static const struct cfg_entry {
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
+        { "node-id", CFG_STR, S(node_id), 0, 0, "auto", "this node's id: 4 characters [a-z0-9] that begin every sandbox and snapshot id it allocates, so `hutch router` forwards by id (auto: derived from /etc/machine-id, else the host name)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
 #undef S
 #undef U
@@ -103,6 +105,15 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                                 return hutch_error_set(err, -EINVAL, "%s: value empty or too long", key);
                         if (streq(key, "on-stop") && !streq(value, "keep") && !streq(value, "kill"))
                                 return hutch_error_set(err, -EINVAL, "on-stop: keep or kill, not '%s'", value);
+                        if (streq(key, "node-id")) {
+                                if (streq(value, "auto"))
+                                        node_id_default(c->node_id);
+                                else if (!node_id_valid(value))
+                                        return hutch_error_set(err, -EINVAL, "node-id: 4 characters [a-z0-9] or auto, not '%s'", value);
+                                else
+                                        snprintf(c->node_id, sizeof c->node_id, "%s", value);
+                                return 0;
+                        }
                         if (streq(key, "listen")) {
                                 struct sockaddr_storage ss;
                                 unsigned len;

@@ -69,6 +69,7 @@ typedef struct server_config {
         uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
+        char node_id[8];             /* [a-z0-9]{4}, the first characters of every id (daemon/node.h) */
 } server_config;
 
 int server_config_defaults(server_config *c);
