@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "daemon/keysfile.h"
 #include "daemon/node.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
@@ -116,7 +117,7 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         if (!key || !*key)
                 return http_reply_error(c, 401, "Invalid API key");
         hutch_error err = { 0 };
-        int r = store_key_lookup(srv->store, key, &req->team, &err);
+        int r = keysfile_lookup(srv, key, &req->team, &err);
         if (r == -ENOENT)
                 return http_reply_error(c, 401, "Invalid API key");
         if (r < 0) {

@@ -69,6 +69,7 @@ typedef struct server_config {
         uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
+        char keys_file[1024];        /* "TEAM KEY" lines, re-read on change (daemon/keysfile.h); "-": none */
         char node_id[8];             /* [a-z0-9]{4}, the first characters of every id (daemon/node.h) */
 } server_config;
 
@@ -244,6 +245,7 @@ struct server {
         bool pruning;            /* a pass is under way */
         bool checkpoint_pending; /* rows were deleted and the WAL not truncated since */
         store_prune_counts pruned; /* what this pass removed so far */
+        struct keysfile *keys;   /* keys-file (daemon/keysfile.c), or NULL */
 };
 
 /* ---------------------------------------------------------------- http.c */
