@@ -18,6 +18,8 @@ int verb_exec(int argc, char **argv);
 int verb_gc(int argc, char **argv);
 int verb_serve(int argc, char **argv);
 int verb_key(int argc, char **argv);
+int verb_router(int argc, char **argv);
+int verb_node(int argc, char **argv);
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

@@ -147,9 +147,14 @@ export async function restartDaemon() {
   await waitFor(() => !alive(old), { timeoutMs: 10_000, what: `old daemon ${old} to die` })
   const log = openSync(env.log, 'a')
   appendFileSync(env.log, `\n===== restartDaemon(): killed ${old} with SIGKILL, starting again =====\n`)
-  const child = spawn(env.bin, ['serve', '--listen', env.listen, '--data-dir', env.dataDir, '--run-dir', env.runDir,
-    '--backend', process.env.HUTCH_E2B_BACKEND || 'ns',
-    ...(process.env.HUTCH_E2B_DISK ? ['--disk', process.env.HUTCH_E2B_DISK] : [])], {
+  // HUTCH_E2B_ROUTER (run.sh): the process on the SDK's address is the router;
+  // a new router replica takes over from the one killed (the nodes run on)
+  const args = process.env.HUTCH_E2B_ROUTER_ARGS
+    ? JSON.parse(process.env.HUTCH_E2B_ROUTER_ARGS)
+    : ['serve', '--listen', env.listen, '--data-dir', env.dataDir, '--run-dir', env.runDir,
+      '--backend', process.env.HUTCH_E2B_BACKEND || 'ns',
+      ...(process.env.HUTCH_E2B_DISK ? ['--disk', process.env.HUTCH_E2B_DISK] : [])]
+  const child = spawn(env.bin, args, {
     detached: true,
     stdio: ['ignore', log, log],
   })
