@@ -27,6 +27,7 @@ test_pkgs=(
         sudo # the integration tests check sudo inside a sandbox (sandbox root only)
         sqlite3 # bench/sdk.sh reads the daemon's database
         curl openssl # the egress tests: clients inside sandboxes, the test CA
+        python3-yaml python3-jsonschema # deploy/kubernetes/validate.py: the manifests checked offline
         man-db systemd # the install test: man -l of the man page, systemd-analyze verify of the unit
 )
 
