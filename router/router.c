@@ -885,6 +885,46 @@ static int read_body(client *c, const proxyreq *rq, buf *out) {
 
 enum { RELAY_OK = 0, RELAY_CLOSE = 1 };
 
+#define SPLICE_MIN (256 * 1024) /* bodies at least this long left move through a pipe */
+#define SPLICE_STEP (1024 * 1024)
+
+/* Move exactly *left bytes from in to out through a pipe (splice(2)): the
+ * bytes never enter the router's memory. *left counts down as they go.
+ * -ECONNRESET when in ends first, -errno on a failed read or write. */
+static int splice_body(int in, int out, uint64_t *left) {
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return -errno;
+        (void) fcntl(p[1], F_SETPIPE_SZ, SPLICE_STEP);
+        int r = 0;
+        while (*left > 0) {
+                size_t want = *left < SPLICE_STEP ? (size_t) *left : SPLICE_STEP;
+                ssize_t n = splice(in, NULL, p[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_MORE);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0) {
+                        r = n == 0 ? -ECONNRESET : -errno;
+                        break;
+                }
+                while (n > 0) {
+                        ssize_t m = splice(p[0], NULL, out, NULL, (size_t) n,
+                                           SPLICE_F_MOVE | SPLICE_F_MORE);
+                        if (m < 0 && errno == EINTR)
+                                continue;
+                        if (m <= 0) {
+                                r = m == 0 ? -EPIPE : -errno;
+                                goto done;
+                        }
+                        n -= m;
+                        *left -= (uint64_t) m;
+                }
+        }
+done:
+        close(p[0]);
+        close(p[1]);
+        return r;
+}
+
 /* Forward one request whose body streams from the client, and its response
  * (streams, 1xx, 101 upgrades) back, to node n. Returns RELAY_OK (the client
  * connection may carry the next request), RELAY_CLOSE, or -errno when
@@ -966,6 +1006,16 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                         node_clean = false;
                 memmove(c->in, c->in + used, c->in_len - used);
                 c->in_len -= used;
+        }
+        bool req_broken = false;
+        /* (not with Expect: 100-continue: the client waits for the node's 100 first) */
+        if (!req_done && rq->has_content_length && req_left >= SPLICE_MIN &&
+            !proxyreq_find_header(rq, "Expect")) {
+                /* a large upload: client → node without a copy. A node that
+                 * answers early (413) and closes ends it; its answer is read below */
+                if (splice_body(c->fd, nfd, &req_left) < 0)
+                        req_broken = true;
+                req_done = true;
         }
         while (!resp_done) {
                 struct pollfd p[2] = { { .fd = nfd, .events = POLLIN },
@@ -1135,6 +1185,16 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                 }
                 if (resp_done && off < (size_t) k)
                         node_clean = false; /* bytes after the response: never reuse that connection */
+                if (!resp_done && head_done && h->has_content_length && req_done &&
+                    resp_left >= SPLICE_MIN) {
+                        /* a large download: node → client without a copy */
+                        if (splice_body(nfd, c->fd, &resp_left) < 0) {
+                                node_clean = false;
+                                result = RELAY_CLOSE;
+                                goto out;
+                        }
+                        resp_done = true;
+                }
         }
 #undef FEED_REQ
         if (!req_done) {
@@ -1145,6 +1205,10 @@ static int relay(client *c, const proxyreq *rq, node *n) {
         }
         if (h->conn_close)
                 node_clean = false;
+        if (req_broken) {
+                node_clean = false;
+                result = RELAY_CLOSE;
+        }
 out:
         if (result == RELAY_OK && node_clean && head_done)
                 node_conn_put(n, nfd);
