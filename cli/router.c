@@ -33,7 +33,9 @@ static void router_usage(FILE *f) {
               "  --connect-timeout MS     a node that does not accept a connection within this is\n"
               "                           marked down (default 1000)\n"
               "  --max-body BYTES         request bodies the router holds: creates, secret writes,\n"
-              "                           signed uploads without a sandbox id (default 16777216)\n",
+              "                           signed uploads without a sandbox id (default 16777216)\n"
+              "  --max-connections N      client connections open at once, one thread each; more are\n"
+              "                           closed at once (default 16384)\n",
               f);
 }
 
@@ -95,6 +97,9 @@ int verb_router(int argc, char **argv) {
                 else if (streq(a, "--connect-timeout") &&
                          (r = set_u("connect-timeout", v, 10, 60000, &x)) >= 0)
                         cfg.connect_timeout_ms = (unsigned) x;
+                else if (streq(a, "--max-connections") &&
+                         (r = set_u("max-connections", v, 4, 1000000, &x)) >= 0)
+                        cfg.max_connections = (unsigned) x;
                 else if (streq(a, "--max-body") &&
                          (r = set_u("max-body", v, 1024, 1ull << 32, &x)) >= 0)
                         cfg.max_body = x;

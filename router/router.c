@@ -33,6 +33,8 @@
 #define IDLE_MAX_MS                                                                                \
         4000 /* a pooled node connection older than this is closed (the node's own idle timers are longer) */
 #define CLIENT_IDLE_MS 600000 /* between requests on a client connection */
+#define FIRST_IDLE_MS                                                                              \
+        15000 /* before a new connection's first request begins (the daemon's unauthenticated-timeout) */
 #define HEAD_TIMEOUT_MS 30000 /* a request head must arrive within this once begun */
 #define CALL_TIMEOUT_MS                                                                            \
         120000 /* a buffered exchange with a node (a create waits for the sandbox) */
@@ -67,7 +69,7 @@ static unsigned n_nodes;
 static char node_key[64]; /* the key GET /node is asked with */
 
 static atomic_uint_fast64_t m_requests[RR_SIGNED_FILES + 1], m_create_retries, m_node_errors,
-        m_conns, m_conns_open, m_no_node;
+        m_conns, m_conns_open, m_no_node, m_refused;
 
 static int64_t mono_ms(void) {
         struct timespec ts;
@@ -700,7 +702,8 @@ static void *discovery_thread(void *arg) {
 
 typedef struct client {
         int fd;
-        char in[IOBUF]; /* bytes read and not yet used */
+        unsigned served; /* requests so far */
+        char in[IOBUF];  /* bytes read and not yet used */
         size_t in_len;
         bool close_after;
         char peer[64];
@@ -1605,12 +1608,14 @@ static int handle_metrics(client *c) {
                  "# TYPE hutch_router_node_errors_total counter\nhutch_router_node_errors_total %llu\n"
                  "# TYPE hutch_router_no_node_total counter\nhutch_router_no_node_total %llu\n"
                  "# TYPE hutch_router_connections_total counter\nhutch_router_connections_total %llu\n"
-                 "# TYPE hutch_router_connections_open gauge\nhutch_router_connections_open %llu\n",
+                 "# TYPE hutch_router_connections_open gauge\nhutch_router_connections_open %llu\n"
+                 "# TYPE hutch_router_connections_refused_total counter\nhutch_router_connections_refused_total %llu\n",
                  (unsigned long long) atomic_load(&m_create_retries),
                  (unsigned long long) atomic_load(&m_node_errors),
                  (unsigned long long) atomic_load(&m_no_node),
                  (unsigned long long) atomic_load(&m_conns),
-                 (unsigned long long) atomic_load(&m_conns_open));
+                 (unsigned long long) atomic_load(&m_conns_open),
+                 (unsigned long long) atomic_load(&m_refused));
         buf_addf(&b,
                  "# TYPE hutch_router_node_up gauge\n# TYPE hutch_router_node_sandboxes gauge\n"
                  "# TYPE hutch_router_node_forwarded_total counter\n");
@@ -1656,7 +1661,9 @@ static int serve_one(client *c, proxyreq *rq) {
                 c->in_len -= used;
                 if (q == PROXYREQ_DONE)
                         break;
-                int to = deadline < 0 ? CLIENT_IDLE_MS : (int) (deadline - mono_ms());
+                int to = deadline >= 0 ? (int) (deadline - mono_ms())
+                        : c->served    ? CLIENT_IDLE_MS
+                                       : FIRST_IDLE_MS;
                 if (to <= 0)
                         return -1;
                 ssize_t k = read_some(c->fd, c->in, sizeof c->in, to);
@@ -1666,6 +1673,7 @@ static int serve_one(client *c, proxyreq *rq) {
                 if (deadline < 0)
                         deadline = mono_ms() + HEAD_TIMEOUT_MS;
         }
+        c->served++;
         const proxyreq_header *conn = proxyreq_find_header(rq, "Connection");
         if (rq->version_minor == 0 || (conn && strcasestr(conn->value, "close")))
                 c->close_after = true;
@@ -1752,7 +1760,6 @@ static int serve_one(client *c, proxyreq *rq) {
 static void *client_thread(void *arg) {
         client *c = arg;
         proxyreq *rq = malloc(sizeof *rq);
-        atomic_fetch_add(&m_conns_open, 1);
         while (rq) {
                 int r = serve_one(c, rq);
                 if (r < 0 || c->close_after)
@@ -1774,6 +1781,7 @@ void router_config_defaults(router_config *c) {
         c->poll_ms = 1000;
         c->connect_timeout_ms = 1000;
         c->max_body = 16u << 20;
+        c->max_connections = 16384;
 }
 
 static int load_key(const char *path) {
@@ -1878,7 +1886,16 @@ int router_run(const router_config *config) {
                 }
                 c->fd = fd;
                 atomic_fetch_add(&m_conns, 1);
+                if (atomic_load(&m_conns_open) >= cfg->max_connections) {
+                        /* a thread per connection: bounded, or a flood of idle ones takes the memory */
+                        close(fd);
+                        free(c);
+                        atomic_fetch_add(&m_refused, 1);
+                        continue;
+                }
+                atomic_fetch_add(&m_conns_open, 1);
                 if (pthread_create(&th, &attr, client_thread, c) != 0) {
+                        atomic_fetch_sub(&m_conns_open, 1);
                         close(fd);
                         free(c);
                 }

@@ -25,7 +25,8 @@ typedef struct router_config {
         unsigned sample;  /* K: nodes sampled per create */
         unsigned poll_ms; /* GET /node of every node this often; DNS re-resolved as often */
         unsigned connect_timeout_ms;
-        uint64_t max_body; /* request bodies the router buffers (creates, secrets writes) */
+        uint64_t max_body;        /* request bodies the router buffers (creates, secrets writes) */
+        unsigned max_connections; /* client connections open at once (a thread each); beyond: closed */
 } router_config;
 
 void router_config_defaults(router_config *c);
