@@ -1807,26 +1807,33 @@ static int load_key(const char *path) {
         return r;
 }
 
+static void *stop_thread(void *arg) {
+        int sig = 0;
+        if (sigwait(arg, &sig) == 0)
+                log_info("signal %d: stopping", sig);
+        exit(0);
+}
+
 int router_run(const router_config *config) {
         cfg = config;
         if (!cfg->nodes[0] && !cfg->nodes_dns[0]) {
-                log_error("router: give --nodes URL,... or --nodes-dns NAME:PORT");
+                log_error("give --nodes URL,... or --nodes-dns NAME:PORT");
                 return -EINVAL;
         }
         if (!cfg->key_file[0]) {
-                log_error("router: --key-file is required (a key every node accepts, for GET /node)");
+                log_error("--key-file is required (a key every node accepts, for GET /node)");
                 return -EINVAL;
         }
         int r = load_key(cfg->key_file);
         if (r < 0) {
-                log_error("router: --key-file %s: %s", cfg->key_file,
+                log_error("--key-file %s: %s", cfg->key_file,
                           r == -ENOENT ? "no key in it" : strerror(-r));
                 return r;
         }
         struct sockaddr_storage ss;
         socklen_t sl;
         if (parse_hostport(cfg->listen, &ss, &sl) < 0) {
-                log_error("router: --listen %s: not HOST:PORT", cfg->listen);
+                log_error("--listen %s: not HOST:PORT", cfg->listen);
                 return -EINVAL;
         }
         int lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1834,12 +1841,20 @@ int router_run(const router_config *config) {
         if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
             bind(lfd, (struct sockaddr *) &ss, sl) < 0 || listen(lfd, 1024) < 0) {
                 r = -errno;
-                log_error("router: listening on %s: %s", cfg->listen, strerror(-r));
+                log_error("listening on %s: %s", cfg->listen, strerror(-r));
                 if (lfd >= 0)
                         close(lfd);
                 return r;
         }
         signal(SIGPIPE, SIG_IGN);
+        /* SIGTERM/SIGINT: to one thread that ends the process cleanly (the
+         * router holds nothing to save: a request in flight is cut, and the
+         * SDK retries on another replica) */
+        sigset_t stop;
+        sigemptyset(&stop);
+        sigaddset(&stop, SIGTERM);
+        sigaddset(&stop, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &stop, NULL);
         /* the first round of discovery before the first request */
         discover();
         {
@@ -1858,11 +1873,18 @@ int router_run(const router_config *config) {
         pthread_attr_setstacksize(&attr, 256 * 1024);
         pthread_t th;
         if (pthread_create(&th, &attr, discovery_thread, NULL) != 0) {
-                log_error("router: cannot start the discovery thread");
+                log_error("cannot start the discovery thread");
                 close(lfd);
                 return -EAGAIN;
         }
-        log_info("router: listening on http://%s", cfg->listen);
+        static sigset_t stop_set;
+        stop_set = stop;
+        if (pthread_create(&th, &attr, stop_thread, &stop_set) != 0) {
+                log_error("cannot start the signal thread");
+                close(lfd);
+                return -EAGAIN;
+        }
+        log_info("listening on http://%s", cfg->listen);
         for (;;) {
                 struct sockaddr_storage peer;
                 socklen_t pl = sizeof peer;
@@ -1871,11 +1893,11 @@ int router_run(const router_config *config) {
                         if (errno == EINTR || errno == ECONNABORTED)
                                 continue;
                         if (errno == EMFILE || errno == ENFILE) {
-                                log_warning("router: accept: %s", strerror(errno));
+                                log_warning("accept: %s", strerror(errno));
                                 usleep(100000);
                                 continue;
                         }
-                        log_error("router: accept: %s", strerror(errno));
+                        log_error("accept: %s", strerror(errno));
                         break;
                 }
                 (void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
