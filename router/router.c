@@ -1644,6 +1644,33 @@ static int handle_metrics(client *c) {
         return r;
 }
 
+/* Whether a node refuses the client's API key: 1 (its 401 was sent), 0
+ * (accepted, or no node to ask), -errno when sending failed. */
+static int key_refused(client *c, const proxyreq *rq) {
+        node *up[NODES_MAX];
+        if (nodes_up(up, NODES_MAX) == 0)
+                return 0;
+        buf h = { 0 };
+        buf_addf(&h, "GET /node HTTP/1.1\r\nHost: %s\r\n", up[0]->addr);
+        const proxyreq_header *k = proxyreq_find_header(rq, "X-API-Key");
+        const proxyreq_header *a = proxyreq_find_header(rq, "Authorization");
+        if (k)
+                buf_addf(&h, "X-API-Key: %.*s\r\n", (int) k->value_len, k->value);
+        if (a)
+                buf_addf(&h, "Authorization: %.*s\r\n", (int) a->value_len, a->value);
+        buf_add(&h, "\r\n", 2);
+        reply rp = { 0 };
+        int r = exchange(up[0], h.p, h.len, NULL, 0, CALL_TIMEOUT_MS, &rp);
+        buf_free(&h);
+        if (r < 0 || rp.head->status != 401) {
+                reply_free(&rp);
+                return 0;
+        }
+        r = send_reply(c, &rp, NULL);
+        reply_free(&rp);
+        return r < 0 ? r : 1;
+}
+
 /* One request on a client connection: 0 to read the next, < 0 to close. */
 static int serve_one(client *c, proxyreq *rq) {
         proxyreq_init_origin(rq);
@@ -1722,6 +1749,11 @@ static int serve_one(client *c, proxyreq *rq) {
                                  startswith(rt.id, "snap_") ? "snapshot" : "sandbox", rt.id, rt.node);
                         if (rt.data_plane)
                                 return send_data_plane_gone(c, rt.id, msg);
+                        /* a bad key is a 401 before anything else, as on one
+                         * daemon: a node checks it (GET /node with the client's key) */
+                        r = key_refused(c, rq);
+                        if (r != 0)
+                                return r < 0 ? r : 0;
                         return send_error(c, 404, "%s", msg);
                 }
                 r = relay(c, rq, n);

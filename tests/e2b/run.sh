@@ -159,6 +159,7 @@ free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0
 if ((router_n > 0)); then
 	key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
 	echo "default $key" >"$tmp/keys"
+	export HUTCH_E2B_KEYS_FILE="$tmp/keys"
 	node_urls=()
 	for i in $(seq 1 "$router_n"); do
 		np="$(free_port)"
@@ -181,7 +182,7 @@ if ((router_n > 0)); then
 	ln -sfn run1 "$tmp/run"
 	if ((files_given == 0)); then
 		files=()
-		for f in ${HUTCH_E2B_ROUTER_FILES:-commands files pty watch upstream-api upstream-commands upstream-files v1}; do
+		for f in ${HUTCH_E2B_ROUTER_FILES:-commands files pty watch upstream-api upstream-commands upstream-files v1 lifecycle egress}; do
 			files+=("$here/$f.test.mjs")
 		done
 	fi
