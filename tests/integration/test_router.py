@@ -1,7 +1,8 @@
 """hutch router in front of several nodes (issue 18, docs/scale-out.md).
 
 Nodes are `hutch serve` daemons on this host, each with its own data dir,
-run dir, port and node id, all given one keys-file; a tiny DNS server in the
+run dir, node id and network namespace (its own address, joined to the test's
+by a veth pair), all given one keys-file; a tiny DNS server in the
 test answers the "headless Service" name with the nodes' addresses (the
 router's --nodes-dns, as on Kubernetes), and routers run in front of them.
 Everything goes through the router's port: creates, lists, the envd plane.
@@ -105,13 +106,39 @@ class Cluster:
         self.nodes: dict[str, ServeDaemon] = {}
         self.routers: list[subprocess.Popen] = []
         self.dns = TinyDNS()
-        # all nodes listen on one port, each on its own 127.0.0.x address: the
-        # headless Service's shape (one port, an address per pod)
+        # all nodes listen on one port, each on its own address in its own
+        # network namespace: the headless Service's shape (one port, an
+        # address per pod)
         self.node_port = free_port()
+        self.ns_prefix = "hrt" + os.urandom(3).hex()
+        used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+        self.subnet = next(n for n in (int.from_bytes(os.urandom(1), "big") for _ in range(200))
+                           if f"10.233.{n}." not in used)
+        self.netns: list[str] = []
+
+    def _netns(self, i: int) -> tuple[str, str]:
+        """Node i's own network namespace, joined to this one by a veth pair
+        on 10.233.S.4i/30: (namespace name, the node's address)."""
+        ns = f"{self.ns_prefix}{i}"
+        host, peer = f"{self.ns_prefix}{i}r", f"{self.ns_prefix}{i}n"
+        here, there = f"10.233.{self.subnet}.{4 * i + 1}", f"10.233.{self.subnet}.{4 * i + 2}"
+        for argv in (["ip", "netns", "add", ns],
+                     ["ip", "link", "add", host, "type", "veth", "peer", "name", peer],
+                     ["ip", "link", "set", peer, "netns", ns],
+                     ["ip", "addr", "add", f"{here}/30", "dev", host],
+                     ["ip", "link", "set", host, "up"],
+                     ["ip", "-n", ns, "addr", "add", f"{there}/30", "dev", peer],
+                     ["ip", "-n", ns, "link", "set", peer, "up"],
+                     ["ip", "-n", ns, "link", "set", "lo", "up"]):
+            subprocess.run(argv, check=True, capture_output=True)
+        self.netns.append(ns)
+        return ns, there
 
     def add_node(self, i: int) -> ServeDaemon:
         nid = f"nd{i:02d}"
-        d = ServeDaemon(self.bin, self.tmp / f"data{i}", host=f"127.0.0.{10 + i}",
+        ns, addr = self._netns(i)
+        # nsenter, not `ip netns exec` (which remounts /sys and hides the cgroups)
+        d = ServeDaemon(self.bin, self.tmp / f"data{i}", host=addr, cmd_prefix=["nsenter", f"--net=/run/netns/{ns}"],
                         extra_args=["--run-dir", str(self.tmp / f"run{i}"), "--node-id", nid,
                                     "--keys-file", str(self.keys), "--pool-size", "0"])
         # ServeDaemon picks a free port per start: pin this cluster's one
@@ -164,6 +191,10 @@ class Cluster:
                 d.stop()
         self.dns.stop()
 
+    def remove_netns(self):
+        for ns in self.netns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # its veth goes with it
+
 
 def _health(port: int) -> dict:
     try:
@@ -199,6 +230,7 @@ def cluster(hutch_bin):
         try:
             c.teardown()
         finally:
+            c.remove_netns()
             _rm(base)
 
 
@@ -311,7 +343,7 @@ def test_router_end_to_end(cluster):
     # router metrics count what it did
     with HttpConn("127.0.0.1", port2, timeout=5) as c:
         m = c.request("GET", "/metrics").body.decode()
-    assert 'hutch_router_node_up{node="nd04",address="127.0.0.14:' in m, m
+    assert f'hutch_router_node_up{{node="nd04",address="{cluster.nodes["nd04"].host}:' in m, m
     assert 'nd02' not in m  # gone from the DNS answer: no longer a node
     assert 'hutch_router_requests_total{route="create"}' in m, m
 
