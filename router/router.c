@@ -1021,17 +1021,24 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                 req_done = true;
         }
         while (!resp_done) {
+                /* with the request sent, the client is still watched for a
+                 * hang-up (not for bytes: a pipelined request waits): a stream
+                 * whose client left is ended at once, not at its next output */
                 struct pollfd p[2] = { { .fd = nfd, .events = POLLIN },
-                                       { .fd = c->fd, .events = POLLIN } };
-                int np = req_done ? 1 : 2;
-                int pr = poll(p, (nfds_t) np, -1);
+                                       { .fd = c->fd, .events = req_done ? POLLRDHUP : POLLIN } };
+                int pr = poll(p, 2, -1);
                 if (pr < 0 && errno == EINTR)
                         continue;
                 if (pr < 0) {
                         result = RELAY_CLOSE;
                         goto out;
                 }
-                if (np == 2 && p[1].revents) {
+                if (req_done && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                        node_clean = false;
+                        result = RELAY_CLOSE;
+                        goto out;
+                }
+                if (!req_done && p[1].revents) {
                         ssize_t k = recv(c->fd, tmp, RELAY_BUF, 0);
                         if (k <= 0) {
                                 result = RELAY_CLOSE; /* the client left mid-body */
@@ -1064,9 +1071,12 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                                 break;
                         }
                         if (!sent_any) {
-                                result = resp_got == 0 && reused ? -ECONNRESET : -EPIPE;
-                                if (result == -EPIPE)
-                                        result = -ECONNRESET;
+                                /* a pooled connection the node had closed, and a request
+                                 * with no body: the caller may send it again, fresh */
+                                bool bodyless_req = !rq->chunked &&
+                                        (!rq->has_content_length || rq->content_length == 0);
+                                result = resp_got == 0 && reused && bodyless_req ? -EAGAIN
+                                                                                 : -ECONNRESET;
                         } else
                                 result = RELAY_CLOSE; /* cut mid-response: the client sees it cut */
                         node_clean = false;
@@ -1757,6 +1767,8 @@ static int serve_one(client *c, proxyreq *rq) {
                         return send_error(c, 404, "%s", msg);
                 }
                 r = relay(c, rq, n);
+                if (r == -EAGAIN)
+                        r = relay(c, rq, n);
                 if (r < 0) {
                         node_mark_down(n, strerror(-r));
                         c->close_after = true;
@@ -1778,6 +1790,8 @@ static int serve_one(client *c, proxyreq *rq) {
                         return send_error(c, 503, "no hutch node is up");
                 }
                 r = relay(c, rq, up[0]);
+                if (r == -EAGAIN)
+                        r = relay(c, rq, up[0]);
                 if (r < 0) {
                         node_mark_down(up[0], strerror(-r));
                         c->close_after = true;

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from serveclient import HttpConn, ServeDaemon, free_port
+from serveclient import HttpConn, ServeDaemon, envelope, free_port
 
 NAME = "hutch-nodes.hutch.svc.cluster.local"
 
@@ -270,6 +270,23 @@ def test_router_end_to_end(cluster):
     assert rc.upload(sb, "/tmp/blob", data).status == 200
     got = rc.request("GET", rc.files_path("/tmp/blob"), key="", headers=rc.envd_headers(sb))
     assert got.status == 200 and got.body == data
+
+    # a client that leaves a stream: the router lets go of it at once (not
+    # when the command next prints or ends)
+    def open_conns():
+        with HttpConn("127.0.0.1", port, timeout=5) as c:
+            m = c.request("GET", "/metrics").body.decode()
+        return int(next(ln.split()[1] for ln in m.splitlines() if ln.startswith("hutch_router_connections_open ")))
+    base = open_conns()
+    body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "sleep 60"]}, "stdin": False})
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    hdrs = "".join(f"{k}: {v}\r\n" for k, v in rc.envd_headers(sb, ctype="application/connect+json"))
+    s.sendall(f"POST /process.Process/Start HTTP/1.1\r\nHost: r\r\n{hdrs}Content-Length: {len(body)}\r\n\r\n"
+              .encode() + body)
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the stream is open, the command runs
+    assert open_conns() == base + 1
+    s.close()
+    wait_until(lambda: open_conns() == base, timeout=3, what="the router to drop the abandoned stream")
 
     # an id whose node no router knows: 404 naming the node
     r = rc.request("GET", "/sandboxes/zzzzaaaaaaaaaaaaaaaa")
