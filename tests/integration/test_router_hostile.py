@@ -82,6 +82,19 @@ class EvilNode:
                     c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
                     continue
                 kind = path.rstrip("/").rsplit("/", 1)[-1]
+                if kind == "ws":
+                    # an Upgrade must arrive as one (Connection: Upgrade kept)
+                    low = head.lower()
+                    if b"\r\nupgrade: websocket" in low and b"\r\nconnection: upgrade" in low:
+                        c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                                  b"Connection: Upgrade\r\n\r\n" + buf)
+                        while True:  # then echo, upper-cased
+                            d = c.recv(65536)
+                            if not d:
+                                return
+                            c.sendall(d.upper())
+                    c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    continue
                 c.sendall(RESPONSES.get(kind, RESPONSES["ok"]))
                 if kind == "cut":
                     c.close()
@@ -213,3 +226,26 @@ def test_bad_ids_in_routing_headers(evil_router):
     assert r.status == 404, r
     r = _get(port, "/sandboxes/zzzzzzzzzzzzzzzzzzzz")
     assert r.status == 404 and "node zzzz is not reachable" in r.json()["message"], r
+
+
+def test_upgrade_is_a_tunnel(evil_router):
+    """Upgrade (WebSocket) to a sandbox port: the 101 and then raw bytes both
+    ways, through the sandbox's Host name as the SDK's getHost() gives it."""
+    port, node, _ = evil_router
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET /ws HTTP/1.1\r\nHost: 8080-{EVIL}.hutch.example\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\nearly".encode())
+        got = b""
+        while b"EARLY" not in got:
+            d = s.recv(65536)
+            assert d, got
+            got += d
+        assert got.startswith(b"HTTP/1.1 101"), got
+        for msg in (b"hello", b"x" * 200000):
+            s.sendall(msg)
+            back = b""
+            while len(back) < len(msg):
+                d = s.recv(65536)
+                assert d
+                back += d
+            assert back == msg.upper()
