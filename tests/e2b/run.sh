@@ -52,6 +52,7 @@ for a in "$@"; do
 	fi
 done
 files_given=${#files[@]}
+node_urls=()
 if ((${#files[@]} == 0)); then
 	files=("$here"/*.test.mjs)
 fi
@@ -79,8 +80,9 @@ kill_leftovers() {
 		mapfile -t extra <"$tmp/extra-keys"
 		keys+=("${extra[@]}")
 	fi
-	E2B_LEFTOVER_KEYS="${keys[*]}" timeout 60 node --input-type=module -e '
-		const url = process.env.E2B_API_URL
+	# behind the router, each node is asked too: a test may have killed the router
+	E2B_LEFTOVER_URLS="$E2B_API_URL ${node_urls[*]:-}" E2B_LEFTOVER_KEYS="${keys[*]}" timeout 60 node --input-type=module -e '
+		for (const url of process.env.E2B_LEFTOVER_URLS.split(" ").filter(Boolean))
 		for (const key of process.env.E2B_LEFTOVER_KEYS.split(" ").filter(Boolean)) {
 			try {
 				const res = await fetch(`${url}/v2/sandboxes?state=running,paused&limit=100`, { headers: { "X-API-KEY": key } })
@@ -160,7 +162,6 @@ if ((router_n > 0)); then
 	key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
 	echo "default $key" >"$tmp/keys"
 	export HUTCH_E2B_KEYS_FILE="$tmp/keys"
-	node_urls=()
 	for i in $(seq 1 "$router_n"); do
 		np="$(free_port)"
 		"$bin" serve --listen "127.0.0.1:$np" --data-dir "$tmp/data$i" --run-dir "$tmp/run$i" \
