@@ -43,7 +43,8 @@ static void fuzz_head(const uint8_t *d, size_t n) {
                         abort();
                 if (h1.chunked && h1.has_content_length)
                         abort();
-                if (h1.status != h2.status || h1.content_length != h2.content_length || h1.n_headers != h2.n_headers)
+                if (h1.status != h2.status || h1.content_length != h2.content_length ||
+                    h1.n_headers != h2.n_headers)
                         abort();
                 for (size_t i = 0; i < h1.n_headers; i++)
                         (void) rhead_hop_by_hop(h1.headers[i].name, rhead_get(&h1, "Connection"));
@@ -79,7 +80,8 @@ static void fuzz_route(const uint8_t *d, size_t n) {
                 size_t l = strlen(r.id);
                 const char *id = strncmp(r.id, "snap_", 5) == 0 ? r.id + 5 : r.id;
                 if (!rroute_sandbox_id_valid(id, strlen(id)) || (id != r.id && l != 25) ||
-                    memcmp(id, r.node, ROUTER_NODE_ID_LEN) != 0 || strlen(r.node) != ROUTER_NODE_ID_LEN)
+                    memcmp(id, r.node, ROUTER_NODE_ID_LEN) != 0 ||
+                    strlen(r.node) != ROUTER_NODE_ID_LEN)
                         abort();
         }
         free(s);
