@@ -79,6 +79,8 @@ build: deps
 GVISOR_E2B_FILES ?= commands.test.mjs files.test.mjs pty.test.mjs watch.test.mjs egress.test.mjs \
 	upstream-commands.test.mjs upstream-files.test.mjs lifecycle.test.mjs ingress.test.mjs
 
+ROUTER_E2B_FILES ?= commands.test.mjs files.test.mjs upstream-files.test.mjs
+
 test: deps-test
 	$(call configure,build-test,--buildtype=debugoptimized $(TEST_OPTS))
 	$(call compile,build-test)
@@ -88,6 +90,9 @@ test: deps-test
 	@# the backend matrix: the core SDK files again with gvisor as the daemon's
 	@# default (the whole suite: HUTCH_E2B_BACKEND=gvisor tests/e2b/run.sh)
 	HUTCH_E2B_BACKEND=gvisor HUTCH_BIN=build-test/hutch tests/e2b/run.sh $(GVISOR_E2B_FILES)
+	@# scale-out: core SDK files through `hutch router` in front of 3 nodes
+	@# (its whole subset: HUTCH_E2B_ROUTER=3 tests/e2b/run.sh)
+	HUTCH_E2B_ROUTER=3 HUTCH_BIN=build-test/hutch tests/e2b/run.sh $(ROUTER_E2B_FILES)
 
 asan: deps-test
 	$(call configure,build-asan,--buildtype=debugoptimized $(ASAN_OPTS))

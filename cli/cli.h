@@ -45,6 +45,8 @@ void cli_tty_size(uint16_t *rows, uint16_t *cols);
 bool cli_env_name_valid(const char *kv);
 int verb_audit(int argc, char **argv);
 int verb_usage(int argc, char **argv);
+int verb_router(int argc, char **argv);
+int verb_node(int argc, char **argv);
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);

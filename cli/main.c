@@ -18,6 +18,8 @@ static void usage(FILE *f) {
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
               "  kill ID...                      destroy sandboxes\n"
+              "  router [OPTIONS]                a stateless front end for several daemons (--help)\n"
+              "  node drain|undrain|status       stop (or resume) taking creates on this host's daemon\n"
               "  gc                              remove sandboxes whose init died, and unused template versions\n"
               "  template import|ls|rm|prune|build  OCI images and build files as templates (`hutch template help`)\n"
               "  doctor                          check what the kernel offers\n"
@@ -68,6 +70,10 @@ int main(int argc, char **argv) {
                 return verb_usage(argc - 1, argv + 1);
         if (streq(verb, "audit"))
                 return verb_audit(argc - 1, argv + 1);
+        if (streq(verb, "router"))
+                return verb_router(argc - 1, argv + 1);
+        if (streq(verb, "node"))
+                return verb_node(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
         if (streq(verb, "version") || streq(verb, "--version")) {

@@ -16,6 +16,8 @@
 
 #include "daemon/ingress.h"
 #include "daemon/ingress_http.h"
+#include "daemon/keysfile.h"
+#include "daemon/node.h"
 #include "daemon/route.h"
 #include "daemon/audit.h"
 #include "daemon/server.h"
@@ -142,7 +144,7 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
         if (!key || !*key)
                 return http_reply_error(c, 401, "Invalid API key");
         hutch_error err = { 0 };
-        int r = store_key_lookup_id(srv->store, key, &req->team, &req->key_id, &err);
+        int r = keysfile_lookup(srv, key, &req->team, &req->key_id, &err);
         if (r == -ENOENT)
                 return http_reply_error(c, 401, "Invalid API key");
         if (r < 0) {
@@ -188,6 +190,8 @@ json_t *sandbox_created_json(sbx *sb) {
 }
 
 static enum MHD_Result sandboxes_create(server *srv, request *req) {
+        if (node_draining(srv)) /* `hutch node drain`: a router tries another node */
+                return http_reply_error(req->conn, 503, "node %s is draining: it takes no new sandboxes", srv->cfg.node_id);
         json_t *body;
         if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
@@ -614,6 +618,8 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         case ROUTE_EVENTS:
         case ROUTE_SANDBOX_EVENTS:
                 return audit_events_api(srv, req, rt.kind == ROUTE_EVENTS ? NULL : rt.id);
+        case ROUTE_NODE:
+                return node_info(srv, req);
         default:
                 break;
         }

@@ -70,6 +70,13 @@ int route_control(const char *method, const char *url, route *ret) {
                 *ret = r;
                 return 0;
         }
+        if (streq(url, "/node")) {
+                if (!streq(method, "GET"))
+                        return -EPERM;
+                r.kind = ROUTE_NODE;
+                *ret = r;
+                return 0;
+        }
         if (streq(url, "/snapshots")) {
                 if (!streq(method, "GET"))
                         return -EPERM;

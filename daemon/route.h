@@ -54,6 +54,7 @@ enum {
         ROUTE_EVENTS,         /* hutch: GET /events, the team's audit records (docs/audit.md) */
         ROUTE_SANDBOX_EVENTS, /* hutch: GET /sandboxes/{id}/events */
         ROUTE_USAGE,          /* hutch: GET /usage, the team's usage ledger (docs/usage.md) */
+        ROUTE_NODE, /* hutch: GET /node, this node's identity and capacity (daemon/node.h) */
         _ROUTE_MAX, /* not a route: one past the last */
 };
 

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/node.h"
 #include "daemon/requests.h"
 #include "daemon/ingress.h"
 #include "daemon/server.h"
@@ -318,8 +319,7 @@ void sbx_pool_fill(server *srv) {
         sbx *sb = sbx_alloc(srv);
         if (!sb)
                 return;
-        if (hutch_sandbox_id_new(sb->id) < 0)
-                abort(); /* getrandom on a running kernel does not fail */
+        node_sandbox_id_new(srv, sb->id);
         sb->backend = hutch_backend_from_name(srv->cfg.backend);
         sb->pooled = true;
         /* listed before it exists: a crash in between leaves an id to clean */
@@ -632,8 +632,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                 unlink(layer_from);
                         return hutch_error_set(err, -ENOMEM, "out of memory");
                 }
-                if (hutch_sandbox_id_new(sb->id) < 0)
-                        abort(); /* getrandom on a running kernel does not fail */
+                node_sandbox_id_new(srv, sb->id);
                 sb->backend = backend;
         }
         sb->team_id = team;

@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "daemon/ingress.h"
+#include "daemon/keysfile.h"
+#include "daemon/node.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
 #include "daemon/serve.h"
@@ -95,6 +97,8 @@ static const struct cfg_entry {
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
+        { "keys-file", CFG_STR, S(keys_file), 0, 0, "-", "API keys besides the database's, as \"TEAM KEY\" lines, re-read when the file changes: every node of a cluster gets the same file ('-': none)" },
+        { "node-id", CFG_STR, S(node_id), 0, 0, "auto", "this node's id: 4 characters [a-z0-9] that begin every sandbox and snapshot id it allocates, so `hutch router` forwards by id (auto: derived from /etc/machine-id, else the host name)" },
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
         { "registries-conf", CFG_STR, S(registries_conf), 0, 0, "-", "registries.conf of image pulls (search, mirror, insecure and ca lines; '-': DATA_DIR/registries.conf, as `hutch template pull`)" },
         { "registry-ca", CFG_STR, S(registry_ca), 0, 0, "-", "PEM file of CAs trusted for every registry, besides the system's ('-': none)" },
@@ -126,6 +130,15 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                                 return hutch_error_set(err, -EINVAL, "log-format: text or json, not '%s'", value);
                         if (streq(key, "on-stop") && !streq(value, "keep") && !streq(value, "kill"))
                                 return hutch_error_set(err, -EINVAL, "on-stop: keep or kill, not '%s'", value);
+                        if (streq(key, "node-id")) {
+                                if (streq(value, "auto"))
+                                        node_id_default(c->node_id);
+                                else if (!node_id_valid(value))
+                                        return hutch_error_set(err, -EINVAL, "node-id: 4 characters [a-z0-9] or auto, not '%s'", value);
+                                else
+                                        snprintf(c->node_id, sizeof c->node_id, "%s", value);
+                                return 0;
+                        }
                         if (streq(key, "listen") || (streq(key, "metrics-listen") && !streq(value, "-"))) {
                                 struct sockaddr_storage ss;
                                 unsigned len;
@@ -692,6 +705,10 @@ int server_run(const server_config *cfg) {
                 goto out;
         if (new_key && (r = write_api_key(srv, key)) < 0)
                 goto out;
+        if ((r = keysfile_load(srv, &err)) < 0) {
+                log_error("%s", err.msg);
+                goto out;
+        }
 
         if (hutch_backend_from_name(srv->cfg.backend) < 0) {
                 log_error("backend must be ns or gvisor, not '%s'", srv->cfg.backend);
@@ -839,6 +856,7 @@ out:
                 sbx_pool_destroy(srv);
         sbx_free_all(srv);
         hutch_ctx_free(srv->ctx);
+        keysfile_free(srv);
         store_close(srv->store);
         if (srv->sigfd >= 0)
                 close(srv->sigfd);

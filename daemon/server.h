@@ -81,6 +81,8 @@ typedef struct server_config {
         uint64_t audit, audit_checkpoint_interval_s, audit_retention_s; /* daemon/audit.c */
         char metrics_listen[128];    /* daemon/metrics.c: HOST:PORT or "-" */
         char log_format[8];          /* text | json */
+        char keys_file[1024];        /* "TEAM KEY" lines, re-read on change (daemon/keysfile.h); "-": none */
+        char node_id[8];             /* [a-z0-9]{4}, the first characters of every id (daemon/node.h) */
 } server_config;
 
 int server_config_defaults(server_config *c);
@@ -267,6 +269,7 @@ struct server {
         struct daemon_audit *audit; /* daemon/audit.c; NULL with audit = off */
         struct daemon_usage *usage; /* daemon/usage.c */
         struct daemon_metrics *metrics; /* daemon/metrics.c */
+        struct keysfile *keys;   /* keys-file (daemon/keysfile.c), or NULL */
 };
 
 /* ---------------------------------------------------------------- http.c */

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/node.h"
 #include "daemon/server.h"
 #include "snapshot/seal.h"
 #include "util/log.h"
@@ -172,6 +173,7 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
         if (!data_disk_has_room(srv, dir, used))
                 return hutch_error_set(err, -ENOSPC, "not enough free disk for a snapshot of this sandbox");
         snap_id_new(sn.id);
+        node_id_stamp(srv, sn.id + strlen(SNAP_PREFIX)); /* a router finds the snapshot's node by its id */
         sn.team_id = sb->team_id;
         snprintf(sn.sandbox_id, sizeof sn.sandbox_id, "%s", sb->id);
         snprintf(sn.name, sizeof sn.name, "%s", name ? name : "");

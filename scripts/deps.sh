@@ -42,6 +42,7 @@ test_pkgs=(
         curl openssl # the egress tests: clients inside sandboxes, the test CA
         docker-registry skopeo umoci # the registry tests and bench/pull.sh: a real registry, images built and pushed
         apache2-utils python3-cryptography # the registry tests: htpasswd (bcrypt) for basic auth, ES256 tokens for auth.token
+        python3-yaml python3-jsonschema # deploy/kubernetes/validate.py: the manifests checked offline
         man-db systemd # the install test: man -l of the man page, systemd-analyze verify of the unit
         busybox-static # tests/integration/test_images.py: a static shell for the images the tests build
         umoci # image tooling for checking the layouts the tests write by hand (docs/templates.md)

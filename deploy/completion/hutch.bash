@@ -5,7 +5,7 @@ _hutch() {
         prev=${COMP_WORDS[COMP_CWORD-1]}
         verb=${COMP_WORDS[1]}
         if ((COMP_CWORD == 1)); then
-                COMPREPLY=($(compgen -W "run serve key volume template audit usage ps exec kill gc doctor version help" -- "$cur"))
+                COMPREPLY=($(compgen -W "run serve key volume template audit usage ps exec kill router node gc doctor version help" -- "$cur"))
                 return
         fi
         case $verb in
@@ -29,6 +29,13 @@ _hutch() {
         key) ((COMP_CWORD == 2)) && COMPREPLY=($(compgen -W "create list revoke" -- "$cur")) ;;
         volume) ((COMP_CWORD == 2)) && COMPREPLY=($(compgen -W "create ls rm" -- "$cur")) ;;
         audit) ((COMP_CWORD == 2)) && COMPREPLY=($(compgen -W "verify export pubkey" -- "$cur")) ;;
+        node) ((COMP_CWORD == 2)) && COMPREPLY=($(compgen -W "drain undrain status" -- "$cur")) ;;
+        router)
+                case $prev in
+                --key-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+                esac
+                [[ $cur == -* ]] && COMPREPLY=($(compgen -W "$(hutch router --help 2>/dev/null | grep -o -- '--[a-z-]*' | sort -u)" -- "$cur"))
+                ;;
         exec) ((COMP_CWORD == 2)) || [[ $cur == -* ]] || return
                 [[ $cur == -* ]] && COMPREPLY=($(compgen -W "-i -t -e -u -w --interactive --tty --env --user --workdir" -- "$cur")) && return
                 COMPREPLY=($(compgen -W "$(hutch ps -q 2>/dev/null)" -- "$cur")) ;;

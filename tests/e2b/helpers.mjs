@@ -98,6 +98,15 @@ export function hutch(args) {
  * so that run.sh can kill that team's leftover sandboxes at the end.
  */
 export function createTeamKey(team, label) {
+  if (process.env.HUTCH_E2B_KEYS_FILE) {
+    // behind the router (run.sh HUTCH_E2B_ROUTER): a key every node gets from
+    // the keys-file, read again within a second of the change
+    const key = 'e2b_' + randomBytes(20).toString('hex')
+    appendFileSync(process.env.HUTCH_E2B_KEYS_FILE, `${team} ${key}\n`)
+    appendFileSync(join(env.tmp, 'extra-keys'), key + '\n')
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1100)
+    return key
+  }
   const args = ['key', 'create', '--data-dir', env.dataDir, '--team', team]
   if (label) args.push('--label', label)
   const out = hutch(args).trim()
@@ -147,11 +156,16 @@ export async function restartDaemon() {
   await waitFor(() => !alive(old), { timeoutMs: 10_000, what: `old daemon ${old} to die` })
   const log = openSync(env.log, 'a')
   appendFileSync(env.log, `\n===== restartDaemon(): killed ${old} with SIGKILL, starting again =====\n`)
-  const child = spawn(env.bin, ['serve', '--listen', env.listen, '--data-dir', env.dataDir, '--run-dir', env.runDir,
-    '--backend', process.env.HUTCH_E2B_BACKEND || 'ns',
-    ...(process.env.HUTCH_E2B_VOLUME_SIZE ? ['--volume-size', process.env.HUTCH_E2B_VOLUME_SIZE] : []),
-    ...(process.env.HUTCH_E2B_SANDBOX_DOMAIN ? ['--sandbox-domain', process.env.HUTCH_E2B_SANDBOX_DOMAIN] : []),
-    ...(process.env.HUTCH_E2B_DISK ? ['--disk', process.env.HUTCH_E2B_DISK] : [])], {
+  // HUTCH_E2B_ROUTER (run.sh): the process on the SDK's address is the router;
+  // a new router replica takes over from the one killed (the nodes run on)
+  const args = process.env.HUTCH_E2B_ROUTER_ARGS
+    ? JSON.parse(process.env.HUTCH_E2B_ROUTER_ARGS)
+    : ['serve', '--listen', env.listen, '--data-dir', env.dataDir, '--run-dir', env.runDir,
+      '--backend', process.env.HUTCH_E2B_BACKEND || 'ns',
+      ...(process.env.HUTCH_E2B_VOLUME_SIZE ? ['--volume-size', process.env.HUTCH_E2B_VOLUME_SIZE] : []),
+      ...(process.env.HUTCH_E2B_SANDBOX_DOMAIN ? ['--sandbox-domain', process.env.HUTCH_E2B_SANDBOX_DOMAIN] : []),
+      ...(process.env.HUTCH_E2B_DISK ? ['--disk', process.env.HUTCH_E2B_DISK] : [])]
+  const child = spawn(env.bin, args, {
     detached: true,
     stdio: ['ignore', log, log],
   })

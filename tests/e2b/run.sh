@@ -8,7 +8,9 @@
 # Extra arguments ending in .test.mjs replace the file list; the others are
 # passed to `node --test` (e.g. --test-name-pattern='pty').
 # Env: HUTCH_BIN (default: build/hutch of this checkout), HUTCH_E2B_KEEP=1 keeps
-# the tmp dir, HUTCH_E2B_TEST_TIMEOUT (ms per test, default 180000).
+# the tmp dir, HUTCH_E2B_TEST_TIMEOUT (ms per test, default 180000),
+# HUTCH_E2B_ROUTER=N runs the files through `hutch router` in front of N daemons
+# (default files: HUTCH_E2B_ROUTER_FILES, see below).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,9 +51,12 @@ for a in "$@"; do
 		node_args+=("$a")
 	fi
 done
+files_given=${#files[@]}
+node_urls=()
 if ((${#files[@]} == 0)); then
 	files=("$here"/*.test.mjs)
 fi
+extra_pids=()
 
 # --- private state
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/hutch-e2b.XXXXXX")"
@@ -75,8 +80,9 @@ kill_leftovers() {
 		mapfile -t extra <"$tmp/extra-keys"
 		keys+=("${extra[@]}")
 	fi
-	E2B_LEFTOVER_KEYS="${keys[*]}" timeout 60 node --input-type=module -e '
-		const url = process.env.E2B_API_URL
+	# behind the router, each node is asked too: a test may have killed the router
+	E2B_LEFTOVER_URLS="$E2B_API_URL ${node_urls[*]:-}" E2B_LEFTOVER_KEYS="${keys[*]}" timeout 60 node --input-type=module -e '
+		for (const url of process.env.E2B_LEFTOVER_URLS.split(" ").filter(Boolean))
 		for (const key of process.env.E2B_LEFTOVER_KEYS.split(" ").filter(Boolean)) {
 			try {
 				const res = await fetch(`${url}/v2/sandboxes?state=running,paused&limit=100`, { headers: { "X-API-KEY": key } })
@@ -113,10 +119,12 @@ cleanup() {
 	[[ -f "$pidfile" ]] && cur="$(cat "$pidfile" 2>/dev/null)"
 	stop_pid "$cur"
 	[[ "$cur" != "$first_pid" ]] && stop_pid "$first_pid"
+	for p in "${extra_pids[@]}"; do stop_pid "$p"; done
 	wait 2>/dev/null
 	if ((status != 0)); then
 		echo "----- tail of $log -----" >&2
 		tail -n 150 "$log" >&2
+		for f in "$tmp"/serve[0-9]*.log; do [[ -f "$f" ]] && { echo "----- tail of $f -----" >&2; tail -n 60 "$f" >&2; }; done
 		echo "----- end of serve log -----" >&2
 	fi
 	# Never delete a tree with a mount point under it (a sandbox root may have
@@ -149,6 +157,42 @@ export HUTCH_E2B_VOLUME_SIZE="${HUTCH_E2B_VOLUME_SIZE:-32M}"
 # The sandbox domain: getHost(port) is "<port>-<id>.sandbox.localhost:<daemon
 # port>", which ingress.test.mjs resolves to 127.0.0.1 as wildcard DNS would.
 export HUTCH_E2B_SANDBOX_DOMAIN="sandbox.localhost:$port"
+# HUTCH_E2B_ROUTER=N: N daemons (each its own data dir, run dir, port and
+# node id, all with one keys-file) behind one `hutch router`; the SDK talks to
+# the router only. Tests that restart the daemon or run `hutch key` on its data
+# dir do not apply (the default file list then leaves them out).
+router_n="${HUTCH_E2B_ROUTER:-0}"
+free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
+if ((router_n > 0)); then
+	key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
+	echo "default $key" >"$tmp/keys"
+	export HUTCH_E2B_KEYS_FILE="$tmp/keys"
+	for i in $(seq 1 "$router_n"); do
+		np="$(free_port)"
+		"$bin" serve --listen "127.0.0.1:$np" --data-dir "$tmp/data$i" --run-dir "$tmp/run$i" \
+			--backend "$HUTCH_E2B_BACKEND" --keys-file "$tmp/keys" --node-id "$(printf 'nd%02d' "$i")" \
+			"${disk_args[@]}" >>"$tmp/serve$i.log" 2>&1 &
+		extra_pids+=($!)
+		node_urls+=("http://127.0.0.1:$np")
+	done
+	for u in "${node_urls[@]}"; do
+		for _ in $(seq 1 300); do curl -sf "$u/health" >/dev/null 2>&1 && break; sleep 0.1; done
+	done
+	router_args=(router --listen "$listen" --nodes "$(IFS=,; echo "${node_urls[*]}")" --key-file "$tmp/keys")
+	HUTCH_E2B_ROUTER_ARGS="$(node -e 'console.log(JSON.stringify(process.argv.slice(1)))' -- "${router_args[@]}")"
+	export HUTCH_E2B_ROUTER_ARGS
+	"$bin" "${router_args[@]}" >>"$log" 2>&1 &
+	first_pid=$!
+	echo "$first_pid" >"$pidfile"
+	ln -sfn data1 "$tmp/data"
+	ln -sfn run1 "$tmp/run"
+	if ((files_given == 0)); then
+		files=()
+		for f in ${HUTCH_E2B_ROUTER_FILES:-commands files pty watch upstream-api upstream-commands upstream-files v1 lifecycle egress}; do
+			files+=("$here/$f.test.mjs")
+		done
+	fi
+else
 "$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
 	--volume-size "$HUTCH_E2B_VOLUME_SIZE" --sandbox-domain "$HUTCH_E2B_SANDBOX_DOMAIN" "${disk_args[@]}" >>"$log" 2>&1 &
 first_pid=$!
@@ -164,6 +208,7 @@ key=""
 [[ -s "$tmp/data/api-key" ]] && key="$(tr -d ' \n\r' <"$tmp/data/api-key")"
 if [[ -z "$key" ]]; then
 	key="$(sed -n 's/^\(export \)\{0,1\}E2B_API_KEY=["'\'']\{0,1\}\(e2b_[0-9a-f]*\).*/\2/p' "$log" | tail -n 1)"
+fi
 fi
 if [[ -z "$key" ]]; then
 	echo "run.sh: hutch serve wrote no API key (no $tmp/data/api-key, none on stderr)" >&2
@@ -198,7 +243,11 @@ if ! timeout 60 node --input-type=module -e '
 	status=2
 	exit
 fi
-echo "run.sh: hutch serve ($first_pid) ready on $listen, data in $tmp" >&2
+if ((router_n > 0)); then
+	echo "run.sh: hutch router ($first_pid) in front of $router_n nodes ready on $listen, data in $tmp" >&2
+else
+	echo "run.sh: hutch serve ($first_pid) ready on $listen, data in $tmp" >&2
+fi
 
 reporter=(--test-reporter=spec)
 for a in "${node_args[@]}"; do [[ "$a" == --test-reporter* ]] && reporter=(); done

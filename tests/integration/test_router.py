@@ -1,0 +1,386 @@
+"""hutch router in front of several nodes (issue 18, docs/scale-out.md).
+
+Nodes are `hutch serve` daemons on this host, each with its own data dir,
+run dir, node id and network namespace (its own address, joined to the test's
+by a veth pair), all given one keys-file; a tiny DNS server in the
+test answers the "headless Service" name with the nodes' addresses (the
+router's --nodes-dns, as on Kubernetes), and routers run in front of them.
+Everything goes through the router's port: creates, lists, the envd plane.
+
+What is checked: every id names its node, creates spread over all nodes,
+a list is one merged, paginated list, the envd plane (a command stream,
+file upload and download) reaches the sandbox's node; a node killed with
+kill -9 turns only its sandboxes into a clear 404 within a few seconds while
+creates keep working; a node added to the DNS answer takes creates; a drained
+node takes none and keeps serving its sandboxes; a second router replica
+serves the same sandboxes and carries on when the first is killed; a keys-file
+change reaches the nodes within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from serveclient import HttpConn, ServeDaemon, envelope, free_port
+
+NAME = "hutch-nodes.hutch.svc.cluster.local"
+
+
+def wait_until(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.05)
+
+
+class TinyDNS:
+    """A UDP DNS server on 127.0.0.1 that answers A queries for NAME with
+    self.addrs (mutable), NXDOMAIN for anything else."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.addrs: list[str] = []
+        self.queries = 0
+        self.stopped = False
+        self.th = threading.Thread(target=self._serve, daemon=True)
+        self.th.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.2)
+        while not self.stopped:
+            try:
+                q, peer = self.sock.recvfrom(2048)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.queries += 1
+            try:
+                self.sock.sendto(self._answer(q), peer)
+            except Exception:  # a malformed query gets no answer
+                pass
+
+    def _answer(self, q: bytes) -> bytes:
+        qid, _flags, qd = struct.unpack("!HHH", q[:6])
+        # the question: labels to a zero byte, then type and class
+        i, labels = 12, []
+        while q[i]:
+            labels.append(q[i + 1:i + 1 + q[i]].decode().lower())
+            i += 1 + q[i]
+        qtype, = struct.unpack("!H", q[i + 1:i + 3])
+        question = q[12:i + 5]
+        ok = ".".join(labels) == NAME
+        answers = b""
+        n = 0
+        if ok and qtype == 1:
+            for a in self.addrs:
+                answers += b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 5, 4) + socket.inet_aton(a)
+                n += 1
+        flags = 0x8180 if ok else 0x8183
+        return struct.pack("!HHHHHH", qid, flags, 1, n, 0, 0) + question + answers
+
+    def stop(self):
+        self.stopped = True
+        self.sock.close()
+
+
+class Cluster:
+    def __init__(self, hutch_bin: Path, tmp: Path):
+        self.bin = hutch_bin
+        self.tmp = tmp
+        self.key = "e2b_" + os.urandom(20).hex()
+        self.keys = tmp / "keys"
+        self.keys.write_text(f"default {self.key}\n")
+        self.nodes: dict[str, ServeDaemon] = {}
+        self.routers: list[subprocess.Popen] = []
+        self.dns = TinyDNS()
+        # all nodes listen on one port, each on its own address in its own
+        # network namespace: the headless Service's shape (one port, an
+        # address per pod)
+        self.node_port = free_port()
+        self.ns_prefix = "hrt" + os.urandom(3).hex()
+        used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+        self.subnet = next(n for n in (int.from_bytes(os.urandom(1), "big") for _ in range(200))
+                           if f"10.233.{n}." not in used)
+        self.netns: list[str] = []
+
+    def _netns(self, i: int) -> tuple[str, str]:
+        """Node i's own network namespace, joined to this one by a veth pair
+        on 10.233.S.4i/30: (namespace name, the node's address)."""
+        ns = f"{self.ns_prefix}{i}"
+        host, peer = f"{self.ns_prefix}{i}r", f"{self.ns_prefix}{i}n"
+        here, there = f"10.233.{self.subnet}.{4 * i + 1}", f"10.233.{self.subnet}.{4 * i + 2}"
+        for argv in (["ip", "netns", "add", ns],
+                     ["ip", "link", "add", host, "type", "veth", "peer", "name", peer],
+                     ["ip", "link", "set", peer, "netns", ns],
+                     ["ip", "addr", "add", f"{here}/30", "dev", host],
+                     ["ip", "link", "set", host, "up"],
+                     ["ip", "-n", ns, "addr", "add", f"{there}/30", "dev", peer],
+                     ["ip", "-n", ns, "link", "set", peer, "up"],
+                     ["ip", "-n", ns, "link", "set", "lo", "up"]):
+            subprocess.run(argv, check=True, capture_output=True)
+        self.netns.append(ns)
+        return ns, there
+
+    def add_node(self, i: int) -> ServeDaemon:
+        nid = f"nd{i:02d}"
+        ns, addr = self._netns(i)
+        # nsenter, not `ip netns exec` (which remounts /sys and hides the cgroups)
+        d = ServeDaemon(self.bin, self.tmp / f"data{i}", host=addr, cmd_prefix=["nsenter", f"--net=/run/netns/{ns}"],
+                        extra_args=["--run-dir", str(self.tmp / f"run{i}"), "--node-id", nid,
+                                    "--keys-file", str(self.keys), "--pool-size", "0"])
+        # ServeDaemon picks a free port per start: pin this cluster's one
+        import serveclient
+        orig = serveclient.free_port
+        serveclient.free_port = lambda: self.node_port
+        try:
+            d.start()
+        finally:
+            serveclient.free_port = orig
+        d.key = self.key
+        self.nodes[nid] = d
+        self.dns.addrs = [n.host for n in self.nodes.values() if n.alive()]
+        return d
+
+    def start_router(self) -> tuple[subprocess.Popen, int]:
+        port = free_port()
+        log = open(self.tmp / f"router-{port}.log", "ab")
+        p = subprocess.Popen([str(self.bin), "router", "--listen", f"127.0.0.1:{port}",
+                              "--nodes-dns", f"{NAME}:{self.node_port}", "--dns", f"127.0.0.1:{self.dns.port}",
+                              "--key-file", str(self.keys), "--poll-interval", "300", "--sample", "2"],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+        self.routers.append(p)
+        wait_until(lambda: _health(port).get("nodesUp") == len([n for n in self.nodes.values() if n.alive()]),
+                   timeout=15, what="the router to see every node up")
+        return p, port
+
+    def client(self, port: int) -> ServeDaemon:
+        """A ServeDaemon object that talks to a router (never started)."""
+        c = ServeDaemon(self.bin, self.tmp / "unused")
+        c.port = port
+        c.key = self.key
+        return c
+
+    def teardown(self):
+        for p in self.routers:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for nid, d in self.nodes.items():
+            if not d.alive():
+                d.start()  # re-adopts what a kill -9 left, so it can be killed
+                d.key = self.key
+            d.key = self.key
+            try:
+                for sid in list_all(d):
+                    d.kill(sid, key=self.key)
+            finally:
+                d.stop()
+        self.dns.stop()
+
+    def remove_netns(self):
+        for ns in self.netns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # its veth goes with it
+
+
+def _health(port: int) -> dict:
+    try:
+        with HttpConn("127.0.0.1", port, timeout=5) as c:
+            return c.request("GET", "/health").json()
+    except (OSError, ValueError):
+        return {}
+
+
+def list_all(c: ServeDaemon, limit: int = 100) -> list[str]:
+    """Every running sandbox of the key, page by page."""
+    ids, token = [], ""
+    for _ in range(100):
+        q = f"?limit={limit}" + (f"&nextToken={token}" if token else "")
+        r = c.request("GET", "/v2/sandboxes" + q)
+        assert r.status == 200, r
+        ids += [s["sandboxID"] for s in r.json()]
+        token = r.header("X-Next-Token") or ""
+        if not token:
+            return ids
+    raise AssertionError("more than 100 pages")
+
+
+@pytest.fixture
+def cluster(hutch_bin):
+    # run dirs must be reachable by sandbox uids: not under pytest's 0700 tmp
+    base = Path(tempfile.mkdtemp(prefix="hutch-router-", dir="/tmp"))
+    base.chmod(0o755)
+    c = Cluster(hutch_bin, base)
+    try:
+        yield c
+    finally:
+        try:
+            c.teardown()
+        finally:
+            c.remove_netns()
+            _rm(base)
+
+
+def _rm(base: Path):
+    mounted = any(line.split()[4].startswith(str(base) + "/") for line in open("/proc/self/mountinfo"))
+    if not mounted:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_router_end_to_end(cluster):
+    for i in (1, 2, 3):
+        cluster.add_node(i)
+    _, port = cluster.start_router()
+    rc = cluster.client(port)
+
+    # creates spread over every node; each id begins with its node's id
+    made = [rc.create(metadata={"n": str(k)})["sandboxID"] for k in range(9)]
+    by_node = {}
+    for sid in made:
+        assert sid[:4] in cluster.nodes, sid
+        by_node.setdefault(sid[:4], []).append(sid)
+    assert set(by_node) == {"nd01", "nd02", "nd03"}, by_node
+    for nid, sids in by_node.items():
+        assert sorted(cluster.nodes[nid].list_ids()) == sorted(sids)
+
+    # one merged list, newest first, in pages of 4 with the page token
+    assert sorted(list_all(rc, limit=4)) == sorted(made)
+    r = rc.request("GET", "/v2/sandboxes?limit=100")
+    started = [s["startedAt"] for s in r.json()]
+    assert started == sorted(started, reverse=True)
+
+    # the envd plane: a command stream and files reach the sandbox's node
+    sb = rc.request("GET", f"/sandboxes/{made[0]}").json()
+    end, out, _, _ = rc.run(sb, "echo routed; hostname")
+    assert end.get("exitCode", 0) == 0 and out.startswith(b"routed"), (end, out)
+    data = os.urandom(300_000)
+    assert rc.upload(sb, "/tmp/blob", data).status == 200
+    got = rc.request("GET", rc.files_path("/tmp/blob"), key="", headers=rc.envd_headers(sb))
+    assert got.status == 200 and got.body == data
+
+    # a client that leaves a stream: the router lets go of it at once (not
+    # when the command next prints or ends)
+    def open_conns():
+        with HttpConn("127.0.0.1", port, timeout=5) as c:
+            m = c.request("GET", "/metrics").body.decode()
+        return int(next(ln.split()[1] for ln in m.splitlines() if ln.startswith("hutch_router_connections_open ")))
+    base = open_conns()
+    body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "sleep 60"]}, "stdin": False})
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    hdrs = "".join(f"{k}: {v}\r\n" for k, v in rc.envd_headers(sb, ctype="application/connect+json"))
+    s.sendall(f"POST /process.Process/Start HTTP/1.1\r\nHost: r\r\n{hdrs}Content-Length: {len(body)}\r\n\r\n"
+              .encode() + body)
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the stream is open, the command runs
+    assert open_conns() == base + 1
+    s.close()
+    wait_until(lambda: open_conns() == base, timeout=3, what="the router to drop the abandoned stream")
+
+    # an id whose node no router knows: 404 naming the node
+    r = rc.request("GET", "/sandboxes/zzzzaaaaaaaaaaaaaaaa")
+    assert r.status == 404 and "zzzz" in r.json()["message"], r
+
+    # a second router replica, sharing nothing, serves the same sandboxes
+    r2, port2 = cluster.start_router()
+    rc2 = cluster.client(port2)
+    assert sorted(list_all(rc2)) == sorted(made)
+
+    # kill -9 a node mid-traffic: its sandboxes answer 404 with a clear
+    # error within seconds, the others' are unaffected, creates go on
+    victim = "nd02"
+    stop = threading.Event()
+    errors = []
+
+    def traffic():
+        while not stop.is_set():
+            for sid in by_node["nd01"] + by_node["nd03"]:
+                st = rc.request("GET", f"/sandboxes/{sid}").status
+                if st != 200:
+                    errors.append((sid, st))
+    t = threading.Thread(target=traffic)
+    t.start()
+    try:
+        cluster.nodes[victim].proc.kill()
+        cluster.nodes[victim].proc.wait(10)
+        t0 = time.monotonic()
+        wait_until(lambda: rc.request("GET", f"/sandboxes/{by_node[victim][0]}").status == 404, timeout=10,
+                   what="the killed node's sandbox to answer 404")
+        assert time.monotonic() - t0 < 3
+        r = rc.request("GET", f"/sandboxes/{by_node[victim][0]}")
+        assert "not reachable" in r.json()["message"] and victim in r.json()["message"], r
+        # the data plane says it in envd's shape
+        vsb = {"sandboxID": by_node[victim][0], "envdAccessToken": "tok_x"}
+        r = rc.request("GET", "/health", key="", headers=rc.envd_headers(vsb))
+        assert r.status == 502 and "not reachable" in r.json()["message"], r
+        for _ in range(4):
+            assert rc.create()["sandboxID"][:4] in ("nd01", "nd03")
+    finally:
+        stop.set()
+        t.join()
+    assert errors == [], errors[:5]
+    cluster.dns.addrs = [n.host for n in cluster.nodes.values() if n.alive()]
+
+    # a node added while traffic runs: found through DNS, takes creates
+    cluster.add_node(4)
+    wait_until(lambda: any(n.get("nodeID") == "nd04" and n.get("up") for n in _health(port).get("nodes", [])),
+               timeout=10, what="the router to find nd04")
+    landed = [rc.create()["sandboxID"][:4] for _ in range(6)]
+    assert "nd04" in landed, landed
+
+    # drain: nd01 takes no creates, keeps serving its sandboxes
+    subprocess.run([str(cluster.bin), "node", "drain", "--data-dir", str(cluster.nodes["nd01"].data_dir)],
+                   check=True, capture_output=True)
+    r = cluster.nodes["nd01"].request("POST", "/sandboxes", {"templateID": "base"})
+    assert r.status == 503 and "draining" in r.json()["message"], r
+    landed = [rc.create()["sandboxID"][:4] for _ in range(6)]
+    assert "nd01" not in landed, landed
+    assert rc.request("GET", f"/sandboxes/{by_node['nd01'][0]}").status == 200
+    subprocess.run([str(cluster.bin), "node", "undrain", "--data-dir", str(cluster.nodes["nd01"].data_dir)],
+                   check=True, capture_output=True)
+
+    # the first router killed: the replica carries on
+    cluster.routers[0].kill()
+    cluster.routers[0].wait(10)
+    sb3 = rc2.request("GET", f"/sandboxes/{by_node['nd03'][0]}").json()
+    end, out, _, _ = rc2.run(sb3, "echo still")
+    assert out == b"still\n"
+
+    # router metrics count what it did
+    with HttpConn("127.0.0.1", port2, timeout=5) as c:
+        m = c.request("GET", "/metrics").body.decode()
+    assert f'hutch_router_node_up{{node="nd04",address="{cluster.nodes["nd04"].host}:' in m, m
+    assert 'nd02' not in m  # gone from the DNS answer: no longer a node
+    assert 'hutch_router_requests_total{route="create"}' in m, m
+
+
+def test_keys_file_reload(cluster):
+    d = cluster.add_node(1)
+    assert d.request("GET", "/v2/sandboxes").status == 200
+    new = "e2b_" + os.urandom(20).hex()
+    tmp = cluster.keys.with_suffix(".new")
+    tmp.write_text(f"# rotated\ndefault {new}\n")
+    os.replace(tmp, cluster.keys)  # as a Secret update: a new inode
+    wait_until(lambda: d.request("GET", "/v2/sandboxes").status == 401, timeout=5,
+               what="the old key to be refused")
+    assert d.request("GET", "/v2/sandboxes", key=new).status == 200
+    # a file that does not parse keeps the last good keys
+    cluster.keys.write_text("default not-a-key\n")
+    time.sleep(1.2)
+    assert d.request("GET", "/v2/sandboxes", key=new).status == 200
+    assert "keeping the 1 keys" in d.log_tail()
+    cluster.key = new
+    cluster.keys.write_text(f"default {new}\n")
+    wait_until(lambda: d.request("GET", "/v2/sandboxes", key=new).status == 200
+               and d.log_tail().count("reloaded, 1 keys") >= 2, timeout=5, what="the good file to be read again")
