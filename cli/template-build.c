@@ -987,11 +987,20 @@ static json_t *image_base(const char *data_dir, const char *name, const char *re
 
 /* fromImage of an image this host does not have: pulled now, through the
  * operator's registries.conf and `hutch template login` credentials (off
- * the daemon's loop: this is the builder process). */
+ * the daemon's loop: this is the builder process). A build the daemon
+ * started says how its pulls go (job.json "pull": the daemon's own
+ * registries-conf, registry-ca, and only the registries the file names, for
+ * the reference is a client's); `hutch template build FILE` is the
+ * operator's own and pulls as `hutch template pull` does. */
 static int pull_base(builder *b, json_t *base) {
         const char *ref = json_string_value(json_object_get(base, "image"));
         emit(b, "info", "[base] pulling %s", ref);
-        image_pull_opts o = { 0 };
+        json_t *pj = json_object_get(b->job, "pull");
+        image_pull_opts o = {
+                .conf_path = json_string_value(json_object_get(pj, "conf")),
+                .ca_file = json_string_value(json_object_get(pj, "ca")),
+                .configured_only = json_is_true(json_object_get(pj, "configuredOnly")),
+        };
         image_pull_result res = { 0 };
         hutch_error err = { 0 };
         int r = image_pull(b->data_dir, ref, NULL, &o, NULL, &res, &err);

@@ -40,6 +40,7 @@
 #include "daemon/route.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
+#include "image/pull.h"
 #include "template/template.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -1163,6 +1164,13 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
                             json_pack("{s:s, s:s, s:s, s:s, s:s}", "rules", srv->cfg.build_egress,
                                       "allow", srv->cfg.egress_allow, "deny", srv->cfg.egress_deny,
                                       "open", srv->cfg.egress_open, "dns", srv->cfg.dns));
+        /* fromImage: a client's reference, pulled as the daemon's own pulls
+         * are (only the registries registries.conf names, its CAs) */
+        image_pull_opts po;
+        server_pull_opts(srv, &po);
+        json_object_set_new(spec, "pull",
+                            json_pack("{s:s?, s:s?, s:b}", "conf", po.conf_path, "ca", po.ca_file,
+                                      "configuredOnly", po.configured_only));
         char p[PATH_MAX];
         builds_path(srv, p, sizeof p, "files/%s", t.id);
         json_object_set_new(spec, "filesDir", json_string(p));

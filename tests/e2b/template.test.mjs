@@ -226,6 +226,12 @@ test('fromImage: an image template of this host (imported) is the base; its Env 
     Template.build(Template().fromImage('nosuchimage:1.0').runCmd('true'), uniqueTag('noimg')),
     (e) => e instanceof BuildError && /nosuchimage:1.0.*the pull failed/.test(e.message),
   )
+  // fromImage is the client's word: the daemon's builds pull only from the
+  // registries its registries.conf names, and refuse before connecting
+  await assert.rejects(
+    Template.build(Template().fromImage('127.0.0.1:9/elsewhere/img:1').runCmd('true'), uniqueTag('unlisted')),
+    (e) => e instanceof BuildError && /does not list .*refused/.test(e.message),
+  )
 })
 
 test('e2b 2.45: the legacy Template.build(t, {alias}) overload (cpuCount and memoryMB always sent) builds and starts', async (t) => {
