@@ -43,6 +43,10 @@ void cli_tty_raw(void);
 void cli_tty_restore(void);
 void cli_tty_size(uint16_t *rows, uint16_t *cols);
 bool cli_env_name_valid(const char *kv);
+/* The signals run and exec forward to their command (INT, TERM, HUP, QUIT)
+ * and WINCH, blocked and read from the returned signalfd (-1 on failure);
+ * SIGPIPE ignored, so that a closed stdout does not kill us first. */
+int cli_signals_open(void);
 int verb_audit(int argc, char **argv);
 int verb_usage(int argc, char **argv);
 int verb_router(int argc, char **argv);

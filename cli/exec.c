@@ -244,16 +244,7 @@ int verb_exec(int argc, char **argv) {
         char id[HUTCH_ID_LEN + 1];
         const char *env[EXEC_MAX_ENV + 16];
 
-        sigset_t mask;
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGINT);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGHUP);
-        sigaddset(&mask, SIGQUIT);
-        sigaddset(&mask, SIGWINCH);
-        sigprocmask(SIG_BLOCK, &mask, NULL);
-        signal(SIGPIPE, SIG_IGN);
-        sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        sfd = cli_signals_open();
 
         if (cli_ctx(&ctx) < 0)
                 goto out;

@@ -552,16 +552,7 @@ int verb_run(int argc, char **argv) {
         /* Signals become events: forwarded to the command, or, the second
          * time, the end of the sandbox. SIGPIPE: a closed stdout must not
          * kill us before the sandbox is gone. */
-        sigset_t mask;
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGINT);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGHUP);
-        sigaddset(&mask, SIGQUIT);
-        sigaddset(&mask, SIGWINCH);
-        sigprocmask(SIG_BLOCK, &mask, NULL);
-        signal(SIGPIPE, SIG_IGN);
-        sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        sfd = cli_signals_open();
 
         if (cli_ctx(&ctx) < 0)
                 goto out;

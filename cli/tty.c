@@ -4,9 +4,11 @@
  * discipline inside the sandbox makes Ctrl-C and Ctrl-Z signals), put back
  * on every way out, and our window size. And the environment names both
  * verbs take. */
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/signalfd.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -61,4 +63,17 @@ bool cli_env_name_valid(const char *kv) {
                       (*p >= '0' && *p <= '9') || *p == '_'))
                         return false;
         return true;
+}
+
+int cli_signals_open(void) {
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGHUP);
+        sigaddset(&mask, SIGQUIT);
+        sigaddset(&mask, SIGWINCH);
+        sigprocmask(SIG_BLOCK, &mask, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        return signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 }
