@@ -1110,20 +1110,35 @@ static int job_spawn(server *srv, build_job *j, const char *jobdir) {
         return 0;
 }
 
+/* The build a /templates/{id}/builds/{bid} request names, with its
+ * template: 0, or -1 once its 400 or 404 is queued (*ret_mr). */
+static int tpl_find_build(server *srv, request *req, const route *rt, store_build_template *ret_t,
+                          store_build *ret_b, enum MHD_Result *ret_mr) {
+        struct MHD_Connection *c = req->conn;
+        char why[256];
+        hutch_error err = { 0 };
+        if (!tpl_uuid_valid(rt->arg))
+                *ret_mr = http_reply_error(c, 400, "Invalid build ID: %s", rt->arg);
+        else if (resolve_ref(srv, req->team, rt->secret, ret_t, NULL, why, sizeof why) < 0)
+                *ret_mr = http_reply_error(c, 404, "template '%s' not found", rt->secret);
+        else if (store_build_get(srv->store, rt->arg, ret_b, &err) < 0 ||
+                 !streq(ret_b->template_id, ret_t->id)) {
+                store_build_clear(ret_b);
+                *ret_mr = http_reply_error(c, 404, "build '%s' not found", rt->arg);
+        } else
+                return 0;
+        return -1;
+}
+
 static enum MHD_Result tpl_build_start(server *srv, request *req, const route *rt) {
         struct MHD_Connection *c = req->conn;
-        if (!tpl_uuid_valid(rt->arg))
-                return http_reply_error(c, 400, "Invalid build ID: %s", rt->arg);
         store_build_template t;
-        char why[512];
-        if (resolve_ref(srv, req->team, rt->secret, &t, NULL, why, sizeof why) < 0)
-                return http_reply_error(c, 404, "template '%s' not found", rt->secret);
         store_build b = { 0 };
+        enum MHD_Result mr;
+        if (tpl_find_build(srv, req, rt, &t, &b, &mr) < 0)
+                return mr;
+        char why[512];
         hutch_error err = { 0 };
-        if (store_build_get(srv->store, rt->arg, &b, &err) < 0 || !streq(b.template_id, t.id)) {
-                store_build_clear(&b);
-                return http_reply_error(c, 404, "build '%s' not found", rt->arg);
-        }
         bool waiting = streq(b.status, "waiting") && !b.triggered;
         int64_t cpu = b.cpu_count ? b.cpu_count : (int64_t) srv->cfg.cpu_count;
         int64_t mem = b.memory_mb ? b.memory_mb : (int64_t) srv->cfg.memory_mb;
@@ -1218,18 +1233,12 @@ static json_t *log_json(const store_build_log *l) {
 
 static enum MHD_Result tpl_build_status(server *srv, request *req, const route *rt) {
         struct MHD_Connection *c = req->conn;
-        if (!tpl_uuid_valid(rt->arg))
-                return http_reply_error(c, 400, "Invalid build ID: %s", rt->arg);
         store_build_template t;
-        char why[256];
-        if (resolve_ref(srv, req->team, rt->secret, &t, NULL, why, sizeof why) < 0)
-                return http_reply_error(c, 404, "template '%s' not found", rt->secret);
         store_build b = { 0 };
+        enum MHD_Result mr;
+        if (tpl_find_build(srv, req, rt, &t, &b, &mr) < 0)
+                return mr;
         hutch_error err = { 0 };
-        if (store_build_get(srv->store, rt->arg, &b, &err) < 0 || !streq(b.template_id, t.id)) {
-                store_build_clear(&b);
-                return http_reply_error(c, 404, "build '%s' not found", rt->arg);
-        }
         const char *qo = http_query(c, "logsOffset"), *ql = http_query(c, "limit"),
                    *qv = http_query(c, "level");
         char *end;
