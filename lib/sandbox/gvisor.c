@@ -725,7 +725,10 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
         if (d)
                 closedir(d);
         if (stopped && suspend && r >= 0) {
-                /* stays stopped; the stream is all that is left of it */
+                /* stays stopped; the stream is all that is left of it, and
+                 * runsc keeps nothing of it either (a runsc the relay killed
+                 * leaves its container's files) */
+                runsc_forget_stale(sb);
                 r = gvisor_after_suspend(sb, err);
                 stopped = r < 0; /* cannot record that: bring it back */
         }

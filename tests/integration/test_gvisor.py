@@ -543,7 +543,8 @@ def test_resume_past_a_stale_runsc_container(sandboxed_hutch, tmp_path):
     run` ends on its own; a runsc killed first (the relay SIGKILLs it when
     the guest's connection resets before it exits, a race load makes
     likely) leaves them, and the restore's `runsc run` of the same id failed
-    with "container already exists". The restore clears them first."""
+    with "container already exists". A pause clears them once the relay
+    is gone, and the restore clears them first (here planted again)."""
     sd = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--backend", "gvisor", "--pool-size", "0"])
     sd.start()
     try:
@@ -554,7 +555,7 @@ def test_resume_past_a_stale_runsc_container(sandboxed_hutch, tmp_path):
         live = {p.name: p.read_bytes() for p in root.iterdir()}
         assert any(n.endswith(".state") for n in live), live
         assert sd.request("POST", f"/sandboxes/{sid}/pause", {}, timeout=120).status == 204
-        assert not list(root.iterdir()), "runsc left its files after a clean stop"
+        assert not list(root.iterdir()), "runsc's files outlived the pause"
         for name, data in live.items():           # what a killed runsc leaves
             (root / name).write_bytes(data)
         r = sd.request("POST", f"/sandboxes/{sid}/connect", {"timeout": 300}, timeout=120)
