@@ -550,10 +550,10 @@ def test_timeout_in_the_past_kills(serve):
     assert status == 200 and parse_frames(first)[0][1]["event"]["start"]["pid"] > 0
     r = serve.request("POST", f"/sandboxes/{sid}/timeout", {"timeout": 1})
     assert r.status == 204 and r.body == b"", r
-    t0 = time.monotonic()
-    gone = wait_until(lambda: serve.request("GET", f"/sandboxes/{sid}").status == 404, 5)
-    assert gone, "the sandbox outlived its timeout"
-    assert time.monotonic() - t0 < 4
+    # 1 s, not the 600 it was created with; the bound is wide because a
+    # loaded CI machine can delay the kill by seconds, not by minutes
+    gone = wait_until(lambda: serve.request("GET", f"/sandboxes/{sid}").status == 404, 20)
+    assert gone, "the sandbox outlived its 1 s timeout by 20 s"
     assert_json_error(serve.request("GET", f"/sandboxes/{sid}"), 404)
     assert_502(envd_health(serve, sb), sid)
     assert_502(serve.unary(sb, LIST, {}), sid)
