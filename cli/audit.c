@@ -3,6 +3,7 @@
  * (docs/audit.md). Reads the database beside a running daemon (SQLite's
  * WAL lets readers be), never its serve.lock. */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,43 +91,68 @@ int verb_audit(int argc, char **argv) {
         audit_filter_init(&f);
         int64_t now = clock_ns(CLOCK_REALTIME) / 1000000;
         hutch_error err = { 0 };
-        for (int i = 2; i < argc; i++) {
-                const char *a = argv[i];
-                const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-                if (streq(a, "--help") || streq(a, "-h")) {
-                        audit_usage(stdout);
-                        return 0;
-                }
-                if (!v) {
-                        log_error("audit %s: unknown or incomplete argument '%s'", sub, a);
+        static const struct option longopts[] = {
+                { "data-dir", required_argument, NULL, 'd' },
+                { "pubkey", required_argument, NULL, 'p' },
+                { "format", required_argument, NULL, 'f' },
+                { "team", required_argument, NULL, 't' },
+                { "since", required_argument, NULL, 'S' },
+                { "until", required_argument, NULL, 'U' },
+                { "sandbox", required_argument, NULL, 'x' },
+                { "kind", required_argument, NULL, 'k' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c, li = -1;
+        opterr = 0;
+        optind = 1;
+        bool verify = streq(sub, "verify"), export = streq(sub, "export");
+        while ((c = getopt_long(argc - 1, argv + 1, ":h", longopts, &li)) != -1) {
+                /* which options each subcommand takes */
+                if ((c == 'p' && !verify) || (c != 'd' && c != 'p' && c != 'h' && c != '?' && c != ':' && !export)) {
+                        log_error("audit %s: unknown option '--%s' (see `hutch audit --help`)", sub, longopts[li].name);
                         audit_usage(stderr);
                         return EXIT_USAGE;
                 }
-                i++;
-                if (streq(a, "--data-dir"))
-                        data_dir = v;
-                else if (streq(a, "--pubkey") && streq(sub, "verify"))
-                        pubkey = v;
-                else if (streq(a, "--format") && streq(sub, "export")) {
-                        if (!streq(v, "jsonl") && !streq(v, "csv")) {
-                                log_error("audit export: --format is jsonl or csv, not '%s'", v);
+                switch (c) {
+                case 'd':
+                        data_dir = optarg;
+                        break;
+                case 'p':
+                        pubkey = optarg;
+                        break;
+                case 'f':
+                        if (!streq(optarg, "jsonl") && !streq(optarg, "csv")) {
+                                log_error("audit export: --format is jsonl or csv, not '%s'", optarg);
                                 return EXIT_USAGE;
                         }
-                        format = v;
-                } else if (streq(a, "--team") && streq(sub, "export"))
-                        team = v;
-                else if (streq(sub, "export") &&
-                         (streq(a, "--since") || streq(a, "--until") || streq(a, "--sandbox") ||
-                          streq(a, "--kind"))) {
-                        if (audit_filter_set(&f, a + 2, v, now, 0, &err) < 0) {
+                        format = optarg;
+                        break;
+                case 't':
+                        team = optarg;
+                        break;
+                case 'S':
+                case 'U':
+                case 'x':
+                case 'k':
+                        if (audit_filter_set(&f, longopts[li].name, optarg, now, 0, &err) < 0) {
                                 log_error("audit export: --%s", err.msg);
                                 return EXIT_USAGE;
                         }
-                } else {
-                        log_error("audit %s: unknown argument '%s'", sub, a);
+                        break;
+                case 'h':
+                        audit_usage(stdout);
+                        return 0;
+                default:
+                        (void) cli_getopt_error("audit", c, argv + 1);
                         audit_usage(stderr);
                         return EXIT_USAGE;
                 }
+        }
+        if (optind < argc - 1) {
+                log_error("audit %s: unexpected argument '%s'", sub, argv[1 + optind]);
+                audit_usage(stderr);
+                return EXIT_USAGE;
         }
         struct stat sb;
         if (stat(data_dir, &sb) < 0 || !S_ISDIR(sb.st_mode)) {

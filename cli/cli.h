@@ -54,3 +54,7 @@ int verb_node(int argc, char **argv);
 
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);
+/* After getopt_long() (opterr = 0, an optstring that starts with ':')
+ * answered c, '?' or ':': logs which option was unknown or is missing its
+ * value, naming the verb; returns EXIT_USAGE. */
+int cli_getopt_error(const char *verb, int c, char **argv);

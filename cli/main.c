@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,6 +41,17 @@ int cli_ctx(hutch_ctx **ret) {
                 return r;
         }
         return 0;
+}
+
+int cli_getopt_error(const char *verb, int c, char **argv) {
+        const char *arg = optind > 0 ? argv[optind - 1] : "";
+        if (c == ':')
+                log_error("%s: option '%s' needs a value (see `hutch %s --help`)", verb, arg, verb);
+        else if (optopt && optopt < 256)
+                log_error("%s: unknown option '-%c' (see `hutch %s --help`)", verb, optopt, verb);
+        else
+                log_error("%s: unknown option '%s' (see `hutch %s --help`)", verb, arg, verb);
+        return EXIT_USAGE;
 }
 
 int main(int argc, char **argv) {

@@ -2,6 +2,7 @@
 /* `hutch router` (router/) and `hutch node drain|undrain|status`. */
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,13 +133,29 @@ int verb_node(int argc, char **argv) {
         const char *dir = getenv("HUTCH_DATA_DIR");
         if (!dir || !*dir)
                 dir = "/var/lib/hutch";
-        for (int i = 2; i < argc; i++) {
-                if (streq(argv[i], "--data-dir") && i + 1 < argc)
-                        dir = argv[++i];
-                else {
-                        log_error("node: unknown argument '%s'", argv[i]);
-                        return EXIT_USAGE;
+        static const struct option longopts[] = {
+                { "data-dir", required_argument, NULL, 'd' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+        opterr = 0;
+        optind = 1;
+        while ((c = getopt_long(argc - 1, argv + 1, ":h", longopts, NULL)) != -1) {
+                switch (c) {
+                case 'd':
+                        dir = optarg;
+                        break;
+                case 'h':
+                        node_usage(stdout);
+                        return 0;
+                default:
+                        return cli_getopt_error("node", c, argv + 1);
                 }
+        }
+        if (optind < argc - 1) {
+                log_error("node %s: unexpected argument '%s'", sub, argv[1 + optind]);
+                return EXIT_USAGE;
         }
         char path[4096];
         snprintf(path, sizeof path, "%s/draining", dir);

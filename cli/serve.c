@@ -90,20 +90,43 @@ int verb_key(int argc, char **argv) {
         const char *sub = argv[1];
         const char *data_dir = getenv("HUTCH_DATA_DIR") ? getenv("HUTCH_DATA_DIR") : "/var/lib/hutch";
         const char *team = NULL, *label = "", *id = NULL;
-        for (int i = 2; i < argc; i++) {
-                if (streq(argv[i], "--data-dir") && i + 1 < argc)
-                        data_dir = argv[++i];
-                else if (streq(argv[i], "--team") && i + 1 < argc)
-                        team = argv[++i];
-                else if (streq(argv[i], "--label") && i + 1 < argc)
-                        label = argv[++i];
-                else if (!id && argv[i][0] != '-')
-                        id = argv[i];
-                else {
-                        log_error("key: unknown or incomplete argument '%s'", argv[i]);
+        static const struct option longopts[] = {
+                { "data-dir", required_argument, NULL, 'd' },
+                { "team", required_argument, NULL, 't' },
+                { "label", required_argument, NULL, 'l' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+        opterr = 0;
+        optind = 1;
+        /* argv[1] is the subcommand: options and the KEY_ID follow it */
+        while ((c = getopt_long(argc - 1, argv + 1, ":h", longopts, NULL)) != -1) {
+                switch (c) {
+                case 'd':
+                        data_dir = optarg;
+                        break;
+                case 't':
+                        team = optarg;
+                        break;
+                case 'l':
+                        label = optarg;
+                        break;
+                case 'h':
+                        key_usage(stdout);
+                        return 0;
+                default:
+                        (void) cli_getopt_error("key", c, argv + 1);
                         key_usage(stderr);
                         return EXIT_USAGE;
                 }
+        }
+        if (optind < argc - 1)
+                id = argv[1 + optind++];
+        if (optind < argc - 1) {
+                log_error("key %s: unexpected argument '%s'", sub, argv[1 + optind]);
+                key_usage(stderr);
+                return EXIT_USAGE;
         }
         /* usage errors change nothing: checked before the store is opened
          * (which creates the data dir and the database) */

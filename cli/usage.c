@@ -2,6 +2,7 @@
 /* hutch usage: the usage ledger of a data dir (docs/usage.md), read beside
  * a running daemon (never its serve.lock). */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,39 +42,58 @@ int verb_usage(int argc, char **argv) {
         const char *team = NULL, *by = "sandbox";
         bool as_json = false;
         int64_t since = 0, until = 0, now = clock_ns(CLOCK_REALTIME) / 1000000;
-        for (int i = 1; i < argc; i++) {
-                const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-                if (streq(a, "--help") || streq(a, "-h")) {
+        static const struct option longopts[] = {
+                { "data-dir", required_argument, NULL, 'd' },
+                { "team", required_argument, NULL, 't' },
+                { "since", required_argument, NULL, 's' },
+                { "until", required_argument, NULL, 'u' },
+                { "by", required_argument, NULL, 'b' },
+                { "json", no_argument, NULL, 'j' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+        opterr = 0;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+                switch (c) {
+                case 'd':
+                        data_dir = optarg;
+                        break;
+                case 't':
+                        team = optarg;
+                        break;
+                case 'j':
+                        as_json = true;
+                        break;
+                case 'b':
+                        if (!streq(optarg, "sandbox") && !streq(optarg, "day")) {
+                                log_error("usage: --by is sandbox or day, not '%s'", optarg);
+                                return EXIT_USAGE;
+                        }
+                        by = optarg;
+                        break;
+                case 's':
+                case 'u':
+                        if (audit_time_parse(optarg, now, c == 's' ? &since : &until) < 0) {
+                                log_error("usage: --%s: expected an RFC 3339 time, a date, unix ms or a duration",
+                                          c == 's' ? "since" : "until");
+                                return EXIT_USAGE;
+                        }
+                        break;
+                case 'h':
                         usage_usage(stdout);
                         return 0;
-                }
-                if (streq(a, "--json")) {
-                        as_json = true;
-                        continue;
-                }
-                if (!v ||
-                    (!streq(a, "--data-dir") && !streq(a, "--team") && !streq(a, "--since") &&
-                     !streq(a, "--until") && !streq(a, "--by"))) {
-                        log_error("usage: unknown or incomplete argument '%s'", a);
+                default:
+                        (void) cli_getopt_error("usage", c, argv);
                         usage_usage(stderr);
                         return EXIT_USAGE;
                 }
-                i++;
-                if (streq(a, "--data-dir"))
-                        data_dir = v;
-                else if (streq(a, "--team"))
-                        team = v;
-                else if (streq(a, "--by")) {
-                        if (!streq(v, "sandbox") && !streq(v, "day")) {
-                                log_error("usage: --by is sandbox or day, not '%s'", v);
-                                return EXIT_USAGE;
-                        }
-                        by = v;
-                } else if (audit_time_parse(v, now, streq(a, "--since") ? &since : &until) < 0) {
-                        log_error("usage: %s: expected an RFC 3339 time, a date, unix ms or a duration",
-                                  a);
-                        return EXIT_USAGE;
-                }
+        }
+        if (optind < argc) {
+                log_error("usage: unexpected argument '%s'", argv[optind]);
+                usage_usage(stderr);
+                return EXIT_USAGE;
         }
         struct stat sb;
         if (stat(data_dir, &sb) < 0 || !S_ISDIR(sb.st_mode)) {

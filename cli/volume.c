@@ -8,6 +8,7 @@
  * delete marks the row before the image goes, exactly as the API's does.
  */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,26 +102,48 @@ int verb_volume(int argc, char **argv) {
         const char *data_dir = getenv("HUTCH_DATA_DIR") ? getenv("HUTCH_DATA_DIR") : "/var/lib/hutch";
         const char *team = "default", *name = NULL;
         uint64_t size = DEFAULT_VOLUME_SIZE;
-        for (int i = 2; i < argc; i++) {
-                if (streq(argv[i], "--data-dir") && i + 1 < argc)
-                        data_dir = argv[++i];
-                else if (streq(argv[i], "--team") && i + 1 < argc)
-                        team = argv[++i];
-                else if (streq(argv[i], "--size") && i + 1 < argc) {
-                        const char *v = argv[++i];
-                        if (parse_size(v, &size) < 0 || size < HUTCH_VOLUME_MIN_BYTES ||
+        static const struct option longopts[] = {
+                { "data-dir", required_argument, NULL, 'd' },
+                { "team", required_argument, NULL, 't' },
+                { "size", required_argument, NULL, 's' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+        opterr = 0;
+        optind = 1;
+        /* argv[1] is the subcommand: options and the NAME follow it */
+        while ((c = getopt_long(argc - 1, argv + 1, ":h", longopts, NULL)) != -1) {
+                switch (c) {
+                case 'd':
+                        data_dir = optarg;
+                        break;
+                case 't':
+                        team = optarg;
+                        break;
+                case 's':
+                        if (parse_size(optarg, &size) < 0 || size < HUTCH_VOLUME_MIN_BYTES ||
                             size > HUTCH_MAX_DISK) {
                                 log_error("volume: invalid --size '%s' (expected a size from 8M to 1T, like 1G)",
-                                          v);
+                                          optarg);
                                 return EXIT_USAGE;
                         }
-                } else if (!name && argv[i][0] != '-')
-                        name = argv[i];
-                else {
-                        log_error("volume: unknown or incomplete argument '%s'", argv[i]);
+                        break;
+                case 'h':
+                        volume_usage(stdout);
+                        return 0;
+                default:
+                        (void) cli_getopt_error("volume", c, argv + 1);
                         volume_usage(stderr);
                         return EXIT_USAGE;
                 }
+        }
+        if (optind < argc - 1)
+                name = argv[1 + optind++];
+        if (optind < argc - 1) {
+                log_error("volume %s: unexpected argument '%s'", sub, argv[1 + optind]);
+                volume_usage(stderr);
+                return EXIT_USAGE;
         }
         bool is_create = streq(sub, "create"), is_ls = streq(sub, "ls") || streq(sub, "list"),
              is_rm = streq(sub, "rm") || streq(sub, "remove");
