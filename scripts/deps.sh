@@ -16,7 +16,7 @@ build_pkgs=(
         gcc clang meson ninja-build pkg-config
         libseccomp-dev musl-tools e2fsprogs
         libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev
-        libzstd-dev libarchive-dev libcap-dev
+        libzstd-dev libarchive-dev # hutch template pull/import: layer tarballs
         libcurl4-openssl-dev # hutch template pull: the registry client (HTTPS, parallel downloads)
         libzmq3-dev # hutch-interp speaks ZeroMQ to the Jupyter kernels
         iproute2 ca-certificates python3
