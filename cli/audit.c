@@ -4,14 +4,18 @@
  * WAL lets readers be), never its serve.lock. */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "audit/audit.h"
 #include "cli/cli.h"
 #include "daemon/serve.h"
+#include "store/store.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -72,6 +76,29 @@ static char *read_small_file(const char *path) {
         (void) n;
         fclose(f);
         return buf;
+}
+
+/* The CLI's template work on a data dir (pull, import, rm, `template
+ * build`) reaches the audit trail as the daemon's does: an event in the
+ * store's events table, which the daemon folds into the signed chain at
+ * its next write (as `hutch key create` beside it). Only where a daemon
+ * has made the store: the CLI does not create a database for it. Steals
+ * detail; a failure is a warning, never the command's. */
+void cli_audit_note(const char *data_dir, const char *kind, json_t *detail) {
+        char db[PATH_MAX];
+        snprintf(db, sizeof db, "%s/hutch.db", data_dir);
+        char *d = detail ? json_dumps(detail, JSON_COMPACT) : NULL;
+        json_decref(detail);
+        hutch_store *st = NULL;
+        if (access(db, F_OK) == 0 && server_open_store(data_dir, &st) >= 0) {
+                hutch_error err = { 0 };
+                int64_t team = 0;
+                (void) store_team_find(st, "default", &team, &err);
+                if (store_event_add(st, team, NULL, kind, d ? d : "{}", &err) < 0)
+                        log_warning("%s: not in the audit trail: %s", kind, err.msg);
+                store_close(st);
+        }
+        free(d);
 }
 
 int verb_audit(int argc, char **argv) {

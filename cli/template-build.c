@@ -1010,6 +1010,24 @@ static int pull_base(builder *b, json_t *base) {
         }
         emit(b, "info", "[base] pulled %s as template %s (%llu bytes downloaded)",
              res.source ? res.source : ref, res.name, (unsigned long long) res.bytes_downloaded);
+        if (!b->json_out)
+                cli_audit_note(b->data_dir, "template.pull",
+                               json_pack("{s:s, s:s?, s:s, s:I, s:s}", "ref", ref, "source", res.source, "image",
+                                         res.name, "bytes_downloaded", (json_int_t) res.bytes_downloaded, "by",
+                                         "cli"));
+        else {
+                /* for the daemon's audit trail (template.pull) */
+                json_t *pj2 = json_pack("{s:{s:s, s:s?, s:s, s:I}}", "pulled", "ref", ref, "source", res.source,
+                                        "image", res.name, "bytes_downloaded",
+                                        (json_int_t) res.bytes_downloaded);
+                char *s = pj2 ? json_dumps(pj2, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+                json_decref(pj2);
+                if (s) {
+                        fprintf(stdout, "%s\n", s);
+                        fflush(stdout);
+                }
+                free(s);
+        }
         json_t *ib = image_base(b->data_dir, res.name, ref);
         image_pull_result_clear(&res);
         if (!ib) {

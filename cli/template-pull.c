@@ -247,6 +247,9 @@ int template_pull_main(int argc, char **argv) {
                 return EXIT_HUTCH;
         }
         double secs = (double) (now_ms() - v.start_ms) / 1000.0;
+        cli_audit_note(data_dir(), "template.pull",
+                       json_pack("{s:s, s:s?, s:s, s:I, s:s}", "ref", ref, "source", res.source, "image", res.name,
+                                 "bytes_downloaded", (json_int_t) res.bytes_downloaded, "by", "cli"));
         if (json) {
                 json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:i, s:i, s:i, s:i}", "phase",
                                       "pulled", "name", res.name, "source", res.source, "host",

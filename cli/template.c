@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* hutch template import|ls|rm|prune (and pull|login, from cli/template-pull.c). */
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -137,6 +138,8 @@ static int do_import(int argc, char **argv) {
                 log_error("import of %s failed: %s", argv[optind], err.msg);
                 return EXIT_HUTCH;
         }
+        cli_audit_note(data_dir(), "template.import",
+                       json_pack("{s:s, s:s, s:s}", "file", argv[optind], "image", got, "by", "cli"));
         if (ps.json)
                 printf("{\"phase\":\"imported\",\"name\":\"%s\"}\n", got);
         else
@@ -262,7 +265,9 @@ static int do_rm(int argc, char **argv) {
                 if (template_remove(data_dir(), argv[i], &err) < 0) {
                         log_error("%s", err.msg);
                         status = EXIT_HUTCH;
-                }
+                } else
+                        cli_audit_note(data_dir(), "template.delete",
+                                       json_pack("{s:s, s:b, s:s}", "image", argv[i], "force", force, "by", "cli"));
         }
         int r = collect(true);
         return status ? status : r;

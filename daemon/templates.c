@@ -58,6 +58,7 @@ static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
 typedef struct build_job {
         server *srv;
+        int64_t team;
         char bid[40], tid[32];
         pid_t pid;
         watcher out_w, pid_w;
@@ -835,6 +836,17 @@ static void job_free(build_job *j) {
         free(j);
 }
 
+/* A template event in the store's events table, which the audit trail
+ * folds into its chain (docs/audit.md): who built, pulled or deleted what. */
+static void tpl_event(server *srv, int64_t team, const char *kind, json_t *detail) {
+        char *d = detail ? json_dumps(detail, JSON_COMPACT) : NULL;
+        json_decref(detail);
+        hutch_error e = { 0 };
+        if (store_event_add(srv->store, team, NULL, kind, d ? d : "{}", &e) < 0)
+                log_warning("%s: database: %s", kind, e.msg);
+        free(d);
+}
+
 static void job_log(build_job *j, int level, const char *step, const char *msg) {
         hutch_error e = { 0 };
         if (store_build_log_add(j->srv->store, j->bid, j->n_logs, wall_ms(), level, step, msg, &e) < 0)
@@ -854,6 +866,9 @@ static void job_finish(build_job *j, const char *status, const char *reason, con
         if (store_build_set(srv->store, j->bid, status, reason, step, res, &e) < 0)
                 log_warning("build %s: %s", j->bid, e.msg);
         free(res);
+        tpl_event(srv, j->team, "template.build_end",
+                  json_pack("{s:s, s:s, s:s, s:s?, s:s?}", "template", j->tid, "build", j->bid, "status",
+                            status, "reason", reason, "step", step && *step ? step : NULL));
         if (!streq(status, "ready"))
                 return;
         store_build b = { 0 };
@@ -880,6 +895,18 @@ static void job_line(build_job *j, char *line) {
         const char *done = json_string_value(json_object_get(o, "done"));
         const char *step = json_string_value(json_object_get(o, "step"));
         const char *msg = json_string_value(json_object_get(o, "message"));
+        json_t *pulled = json_object_get(o, "pulled");
+        if (json_is_object(pulled)) {
+                /* the builder pulled a fromImage base: what, from where, how much */
+                json_t *d = json_pack("{s:s, s:s, s:O?, s:O?, s:O?, s:O?}", "template", j->tid, "build",
+                                      j->bid, "ref", json_object_get(pulled, "ref"), "source",
+                                      json_object_get(pulled, "source"), "image",
+                                      json_object_get(pulled, "image"), "bytes_downloaded",
+                                      json_object_get(pulled, "bytes_downloaded"));
+                tpl_event(j->srv, j->team, "template.pull", d);
+                json_decref(o);
+                return;
+        }
         if (done && streq(done, "ready"))
                 job_finish(j, "ready", NULL, NULL, json_object_get(o, "result"));
         else if (done)
@@ -1192,24 +1219,37 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
         char jobdir[PATH_MAX], jobfile[PATH_MAX + 16];
         builds_path(srv, jobdir, sizeof jobdir, "jobs/%s", rt->arg);
         snprintf(jobfile, sizeof jobfile, "%s/job.json", jobdir);
+        /* the audit's record of the build, made once it has started */
+        json_t *ev = json_pack("{s:s, s:s, s:O?, s:O?, s:I}", "template", t.id, "build", rt->arg, "fromImage",
+                               json_object_get(spec, "fromImage"), "fromTemplate",
+                               json_object_get(spec, "fromTemplate"), "steps",
+                               (json_int_t) json_array_size(json_object_get(spec, "steps")));
+        if (json_is_null(json_object_get(ev, "fromImage")))
+                json_object_del(ev, "fromImage");
+        if (json_is_null(json_object_get(ev, "fromTemplate")))
+                json_object_del(ev, "fromTemplate");
         if (mkdir(jobdir, 0700) < 0 || json_dump_file(spec, jobfile, JSON_COMPACT) < 0) {
                 int e = errno;
                 json_decref(spec);
+                json_decref(ev);
                 rm_rf(jobdir);
                 return http_reply_error(c, 500, "writing the build's job: %s", strerror(e));
         }
         json_decref(spec);
         build_job *j = calloc(1, sizeof *j);
         if (!j) {
+                json_decref(ev);
                 rm_rf(jobdir);
                 return http_reply_error(c, 500, "out of memory");
         }
         j->srv = srv;
+        j->team = req->team;
         snprintf(j->bid, sizeof j->bid, "%s", rt->arg);
         snprintf(j->tid, sizeof j->tid, "%s", t.id);
         j->out_w.fd = j->pid_w.fd = -1;
         int r = job_spawn(srv, j, jobdir);
         if (r < 0) {
+                json_decref(ev);
                 free(j);
                 rm_rf(jobdir);
                 return http_reply_error(c, 500, "starting the builder: %s", strerror(-r));
@@ -1218,6 +1258,7 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
         jobs = j;
         (void) store_build_set_triggered(srv->store, rt->arg, &err);
         (void) store_build_set(srv->store, rt->arg, "building", NULL, NULL, NULL, &err);
+        tpl_event(srv, req->team, "template.build", ev);
         return http_reply_empty(c, 202);
 }
 
@@ -1504,6 +1545,7 @@ static enum MHD_Result tpl_delete(server *srv, request *req, const route *rt) {
         hutch_error err = { 0 };
         if (store_btemplate_delete(srv->store, t.id, &err) < 0)
                 return http_reply_error(req->conn, 500, "database: %s", err.msg);
+        tpl_event(srv, req->team, "template.delete", json_pack("{s:s, s:s}", "template", t.id, "alias", t.alias));
         char p[PATH_MAX];
         builds_path(srv, p, sizeof p, "files/%s", t.id);
         rm_rf(p);

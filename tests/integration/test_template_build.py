@@ -13,6 +13,7 @@ import tarfile
 import time
 import urllib.parse
 
+from hutchtest import wait_until
 from serveclient import ServeDaemon
 
 
@@ -150,6 +151,21 @@ def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
         # its step cache goes with it (no other template used it)
         assert list(layers.iterdir()) == []
         assert sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl"}).status == 404
+
+        # the audit trail has the build, how it ended and the delete
+        # (docs/audit.md: template.build, template.build_end, template.delete)
+        def tpl_events():
+            r = sd.request("GET", "/events?kind=template.&limit=1000")
+            assert r.status == 200, r
+            return [e for e in r.json() if e["detail"].get("template") == tid]
+        assert wait_until(lambda: len(tpl_events()) >= 3, 10), tpl_events()
+        evs = tpl_events()
+        kinds = [e["type"] for e in evs]
+        assert kinds == ["template.build", "template.build_end", "template.delete"], evs
+        start, end, gone = evs
+        assert start["detail"] == {"template": tid, "build": bid2, "fromTemplate": "base", "steps": 2}, start
+        assert end["detail"]["build"] == bid2 and end["detail"]["status"] == "ready", end
+        assert gone["detail"] == {"template": tid, "alias": "my-tpl"}, gone
     finally:
         sd.stop()
 

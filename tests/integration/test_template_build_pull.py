@@ -62,5 +62,14 @@ def test_build_from_an_image_it_pulls(sandboxed_hutch, world, tmp_path):
         frames = parse_frames(r.body)
         assert stdout_of(frames) == b"built on: multi-layer image\nmulti-layer image\nno-host-usr\n", frames
         sd.kill(sb["sandboxID"])
+        # the pull the CLI's build made is in the audit trail (docs/audit.md)
+        def pulls():
+            r = sd.request("GET", "/events?kind=template.pull&limit=1000")
+            assert r.status == 200, r
+            return r.json()
+        assert hutchtest.wait_until(lambda: pulls(), 10), "no template.pull record"
+        d = pulls()[0]["detail"]
+        assert d["ref"] == "127.0.0.1:5000/test/sh:1" and d["image"] == "sh-1" and d["by"] == "cli", d
+        assert d["source"].startswith("127.0.0.1:5000/test/sh:1@sha256:") and d["bytes_downloaded"] > 0, d
     finally:
         sd.stop()
