@@ -157,6 +157,25 @@ int verb_usage(int argc, char **argv) {
         printf("%-22s %10lld %12lld %9lld %12lld %6lld %12lld %12lld %8lld\n", "TOTAL",
                (long long) t[0], (long long) t[1], (long long) t[2], (long long) t[3],
                (long long) t[4], (long long) t[5], (long long) t[6], (long long) t[7]);
+        /* the storage ledger: volumes and snapshots, one line each */
+        json_t *srows = json_object_get(json_object_get(rep, "storage"), "rows");
+        if (json_array_size(srows) > 0) {
+                printf("\n%-9s %-38s %-20s %14s %12s %s\n", "STORAGE", "ID", "NAME", "KIB-S", "PEAK-KIB",
+                       "ENDED");
+                int64_t tk = 0, tp = 0;
+                json_array_foreach(srows, i, row) {
+                        int64_t kib_s = geti(row, "kib_ms") / 1000, peak = geti(row, "bytes_peak") >> 10;
+                        const char *ended = json_string_value(json_object_get(row, "endedAt"));
+                        printf("%-9s %-38s %-20s %14lld %12lld %s\n",
+                               json_string_value(json_object_get(row, "kind")),
+                               json_string_value(json_object_get(row, "id")),
+                               json_string_value(json_object_get(row, "name")), (long long) kib_s,
+                               (long long) peak, ended ? ended : "-");
+                        tk += kib_s;
+                        tp = MAX(tp, peak);
+                }
+                printf("%-9s %-38s %-20s %14lld %12lld\n", "TOTAL", "", "", (long long) tk, (long long) tp);
+        }
         json_decref(rep);
         return 0;
 }

@@ -26,6 +26,7 @@
 
 #include "daemon/node.h"
 #include "daemon/server.h"
+#include "daemon/usage.h"
 #include "snapshot/seal.h"
 #include "util/log.h"
 #include "util/macro.h"
@@ -233,6 +234,7 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                 unlink(final);
                 return r;
         }
+        usage_storage_changed(srv);
         *ret = sn;
         return 0;
 }
@@ -360,6 +362,7 @@ enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
                 return http_reply_error(req->conn, 404, "template not found");
         if (store_snapshot_delete(srv->store, req->team, id, &err) < 0)
                 return http_reply_error(req->conn, 404, "template '%s' not found", id);
+        usage_storage_changed(srv);
         char path[PATH_MAX];
         snap_path(srv, id, path, sizeof path);
         if (unlink(path) < 0 && errno != ENOENT)
@@ -480,6 +483,7 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
         char path[PATH_MAX];
         snap_path(srv, sn.id, path, sizeof path);
         (void) store_snapshot_delete(srv->store, sn.team_id, sn.id, &err);
+        usage_storage_changed(srv);
         unlink(path);
         enum MHD_Result mr = http_reply_json(req->conn, 201, out);
         if (mr == MHD_YES)

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The usage ledger's hooks, flush and report (daemon/usage.h). */
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +28,7 @@ typedef struct live {
 struct daemon_usage {
         live *rows;
         int64_t next_flush_ms;
+        int64_t next_storage_ms; /* the storage ledger's next sample */
         bool orphans_closed;
 };
 
@@ -133,11 +137,44 @@ void usage_sandbox_end(server *srv, const sbx *sb) {
                 }
 }
 
+/* A volume's bytes on the host's disk: its sparse image's allocated
+ * blocks (what the team's files, and ext4's own metadata, really take). */
+static int64_t volume_bytes(void *arg, const char *id) {
+        server *srv = arg;
+        char p[PATH_MAX];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/volumes/%s.img", srv->cfg.data_dir, id);
+        if (stat(p, &st) < 0)
+                return -1;
+        return (int64_t) st.st_blocks * 512;
+}
+
+void usage_storage_changed(server *srv) {
+        struct daemon_usage *u = U(srv);
+        if (u)
+                u->next_storage_ms = 0;
+}
+
+static void storage_tick(server *srv, struct daemon_usage *u, int64_t now) {
+        now = MIN(now, wall_ms()); /* GET /usage flushes "a second ahead"; storage is sampled as of now */
+        if (now < u->next_storage_ms)
+                return;
+        u->next_storage_ms = now + (int64_t) srv->cfg.metrics_interval_s * 1000;
+        hutch_error err = { 0 };
+        int64_t t0 = clock_ns(CLOCK_MONOTONIC);
+        if (meter_storage_sample(srv->store, now, volume_bytes, srv, &err) < 0) {
+                log_debug("usage: storage: %s (trying again)", err.msg);
+                u->next_storage_ms = now + USAGE_FLUSH_MS;
+        } else
+                metrics_store_write(srv, "usage", clock_ns(CLOCK_MONOTONIC) - t0);
+}
+
 int64_t usage_tick(server *srv, int64_t now) {
         struct daemon_usage *u = U(srv);
         if (!u)
                 return -1;
         hutch_error err = { 0 };
+        storage_tick(srv, u, now);
         if (!u->orphans_closed) {
                 /* after re-adoption: rows of sandboxes that ended while no
                  * daemon ran (or whose end was not written) */
@@ -150,13 +187,13 @@ int64_t usage_tick(server *srv, int64_t now) {
                 u->orphans_closed = true;
         }
         if (now < u->next_flush_ms)
-                return u->next_flush_ms;
+                return MIN(u->next_flush_ms, u->next_storage_ms);
         u->next_flush_ms = now + USAGE_FLUSH_MS;
         bool any = false;
         for (live *l = u->rows; l; l = l->next)
                 any |= l->dirty;
         if (!any)
-                return u->next_flush_ms;
+                return MIN(u->next_flush_ms, u->next_storage_ms);
         int64_t t0 = clock_ns(CLOCK_MONOTONIC);
         int r = meter_begin(srv->store, &err);
         for (live *l = u->rows; l && r >= 0; l = l->next)
@@ -170,7 +207,7 @@ int64_t usage_tick(server *srv, int64_t now) {
                         l->dirty = false;
         if (r >= 0)
                 metrics_store_write(srv, "usage", clock_ns(CLOCK_MONOTONIC) - t0);
-        return u->next_flush_ms;
+        return MIN(u->next_flush_ms, u->next_storage_ms);
 }
 
 void usage_teardown(server *srv) {
@@ -178,6 +215,7 @@ void usage_teardown(server *srv) {
         if (!u)
                 return;
         u->next_flush_ms = 0;
+        u->next_storage_ms = 0;
         (void) usage_tick(srv, wall_ms());
         while (u->rows) {
                 live *l = u->rows;
@@ -256,6 +294,50 @@ static int report_add(void *arg, const meter_row *r) {
         return 0;
 }
 
+static json_t *storage_counters_json(int64_t kib_ms, int64_t bytes_peak) {
+        return json_pack("{s:I, s:I}", "kib_ms", (json_int_t) kib_ms, "bytes_peak", (json_int_t) bytes_peak);
+}
+
+typedef struct storage_report {
+        json_t *rows;
+        int64_t kib_ms[2], peak[2]; /* [0] volumes, [1] snapshots */
+} storage_report;
+
+static int storage_add(void *arg, const meter_storage *r) {
+        storage_report *x = arg;
+        char a[40], b[40] = "";
+        format_rfc3339(r->started_ms, a);
+        if (r->ended_ms)
+                format_rfc3339(r->ended_ms, b);
+        json_t *o = storage_counters_json(r->kib_ms, r->bytes_peak);
+        json_object_set_new(o, "kind", json_string(r->kind));
+        json_object_set_new(o, "id", json_string(r->object_id));
+        json_object_set_new(o, "name", json_string(r->name));
+        json_object_set_new(o, "teamID", json_integer(r->team));
+        json_object_set_new(o, "bytes", json_integer(r->bytes));
+        json_object_set_new(o, "startedAt", json_string(a));
+        json_object_set_new(o, "endedAt", r->ended_ms ? json_string(b) : json_null());
+        if (json_array_append_new(x->rows, o) < 0)
+                return -ENOMEM;
+        int k = streq(r->kind, "volume") ? 0 : 1;
+        x->kib_ms[k] += r->kib_ms;
+        x->peak[k] = MAX(x->peak[k], r->bytes_peak);
+        return 0;
+}
+
+/* {"rows": [...], "total": {"volumes": {…}, "snapshots": {…}}} */
+static json_t *storage_report_json(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
+                                   hutch_error *err) {
+        storage_report x = { .rows = json_array() };
+        if (!x.rows || meter_storage_query(st, team, since_ms, until_ms, storage_add, &x, err) < 0) {
+                json_decref(x.rows);
+                return NULL;
+        }
+        return json_pack("{s:o, s:{s:o, s:o}}", "rows", x.rows, "total", "volumes",
+                         storage_counters_json(x.kib_ms[0], x.peak[0]), "snapshots",
+                         storage_counters_json(x.kib_ms[1], x.peak[1]));
+}
+
 json_t *usage_report(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
                      const char *by, hutch_error *err) {
         report x = { .by_day = streq(by, "day") };
@@ -287,6 +369,12 @@ json_t *usage_report(hutch_store *st, int64_t team, int64_t since_ms, int64_t un
                 }
                 out = json_pack("{s:s, s:o, s:o}", "by", x.by_day ? "day" : "sandbox", "rows", rows,
                                 "total", counters_json(&x.total));
+                json_t *storage = out ? storage_report_json(st, team, since_ms, until_ms, err) : NULL;
+                if (!storage) {
+                        json_decref(out);
+                        out = NULL;
+                } else
+                        json_object_set_new(out, "storage", storage);
         }
         free(x.sums);
         free(x.first);
@@ -308,6 +396,7 @@ enum MHD_Result usage_api(server *srv, request *req) {
         if (by && !streq(by, "sandbox") && !streq(by, "day"))
                 return http_reply_error(c, 400, "by: sandbox or day");
         hutch_error err = { 0 };
+        usage_storage_changed(srv); /* the storage ledger up to now, too */
         (void) usage_tick(srv, now + USAGE_FLUSH_MS); /* what the loop holds, first */
         json_t *j = usage_report(srv->store, req->team, since, until, by ? by : "sandbox", &err);
         if (!j)

@@ -17,6 +17,9 @@ void usage_proc_started(server *srv, const sbx *sb);
 /* Before the kill: the final counters, the row closed and written at once. */
 void usage_sandbox_end(server *srv, const sbx *sb);
 int64_t usage_tick(server *srv, int64_t now);
+/* A volume or snapshot was made or deleted: the storage ledger samples at
+ * the loop's next turn rather than at the next metrics-interval. */
+void usage_storage_changed(server *srv);
 void usage_teardown(server *srv);
 
 /* GET /usage?since=&until=&by=sandbox|day: the caller's team. */

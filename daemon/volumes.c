@@ -25,6 +25,7 @@
 
 #include "daemon/route.h"
 #include "daemon/server.h"
+#include "daemon/usage.h"
 #include "daemon/volpath.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -234,6 +235,7 @@ static enum MHD_Result volume_create(server *srv, request *req) {
                                                 "Volume with name '%s' already exists", v.name);
                 return http_reply_error(req->conn, 500, "database: %s", err.msg);
         }
+        usage_storage_changed(srv);
         hutch_error e3 = { 0 };
         char detail[160];
         snprintf(detail, sizeof detail, "{\"volume\":\"%s\"}", v.id);
@@ -275,6 +277,7 @@ static enum MHD_Result volume_get_or_delete(server *srv, request *req, const cha
         if ((r = store_volume_set_deleting(srv->store, req->team, id, &err)) < 0)
                 return http_reply_error(req->conn, r == -ENOENT ? 404 : 500, "%s",
                                         r == -ENOENT ? "Volume not found" : err.msg);
+        usage_storage_changed(srv);
         if ((r = volume_finish_delete(srv, id, &err)) < 0)
                 log_error("volume %s: delete: %s (finished at the next start)", id, err.msg);
         hutch_error e3 = { 0 };

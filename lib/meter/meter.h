@@ -55,3 +55,32 @@ int meter_commit(hutch_store *st, bool ok, hutch_error *err); /* ok false: ROLLB
 /* Totals of rows grouped by key (a sandbox id, or a UTC day "YYYY-MM-DD"
  * of the sandbox's start): each sum is the exact integer sum of its rows. */
 void meter_row_add(meter_row *sum, const meter_row *r);
+
+/* ------------------------------------------------------- storage ledger */
+
+/* One row per volume and per snapshot a team holds (table storage_usage,
+ * store migration 9): its bytes on the host's disk integrated over its
+ * life, from its creation to its deletion. Absolute like meter_row: a
+ * sample taken twice at the same time adds nothing. */
+typedef struct meter_storage {
+        char kind[16]; /* "volume" or "snapshot" */
+        char object_id[64];
+        int64_t team;
+        char name[129];
+        int64_t started_ms, ended_ms, updated_ms; /* ended 0: still held */
+        int64_t bytes;                            /* on disk at the last sample */
+        int64_t bytes_peak;
+        int64_t kib_ms; /* KiB·ms: ÷ 1024² ÷ 3.6e6 for GiB-hours */
+} meter_storage;
+
+/* Samples every live volume and snapshot at now in one transaction: a row
+ * is opened for a new one (integrated from its creation), advanced with
+ * the bytes it holds now, and closed at now for one that is gone. A
+ * volume's bytes come from volume_bytes (its image's allocated blocks; < 0:
+ * keep the last value); a snapshot's from its row in the store. Returns the
+ * number of rows closed. */
+int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(void *arg, const char *id),
+                         void *arg, hutch_error *err);
+/* Rows of a team (-1: all) that overlap [since, until) (0: open), by start. */
+int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
+                        int (*cb)(void *arg, const meter_storage *r), void *arg, hutch_error *err);

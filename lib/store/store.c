@@ -276,6 +276,25 @@ static const char *const migrations[] = {
         ") WITHOUT ROWID;"
         "CREATE INDEX usage_team ON usage(team_id, started_ms);"
         "CREATE INDEX usage_open ON usage(sandbox_id) WHERE ended_ms = 0;",
+
+        /* 9: the storage ledger (lib/meter/storage.c): one row per volume
+         * and per snapshot a team holds, its bytes on the host's disk
+         * integrated over its life (KiB·ms), kept after the object is
+         * deleted, as the usage rows are after their sandbox ends */
+        "CREATE TABLE storage_usage ("
+        "  kind TEXT NOT NULL CHECK (kind IN ('volume', 'snapshot')),"
+        "  object_id TEXT NOT NULL,"
+        "  team_id INTEGER NOT NULL,"
+        "  name TEXT NOT NULL DEFAULT '',"
+        "  started_ms INTEGER NOT NULL,"
+        "  ended_ms INTEGER NOT NULL DEFAULT 0,"
+        "  updated_ms INTEGER NOT NULL,"
+        "  bytes INTEGER NOT NULL DEFAULT 0,"
+        "  bytes_peak INTEGER NOT NULL DEFAULT 0,"
+        "  kib_ms INTEGER NOT NULL DEFAULT 0,"
+        "  PRIMARY KEY (kind, object_id)"
+        ") WITHOUT ROWID;"
+        "CREATE INDEX storage_usage_team ON storage_usage(team_id, started_ms);",
 };
 
 int store_schema_version(void) {

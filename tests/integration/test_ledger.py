@@ -12,11 +12,13 @@ and `hutch usage`.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sqlite3
 import subprocess
 import time
 
+import hutchtest
 from serveclient import ServeDaemon
 
 BURN = ("import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n")
@@ -149,3 +151,94 @@ def test_an_oom_kill_is_in_the_ledger_and_the_trail(sandboxed_hutch, tmp_path):
         assert [e["detail"]["reason"] for e in ev if e["type"] == "sandbox.end"] == ["killed"]
     finally:
         d.stop()
+
+
+def _storage(d):
+    return _usage(d)["storage"]
+
+
+def test_storage_ledger_bills_volumes_and_snapshots(sandboxed_hutch, tmp_path):
+    """Volumes and snapshots (docs/usage.md "Storage"): a row each, opened
+    at its creation, holding its bytes on the host's disk integrated over
+    its life (KiB·ms), closed at its deletion and no longer growing, kept
+    across a restart without counting twice; the totals are the rows'
+    sums, in the API and in `hutch usage --json`."""
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--metrics-interval", "1s",
+                                            "--volume-size", "64M"])
+    d.start()
+    try:
+        r = d.request("POST", "/volumes", {"name": "billed"})
+        assert r.status == 201, r
+        vol = r.json()
+        # 8 MiB of incompressible bytes through the content plane
+        blob = os.urandom(8 << 20)
+        r = d.request("PUT", f"/volumecontent/{vol['volumeID']}/file?path=%2Fblob", blob,
+                      headers={"Authorization": f"Bearer {vol['token']}",
+                               "Content-Type": "application/octet-stream"}, key="")
+        assert r.status == 201, r
+        sb = d.create()
+        _run(d, sb, "open('/home/user/f', 'wb').write(b'x' * (1 << 20))")
+        r = d.request("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {})
+        assert r.status == 201, r
+        snap = r.json()["snapshotID"]
+        d.kill(sb["sandboxID"])
+
+        def rows():
+            return {(x["kind"], x["id"]): x for x in _storage(d)["rows"]}
+        # samples every second: the volume's row grows with its bytes as
+        # the kernel writes them back to its image (sync: now, not in 30 s)
+        os.sync()
+        assert hutchtest.wait_until(lambda: len(rows()) == 2, 10), rows()
+        assert hutchtest.wait_until(lambda: rows()[("volume", vol["volumeID"])]["bytes"] >= 8 << 20, 10), rows()
+        first = rows()
+        time.sleep(2.5)
+        later = rows()
+        v0, v1 = first[("volume", vol["volumeID"])], later[("volume", vol["volumeID"])]
+        s0, s1 = first[("snapshot", snap)], later[("snapshot", snap)]
+        assert v1["name"] == "billed" and v1["teamID"] == v0["teamID"] and v1["endedAt"] is None, v1
+        img = data / "volumes" / f"{vol['volumeID']}.img"
+        on_disk = img.stat().st_blocks * 512
+        assert v1["bytes"] == on_disk and on_disk >= 8 << 20, (v1, on_disk)
+        assert v1["bytes_peak"] >= v1["bytes"]
+        # the snapshot's bytes are its sealed file's, as the store has them
+        sealed = [p for p in (data / "snapshots").rglob(f"{snap}*") if p.is_file()]
+        assert sealed and s1["bytes"] == sum(p.stat().st_size for p in sealed), (s1, sealed)
+        # 2.5 s more at that size: KiB·ms grew by about bytes/1024 × 2500
+        # (the sampler's times, not the test's, so a wide band)
+        grew = v1["kib_ms"] - v0["kib_ms"]
+        assert (on_disk >> 10) * 1000 <= grew <= (on_disk >> 10) * 6000, (grew, on_disk)
+        assert s1["kib_ms"] > s0["kib_ms"] > 0
+        # totals are the rows' exact sums, by kind
+        st = _storage(d)
+        for kind, key in (("volume", "volumes"), ("snapshot", "snapshots")):
+            ks = [x for x in st["rows"] if x["kind"] == kind]
+            assert st["total"][key]["kib_ms"] == sum(x["kib_ms"] for x in ks), st
+            assert st["total"][key]["bytes_peak"] == max(x["bytes_peak"] for x in ks), st
+
+        # deleted: closed at once, then never growing again
+        assert d.request("DELETE", f"/volumes/{vol['volumeID']}").status == 204
+        assert d.request("DELETE", f"/templates/{snap}").status == 204
+        closed = rows()
+        assert closed[("volume", vol["volumeID"])]["endedAt"] is not None, closed
+        assert closed[("snapshot", snap)]["endedAt"] is not None, closed
+        time.sleep(1.5)
+        assert rows() == closed
+    finally:
+        d.stop()
+    # a restart keeps the rows as they were (nothing is added twice) and
+    # `hutch usage` reads the same numbers
+    d.start()
+    try:
+        assert {k: v["kib_ms"] for k, v in rows().items()} == {k: v["kib_ms"] for k, v in closed.items()}
+    finally:
+        d.stop()
+    cp = subprocess.run([str(sandboxed_hutch), "usage", "--json", "--data-dir", str(data)],
+                        capture_output=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["storage"]["rows"] == list(closed.values())
+    cp = subprocess.run([str(sandboxed_hutch), "usage", "--data-dir", str(data)], capture_output=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    text = cp.stdout.decode()
+    assert "STORAGE" in text and vol["volumeID"] in text and snap in text, text
