@@ -491,6 +491,11 @@ typedef struct stream {
 
 /* Copy what is available from in to out. Returns 0 on EOF, 1 otherwise, 2
  * when out just broke, -errno on a read error. */
+/* After a gvisor command's exit: its output still on the way is read for
+ * as long as it keeps coming (a pause this long ends it), up to a cap. */
+#define GVISOR_DRAIN_QUIET_MS 1000
+#define GVISOR_DRAIN_MAX_NS (30 * 1000000000LL)
+
 static int pump(stream *s, char *buf, size_t bufsz) {
         ssize_t n = read(s->in, buf, bufsz);
         if (n < 0)
@@ -782,6 +787,37 @@ int verb_run(int argc, char **argv) {
                 }
         }
 done:;
+        /* gvisor: the command's output crosses the sentry, hutch-init and
+         * the relay's windows before it reaches our pipes, so at its exit
+         * some may still be on the way (init sends what it can before the
+         * exit, up to the window; the relay's queue and the pipe inside the
+         * sentry hold the rest). Destroying the sandbox now would lose it:
+         * read on while it comes, until both pipes end (the normal case:
+         * nothing else holds them) or nothing came for a moment (a
+         * background process holds them), within the deadlines. On the
+         * namespace backend the pipes are the command's own: whatever it
+         * wrote is in them, and the drain below after the destroy finds it. */
+        if (exited && o.sb.backend == HUTCH_BACKEND_GVISOR) {
+                int64_t cap = clock_ns(CLOCK_MONOTONIC) + GVISOR_DRAIN_MAX_NS;
+                while (sout.open || serr.open) {
+                        struct pollfd pf[2];
+                        stream *ps[2];
+                        nfds_t n = 0;
+                        for (stream *s2 = &sout; s2; s2 = s2 == &sout ? &serr : NULL)
+                                if (s2->open) {
+                                        ps[n] = s2;
+                                        pf[n++] = (struct pollfd){ .fd = s2->in, .events = POLLIN };
+                                }
+                        int64_t now = clock_ns(CLOCK_MONOTONIC);
+                        if (now >= cap || (deadline && now >= deadline))
+                                break;
+                        if (poll(pf, n, GVISOR_DRAIN_QUIET_MS) <= 0)
+                                break;
+                        for (nfds_t i = 0; i < n; i++)
+                                if (pf[i].revents && pump(ps[i], buf, sizeof buf) < 0)
+                                        ps[i]->open = false;
+                }
+        }
         cli_tty_restore();
         log_debug("command ended at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
         hutch_stats st = { 0 };
