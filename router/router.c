@@ -1355,17 +1355,22 @@ static int handle_list(client *c, const proxyreq *rq, bool snapshots) {
         return ret;
 }
 
-static double node_score(const node *n, const char *tmpl) {
-        double per = (double) (n->sandbox_mem_mb > 0 ? n->sandbox_mem_mb : 512) * 1048576.0;
-        double score = (double) n->mem_free / per - (double) n->sandboxes;
-        if (tmpl && json_is_array(n->templates)) {
-                size_t i;
-                json_t *t;
-                json_array_foreach(n->templates, i,
-                                   t) if (json_string_value(t) && streq(json_string_value(t), tmpl))
-                        score += 0.5; /* has the template's layers: wins ties */
+/* The node's last /node listed the template (an image template's name). */
+static bool node_has_template(const node *n, const char *tmpl) {
+        size_t i;
+        json_t *t;
+        if (!tmpl || !json_is_array(n->templates))
+                return false;
+        json_array_foreach(n->templates, i, t) {
+                if (json_string_value(t) && streq(json_string_value(t), tmpl))
+                        return true;
         }
-        return score;
+        return false;
+}
+
+static double node_score(const node *n) {
+        double per = (double) (n->sandbox_mem_mb > 0 ? n->sandbox_mem_mb : 512) * 1048576.0;
+        return (double) n->mem_free / per - (double) n->sandboxes;
 }
 
 static int handle_create(client *c, const proxyreq *rq) {
@@ -1410,7 +1415,9 @@ static int handle_create(client *c, const proxyreq *rq) {
                 for (unsigned i = 0; i < k; i++)
                         if (!up[i]->draining)
                                 cand[nc++] = up[i];
-                /* shuffle, then sort the first K by score */
+                /* shuffle; the nodes that have the template (an image
+                 * template lives on the nodes it was pulled or imported
+                 * to) first; then sort the first K of that group by score */
                 for (unsigned i = nc; i > 1; i--) {
                         uint32_t x;
                         if (getrandom(&x, sizeof x, 0) != sizeof x)
@@ -1420,11 +1427,18 @@ static int handle_create(client *c, const proxyreq *rq) {
                         cand[i - 1] = cand[jdx];
                         cand[jdx] = t;
                 }
-                unsigned K = cfg->sample < nc ? cfg->sample : nc;
+                unsigned nh = 0;
+                for (unsigned i = 0; i < nc; i++)
+                        if (node_has_template(cand[i], tmpl_name[0] ? tmpl_name : NULL)) {
+                                node *t = cand[nh];
+                                cand[nh++] = cand[i];
+                                cand[i] = t;
+                        }
+                unsigned group = nh ? nh : nc;
+                unsigned K = cfg->sample < group ? cfg->sample : group;
                 for (unsigned i = 0; i < K; i++)
                         for (unsigned m = i + 1; m < K; m++)
-                                if (node_score(cand[m], tmpl_name[0] ? tmpl_name : NULL) >
-                                    node_score(cand[i], tmpl_name[0] ? tmpl_name : NULL)) {
+                                if (node_score(cand[m]) > node_score(cand[i])) {
                                         node *t = cand[i];
                                         cand[i] = cand[m];
                                         cand[m] = t;
@@ -1449,6 +1463,15 @@ static int handle_create(client *c, const proxyreq *rq) {
                         snprintf(last, sizeof last, "node %s: %s", n->id, strerror(-r));
                         if (r != -EBADMSG && r != -ETIMEDOUT)
                                 node_mark_down(n, strerror(-r));
+                        atomic_fetch_add(&m_create_retries, 1);
+                        continue;
+                }
+                if (rp.head->status == 404 && !pinned[0] && i + 1 < nc) {
+                        /* the template is not on this node (a built
+                         * template lives on the node that built it, and
+                         * /node lists only image templates): the next one */
+                        snprintf(last, sizeof last, "node %s: 404", n->id);
+                        reply_free(&rp);
                         atomic_fetch_add(&m_create_retries, 1);
                         continue;
                 }

@@ -384,3 +384,53 @@ def test_keys_file_reload(cluster):
     cluster.keys.write_text(f"default {new}\n")
     wait_until(lambda: d.request("GET", "/v2/sandboxes", key=new).status == 200
                and d.log_tail().count("reloaded, 1 keys") >= 2, timeout=5, what="the good file to be read again")
+
+
+def test_creates_find_the_node_that_has_the_template(cluster):
+    """A template lives on the node that built or imported it: a create
+    through the router lands there, not on a node that would answer 404 —
+    an image template because /node lists it, a built one because the
+    router tries the next node on a 404 (docs/scale-out.md)."""
+    import ociimage as oi
+    for i in (1, 2, 3):
+        cluster.add_node(i)
+    _, port = cluster.start_router()
+    rc = cluster.client(port)
+    # a built template on nd02 only (its own API): no steps over the host template
+    nd02 = cluster.nodes["nd02"]
+    r = nd02.request("POST", "/v3/templates", {"name": "built-here"})
+    assert r.status == 202, r
+    tid, bid = r.json()["templateID"], r.json()["buildID"]
+    assert nd02.request("POST", f"/v2/templates/{tid}/builds/{bid}", {"fromTemplate": "base", "steps": []}).status == 202
+    wait_until(lambda: nd02.request("GET", f"/templates/{tid}/builds/{bid}/status").json()["status"] == "ready",
+               timeout=60, what="the build on nd02")
+    # an image template imported into nd03's data dir only
+    bb = Path("/bin/busybox").read_bytes()
+    layer = oi.make_tar([oi.dir_entry("bin"), oi.file_entry("bin/busybox", bb, mode=0o755),
+                         oi.symlink_entry("bin/sh", "busybox"), oi.symlink_entry("bin/true", "busybox"),
+                         oi.dir_entry("etc"), oi.file_entry("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"),
+                         oi.file_entry("etc/group", b"root:x:0:\n"), oi.dir_entry("tmp", mode=0o1777)])
+    lay = cluster.tmp / "img"
+    oi.write_oci_layout(lay, [layer], ref="only-nd03:1")
+    cp = subprocess.run([str(cluster.bin), "template", "import", str(lay), "--name", "only-nd03"],
+                        env=dict(os.environ, HUTCH_DATA_DIR=str(cluster.nodes["nd03"].data_dir)),
+                        capture_output=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    wait_until(lambda: "only-nd03" in cluster.nodes["nd03"].request("GET", "/node").json().get("templates", []),
+               timeout=10, what="nd03 to list the image")
+    time.sleep(1)  # the router's next poll of /node (every 300 ms here)
+    made = []
+    try:
+        for tmpl, nid in (("built-here", "nd02"), ("only-nd03", "nd03")):
+            for _ in range(6):
+                r = rc.request("POST", "/v2/sandboxes", {"templateID": tmpl, "timeout": 60})
+                assert r.status == 201, (tmpl, r)
+                sid = r.json()["sandboxID"]
+                made.append(sid)
+                assert sid.startswith(nid), (tmpl, sid)
+        # a template no node has is still the node's own 404
+        r = rc.request("POST", "/v2/sandboxes", {"templateID": "nowhere-at-all"})
+        assert r.status == 404, r
+    finally:
+        for sid in made:
+            rc.kill(sid)
