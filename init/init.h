@@ -243,13 +243,13 @@ int file_info_put(initproto_writer *w, int dirfd, const char *name, const char *
  * T_META_KEY/T_META_VALUE pairs; entries outside the bounds are left out. */
 void file_meta_put(initproto_writer *w, const char *path);
 
-/* Create every missing directory of path (mode 0755, owned by the fs user).
- * ret_created: whether the last component was created here. */
+/* Create every missing directory of path (mode 0755), each chowned to
+ * owner. ret_created: whether the last component was created here. */
 typedef struct mkdir_owner {
         uid_t uid;
         gid_t gid;
 } mkdir_owner;
-int mkdir_parents(const char *path, const mkdir_owner *give, bool *ret_created);
+int mkdir_parents(const char *path, const mkdir_owner *owner, bool *ret_created);
 
 void log_debug(const char *fmt, ...) _printf_(1, 2);
 void log_debug_enable(bool on);
