@@ -327,6 +327,18 @@ static bool meta_name(const char *name, const char **ret_key) {
         return true;
 }
 
+/* Whether path (a final symlink itself) holds user.e2b.* xattrs. */
+static bool has_meta(const char *path) {
+        ssize_t n = llistxattr(path, xattr_names, sizeof xattr_names);
+        for (size_t off = 0; n > 0 && off < (size_t) n;) {
+                const char *name = xattr_names + off, *key;
+                off += strnlen(name, (size_t) n - off) + 1;
+                if (off <= (size_t) n && meta_name(name, &key))
+                        return true;
+        }
+        return false;
+}
+
 /* The l* calls act on a final symlink itself (which holds no user.*
  * xattrs), never on its target. The sandbox can set anything there: what
  * breaks the bounds, or holds a NUL the protocol cannot carry, is left out. */
@@ -824,7 +836,7 @@ static void write_finish(file_write *w) {
         uint32_t id = w->commit_id;
         fsuser saved;
         struct stat st;
-        bool existed = false;
+        bool existed = false, meta_changed = w->meta_set && w->n_meta > 0;
         int err = w->error;
 
         /* Off the list before replying: a failed reply closes c, which
@@ -872,10 +884,14 @@ static void write_finish(file_write *w) {
                 existed = true;
                 if (S_ISDIR(st.st_mode))
                         err = EISDIR;
-                else if (S_ISREG(st.st_mode))
+                else if (S_ISREG(st.st_mode)) {
                         /* Replacing a file keeps its permissions (a script
                          * stays executable); the owner becomes the user. */
                         (void) fchmod(w->tmp_fd, st.st_mode & 0777);
+                        /* envd writes in place and removes the old file's
+                         * keys one by one: watchers see that as a CHMOD */
+                        meta_changed = meta_changed || has_meta(w->path);
+                }
         }
         if (!err && renameat(w->dir_fd, w->tmp_name, w->dir_fd, w->name) < 0)
                 err = errno;
@@ -891,7 +907,7 @@ static void write_finish(file_write *w) {
                 reply_error(c, id, k, "stat %s", w->path);
         else
                 msg_send(c, NULL, 0);
-        watch_note_write(w->path, !existed, existed || w->written > 0);
+        watch_note_write(w->path, !existed, existed || w->written > 0, meta_changed);
 out:
         fsuser_restore(&saved);
         source_kill(&w->src);

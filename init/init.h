@@ -202,10 +202,11 @@ void files_conn_gone(conn *c);
 void watch_handle(conn *c, const req *r);
 void watch_conn_gone(conn *c);
 /* A write committed path by renaming its temporary file into place (whose
- * own inotify events watchers never see): report it the way an in-place
- * write shows up, CREATE (when created) and WRITE (when it has data or
- * replaced a file). */
-void watch_note_write(const char *path, bool created, bool wrote);
+ * own inotify events watchers never see): report it the way envd's
+ * in-place write shows up (docs/protocol.md, "Watch events"): CREATE and
+ * CHMOD (its chown) for a new file, CHMOD for a replaced one, WRITE when
+ * it wrote data or truncated a file, CHMOD when metadata xattrs changed. */
+void watch_note_write(const char *path, bool created, bool wrote, bool meta_changed);
 /* ".<name>.hutch-XXXXXX": the temporary file of a write in progress. */
 bool write_temp_name(const char *name);
 

@@ -257,29 +257,6 @@ static void watch_event(watch *w, const struct inotify_event *ev, const char *na
                 watch_send(w, path, kind);
 }
 
-void watch_note_write(const char *path, bool created, bool wrote) {
-        const char *slash = strrchr(path, '/');
-        size_t dlen = slash && slash != path ? (size_t) (slash - path) : 1;
-
-        if (!slash)
-                return;
-        for (watch *w = watches, *next; w; w = next) {
-                next = w->next;
-                bool covered = false;
-                for (size_t i = 0; i < w->n_dirs && !covered; i++)
-                        covered = strlen(w->dirs[i].path) == dlen &&
-                                  memcmp(w->dirs[i].path, path, dlen) == 0;
-                if (!covered || w->src.dead || !conn_alive(w->owner))
-                        continue;
-                /* Sending may drop the client, and its watches (w, maybe
-                 * next too: both are only killed, freed after the batch). */
-                if (created)
-                        watch_send(w, path, INITPROTO_WEV_CREATE);
-                if (wrote && !w->src.dead)
-                        watch_send(w, path, INITPROTO_WEV_WRITE);
-        }
-}
-
 static void watch_dispatch(source *s, uint32_t events) {
         watch *w = (watch *) s;
         static char buf[64 * 1024]; /* room for many events at once */
@@ -302,6 +279,50 @@ static void watch_dispatch(source *s, uint32_t events) {
                         /* Sending may have dropped the client, and w with it. */
                         if (w->src.dead)
                                 return;
+                }
+        }
+}
+
+void watch_note_write(const char *path, bool created, bool wrote, bool meta_changed) {
+        const char *slash = strrchr(path, '/');
+        size_t dlen = slash && slash != path ? (size_t) (slash - path) : 1;
+        int kinds[4];
+        size_t n_kinds = 0;
+
+        if (!slash)
+                return;
+        /* envd: open(O_CREAT|O_TRUNC) is a CREATE for a new file; the
+         * chown that follows (before the open for an existing file), a
+         * CHMOD; the truncation of an existing file and the data, WRITE
+         * (one: the kernel merges an IN_MODIFY into the one still queued
+         * before it, so how many a large upload gives envd's readers
+         * varies); setting or clearing metadata xattrs, CHMOD. */
+        if (created)
+                kinds[n_kinds++] = INITPROTO_WEV_CREATE;
+        kinds[n_kinds++] = INITPROTO_WEV_CHMOD;
+        if (wrote)
+                kinds[n_kinds++] = INITPROTO_WEV_WRITE;
+        if (meta_changed)
+                kinds[n_kinds++] = INITPROTO_WEV_CHMOD;
+
+        for (watch *w = watches, *next; w; w = next) {
+                next = w->next;
+                if (w->src.dead)
+                        continue;
+                /* What the kernel queued before goes out first: a parent
+                 * directory the write made, and the temporary file's own
+                 * events, dropped here. Reading may drop the client, and
+                 * its watches (w, maybe next too: both are only killed,
+                 * freed after the batch). */
+                watch_dispatch(&w->src, EPOLLIN);
+                bool covered = false;
+                for (size_t i = 0; i < w->n_dirs && !covered; i++)
+                        covered = strlen(w->dirs[i].path) == dlen &&
+                                memcmp(w->dirs[i].path, path, dlen) == 0;
+                for (size_t k = 0; k < n_kinds && covered; k++) {
+                        if (w->src.dead || !conn_alive(w->owner))
+                                break;
+                        watch_send(w, path, kinds[k]);
                 }
         }
 }
