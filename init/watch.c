@@ -23,7 +23,7 @@
 
 #define WATCH_MASK                                                                                 \
         (IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_MODIFY | IN_DELETE | IN_ATTRIB |             \
-         IN_EXCL_UNLINK | IN_ONLYDIR)
+         IN_DELETE_SELF | IN_MOVE_SELF | IN_EXCL_UNLINK | IN_ONLYDIR)
 
 typedef struct watch_dir {
         int wd;
@@ -40,6 +40,7 @@ typedef struct watch {
         gid_t gid;
         watch_dir *dirs; /* sorted by wd */
         size_t n_dirs, n_alloc;
+        int root_wd;          /* of the watched directory itself */
         uint32_t temp_cookie; /* of the last temp file moved away (into place) */
 } watch;
 
@@ -205,6 +206,38 @@ static void watch_send(watch *w, const char *path, int kind) {
         msg_send(w->owner, NULL, 0);
 }
 
+/* The watched directory moved: like envd, watch nothing more. */
+static void forget_all(watch *w) {
+        while (w->n_dirs > 0) {
+                watch_dir *d = &w->dirs[--w->n_dirs];
+                (void) inotify_rm_watch(w->src.fd, d->wd);
+                free(d->path);
+        }
+}
+
+/* An event of a watched directory itself (no name). envd reports those of
+ * the watched directory as "." (a name relative to itself): CHMOD, REMOVE
+ * when it is deleted, RENAME when it is moved, after which it watches
+ * nothing. Of a subdirectory (recursive) only IN_ATTRIB counts: the kernel
+ * sends it to the parent's watch, with a name, and then to the
+ * subdirectory's own, and envd reports both; its deletion or move is
+ * reported by its parent. */
+static void watch_self_event(watch *w, size_t i, uint32_t mask) {
+        bool root = w->dirs[i].wd == w->root_wd;
+
+        if (mask & IN_ATTRIB)
+                watch_send(w, w->dirs[i].path, INITPROTO_WEV_CHMOD);
+        if (!root || w->src.dead)
+                return;
+        if (mask & IN_DELETE_SELF)
+                watch_send(w, w->dirs[i].path, INITPROTO_WEV_REMOVE);
+        else if (mask & IN_MOVE_SELF) {
+                watch_send(w, w->dirs[i].path, INITPROTO_WEV_RENAME);
+                if (!w->src.dead)
+                        forget_all(w);
+        }
+}
+
 static void watch_event(watch *w, const struct inotify_event *ev, const char *name) {
         bool found;
         size_t i = dir_index(w, ev->wd, &found);
@@ -216,10 +249,10 @@ static void watch_event(watch *w, const struct inotify_event *ev, const char *na
                 dir_forget(w, ev->wd);
                 return;
         }
-        /* Events on a watched directory itself (len 0) are reported by its
-         * parent's watch already, with a name. */
-        if (ev->len == 0 || name[0] == '\0')
+        if (ev->len == 0 || name[0] == '\0') {
+                watch_self_event(w, i, ev->mask);
                 return;
+        }
         /* The temporary file of a write, and its rename into place, are
          * not what happened for the client: write_finish() reports the
          * write itself (watch_note_write). A rename's two halves come
@@ -361,6 +394,8 @@ static void watch_add(conn *c, const req *r, const char *path, uid_t uid, gid_t 
                 goto fail;
         }
         k = dir_add(w, path, 0);
+        if (k >= 0)
+                w->root_wd = w->dirs[0].wd;
         if (k >= 0 && w->recursive)
                 k = add_subtree(w, path, 0);
         if (k >= 0)
