@@ -1158,7 +1158,10 @@ static json_t *watch_event_json(server *srv, sbx *sb, const hutch_event *ev, con
                 return NULL;
         size_t rl = strlen(root);
         const char *name;
-        if (streq(root, "/"))
+        /* the watched directory's own events: its name relative to itself */
+        if (streq(ev->path, root))
+                name = ".";
+        else if (streq(root, "/"))
                 name = ev->path + 1;
         else if (strncmp(ev->path, root, rl) == 0 && ev->path[rl] == '/')
                 name = ev->path + rl + 1;

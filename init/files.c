@@ -327,6 +327,18 @@ static bool meta_name(const char *name, const char **ret_key) {
         return true;
 }
 
+/* Whether path (a final symlink itself) holds user.e2b.* xattrs. */
+static bool has_meta(const char *path) {
+        ssize_t n = llistxattr(path, xattr_names, sizeof xattr_names);
+        for (size_t off = 0; n > 0 && off < (size_t) n;) {
+                const char *name = xattr_names + off, *key;
+                off += strnlen(name, (size_t) n - off) + 1;
+                if (off <= (size_t) n && meta_name(name, &key))
+                        return true;
+        }
+        return false;
+}
+
 /* The l* calls act on a final symlink itself (which holds no user.*
  * xattrs), never on its target. The sandbox can set anything there: what
  * breaks the bounds, or holds a NUL the protocol cannot carry, is left out. */
@@ -381,10 +393,24 @@ static int meta_validate(const req *r) {
 
 /* ------------------------------------------------------ directory helpers */
 
-/* mkdir -p. With a `give` owner, each directory it creates is handed to
- * that uid:gid (lchown: never through a symlink); NULL leaves them to the
- * current fsuid. */
-int mkdir_parents(const char *path, const mkdir_owner *give, bool *ret_created) {
+/* A directory made for the user is chowned to owner (lchown: never
+ * through a symlink), also when the fs ids made it the user's already:
+ * envd chowns every directory it creates, so its watchers see CREATE then
+ * CHMOD, and the group is the user's even below a setgid directory. A
+ * chown that fails is an error only where the owner is not right yet. */
+static int mkdir_chown(const char *path, const mkdir_owner *owner) {
+        struct stat st;
+
+        if (lchown(path, owner->uid, owner->gid) == 0)
+                return 0;
+        int k = negative_errno();
+        if (lstat(path, &st) == 0 && st.st_uid == owner->uid && st.st_gid == owner->gid)
+                return 0;
+        return k;
+}
+
+/* mkdir -p, each directory it creates handed to owner (mkdir_chown). */
+int mkdir_parents(const char *path, const mkdir_owner *owner, bool *ret_created) {
         char buf[INIT_PATH_BUF];
         size_t len = strlen(path);
         bool created = false;
@@ -400,8 +426,9 @@ int mkdir_parents(const char *path, const mkdir_owner *give, bool *ret_created) 
                 if (p > buf + 1) { /* not the root itself */
                         if (mkdir(buf, 0755) == 0) {
                                 created = true;
-                                if (give && lchown(buf, give->uid, give->gid) < 0)
-                                        return negative_errno();
+                                int k = mkdir_chown(buf, owner);
+                                if (k < 0)
+                                        return k;
                         } else if (errno == EEXIST) {
                                 struct stat st;
                                 /* Followed: a symlink to a directory is
@@ -475,15 +502,16 @@ static void fs_stat(conn *c, const req *r, const char *path) {
         msg_send(c, NULL, 0);
 }
 
-static void fs_mkdir(conn *c, const req *r, const char *path) {
+static void fs_mkdir(conn *c, const req *r, const char *path, const mkdir_owner *owner) {
         bool created = false;
         int k = 0;
 
         if (req_u64(r, T_PARENTS, 0))
-                k = mkdir_parents(path, NULL, &created);
-        else if (mkdir(path, 0755) == 0)
+                k = mkdir_parents(path, owner, &created);
+        else if (mkdir(path, 0755) == 0) {
                 created = true;
-        else if (errno == EEXIST) {
+                k = mkdir_chown(path, owner);
+        } else if (errno == EEXIST) {
                 struct stat st;
                 if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
                         k = -EEXIST;
@@ -499,7 +527,7 @@ static void fs_mkdir(conn *c, const req *r, const char *path) {
         msg_send(c, NULL, 0);
 }
 
-static void fs_move(conn *c, const req *r, const char *from) {
+static void fs_move(conn *c, const req *r, const char *from, const mkdir_owner *owner) {
         char to[INIT_PATH_BUF], dir[INIT_PATH_BUF];
         struct stat st;
 
@@ -510,7 +538,7 @@ static void fs_move(conn *c, const req *r, const char *from) {
                 /* Like envd: a missing destination directory is created. */
                 if (k == -ENOENT && lstat(from, &st) == 0) {
                         path_split(to, dir);
-                        k = mkdir_parents(dir, NULL, NULL);
+                        k = mkdir_parents(dir, owner, NULL);
                         if (k >= 0)
                                 k = rename(from, to) < 0 ? negative_errno() : 0;
                 }
@@ -808,7 +836,7 @@ static void write_finish(file_write *w) {
         uint32_t id = w->commit_id;
         fsuser saved;
         struct stat st;
-        bool existed = false;
+        bool existed = false, meta_changed = w->meta_set && w->n_meta > 0;
         int err = w->error;
 
         /* Off the list before replying: a failed reply closes c, which
@@ -856,10 +884,14 @@ static void write_finish(file_write *w) {
                 existed = true;
                 if (S_ISDIR(st.st_mode))
                         err = EISDIR;
-                else if (S_ISREG(st.st_mode))
+                else if (S_ISREG(st.st_mode)) {
                         /* Replacing a file keeps its permissions (a script
                          * stays executable); the owner becomes the user. */
                         (void) fchmod(w->tmp_fd, st.st_mode & 0777);
+                        /* envd writes in place and removes the old file's
+                         * keys one by one: watchers see that as a CHMOD */
+                        meta_changed = meta_changed || has_meta(w->path);
+                }
         }
         if (!err && renameat(w->dir_fd, w->tmp_name, w->dir_fd, w->name) < 0)
                 err = errno;
@@ -875,7 +907,7 @@ static void write_finish(file_write *w) {
                 reply_error(c, id, k, "stat %s", w->path);
         else
                 msg_send(c, NULL, 0);
-        watch_note_write(w->path, !existed, existed || w->written > 0);
+        watch_note_write(w->path, !existed, existed || w->written > 0, meta_changed);
 out:
         fsuser_restore(&saved);
         source_kill(&w->src);
@@ -1027,11 +1059,12 @@ static void fs_write_begin(conn *c, const req *r, const char *path, uid_t uid, g
          * the file itself is still created with the user's fsuid, so an
          * existing directory's permissions keep applying. (Inside the
          * sandbox, `user` can become sandbox root with sudo anyway.) */
-        k = mkdir_parents(dir, NULL, NULL);
+        const mkdir_owner owner = { uid, gid };
+        k = mkdir_parents(dir, &owner, NULL);
         if (k == -EACCES && uid != 0) {
                 fsuser root_saved;
                 if (fsuser_enter(0, 0, &root_saved) == 0) {
-                        k = mkdir_parents(dir, &(mkdir_owner){ uid, gid }, NULL);
+                        k = mkdir_parents(dir, &owner, NULL);
                         fsuser_restore(&root_saved);
                 }
         }
@@ -1177,10 +1210,10 @@ void files_handle(conn *c, const req *r) {
                 fs_list(c, r, path, uid, gid);
                 break;
         case INITPROTO_FS_MKDIR:
-                fs_mkdir(c, r, path);
+                fs_mkdir(c, r, path, &(mkdir_owner) { uid, gid });
                 break;
         case INITPROTO_FS_MOVE:
-                fs_move(c, r, path);
+                fs_move(c, r, path, &(mkdir_owner) { uid, gid });
                 break;
         case INITPROTO_FS_REMOVE:
                 fs_remove(c, r, path);

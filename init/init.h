@@ -202,10 +202,11 @@ void files_conn_gone(conn *c);
 void watch_handle(conn *c, const req *r);
 void watch_conn_gone(conn *c);
 /* A write committed path by renaming its temporary file into place (whose
- * own inotify events watchers never see): report it the way an in-place
- * write shows up, CREATE (when created) and WRITE (when it has data or
- * replaced a file). */
-void watch_note_write(const char *path, bool created, bool wrote);
+ * own inotify events watchers never see): report it the way envd's
+ * in-place write shows up (docs/protocol.md, "Watch events"): CREATE and
+ * CHMOD (its chown) for a new file, CHMOD for a replaced one, WRITE when
+ * it wrote data or truncated a file, CHMOD when metadata xattrs changed. */
+void watch_note_write(const char *path, bool created, bool wrote, bool meta_changed);
 /* ".<name>.hutch-XXXXXX": the temporary file of a write in progress. */
 bool write_temp_name(const char *name);
 
@@ -243,13 +244,13 @@ int file_info_put(initproto_writer *w, int dirfd, const char *name, const char *
  * T_META_KEY/T_META_VALUE pairs; entries outside the bounds are left out. */
 void file_meta_put(initproto_writer *w, const char *path);
 
-/* Create every missing directory of path (mode 0755, owned by the fs user).
- * ret_created: whether the last component was created here. */
+/* Create every missing directory of path (mode 0755), each chowned to
+ * owner. ret_created: whether the last component was created here. */
 typedef struct mkdir_owner {
         uid_t uid;
         gid_t gid;
 } mkdir_owner;
-int mkdir_parents(const char *path, const mkdir_owner *give, bool *ret_created);
+int mkdir_parents(const char *path, const mkdir_owner *owner, bool *ret_created);
 
 void log_debug(const char *fmt, ...) _printf_(1, 2);
 void log_debug_enable(bool on);

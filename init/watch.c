@@ -23,7 +23,11 @@
 
 #define WATCH_MASK                                                                                 \
         (IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_MODIFY | IN_DELETE | IN_ATTRIB |             \
-         IN_EXCL_UNLINK | IN_ONLYDIR)
+         IN_DELETE_SELF | IN_MOVE_SELF | IN_EXCL_UNLINK | IN_ONLYDIR)
+
+/* Entries of a directory are walked in batches of this many, each sorted
+ * by name. */
+#define WALK_BATCH 1024
 
 typedef struct watch_dir {
         int wd;
@@ -40,7 +44,9 @@ typedef struct watch {
         gid_t gid;
         watch_dir *dirs; /* sorted by wd */
         size_t n_dirs, n_alloc;
+        int root_wd;          /* of the watched directory itself */
         uint32_t temp_cookie; /* of the last temp file moved away (into place) */
+        uint32_t dir_cookie;  /* of the last directory moved away */
 } watch;
 
 static watch *watches;
@@ -129,42 +135,95 @@ enomem:
         return -ENOMEM;
 }
 
+static void watch_send(watch *w, const char *path, int kind) {
+        initproto_writer *m = msg_begin(INITPROTO_EV_WATCH, 0, 0);
+        initproto_put_u64(m, T_WATCH_ID, w->id);
+        initproto_put_str(m, T_PATH, path);
+        initproto_put_u64(m, T_EVENT, (uint64_t) kind);
+        msg_send(w->owner, NULL, 0);
+}
+
+typedef struct walk_entry {
+        char *name;
+        unsigned char type; /* DT_* */
+} walk_entry;
+
+static int walk_entry_cmp(const void *a, const void *b) {
+        return strcmp(((const walk_entry *) a)->name, ((const walk_entry *) b)->name);
+}
+
+static int add_subtree(watch *w, const char *path, unsigned depth, bool announce);
+
+static int add_entry(watch *w, const char *path, const walk_entry *e, unsigned depth, bool announce) {
+        char sub[INIT_PATH_BUF];
+        int n = snprintf(sub, sizeof sub, "%s/%s", streq(path, "/") ? "" : path, e->name);
+        if (n < 0 || (size_t) n >= sizeof sub)
+                return 0;
+        if (announce) {
+                watch_send(w, sub, INITPROTO_WEV_CREATE);
+                if (w->src.dead)
+                        return -EPIPE; /* the client is gone */
+        }
+        if (e->type != DT_DIR && e->type != DT_UNKNOWN)
+                return 0;
+        int r = dir_add(w, sub, IN_DONT_FOLLOW);
+        if (r == -ENOTDIR || r == -ENOENT || r == -EACCES)
+                return 0; /* not a directory after all, or not ours to see */
+        if (r < 0)
+                return r;
+        return add_subtree(w, sub, depth + 1, announce);
+}
+
 /* Watch every directory below path (path itself is watched already).
  * Subdirectories are found with O_NOFOLLOW opens and added with
- * IN_DONT_FOLLOW: a symlink never extends the watch elsewhere. */
-static int add_subtree(watch *w, const char *path, unsigned depth) {
+ * IN_DONT_FOLLOW: a symlink never extends the watch elsewhere.
+ *
+ * With announce, every entry is reported as CREATE, by name, each
+ * directory before what it holds: a directory new to a recursive watch
+ * (mkdir -p, a move from elsewhere) may hold entries made before its own
+ * watch existed, and envd's watcher walks it the same way (Go's WalkDir,
+ * in name order), sending CREATE for each. Temporary files of writes in
+ * progress are no entries (their commit reports the file). */
+static int add_subtree(watch *w, const char *path, unsigned depth, bool announce) {
         if (depth >= INIT_MAX_DEPTH)
                 return 0;
         int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
         if (fd < 0)
                 return 0; /* gone or unreadable: nothing below to watch */
         DIR *d = fdopendir(fd);
-        if (!d) {
-                close(fd);
+        walk_entry *batch = d ? malloc(WALK_BATCH * sizeof *batch) : NULL;
+        if (!batch) {
+                if (d)
+                        closedir(d);
+                else
+                        close(fd);
                 return -ENOMEM;
         }
         int r = 0;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                if (streq(de->d_name, ".") || streq(de->d_name, ".."))
-                        continue;
-                if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN)
-                        continue;
-                char sub[INIT_PATH_BUF];
-                int n = snprintf(sub, sizeof sub, "%s/%s", streq(path, "/") ? "" : path, de->d_name);
-                if (n < 0 || (size_t) n >= sizeof sub)
-                        continue;
-                r = dir_add(w, sub, IN_DONT_FOLLOW);
-                if (r == -ENOTDIR || r == -ENOENT || r == -EACCES) {
-                        r = 0; /* not a directory after all, or not ours to see */
-                        continue;
+        for (size_t n = WALK_BATCH; n == WALK_BATCH && r >= 0;) {
+                struct dirent *de;
+                n = 0;
+                while (n < WALK_BATCH && (de = readdir(d))) {
+                        if (streq(de->d_name, ".") || streq(de->d_name, "..") ||
+                            write_temp_name(de->d_name))
+                                continue;
+                        if (!announce && de->d_type != DT_DIR && de->d_type != DT_UNKNOWN)
+                                continue;
+                        char *name = strdup(de->d_name);
+                        if (!name) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        batch[n++] = (walk_entry) { .name = name, .type = de->d_type };
                 }
-                if (r < 0)
-                        break;
-                r = add_subtree(w, sub, depth + 1);
-                if (r < 0)
-                        break;
+                qsort(batch, n, sizeof *batch, walk_entry_cmp);
+                for (size_t i = 0; i < n; i++) {
+                        if (r >= 0)
+                                r = add_entry(w, path, &batch[i], depth, announce);
+                        free(batch[i].name);
+                }
         }
+        free(batch);
         closedir(d);
         return r;
 }
@@ -197,12 +256,36 @@ static int event_kind(uint32_t mask) {
         return 0;
 }
 
-static void watch_send(watch *w, const char *path, int kind) {
-        initproto_writer *m = msg_begin(INITPROTO_EV_WATCH, 0, 0);
-        initproto_put_u64(m, T_WATCH_ID, w->id);
-        initproto_put_str(m, T_PATH, path);
-        initproto_put_u64(m, T_EVENT, (uint64_t) kind);
-        msg_send(w->owner, NULL, 0);
+/* The watched directory moved: like envd, watch nothing more. */
+static void forget_all(watch *w) {
+        while (w->n_dirs > 0) {
+                watch_dir *d = &w->dirs[--w->n_dirs];
+                (void) inotify_rm_watch(w->src.fd, d->wd);
+                free(d->path);
+        }
+}
+
+/* An event of a watched directory itself (no name). envd reports those of
+ * the watched directory as "." (a name relative to itself): CHMOD, REMOVE
+ * when it is deleted, RENAME when it is moved, after which it watches
+ * nothing. Of a subdirectory (recursive) only IN_ATTRIB counts: the kernel
+ * sends it to the parent's watch, with a name, and then to the
+ * subdirectory's own, and envd reports both; its deletion or move is
+ * reported by its parent. */
+static void watch_self_event(watch *w, size_t i, uint32_t mask) {
+        bool root = w->dirs[i].wd == w->root_wd;
+
+        if (mask & IN_ATTRIB)
+                watch_send(w, w->dirs[i].path, INITPROTO_WEV_CHMOD);
+        if (!root || w->src.dead)
+                return;
+        if (mask & IN_DELETE_SELF)
+                watch_send(w, w->dirs[i].path, INITPROTO_WEV_REMOVE);
+        else if (mask & IN_MOVE_SELF) {
+                watch_send(w, w->dirs[i].path, INITPROTO_WEV_RENAME);
+                if (!w->src.dead)
+                        forget_all(w);
+        }
 }
 
 static void watch_event(watch *w, const struct inotify_event *ev, const char *name) {
@@ -216,10 +299,10 @@ static void watch_event(watch *w, const struct inotify_event *ev, const char *na
                 dir_forget(w, ev->wd);
                 return;
         }
-        /* Events on a watched directory itself (len 0) are reported by its
-         * parent's watch already, with a name. */
-        if (ev->len == 0 || name[0] == '\0')
+        if (ev->len == 0 || name[0] == '\0') {
+                watch_self_event(w, i, ev->mask);
                 return;
+        }
         /* The temporary file of a write, and its rename into place, are
          * not what happened for the client: write_finish() reports the
          * write itself (watch_note_write). A rename's two halves come
@@ -240,43 +323,31 @@ static void watch_event(watch *w, const struct inotify_event *ev, const char *na
         if (n < 0 || (size_t) n >= sizeof path)
                 return;
 
+        /* A directory new to a recursive watch is watched, and what it
+         * holds already is announced, unless it only moved within the
+         * watch (its halves are adjacent: same cookie). */
+        bool rewatch = false, announce = false;
         if (w->recursive && (ev->mask & IN_ISDIR)) {
-                if (ev->mask & (IN_CREATE | IN_MOVED_TO)) {
-                        fsuser saved;
-                        if (fsuser_enter(w->uid, w->gid, &saved) >= 0) {
-                                if (dir_add(w, path, IN_DONT_FOLLOW) >= 0)
-                                        (void) add_subtree(w, path, 0);
-                                fsuser_restore(&saved);
-                        }
-                } else if (ev->mask & IN_MOVED_FROM)
+                if (ev->mask & IN_MOVED_FROM) {
+                        w->dir_cookie = ev->cookie;
                         forget_subtree(w, path);
+                } else if (ev->mask & (IN_CREATE | IN_MOVED_TO)) {
+                        rewatch = true;
+                        announce = (ev->mask & IN_CREATE) || ev->cookie != w->dir_cookie;
+                        w->dir_cookie = 0;
+                }
         }
 
         int kind = event_kind(ev->mask);
         if (kind)
                 watch_send(w, path, kind);
-}
-
-void watch_note_write(const char *path, bool created, bool wrote) {
-        const char *slash = strrchr(path, '/');
-        size_t dlen = slash && slash != path ? (size_t) (slash - path) : 1;
-
-        if (!slash)
-                return;
-        for (watch *w = watches, *next; w; w = next) {
-                next = w->next;
-                bool covered = false;
-                for (size_t i = 0; i < w->n_dirs && !covered; i++)
-                        covered = strlen(w->dirs[i].path) == dlen &&
-                                  memcmp(w->dirs[i].path, path, dlen) == 0;
-                if (!covered || w->src.dead || !conn_alive(w->owner))
-                        continue;
-                /* Sending may drop the client, and its watches (w, maybe
-                 * next too: both are only killed, freed after the batch). */
-                if (created)
-                        watch_send(w, path, INITPROTO_WEV_CREATE);
-                if (wrote && !w->src.dead)
-                        watch_send(w, path, INITPROTO_WEV_WRITE);
+        if (rewatch && !w->src.dead) {
+                fsuser saved;
+                if (fsuser_enter(w->uid, w->gid, &saved) >= 0) {
+                        if (dir_add(w, path, IN_DONT_FOLLOW) >= 0)
+                                (void) add_subtree(w, path, 0, announce);
+                        fsuser_restore(&saved);
+                }
         }
 }
 
@@ -302,6 +373,50 @@ static void watch_dispatch(source *s, uint32_t events) {
                         /* Sending may have dropped the client, and w with it. */
                         if (w->src.dead)
                                 return;
+                }
+        }
+}
+
+void watch_note_write(const char *path, bool created, bool wrote, bool meta_changed) {
+        const char *slash = strrchr(path, '/');
+        size_t dlen = slash && slash != path ? (size_t) (slash - path) : 1;
+        int kinds[4];
+        size_t n_kinds = 0;
+
+        if (!slash)
+                return;
+        /* envd: open(O_CREAT|O_TRUNC) is a CREATE for a new file; the
+         * chown that follows (before the open for an existing file), a
+         * CHMOD; the truncation of an existing file and the data, WRITE
+         * (one: the kernel merges an IN_MODIFY into the one still queued
+         * before it, so how many a large upload gives envd's readers
+         * varies); setting or clearing metadata xattrs, CHMOD. */
+        if (created)
+                kinds[n_kinds++] = INITPROTO_WEV_CREATE;
+        kinds[n_kinds++] = INITPROTO_WEV_CHMOD;
+        if (wrote)
+                kinds[n_kinds++] = INITPROTO_WEV_WRITE;
+        if (meta_changed)
+                kinds[n_kinds++] = INITPROTO_WEV_CHMOD;
+
+        for (watch *w = watches, *next; w; w = next) {
+                next = w->next;
+                if (w->src.dead)
+                        continue;
+                /* What the kernel queued before goes out first: a parent
+                 * directory the write made, and the temporary file's own
+                 * events, dropped here. Reading may drop the client, and
+                 * its watches (w, maybe next too: both are only killed,
+                 * freed after the batch). */
+                watch_dispatch(&w->src, EPOLLIN);
+                bool covered = false;
+                for (size_t i = 0; i < w->n_dirs && !covered; i++)
+                        covered = strlen(w->dirs[i].path) == dlen &&
+                                memcmp(w->dirs[i].path, path, dlen) == 0;
+                for (size_t k = 0; k < n_kinds && covered; k++) {
+                        if (w->src.dead || !conn_alive(w->owner))
+                                break;
+                        watch_send(w, path, kinds[k]);
                 }
         }
 }
@@ -340,8 +455,10 @@ static void watch_add(conn *c, const req *r, const char *path, uid_t uid, gid_t 
                 goto fail;
         }
         k = dir_add(w, path, 0);
+        if (k >= 0)
+                w->root_wd = w->dirs[0].wd;
         if (k >= 0 && w->recursive)
-                k = add_subtree(w, path, 0);
+                k = add_subtree(w, path, 0, false);
         if (k >= 0)
                 k = source_add(&w->src, EPOLLIN);
         if (k < 0)
