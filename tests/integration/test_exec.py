@@ -202,3 +202,48 @@ def test_run_tty(warm):
     cp = run_hutch(["run", "-t", "--", "sh", "-c", "tty; stty size"])
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.startswith(b"/dev/pts/") and b"24 80" in cp.stdout, cp.stdout
+
+
+def test_run_tty_job_control_ctrl_z(warm):
+    """Ctrl-Z typed on our terminal stops the command's foreground job inside
+    the sandbox (its own terminal's SIGTSTP), not hutch: the shell reports
+    it stopped, `jobs` lists it, it makes no progress until `fg` resumes it,
+    and its output and status come back as on a local terminal."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(str(hutchtest.hutch_path()), ["hutch", "run", "-it", "--", "bash", "--norc", "-i"])
+    try:
+        os.write(fd, b"PS1='$ '; echo re\"\"ady\n")  # the echo of what we type never matches
+        _read_until(fd, b"ready")
+        # a job (a subshell: one process group, as a pipeline would be)
+        # that tells its progress: stopped by ^Z, it stops counting
+        os.write(fd, b"(for i in 1 2 3 4 5 6 7 8 9; do sleep 0.4; echo tick$i; done; echo loop\"\"done)\n")
+        _read_until(fd, b"tick1")
+        os.write(fd, b"\x1a")
+        out = _read_until(fd, b"Stopped")
+        os.write(fd, b"jobs; echo lis\"\"ted\n")
+        out = _read_until(fd, b"listed")
+        assert b"Stopped" in out and b"for i in" in out, out
+        # stopped: no tick comes while it is
+        time.sleep(1.2)
+        os.write(fd, b"echo qu\"\"iet\n")
+        out = _read_until(fd, b"quiet")
+        assert b"tick" not in out.split(b"echo qu")[0], out
+        # hutch itself was not stopped: it still relays our input
+        os.write(fd, b"echo alive=$((6*7))\n")
+        _read_until(fd, b"alive=42")
+        # fg: the job goes on to its end in the foreground
+        os.write(fd, b"fg\n")
+        out = _read_until(fd, b"loopdone", timeout=30)
+        assert b"tick9" in out, out
+        os.write(fd, b"echo after=$?\n")
+        _read_until(fd, b"after=0")
+        os.write(fd, b"exit 3\n")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 3
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
