@@ -48,6 +48,7 @@ bool cli_env_name_valid(const char *kv);
  * SIGPIPE ignored, so that a closed stdout does not kill us first. */
 int cli_signals_open(void);
 int verb_audit(int argc, char **argv);
+int verb_logs(int argc, char **argv); /* logs.c */
 /* an event for the audit trail from a CLI verb (cli/audit.c); steals detail */
 struct json_t;
 void cli_audit_note(const char *data_dir, const char *kind, struct json_t *detail);

@@ -18,6 +18,7 @@ static void usage(FILE *f) {
               "  usage [--team T] [--by day]     the usage ledger: what each sandbox used (--help)\n"
               "  ps [-a] [-q] [--filter K=V]     list this host's live sandboxes (-a: dead ones too)\n"
               "  exec [-i] [-t] ID -- CMD        run a command in a live sandbox (--help)\n"
+              "  logs [-f] ID                    what happened in a daemon's sandbox, from its audit trail\n"
               "  kill ID...                      destroy sandboxes\n"
               "  router [OPTIONS]                a stateless front end for several daemons (--help)\n"
               "  node drain|undrain|status       stop (or resume) taking creates on this host's daemon\n"
@@ -82,6 +83,8 @@ int main(int argc, char **argv) {
                 return verb_usage(argc - 1, argv + 1);
         if (streq(verb, "audit"))
                 return verb_audit(argc - 1, argv + 1);
+        if (streq(verb, "logs"))
+                return verb_logs(argc - 1, argv + 1);
         if (streq(verb, "router"))
                 return verb_router(argc - 1, argv + 1);
         if (streq(verb, "node"))

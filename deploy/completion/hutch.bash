@@ -5,7 +5,7 @@ _hutch() {
         prev=${COMP_WORDS[COMP_CWORD-1]}
         verb=${COMP_WORDS[1]}
         if ((COMP_CWORD == 1)); then
-                COMPREPLY=($(compgen -W "run serve key volume template audit usage ps exec kill router node gc doctor version help" -- "$cur"))
+                COMPREPLY=($(compgen -W "run serve key volume template audit usage ps exec logs kill router node gc doctor version help" -- "$cur"))
                 return
         fi
         case $verb in
@@ -41,6 +41,7 @@ _hutch() {
                 COMPREPLY=($(compgen -W "$(hutch ps -q 2>/dev/null)" -- "$cur")) ;;
         kill) COMPREPLY=($(compgen -W "$(hutch ps --json 2>/dev/null | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4)" -- "$cur")) ;;
         ps) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
+        logs) COMPREPLY=($(compgen -W "-f --follow --since --kind --json --data-dir" -- "$cur")) ;;
         esac
 }
 complete -F _hutch hutch

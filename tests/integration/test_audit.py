@@ -461,3 +461,64 @@ def test_verify_beside_a_writing_daemon_never_cries_wolf(sandboxed_hutch, tmp_pa
         stop.set()
         t.join(30)
         d.stop()
+
+
+def test_hutch_logs_shows_and_follows_a_sandbox(sandboxed_hutch, tmp_path):
+    """`hutch logs ID` prints what happened in one sandbox, from the trail,
+    a line a record; --json prints the records; -f follows new ones and
+    ends by itself when the sandbox ends; bad input is a usage error."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    d.start()
+
+    def logs(*args, **kw):
+        return subprocess.run([str(sandboxed_hutch), "logs", "--data-dir", str(data), *args],
+                              capture_output=True, timeout=60, **kw)
+    try:
+        sb = d.create()
+        sid = sb["sandboxID"]
+        end, out, _, _ = d.run(sb, "echo logged; exit 5")
+        assert end.get("exitCode") == 5, end
+        assert d.upload(sb, "/tmp/seen.txt", b"hello", user="root").status == 200
+
+        def text():
+            cp = logs(sid)
+            assert cp.returncode == 0, cp.stderr
+            return cp.stdout.decode()
+        assert wait_until(lambda: "file.write" in text(), 10), text()
+        lines = text().splitlines()
+        start = next(ln for ln in lines if " process.start " in ln)
+        assert "/bin/bash -l -c echo logged; exit 5" in start or "echo logged; exit 5" in start, start
+        assert any(" process.end " in ln and "exited 5" in ln for ln in lines), lines
+        assert any(" file.write " in ln and "/tmp/seen.txt (5 bytes" in ln for ln in lines), lines
+        assert all(ln[:4].isdigit() for ln in lines), lines  # each line starts with its time
+        recs = [json.loads(ln) for ln in logs("--json", sid).stdout.splitlines()]
+        assert recs and all(r["sandbox"] == sid for r in recs), recs
+        assert [r for r in recs if r["kind"] == "process.end"][0]["detail"]["exit_code"] == 5
+        only = logs("--kind", "process.", sid).stdout.decode().splitlines()
+        assert only and all(" process." in ln for ln in only), only
+
+        # -f: what comes later, then its end
+        f = subprocess.Popen([str(sandboxed_hutch), "logs", "-f", "--data-dir", str(data), sid],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1)
+            d.run(sb, "echo later-one")
+            time.sleep(1)
+            assert d.kill(sid).status == 204
+            out, err = f.communicate(timeout=30)
+        finally:
+            if f.poll() is None:
+                f.kill()
+                f.wait()
+        assert f.returncode == 0, err
+        tail = out.decode()
+        assert "later-one" in tail and " sandbox.end " in tail and "killed" in tail, tail
+    finally:
+        d.stop()
+    cp = logs("3p3unosuchsandbox000")
+    assert cp.returncode == 1 and b"no sandbox" in cp.stderr, cp
+    cp = logs()
+    assert cp.returncode == 2 and b"wants a SANDBOX_ID" in cp.stderr, cp
+    cp = logs("--since", "whenever", "x")
+    assert cp.returncode == 2, cp

@@ -73,7 +73,7 @@ def test_config_file_error_names_file_line_and_key(tmp_path):
 
 
 @pytest.mark.parametrize("verb", ["doctor", "kill", "gc", "ps", "run", "serve", "key", "volume", "usage",
-                                  "audit", "node"])
+                                  "audit", "node", "logs"])
 def test_help_exits_0(verb):
     cp = run_hutch([verb, "--help"])
     assert cp.returncode == 0, (verb, cp.stderr)
