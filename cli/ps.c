@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* hutch ps / hutch kill: the sandboxes of this host, without a daemon. */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,20 +55,32 @@ int verb_ps(int argc, char **argv) {
         bool json = false, all = false, quiet = false;
         ps_filter filters[16];
         size_t n_filters = 0;
-        for (int i = 1; i < argc; i++) {
-                const char *a = argv[i];
-                if (streq(a, "--json"))
+        static const struct option longopts[] = {
+                { "json", no_argument, NULL, 'j' },   { "all", no_argument, NULL, 'a' },
+                { "quiet", no_argument, NULL, 'q' },  { "filter", required_argument, NULL, 'f' },
+                { "help", no_argument, NULL, 'h' },   {},
+        };
+        int c;
+        opterr = 0;
+        optind = 1;
+        /* getopt: `ps -aq` as in docker */
+        while ((c = getopt_long(argc, argv, ":aqf:h", longopts, NULL)) != -1) {
+                switch (c) {
+                case 'j':
                         json = true;
-                else if (streq(a, "-a") || streq(a, "--all"))
+                        break;
+                case 'a':
                         all = true;
-                else if (streq(a, "-q") || streq(a, "--quiet"))
+                        break;
+                case 'q':
                         quiet = true;
-                else if (streq(a, "-h") || streq(a, "--help")) {
+                        break;
+                case 'h':
                         fputs(ps_usage, stdout);
                         return 0;
-                } else if (streq(a, "--filter") || startswith(a, "--filter=")) {
-                        const char *f = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
-                        const char *eq = f ? strchr(f, '=') : NULL;
+                case 'f': {
+                        const char *f = optarg;
+                        const char *eq = strchr(f, '=');
                         size_t kl = eq ? (size_t) (eq - f) : 0;
                         static const char *const keys[] = { "state", "backend", "template", "owner", "id" };
                         const char *key = NULL;
@@ -77,16 +90,21 @@ int verb_ps(int argc, char **argv) {
                         if (!key || n_filters >= ELEMENTSOF(filters)) {
                                 log_error("invalid --filter '%s' (KEY=VALUE with KEY state, backend, template, owner "
                                           "or id; at most 16)",
-                                          f ? f : "");
+                                          f);
                                 return EXIT_USAGE;
                         }
                         filters[n_filters++] = (ps_filter) { key, eq + 1 };
                         if (streq(key, "state") && streq(eq + 1, "dead"))
                                 all = true;
-                } else {
-                        log_error("unknown option '%s' (see `hutch ps --help`)", a);
-                        return EXIT_USAGE;
+                        break;
                 }
+                default:
+                        return cli_getopt_error("ps", c, argv);
+                }
+        }
+        if (optind < argc) {
+                log_error("ps: unexpected argument '%s' (see `hutch ps --help`)", argv[optind]);
+                return EXIT_USAGE;
         }
         hutch_ctx *ctx;
         if (cli_ctx(&ctx) < 0)

@@ -27,6 +27,8 @@ from hutchtest import assert_single_error_line, run_hutch
     (["serve", "--memory", "1"], "memory: 1 is out of range"),
     (["doctor", "--bogus"], "unknown argument '--bogus'"),
     (["ps", "--bogus"], "unknown option '--bogus'"),
+    (["ps", "stray"], "unexpected argument 'stray'"),
+    (["ps", "--filter"], "option '--filter' needs a value"),
     (["kill", "--bogus"], "unknown option '--bogus'"),
     (["gc", "--bogus"], "usage: hutch gc"),
     (["version", "--bogus"], "unknown argument '--bogus'"),

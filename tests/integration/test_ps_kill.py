@@ -116,6 +116,9 @@ def test_ps_lists_live_ones_with_owner_filters_and_quiet(warm, tmp_path):
             assert dead in run_hutch(["ps", "-a"]).stdout.decode()
             dead_ids = run_hutch(["ps", "-q", "--filter", "state=dead"]).stdout.decode().split()
             assert dead in dead_ids and sid not in dead_ids, dead_ids
+            # short flags combine as in docker: -aq is -a -q
+            both = run_hutch(["ps", "-aq", f"--filter=id={dead}"]).stdout.decode().split()
+            assert both == [dead], both
         finally:
             (hutchtest.STATE_DIR / dead).rmdir()
         q = run_hutch(["ps", "-q", "--filter", f"owner=hutch run pid {bg.proc.pid}", "--filter", "backend=ns",
