@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* `hutch template pull` and `hutch template login` (lib/image/pull.h). */
 #include <errno.h>
+#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,38 +183,59 @@ int template_pull_main(int argc, char **argv) {
         const char *ref = NULL, *name = NULL;
         image_pull_opts opts = { 0 };
         bool json = false;
-        for (int i = 1; i < argc; i++) {
-                const char *a = argv[i];
-                bool has_next = i + 1 < argc;
-                if (streq(a, "--help") || streq(a, "-h")) {
-                        fputs(pull_usage, stdout);
-                        return 0;
-                } else if (streq(a, "--json"))
+        static const struct option longopts[] = {
+                { "json", no_argument, NULL, 'j' },
+                { "name", required_argument, NULL, 'n' },
+                { "registries-conf", required_argument, NULL, 'r' },
+                { "configured-only", no_argument, NULL, 'o' },
+                { "ca-file", required_argument, NULL, 'c' },
+                { "parallel", required_argument, NULL, 'p' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+        opterr = 0;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+                switch (c) {
+                case 'j':
                         json = true;
-                else if (streq(a, "--name") && has_next)
-                        name = argv[++i];
-                else if (streq(a, "--registries-conf") && has_next)
-                        opts.conf_path = argv[++i];
-                else if (streq(a, "--configured-only"))
+                        break;
+                case 'n':
+                        name = optarg;
+                        break;
+                case 'r':
+                        opts.conf_path = optarg;
+                        break;
+                case 'o':
                         opts.configured_only = true;
-                else if (streq(a, "--ca-file") && has_next)
-                        opts.ca_file = argv[++i];
-                else if (streq(a, "--parallel") && has_next) {
+                        break;
+                case 'c':
+                        opts.ca_file = optarg;
+                        break;
+                case 'p': {
                         uint64_t n;
-                        if (parse_u64(argv[++i], REGISTRY_MAX_PARALLEL, &n) < 0 || n == 0) {
+                        if (parse_u64(optarg, REGISTRY_MAX_PARALLEL, &n) < 0 || n == 0) {
                                 log_error("--parallel wants 1-%u", REGISTRY_MAX_PARALLEL);
                                 return EXIT_USAGE;
                         }
                         opts.parallel = (unsigned) n;
-                } else if (a[0] == '-' && a[1]) {
-                        log_error("unknown or incomplete option '%s'\n%s", a, pull_usage);
-                        return EXIT_USAGE;
-                } else if (!ref)
-                        ref = a;
-                else {
-                        log_error("one reference only ('%s', then '%s')", ref, a);
+                        break;
+                }
+                case 'h':
+                        fputs(pull_usage, stdout);
+                        return 0;
+                default:
+                        (void) cli_getopt_error("template pull", c, argv);
+                        fputs(pull_usage, stderr);
                         return EXIT_USAGE;
                 }
+        }
+        if (optind < argc)
+                ref = argv[optind++];
+        if (optind < argc) {
+                log_error("one reference only ('%s', then '%s')", ref, argv[optind]);
+                return EXIT_USAGE;
         }
         if (!ref) {
                 fputs(pull_usage, stderr);
