@@ -276,6 +276,12 @@ static const char *const migrations[] = {
         ") WITHOUT ROWID;"
         "CREATE INDEX usage_team ON usage(team_id, started_ms);"
         "CREATE INDEX usage_open ON usage(sandbox_id) WHERE ended_ms = 0;",
+        /* 9: GPUs in the usage ledger (docs/gpu.md): how many the sandbox
+         * held, GPUs × lifetime (ms), and the most GPU memory its processes
+         * held, NULL where it was not measured (no NVML) */
+        "ALTER TABLE usage ADD COLUMN gpus INTEGER NOT NULL DEFAULT 0;"
+        "ALTER TABLE usage ADD COLUMN gpu_ms INTEGER NOT NULL DEFAULT 0;"
+        "ALTER TABLE usage ADD COLUMN gpu_memory_peak_bytes INTEGER;",
 };
 
 int store_schema_version(void) {
