@@ -282,6 +282,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 }
                 case OPT_GPUS: {
                         hutch_error e = { 0 };
+                        if (!*optarg)
+                                return log_error("invalid --gpus '': expected all, a count or GPU ids"), -EINVAL;
                         if (hutch_gpu_spec_check(optarg, &e) < 0)
                                 return log_error("invalid --gpus: %s", e.msg), -EINVAL;
                         o->sb.gpus = optarg;

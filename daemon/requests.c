@@ -137,6 +137,8 @@ int create_request_parse(json_t *body, uint64_t default_timeout_s, uint64_t max_
                         return fail(why, whylen, -EINVAL, "gpus: a count from 0 to %d", HUTCH_GPUS_MAX);
                 snprintf(r.gpus, sizeof r.gpus, "%lld", (long long) json_integer_value(gj));
         } else if (json_is_string(gj)) {
+                if (json_string_length(gj) == 0)
+                        return fail(why, whylen, -EINVAL, "gpus: empty (a count, \"all\" or GPU ids)");
                 if (json_string_length(gj) >= sizeof r.gpus || strlen(json_string_value(gj)) != json_string_length(gj))
                         return fail(why, whylen, -EINVAL, "gpus: too long");
                 snprintf(r.gpus, sizeof r.gpus, "%s", json_string_value(gj));
