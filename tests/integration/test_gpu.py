@@ -151,6 +151,8 @@ def reservations() -> set:
 def tree(tmp_path, warm):
     t = make_tree(tmp_path / "gpu")
     yield t
+    # a kill answers before the teardown that releases the GPU
+    hutchtest.wait_until(lambda: not reservations(), 20)
     assert not reservations(), f"GPU reservations left: {reservations()}"
 
 
@@ -353,6 +355,16 @@ def _create(d, **fields):
     return d.request("POST", "/v2/sandboxes", {"templateID": "base", **fields}, timeout=120)
 
 
+def _create_once_free(d, **fields):
+    """A create right after a kill: the GPU is free once the killed
+    sandbox's processes are gone (the kill answers first)."""
+    r = hutchtest.wait_until(lambda: (lambda x: x if x.status != 409 else None)(_create(d, **fields)), 20, 0.2)
+    assert r and r.status == 201, r
+    sb = r.json()
+    d.created[sb["sandboxID"]] = d.key
+    return sb
+
+
 def test_api_never_double_books(sandboxed_hutch, tree, tmp_path, monkeypatch):
     procs = tmp_path / "nvml-procs"
     procs.write_text("")
@@ -409,10 +421,7 @@ def test_api_never_double_books(sandboxed_hutch, tree, tmp_path, monkeypatch):
         # killed: its GPU is free for the next create once its processes
         # are gone (the kill answers first; the teardown follows at once)
         assert d.kill(a["sandboxID"]).status == 204
-        r = hutchtest.wait_until(lambda: (lambda x: x if x.status == 201 else None)(_create(d, gpus=[0])), 20, 0.2)
-        assert r and r.status == 201, r
-        c = r.json()
-        d.created[c["sandboxID"]] = d.key
+        c = _create_once_free(d, gpus=[0])
         assert d.request("GET", f"/sandboxes/{c['sandboxID']}").json()["gpus"] == [0]
 
         ra = _row(data, a["sandboxID"])
@@ -473,4 +482,29 @@ def test_ledger_without_nvml_says_not_measured(sandboxed_hutch, tmp_path, warm):
         assert row["gpu_memory_peak_bytes"] is None, row
     finally:
         d.stop()
+    hutchtest.wait_until(lambda: not reservations(), 20)
     assert not reservations()
+
+
+def test_fork_asks_for_the_parents_gpus(sandboxed_hutch, tree, tmp_path):
+    """A fork asks for what its parent asked for: a count gets a free GPU
+    of its own, ids (the parent's) are a 409 entry of the fork's answer."""
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0", *serve_args(tree)])
+    d.start()
+    try:
+        p = d.create(gpus=1)
+        r = d.request("POST", f"/sandboxes/{p['sandboxID']}/fork", {"count": 1}, timeout=120)
+        assert r.status == 201, r
+        (entry,) = r.json()
+        child = entry["sandbox"]["sandboxID"]
+        d.created[child] = d.key
+        assert d.request("GET", f"/sandboxes/{child}").json()["gpus"] == [1]
+        assert d.request("GET", f"/sandboxes/{p['sandboxID']}").json()["gpus"] == [0]
+        assert d.kill(child).status == 204
+        q = _create_once_free(d, gpus="device=1")
+        r = d.request("POST", f"/sandboxes/{q['sandboxID']}/fork", {"count": 1}, timeout=120)
+        assert r.status == 201, r
+        (entry,) = r.json()
+        assert entry["error"]["code"] == 409 and "held by sandbox" in entry["error"]["message"], entry
+    finally:
+        d.stop()
