@@ -731,7 +731,7 @@ int server_run(const server_config *cfg) {
                                 .gpu_dev_dir = srv->cfg.gpu_dev_dir,
                                 .gpu_driver_root = srv->cfg.gpu_driver_root,
                                 .gpu_proc_dir = srv->cfg.gpu_proc_dir,
-                                .gpu_share = srv->cfg.gpu_share != 0 };
+                                .gpu_share = srv->cfg.gpu_share ? 1 : -1 };
         r = hutch_ctx_new(&cc, &srv->ctx, &err);
         if (r < 0) {
                 log_error_errno(r, "%s", err.msg);

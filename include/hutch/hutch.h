@@ -42,11 +42,11 @@ typedef struct hutch_ctx_config {
          * programs are found under (default $HUTCH_GPU_DRIVER_ROOT, else /),
          * the driver's proc directory (default $HUTCH_GPU_PROC_DIR, else
          * /proc/driver/nvidia), and whether sandboxes may share a GPU
-         * (default $HUTCH_GPU_SHARE=1, else never). */
+         * (1 yes, -1 never, 0: yes when $HUTCH_GPU_SHARE=1). */
         const char *gpu_dev_dir;
         const char *gpu_driver_root;
         const char *gpu_proc_dir;
-        bool gpu_share;
+        int gpu_share;
 } hutch_ctx_config;
 
 int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error *err);

@@ -13,7 +13,8 @@
  *                and holder, made under the directory's flock, so that the
  *                daemon and every `hutch run` on the run dir never hand one
  *                GPU to two sandboxes (unless sharing is on); a reservation
- *                whose sandbox directory is gone is stale, as uid ranges
+ *                whose sandbox directory, or whose sandbox's init, is gone
+ *                is stale
  *   the child    detached read-only binds of each file and node, made here
  *                (as host root, so that the driver root's modes do not
  *                matter) before the clone; the child attaches them
@@ -286,7 +287,10 @@ static int holders_read(hutch_ctx *ctx, int dfd, const gpu_devs *g, holders *ret
                 char id[HUTCH_ID_LEN + 1];
                 if (!reservation_parse(de->d_name, &maj, &min, id))
                         continue;
-                if (!sandbox_dir_exists(ctx, id)) {
+                /* gone, or its init is: every process that could hold the
+                 * GPU is (a `hutch run` killed with SIGKILL leaves its
+                 * directory to `hutch gc`, and must not leave its GPU) */
+                if (!sandbox_dir_exists(ctx, id) || sandbox_init_gone(ctx, id)) {
                         (void) unlinkat(dfd, de->d_name, 0);
                         continue;
                 }

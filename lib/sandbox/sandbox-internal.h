@@ -267,4 +267,8 @@ int sandbox_busy_take(hutch_sandbox *sb, bool wait);
 void sandbox_busy_release(hutch_sandbox *sb);
 
 int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);
+/* Whether the sandbox's state file names an init that is no longer alive
+ * (false while there is no state: a create under way). On ns, init's end
+ * is the end of every process of the sandbox (its pid namespace). */
+bool sandbox_init_gone(hutch_ctx *ctx, const char *id);
 int sandbox_validate_id(const char *id);

@@ -65,7 +65,7 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
         ctx->gpu_proc_dir = dup_or(cfg->gpu_proc_dir, "HUTCH_GPU_PROC_DIR", "/proc/driver/nvidia");
         {
                 const char *share = getenv("HUTCH_GPU_SHARE");
-                ctx->gpu_share = cfg->gpu_share || (share && streq(share, "1"));
+                ctx->gpu_share = cfg->gpu_share > 0 || (cfg->gpu_share == 0 && share && streq(share, "1"));
         }
         ctx->uid_base = cfg->uid_base ? cfg->uid_base : 0x40000000u;
         ctx->uid_slots = cfg->uid_slots ? cfg->uid_slots : 4096;
@@ -257,6 +257,28 @@ static int proc_starttime(pid_t pid, uint64_t *ret) {
         }
         *ret = strtoull(p + 1, NULL, 10);
         return 0;
+}
+
+bool sandbox_init_gone(hutch_ctx *ctx, const char *id) {
+        char path[PATH_MAX];
+        _cleanup_free_ char *buf = NULL;
+        snprintf(path, sizeof path, "%s/sandboxes/%s/state", ctx->run_dir, id);
+        if (read_file_at(AT_FDCWD, path, 16384, &buf) < 0)
+                return false; /* being created (or damaged): not known to be gone */
+        long pid = 0;
+        uint64_t want = 0, start;
+        bool suspended = false;
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                if (startswith(line, "init_pid="))
+                        pid = strtol(line + strlen("init_pid="), NULL, 10);
+                else if (startswith(line, "init_starttime="))
+                        want = strtoull(line + strlen("init_starttime="), NULL, 10);
+                else if (streq(line, "suspended=1"))
+                        suspended = true;
+        }
+        if (suspended || pid <= 1 || want == 0)
+                return false;
+        return proc_starttime((pid_t) pid, &start) < 0 || start != want;
 }
 
 /* Sends to init never block for long: a paused or wedged init that stops

@@ -508,3 +508,19 @@ def test_fork_asks_for_the_parents_gpus(sandboxed_hutch, tree, tmp_path):
         assert entry["error"]["code"] == 409 and "held by sandbox" in entry["error"]["message"], entry
     finally:
         d.stop()
+
+
+def test_a_killed_hutch_run_does_not_keep_its_gpu(tree):
+    """hutch run killed with SIGKILL: its sandbox dies with it, its run-dir
+    directory waits for `hutch gc`, its GPU does not."""
+    with BackgroundRun(["--gpus", "all"], ["sh", "-c", "echo READY; sleep 600"], env=run_env(tree)) as bg:
+        bg.wait_for(b"READY\n")
+        cp = run_hutch(["run", "--gpus", "1", "--", "true"], env=run_env(tree), timeout=60)
+        assert cp.returncode == hutchtest.EXIT_HUTCH_FAILURE, cp.stderr
+        bg.proc.kill()
+        bg.proc.wait(30)
+    cp = hutchtest.wait_until(
+        lambda: (lambda x: x if x.returncode == 0 else None)(
+            run_hutch(["run", "--gpus", "all", "--", "true"], env=run_env(tree), timeout=60)), 20, 0.2)
+    assert cp and cp.returncode == 0, cp
+    assert run_hutch(["gc"], timeout=60).returncode == 0
