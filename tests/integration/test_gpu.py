@@ -524,3 +524,31 @@ def test_a_killed_hutch_run_does_not_keep_its_gpu(tree):
             run_hutch(["run", "--gpus", "all", "--", "true"], env=run_env(tree), timeout=60)), 20, 0.2)
     assert cp and cp.returncode == 0, cp
     assert run_hutch(["gc"], timeout=60).returncode == 0
+
+
+def test_sharing_is_the_operators_choice(tree):
+    """HUTCH_GPU_SHARE=1: sandboxes that share may hold one GPU together; a
+    sandbox that does not share never gets a held GPU, and a GPU it holds
+    is never shared."""
+    share = dict(run_env(tree), HUTCH_GPU_SHARE="1")
+    with BackgroundRun(["--gpus", "all"], ["sh", "-c", "echo READY; read x || true"], env=share) as bg:
+        bg.wait_for(b"READY\n")
+        cp = run_hutch(["run", "--gpus", "all", "--", "sh", "-c", "ls /dev | grep -c '^nvidia[0-9]'"], env=share,
+                       timeout=60)
+        assert (cp.returncode, cp.stdout) == (0, b"2\n"), cp.stderr
+        cp = run_hutch(["run", "--gpus", "1", "--", "true"], env=run_env(tree), timeout=60)
+        assert cp.returncode == hutchtest.EXIT_HUTCH_FAILURE, cp.stderr
+        assert_single_error_line(cp, "held by sandbox")
+        bg.close_stdin()
+        assert bg.wait(60) == 0, bg.stderr
+    with BackgroundRun(["--gpus", "device=0"], ["sh", "-c", "echo READY; read x || true"], env=run_env(tree)) as bg:
+        bg.wait_for(b"READY\n")
+        cp = run_hutch(["run", "--gpus", "0,", "--", "true"], env=share, timeout=60)
+        assert cp.returncode == hutchtest.EXIT_HUTCH_FAILURE, cp.stderr
+        assert_single_error_line(cp, "held by sandbox", "alone")
+        # a count takes the GPU nobody holds
+        cp = run_hutch(["run", "--gpus", "1", "--", "sh", "-c", "ls /dev | grep '^nvidia[0-9]'"], env=share,
+                       timeout=60)
+        assert (cp.returncode, cp.stdout) == (0, b"nvidia1\n"), cp.stderr
+        bg.close_stdin()
+        assert bg.wait(60) == 0, bg.stderr
