@@ -258,7 +258,10 @@ static void setup_dev(const child_config *c) {
                 { "/proc/self/fd/0", "dev/stdin" }, { "/proc/self/fd/1", "dev/stdout" },
                 { "/proc/self/fd/2", "dev/stderr" }, { "/proc/kcore", "dev/core" },
         };
-        CHECK(c, mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"),
+        /* a GPU sandbox's nodes too: up to HUTCH_GPUS_MAX + GPU_CTL_MAX more */
+        CHECK(c,
+              mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
+                    c->gpu ? "size=64k,nr_inodes=160,mode=0755" : "size=64k,nr_inodes=64,mode=0755"),
               "mounting /dev");
         for (const char *const *d = devs; *d; d++)
                 CHECK(c, bind_dev(*d), "binding a device into /dev");
