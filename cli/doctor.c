@@ -190,6 +190,18 @@ static void check_gvisor(hutch_ctx *ctx) {
                "install a runsc release from 2023 or later (gvisor.dev)");
 }
 
+/* GPUs are optional: the nodes, the driver's files and NVML (docs/gpu.md). */
+static void check_gpus(hutch_ctx *ctx) {
+        char info[768];
+        hutch_error err = { 0 };
+        bool ok = hutch_gpu_probe(ctx, info, sizeof info, &err) > 0;
+        report(ok, false, "gpus (nvidia)", ok ? info : err.msg,
+               "install the NVIDIA driver, or set HUTCH_GPU_DEV_DIR / HUTCH_GPU_DRIVER_ROOT (docs/gpu.md)");
+        if (ok)
+                report(false, false, "gpus on gvisor", "not supported: hutch does not drive runsc's nvproxy (docs/gpu.md)",
+                       NULL);
+}
+
 int verb_doctor(int argc, char **argv) {
         for (int i = 1; i < argc; i++) {
                 if (streq(argv[i], "-h") || streq(argv[i], "--help")) {
@@ -229,6 +241,7 @@ int verb_doctor(int argc, char **argv) {
         report(streq(hutch_ctx_storage_backend(ctx), "ext4"), false, "writable layers", detail,
                "make /dev/loop-control and mkfs.ext4 (e2fsprogs) available, or accept tmpfs layers");
         check_gvisor(ctx);
+        check_gpus(ctx);
         hutch_ctx_free(ctx);
         printf("\n%s\n", failures ? "some required checks failed" : "all required checks passed");
         return failures ? 1 : 0;

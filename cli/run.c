@@ -56,6 +56,9 @@ static void run_usage(FILE *f) {
               "  --interactive (-i)   accepted for docker habits: stdin is always passed through\n"
               "  --volume NAME:PATH   mount the volume NAME (hutch volume create) read-write at PATH\n"
               "                       (absolute; repeatable, at most 8; the default team's volumes)\n"
+              "  --gpus all|N|ID,...  NVIDIA GPUs for the sandbox (ns only): every GPU, N free ones, or\n"
+              "                       these ids (0,1 or device=1: the N of /dev/nvidiaN); never one\n"
+              "                       another sandbox holds unless $HUTCH_GPU_SHARE=1 (docs/gpu.md)\n"
               "\n"
               "Exit status: the command's; 128+N when killed by signal N; 124 on timeout;\n"
               "126 not executable; 127 not found; 2 usage error; 125 hutch failed.\n",
@@ -81,6 +84,7 @@ enum {
         OPT_NNP,
         OPT_JSON,
         OPT_VOLUME,
+        OPT_GPUS,
         OPT_HELP,
 };
 
@@ -153,6 +157,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 { "no-new-privs", no_argument, NULL, OPT_NNP },
                 { "json", no_argument, NULL, OPT_JSON },
                 { "volume", required_argument, NULL, OPT_VOLUME },
+                { "gpus", required_argument, NULL, OPT_GPUS },
                 { "tty", no_argument, NULL, 't' },
                 { "interactive", no_argument, NULL, 'i' },
                 { "help", no_argument, NULL, OPT_HELP },
@@ -275,6 +280,15 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                         o->n_vols++;
                         break;
                 }
+                case OPT_GPUS: {
+                        hutch_error e = { 0 };
+                        if (!*optarg)
+                                return log_error("invalid --gpus '': expected all, a count or GPU ids"), -EINVAL;
+                        if (hutch_gpu_spec_check(optarg, &e) < 0)
+                                return log_error("invalid --gpus: %s", e.msg), -EINVAL;
+                        o->sb.gpus = optarg;
+                        break;
+                }
                 case 't':
                         o->tty = true;
                         break;
@@ -301,6 +315,10 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 return log_error("--inodes is not supported on the gvisor backend: its writable layer (a tmpfs in "
                                  "runsc's sentry) has no inode limit; only --disk and --memory bound it "
                                  "(docs/gvisor.md)"),
+                       -EINVAL;
+        if (o->sb.gpus && hutch_gpu_spec_check(o->sb.gpus, NULL) > 0 && o->sb.backend == HUTCH_BACKEND_GVISOR)
+                return log_error("--gpus is not supported on the gvisor backend: runsc reaches a GPU only through its "
+                                 "nvproxy (runsc --nvproxy), which hutch does not set up (docs/gpu.md); use --backend ns"),
                        -EINVAL;
         if (optind < argc && streq(argv[optind], "--"))
                 optind++;

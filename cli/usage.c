@@ -21,7 +21,8 @@ static void usage_usage(FILE *f) {
               "\n"
               "The usage ledger: per sandbox (or per UTC day of their start) CPU time, memory\n"
               "reserved (limit x lifetime) and peak, the writable layer's use over time, processes\n"
-              "started and egress by decision, with a TOTAL row that is the exact sum of the rows.\n"
+              "started, egress by decision, GPU-seconds (GPUs x lifetime) and the GPU memory peak\n"
+              "('-': not measured, no NVML), with a TOTAL row that is the exact sum of the rows.\n"
               "\n"
               "  --data-dir DIR   the daemon's data dir (default $HUTCH_DATA_DIR or /var/lib/hutch)\n"
               "  --team NAME|ID   one team (default: every team)\n"
@@ -130,10 +131,10 @@ int verb_usage(int argc, char **argv) {
                 return 0;
         }
         /* whole units per row; TOTAL is the sum of the printed rows */
-        printf("%-22s %10s %12s %9s %12s %6s %12s %12s %8s\n", streq(by, "day") ? "DAY" : "SANDBOX",
+        printf("%-22s %10s %12s %9s %12s %6s %12s %12s %8s %8s %12s\n", streq(by, "day") ? "DAY" : "SANDBOX",
                "CPU-MS", "MEM-MIB-S", "PEAK-MIB", "DISK-KIB-S", "PROCS", "EGRESS-OUT", "EGRESS-IN",
-               "DENIED");
-        int64_t t[8] = { 0 };
+               "DENIED", "GPU-S", "GPU-PEAK-MIB");
+        int64_t t[8] = { 0 }, gpu_s = 0, gpu_peak = -1;
         size_t i;
         json_t *row;
         json_array_foreach(json_object_get(rep, "rows"), i, row) {
@@ -148,15 +149,26 @@ int verb_usage(int argc, char **argv) {
                                  geti(eg, "denied") };
                 const char *key = json_string_value(
                         json_object_get(row, streq(by, "day") ? "day" : "sandboxID"));
-                printf("%-22s %10lld %12lld %9lld %12lld %6lld %12lld %12lld %8lld\n", key ? key : "",
+                /* GPU memory: a number only where NVML measured it */
+                json_t *gp = json_object_get(row, "gpu_memory_peak_bytes");
+                int64_t gs = geti(row, "gpu_ms") / 1000, gm = json_is_integer(gp) ? (int64_t) json_integer_value(gp) >> 20 : -1;
+                char peak[24] = "-";
+                if (gm >= 0)
+                        snprintf(peak, sizeof peak, "%lld", (long long) gm);
+                printf("%-22s %10lld %12lld %9lld %12lld %6lld %12lld %12lld %8lld %8lld %12s\n", key ? key : "",
                        (long long) v[0], (long long) v[1], (long long) v[2], (long long) v[3],
-                       (long long) v[4], (long long) v[5], (long long) v[6], (long long) v[7]);
+                       (long long) v[4], (long long) v[5], (long long) v[6], (long long) v[7], (long long) gs, peak);
                 for (int k = 0; k < 8; k++)
                         t[k] = k == 2 ? MAX(t[k], v[k]) : t[k] + v[k];
+                gpu_s += gs;
+                gpu_peak = MAX(gpu_peak, gm);
         }
-        printf("%-22s %10lld %12lld %9lld %12lld %6lld %12lld %12lld %8lld\n", "TOTAL",
+        char tpeak[24] = "-";
+        if (gpu_peak >= 0)
+                snprintf(tpeak, sizeof tpeak, "%lld", (long long) gpu_peak);
+        printf("%-22s %10lld %12lld %9lld %12lld %6lld %12lld %12lld %8lld %8lld %12s\n", "TOTAL",
                (long long) t[0], (long long) t[1], (long long) t[2], (long long) t[3],
-               (long long) t[4], (long long) t[5], (long long) t[6], (long long) t[7]);
+               (long long) t[4], (long long) t[5], (long long) t[6], (long long) t[7], (long long) gpu_s, tpeak);
         /* the storage ledger: volumes and snapshots, one line each */
         json_t *srows = json_object_get(json_object_get(rep, "storage"), "rows");
         if (json_array_size(srows) > 0) {

@@ -217,6 +217,18 @@ char *metrics_render(server *srv) {
                 for (int g = 0; g < 2; g++)
                         fprintf(f, "hutch_sandboxes{state=\"%s\",backend=\"%s\"} %u\n",
                                 p ? "paused" : "running", g ? "gvisor" : "ns", n[p][g]);
+        /* GPUs: the host's (its nodes, counted now) and those this
+         * daemon's sandboxes hold (a `hutch run`'s are not this daemon's) */
+        unsigned gpus_held = 0;
+        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                if (!sb->dead && sb->h)
+                        gpus_held += (unsigned) hutch_sandbox_gpus(sb->h, NULL);
+        fprintf(f,
+                "# HELP hutch_gpus NVIDIA GPUs on this host (device nodes nvidiaN in gpu-dev-dir).\n"
+                "# TYPE hutch_gpus gauge\nhutch_gpus %d\n"
+                "# HELP hutch_gpus_allocated GPUs held by this daemon's sandboxes (with gpu-share on, a GPU counts once per sandbox).\n"
+                "# TYPE hutch_gpus_allocated gauge\nhutch_gpus_allocated %u\n",
+                hutch_gpu_count(srv->ctx), gpus_held);
         fprintf(f,
                 "# HELP hutch_pool_sandboxes Sandboxes ready in the warm pool.\n"
                 "# TYPE hutch_pool_sandboxes gauge\nhutch_pool_sandboxes %u\n"

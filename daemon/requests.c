@@ -126,6 +126,41 @@ int create_request_parse(json_t *body, uint64_t default_timeout_s, uint64_t max_
                 if (!streq(r.backend, "ns") && !streq(r.backend, "gvisor"))
                         return fail(why, whylen, -EINVAL, "backend must be \"ns\" or \"gvisor\"");
         }
+        json_t *gj = req_field(body, "gpus", NULL);
+        json_t *gm = json_is_object(r.metadata) ? json_object_get(r.metadata, "hutch.gpus") : NULL;
+        if (gj && gm)
+                return fail(why, whylen, -EINVAL, "give gpus or metadata[\"hutch.gpus\"], not both");
+        if (gm)
+                gj = gm; /* a string: metadata holds strings only */
+        if (json_is_integer(gj)) {
+                if (json_integer_value(gj) < 0 || json_integer_value(gj) > HUTCH_GPUS_MAX)
+                        return fail(why, whylen, -EINVAL, "gpus: a count from 0 to %d", HUTCH_GPUS_MAX);
+                snprintf(r.gpus, sizeof r.gpus, "%lld", (long long) json_integer_value(gj));
+        } else if (json_is_string(gj)) {
+                if (json_string_length(gj) == 0)
+                        return fail(why, whylen, -EINVAL, "gpus: empty (a count, \"all\" or GPU ids)");
+                if (json_string_length(gj) >= sizeof r.gpus || strlen(json_string_value(gj)) != json_string_length(gj))
+                        return fail(why, whylen, -EINVAL, "gpus: too long");
+                snprintf(r.gpus, sizeof r.gpus, "%s", json_string_value(gj));
+        } else if (json_is_array(gj)) {
+                /* ids: a list is never a count, so [1] is GPU 1 */
+                size_t i, o = (size_t) snprintf(r.gpus, sizeof r.gpus, "device=");
+                json_t *x;
+                if (json_array_size(gj) == 0 || json_array_size(gj) > HUTCH_GPUS_MAX)
+                        return fail(why, whylen, -EINVAL, "gpus: a list of 1 to %d GPU ids", HUTCH_GPUS_MAX);
+                json_array_foreach(gj, i, x) {
+                        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 999)
+                                return fail(why, whylen, -EINVAL, "gpus[%zu] must be a GPU id (an integer)", i);
+                        o += (size_t) snprintf(r.gpus + o, sizeof r.gpus - o, "%s%lld", i ? "," : "",
+                                               (long long) json_integer_value(x));
+                }
+        } else if (gj)
+                return fail(why, whylen, -EINVAL, "gpus must be a count, \"all\", a list of GPU ids or a string");
+        if (r.gpus[0]) {
+                hutch_error e = { 0 };
+                if (hutch_gpu_spec_check(r.gpus, &e) < 0)
+                        return fail(why, whylen, -EINVAL, "%s", e.msg);
+        }
         json_t *apm = req_field(body, "autoPauseMemory", NULL);
         if (apm && !json_is_boolean(apm))
                 return fail(why, whylen, -EINVAL, "autoPauseMemory must be a boolean");

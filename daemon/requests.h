@@ -37,6 +37,11 @@ typedef struct create_request {
          * the body's "backend" or metadata "hutch.backend" (the one an
          * unmodified SDK can send); NULL: the operator's default */
         const char *backend;
+        /* hutch's extension: NVIDIA GPUs, from the body's "gpus" (a count,
+         * "all", a list of ids, or a string in `hutch run --gpus`'s syntax)
+         * or metadata "hutch.gpus" (a string), as hutch_gpu_spec_check()
+         * takes it; "" when none is asked for */
+        char gpus[256];
 } create_request;
 
 /* 0, or -EINVAL / -EOPNOTSUPP with a message for a 400. */

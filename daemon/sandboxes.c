@@ -193,6 +193,8 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, con
         hutch_sandbox_config sc = {
                 .volumes = vols,
                 .n_volumes = n_vols,
+                /* a cold resume (a new engine sandbox) asks for them again */
+                .gpus = json_string_value(json_object_get(sb->extra, "gpus")),
                 .owner = owner,
                 .template_name = template_name,
                 .layer_from = checkpoint ? NULL : layer_from,
@@ -618,9 +620,30 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 return hutch_error_set(err, -EOPNOTSUPP,
                                        "volume mounts are not supported on the gvisor backend (docs/volumes.md)");
         }
+        /* GPUs: refused before anything is written when they cannot be had
+         * now, so that such a create changes nothing (a `hutch run` that
+         * takes them in between makes the engine's create fail: 409 too) */
+        bool want_gpus = hutch_gpu_spec_check(cr.gpus, NULL) > 0;
+        if (want_gpus) {
+                if (backend == HUTCH_BACKEND_GVISOR)
+                        r = hutch_error_set(err, -EOPNOTSUPP,
+                                            "gpus are not supported on the gvisor backend: runsc reaches a GPU only "
+                                            "through its nvproxy (runsc --nvproxy), which hutch does not set up "
+                                            "(docs/gpu.md); use the ns backend");
+                else
+                        r = hutch_gpu_check(srv->ctx, cr.gpus, err);
+                if (r < 0) {
+                        *ret_status = r == -EBUSY ? 409 : 400;
+                        json_decref(egress_spec);
+                        json_decref(mounts);
+                        if (layer_from[0] && !borrowed)
+                                unlink(layer_from);
+                        return r;
+                }
+        }
         /* the pool holds sandboxes of the operator's default backend */
         bool poolable = (streq(template_name, "host") || template_is_interp(template_name)) && !snap.id[0] &&
-                        !mounts && !built &&
+                        !mounts && !built && !want_gpus &&
                         backend == hutch_backend_from_name(srv->cfg.backend);
         sbx *sb = poolable ? pool_take(srv, template_is_interp(template_name)) : NULL;
         if (!sb) {
@@ -654,6 +677,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         json_object_set_new(sb->extra, "egress", egress_spec);
         if (mounts)
                 json_object_set_new(sb->extra, "volumeMounts", mounts);
+        if (want_gpus) /* the request; the engine's state says which GPUs it got */
+                json_object_set_new(sb->extra, "gpus", json_string(cr.gpus));
         if (tpl_workdir[0])
                 json_object_set_new(sb->extra, "workdir", json_string(tpl_workdir));
         if (built)
@@ -727,7 +752,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (r < 0) {
                 /* out of descriptors is the daemon's limit, not a fault: 503,
                  * and the message says which limit */
-                *ret_status = r == -EMFILE || r == -ENFILE ? 503 : 500;
+                *ret_status = r == -EMFILE || r == -ENFILE ? 503 : r == -EBUSY && want_gpus ? 409 : 500;
                 unsigned open_fds = 0, limit = 0;
                 if ((r == -EMFILE || r == -ENFILE) && server_fds(&open_fds, &limit) == 0 &&
                     open_fds + SERVER_FDS_RESERVE > limit)
@@ -1347,6 +1372,16 @@ json_t *sbx_to_json(sbx *sb, bool detail) {
                                                     json_object_get(m, "path")));
         }
         json_object_set_new(o, "volumeMounts", vm);
+        if (json_object_get(sb->extra, "gpus")) {
+                /* hutch's extension: the GPUs it holds now (none while a
+                 * pause without memory left it without its engine sandbox) */
+                json_t *g = json_array();
+                uint32_t ids[HUTCH_GPUS_MAX];
+                size_t n = sb->h ? hutch_sandbox_gpus(sb->h, ids) : 0;
+                for (size_t i = 0; i < n; i++)
+                        json_array_append_new(g, json_integer(ids[i]));
+                json_object_set_new(o, "gpus", g);
+        }
         if (detail) {
                 json_object_set_new(o, "envdAccessToken", json_string(sb->token));
                 json_object_set_new(o, "domain", ingress_domain_json(sb->srv));

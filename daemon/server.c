@@ -94,6 +94,10 @@ static const struct cfg_entry {
         { "template-backends", CFG_LIST, S(template_backends), 0, 0, "", "a template's default backend, before 'backend': NAME=BACKEND pairs, comma-separated (templates base, host and code-interpreter-v1 (and its aliases); e.g. base=gvisor: the SDK's default template on gvisor, 'host' on ns)" },
         { "runsc", CFG_STR, S(runsc), 0, 0, "auto", "runsc of the gvisor backend (auto: /usr/bin/runsc, /usr/local/bin/runsc)" },
         { "gvisor-platform", CFG_STR, S(gvisor_platform), 0, 0, "ptrace", "runsc --platform: ptrace, systrap or kvm" },
+        { "gpu-share", CFG_BOOL, U(gpu_share), 0, 1, "off", "let several sandboxes hold one GPU (off: a GPU is one sandbox's until it ends; docs/gpu.md)" },
+        { "gpu-dev-dir", CFG_STR, S(gpu_dev_dir), 0, 0, "/dev", "where the NVIDIA device nodes are (nvidia0, nvidia1, ..., nvidiactl, nvidia-uvm)" },
+        { "gpu-driver-root", CFG_STR, S(gpu_driver_root), 0, 0, "/", "root the NVIDIA driver's libraries (libcuda, libnvidia-*) and programs (nvidia-smi) are found under, mounted read-only into GPU sandboxes" },
+        { "gpu-proc-dir", CFG_STR, S(gpu_proc_dir), 0, 0, "/proc/driver/nvidia", "the NVIDIA driver's proc directory (params, version, gpus/)" },
         { "egress-port", CFG_U64, U(egress_port), 1, 65535, "3128", "port of the egress proxy on 127.0.0.1 inside each sandbox" },
         { "egress-connections", CFG_U64, U(egress_connections), 1, 65536, "256", "egress connections one sandbox may hold open" },
         { "egress-bandwidth", CFG_SIZE, U(egress_bandwidth), 0, 1ull << 40, "0", "egress bytes/s per sandbox and direction (0: unlimited)" },
@@ -723,7 +727,11 @@ int server_run(const server_config *cfg) {
         }
         hutch_ctx_config cc = { .run_dir = srv->cfg.run_dir, .data_dir = srv->cfg.data_dir,
                                 .runsc = streq(srv->cfg.runsc, "auto") ? NULL : srv->cfg.runsc,
-                                .gvisor_platform = srv->cfg.gvisor_platform };
+                                .gvisor_platform = srv->cfg.gvisor_platform,
+                                .gpu_dev_dir = srv->cfg.gpu_dev_dir,
+                                .gpu_driver_root = srv->cfg.gpu_driver_root,
+                                .gpu_proc_dir = srv->cfg.gpu_proc_dir,
+                                .gpu_share = srv->cfg.gpu_share ? 1 : -1 };
         r = hutch_ctx_new(&cc, &srv->ctx, &err);
         if (r < 0) {
                 log_error_errno(r, "%s", err.msg);

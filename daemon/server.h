@@ -65,6 +65,11 @@ typedef struct server_config {
         char template_backends[256]; /* NAME=BACKEND,...: a template's default, before backend */
         char runsc[1024];            /* "auto" or a path */
         char gvisor_platform[16];
+        /* NVIDIA GPUs (lib/sandbox/gpu.c, docs/gpu.md) */
+        uint64_t gpu_share;          /* 1: several sandboxes may hold one GPU */
+        char gpu_dev_dir[1024];      /* the nodes nvidia0, nvidiactl, ... */
+        char gpu_driver_root[1024];  /* the driver's libraries and programs are found under it */
+        char gpu_proc_dir[1024];     /* the driver's /proc/driver/nvidia */
         uint64_t egress_connections; /* per sandbox, open at once */
         uint64_t egress_bandwidth;   /* per sandbox and direction, bytes/s; 0: unlimited */
         uint64_t egress_records;     /* decisions recorded per sandbox per second */

@@ -440,6 +440,11 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                         json_object_set_new(cb, "timeout", json_integer(timeout));
                 json_object_set(cb, "metadata", sb->metadata);
                 json_object_set(cb, "envVars", envs);
+                /* the GPUs the parent asked for (a count: free ones each;
+                 * ids: the parent's, so a 409), unless its metadata asks */
+                json_t *gpus = json_object_get(sb->extra, "gpus");
+                if (json_is_string(gpus) && !json_object_get(sb->metadata, "hutch.gpus"))
+                        json_object_set(cb, "gpus", gpus);
                 json_t *spec = json_object_get(sb->extra, "egress");
                 if (json_is_object(spec)) {
                         json_t *net = json_object();

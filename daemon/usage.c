@@ -60,6 +60,8 @@ static live *live_get(server *srv, const sbx *sb) {
                 r->started_ms = sb->started_ms;
                 r->updated_ms = sb->started_ms;
                 r->memory_mb = sb->memory_mb;
+                r->gpus = sb->h ? (int64_t) hutch_sandbox_gpus(sb->h, NULL) : 0;
+                r->gpu_memory_peak_bytes = -1; /* until NVML says */
                 l->dirty = true;
         }
         l->next = u->rows;
@@ -82,10 +84,16 @@ static void advance(live *l, const hutch_stats *s, int64_t now) {
                 r->oom_kills = MAX(r->oom_kills, (int64_t) s->oom_kills);
                 if (now > r->updated_ms)
                         r->disk_kib_ms += (now - r->updated_ms) * (int64_t) (s->disk_used >> 10);
+                if ((int64_t) s->gpus > r->gpus)
+                        r->gpus = (int64_t) s->gpus;
+                if (s->gpu_memory_measured)
+                        r->gpu_memory_peak_bytes = MAX(r->gpu_memory_peak_bytes, (int64_t) s->gpu_memory_used);
         }
         if (now > r->updated_ms)
                 r->updated_ms = now;
         r->memory_reserved_mib_ms = r->memory_mb * MAX(0, r->updated_ms - r->started_ms);
+        /* the GPUs are reserved for its whole life, as its memory limit */
+        r->gpu_ms = r->gpus * MAX(0, r->updated_ms - r->started_ms);
         l->dirty = true;
 }
 
@@ -229,7 +237,7 @@ void usage_teardown(server *srv) {
 /* ------------------------------------------------------------------ report */
 
 static json_t *counters_json(const meter_row *r) {
-        return json_pack(
+        json_t *o = json_pack(
                 "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
                 "cpu_ns", (json_int_t) r->cpu_ns, "memory_reserved_mib_ms",
                 (json_int_t) r->memory_reserved_mib_ms, "memory_peak_bytes",
@@ -242,6 +250,10 @@ static json_t *counters_json(const meter_row *r) {
                 (json_int_t) r->egress_allowed_in, "denied_bytes_out",
                 (json_int_t) r->egress_denied_out, "denied_bytes_in",
                 (json_int_t) r->egress_denied_in);
+        json_object_set_new(o, "gpu_ms", json_integer(r->gpu_ms));
+        json_object_set_new(o, "gpu_memory_peak_bytes",
+                            r->gpu_memory_peak_bytes >= 0 ? json_integer(r->gpu_memory_peak_bytes) : json_null());
+        return o;
 }
 
 typedef struct report {
@@ -285,6 +297,7 @@ static int report_add(void *arg, const meter_row *r) {
                         x->cap = cap;
                 }
                 memset(&x->sums[i], 0, sizeof x->sums[i]);
+                x->sums[i].gpu_memory_peak_bytes = -1;
                 x->first[i] = *r;
                 snprintf(x->keys[i], sizeof x->keys[i], "%s", key);
                 x->n++;
@@ -340,7 +353,7 @@ static json_t *storage_report_json(hutch_store *st, int64_t team, int64_t since_
 
 json_t *usage_report(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
                      const char *by, hutch_error *err) {
-        report x = { .by_day = streq(by, "day") };
+        report x = { .by_day = streq(by, "day"), .total = { .gpu_memory_peak_bytes = -1 } };
         int r = meter_query(st, team, since_ms, until_ms, report_add, &x, err);
         json_t *out = NULL;
         if (r == -ENOMEM)
@@ -364,6 +377,7 @@ json_t *usage_report(hutch_store *st, int64_t team, int64_t since_ms, int64_t un
                                 json_object_set_new(o, "endedAt",
                                                     f->ended_ms ? json_string(b) : json_null());
                                 json_object_set_new(o, "memory_mb", json_integer(f->memory_mb));
+                                json_object_set_new(o, "gpus", json_integer(f->gpus));
                         }
                         json_array_append_new(rows, o);
                 }

@@ -77,7 +77,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (which == 5) {
                         create_request cr;
                         if (create_request_parse(j, 300, 86400, &cr, why, sizeof why) == 0 &&
-                            (!cr.template_id || cr.timeout_s == 0 || cr.timeout_s > 86400))
+                            (!cr.template_id || cr.timeout_s == 0 || cr.timeout_s > 86400 ||
+                             (cr.gpus[0] && hutch_gpu_spec_check(cr.gpus, NULL) < 0)))
                                 abort();
                 } else {
                         start_request sr;

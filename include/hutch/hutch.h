@@ -37,6 +37,16 @@ typedef struct hutch_ctx_config {
         const char *storage;     /* "auto" (default), "ext4" or "tmpfs": how writable layers are limited */
         const char *runsc;       /* the gvisor backend's runsc; default $HUTCH_RUNSC, else /usr/bin/runsc, ... */
         const char *gvisor_platform; /* runsc --platform: "ptrace" (default, $HUTCH_GVISOR_PLATFORM), "systrap", "kvm" */
+        /* NVIDIA GPUs (docs/gpu.md): where their device nodes are (default
+         * $HUTCH_GPU_DEV_DIR, else /dev), the root the driver's libraries and
+         * programs are found under (default $HUTCH_GPU_DRIVER_ROOT, else /),
+         * the driver's proc directory (default $HUTCH_GPU_PROC_DIR, else
+         * /proc/driver/nvidia), and whether sandboxes may share a GPU
+         * (1 yes, -1 never, 0: yes when $HUTCH_GPU_SHARE=1). */
+        const char *gpu_dev_dir;
+        const char *gpu_driver_root;
+        const char *gpu_proc_dir;
+        int gpu_share;
 } hutch_ctx_config;
 
 int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error *err);
@@ -116,6 +126,12 @@ typedef struct hutch_sandbox_config {
          * Never part of the writable layer, so never in a layer snapshot. */
         const hutch_volume_mount *volumes;
         size_t n_volumes;
+        /* NVIDIA GPUs for the sandbox (hutch_gpu_spec_check's syntax: "N",
+         * "all", "ID,ID..." or "device=ID[,ID...]"; NULL, "" or "0": none).
+         * Each is reserved in the run dir for this sandbox alone unless the
+         * context shares GPUs; -EBUSY when they are not free, -ENODEV when
+         * the host has no such GPU. ns backend only (gvisor: -EOPNOTSUPP). */
+        const char *gpus;
 } hutch_sandbox_config;
 
 #define HUTCH_DEFAULT_MEMORY (512ull << 20)
@@ -197,6 +213,12 @@ typedef struct hutch_stats {
         uint64_t oom_kills;      /* processes killed by the memory limit */
         uint64_t disk_used;      /* bytes used in the writable layer */
         uint64_t disk_limit;
+        uint32_t gpus;           /* GPUs allocated to the sandbox */
+        /* GPU memory its processes hold now, from NVML (libnvidia-ml, loaded
+         * at run time); gpu_memory_measured false where NVML is absent or
+         * cannot say */
+        bool gpu_memory_measured;
+        uint64_t gpu_memory_used; /* bytes */
 } hutch_stats;
 int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err);
 
@@ -448,6 +470,34 @@ int hutch_fs_watch_remove(hutch_sandbox *sb, uint32_t id, hutch_error *err);
  * get the failure (-ENOSPC, -EDQUOT) from the commit. */
 int hutch_fs_write_buffer(hutch_sandbox *sb, const hutch_fs_user *u, const char *path,
                           const void *data, size_t len, hutch_error *err);
+
+/* ------------------------------------------------------------------ GPUs
+ *
+ * NVIDIA GPUs are the device nodes <dev dir>/nvidiaN; a GPU's id is its N
+ * (the node's minor number, nvidia-smi's "Minor Number"). A sandbox given
+ * GPUs gets those nodes and the driver's control nodes in its /dev, only
+ * those in its device cgroup (v1), and the driver's user-space libraries
+ * and programs read-only under HUTCH_GPU_DIR (docs/gpu.md). */
+
+#define HUTCH_GPUS_MAX 64
+/* Inside the sandbox: lib/ and bin/, appended to LD_LIBRARY_PATH and PATH
+ * of every process started with an environment. */
+#define HUTCH_GPU_DIR "/run/hutch/gpu"
+
+/* 0: the spec asks for no GPU, 1: it asks for some, -EINVAL (with the
+ * reason) when it is not "N", "all", "ID,ID..." or "device=ID[,ID...]". */
+int hutch_gpu_spec_check(const char *spec, hutch_error *err);
+/* Whether a create asking for spec would get its GPUs now (nothing is
+ * reserved): 0, -EBUSY held by other sandboxes, -ENODEV no such GPU (or
+ * none, or no driver), -EACCES a node the sandbox's users cannot open. */
+int hutch_gpu_check(hutch_ctx *ctx, const char *spec, hutch_error *err);
+/* How many GPUs (nodes nvidiaN) the host has; 0 when none. */
+int hutch_gpu_count(hutch_ctx *ctx);
+/* For `hutch doctor`: the GPUs, the driver's files found and whether NVML
+ * loads, in ret_info. Returns the GPU count, -ENODEV when there is none. */
+int hutch_gpu_probe(hutch_ctx *ctx, char *ret_info, size_t n, hutch_error *err);
+/* The ids of the sandbox's GPUs (at most HUTCH_GPUS_MAX), ascending; their number. */
+size_t hutch_sandbox_gpus(const hutch_sandbox *sb, uint32_t ret_ids[HUTCH_GPUS_MAX]);
 
 /* --------------------------------------------------------------- volumes
  *

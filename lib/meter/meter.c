@@ -11,7 +11,8 @@
 #define COLS                                                                                                         \
         "sandbox_id, team_id, template_id, backend, started_ms, ended_ms, updated_ms, cpu_ns, memory_mb,"            \
         " memory_reserved_mib_ms, memory_peak_bytes, disk_kib_ms, disk_peak_bytes, pids_peak, processes, oom_kills," \
-        " egress_allowed, egress_denied, egress_allowed_out, egress_allowed_in, egress_denied_out, egress_denied_in"
+        " egress_allowed, egress_denied, egress_allowed_out, egress_allowed_in, egress_denied_out, egress_denied_in," \
+        " gpus, gpu_ms, gpu_memory_peak_bytes"
 
 static int fail(sqlite3 *db, hutch_error *err, const char *what) {
         int rc = sqlite3_errcode(db) & 0xff;
@@ -45,6 +46,9 @@ static void fill(sqlite3_stmt *s, meter_row *r) {
                          &r->egress_denied_out,  &r->egress_denied_in };
         for (size_t i = 0; i < ELEMENTSOF(v); i++)
                 *v[i] = sqlite3_column_int64(s, (int) i + 4);
+        r->gpus = sqlite3_column_int64(s, 22);
+        r->gpu_ms = sqlite3_column_int64(s, 23);
+        r->gpu_memory_peak_bytes = sqlite3_column_type(s, 24) == SQLITE_NULL ? -1 : sqlite3_column_int64(s, 24);
 }
 
 int meter_get(hutch_store *st, const char *sandbox_id, meter_row *ret, hutch_error *err) {
@@ -76,7 +80,8 @@ int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
                                " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_out END), 0),"
                                " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_in END), 0),"
                                " coalesce(sum(CASE WHEN allowed = 0 THEN bytes_out END), 0),"
-                               " coalesce(sum(CASE WHEN allowed = 0 THEN bytes_in END), 0)"
+                               " coalesce(sum(CASE WHEN allowed = 0 THEN bytes_in END), 0),"
+                               " ?17, ?18, ?19"
                                " FROM egress_log WHERE sandbox_id = ?1",
                                -1, &s, NULL) != SQLITE_OK)
                 return fail(db, err, "writing usage");
@@ -92,6 +97,12 @@ int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
                               r->processes,         r->oom_kills };
         for (size_t i = 0; i < ELEMENTSOF(v); i++)
                 sqlite3_bind_int64(s, (int) i + 5, v[i]);
+        sqlite3_bind_int64(s, 17, r->gpus);
+        sqlite3_bind_int64(s, 18, r->gpu_ms);
+        if (r->gpu_memory_peak_bytes >= 0)
+                sqlite3_bind_int64(s, 19, r->gpu_memory_peak_bytes);
+        else
+                sqlite3_bind_null(s, 19);
         if (sqlite3_step(s) != SQLITE_DONE)
                 return fail(db, err, "writing usage");
         return 0;
@@ -104,7 +115,8 @@ int meter_close_orphans(hutch_store *st, hutch_error *err) {
         if (sqlite3_exec(
                     db,
                     "UPDATE usage SET ended_ms = s.ended_ms, updated_ms = s.ended_ms,"
-                    " memory_reserved_mib_ms = usage.memory_mb * max(0, s.ended_ms - usage.started_ms)"
+                    " memory_reserved_mib_ms = usage.memory_mb * max(0, s.ended_ms - usage.started_ms),"
+                    " gpu_ms = usage.gpus * max(0, s.ended_ms - usage.started_ms)"
                     " FROM sandboxes s WHERE usage.ended_ms = 0 AND s.id = usage.sandbox_id AND s.state = 3",
                     NULL, NULL, NULL) != SQLITE_OK)
                 return fail(db, err, "closing usage rows");
@@ -170,4 +182,7 @@ void meter_row_add(meter_row *sum, const meter_row *r) {
         sum->egress_allowed_in += r->egress_allowed_in;
         sum->egress_denied_out += r->egress_denied_out;
         sum->egress_denied_in += r->egress_denied_in;
+        sum->gpu_ms += r->gpu_ms;
+        /* a peak is the largest measured one; not measured (-1) only when none was */
+        sum->gpu_memory_peak_bytes = MAX(sum->gpu_memory_peak_bytes, r->gpu_memory_peak_bytes);
 }

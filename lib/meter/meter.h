@@ -33,6 +33,10 @@ typedef struct meter_row {
         /* from the egress log, by decision */
         int64_t egress_allowed, egress_denied;
         int64_t egress_allowed_out, egress_allowed_in, egress_denied_out, egress_denied_in;
+        /* NVIDIA GPUs (store migration 10): how many it held, gpus × lifetime
+         * (GPU-ms), and the most GPU memory its processes held (NVML);
+         * -1 (NULL in the table): not measured */
+        int64_t gpus, gpu_ms, gpu_memory_peak_bytes;
 } meter_row;
 
 /* -ENOENT when the sandbox has no row. */

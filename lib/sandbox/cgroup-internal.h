@@ -149,6 +149,7 @@ int cgroup_v1_destroy(hutch_cgroup *cg, hutch_error *err);
 int cgroup_v1_count_procs(hutch_cgroup *cg);
 int cgroup_v1_stats(hutch_cgroup *cg, hutch_stats *ret, hutch_error *err);
 int cgroup_v1_prune(const char *root_name, char *const *keep, hutch_error *err);
+int cgroup_v1_allow_devices(hutch_cgroup *cg, const char (*rules)[32], size_t n, hutch_error *err);
 
 /* --------------------------------------------------------- cgroup-v2.c */
 

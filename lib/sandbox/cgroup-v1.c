@@ -260,6 +260,25 @@ static int v1_apply_limits(hutch_cgroup *cg, const hutch_limits *limits, hutch_e
         return 0;
 }
 
+int cgroup_v1_allow_devices(hutch_cgroup *cg, const char (*rules)[32], size_t n, hutch_error *err) {
+        const char *devices = cg->v1_dir[CGROUP_V1_DEVICES];
+        if (!devices)
+                return 0; /* no controller: no list to extend (the deny-all was not written either) */
+        for (size_t i = 0; i < n; i++) {
+                /* "c MAJ:MIN rw": never "a", never a wildcard, never mknod */
+                unsigned maj, min;
+                char acc[4];
+                int used = 0;
+                if (sscanf(rules[i], "c %u:%u %3s%n", &maj, &min, acc, &used) != 3 || rules[i][used] ||
+                    (!streq(acc, "rw") && !streq(acc, "r") && !streq(acc, "w")))
+                        return hutch_error_set(err, -EINVAL, "device rule '%.31s' is not \"c MAJ:MIN rw\"", rules[i]);
+                int r = cgroup_write(devices, "devices.allow", rules[i], err);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 int cgroup_v1_create(const char *root_name, const char *id, const hutch_limits *limits,
                      hutch_cgroup **ret, hutch_error *err) {
         _cleanup_(v1_mounts_freep) char *mounts[_CGROUP_V1_MAX] = {};

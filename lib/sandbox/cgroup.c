@@ -838,6 +838,24 @@ int cgroup_prune(cgroup_version v, const char *mount_point, const char *root_nam
         return hutch_error_set(err, -EINVAL, "unknown cgroup version %d", (int) v);
 }
 
+int cgroup_allow_devices(hutch_cgroup *cg, const char (*rules)[32], size_t n, hutch_error *err) {
+        if (n == 0 || cg->version == CGROUP_V2)
+                return 0;
+        return cgroup_v1_allow_devices(cg, rules, n, err);
+}
+
+int cgroup_list_pids(hutch_cgroup *cg, pid_t **ret_pids, size_t *ret_n, hutch_error *err) {
+        const char *dir = NULL;
+        if (cg->version == CGROUP_V2)
+                dir = cg->dir;
+        else
+                for (int c = 0; c < _CGROUP_V1_MAX && !dir; c++)
+                        dir = cg->v1_dir[c];
+        if (!dir)
+                return hutch_error_set(err, -ENOENT, "cgroup %s has no directory", cg->id);
+        return cgroup_read_pids(dir, ret_pids, ret_n, err);
+}
+
 int cgroup_signal_others(hutch_cgroup *cg, pid_t keep, int sig) {
         const char *dir = NULL;
         if (cg->version == CGROUP_V2)

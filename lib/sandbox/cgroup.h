@@ -66,6 +66,16 @@ int cgroup_destroy(hutch_cgroup *cg, hutch_error *err);
 /* Number of processes in the cgroup, or -errno. */
 int cgroup_count_procs(hutch_cgroup *cg);
 
+/* Let the sandbox open these devices too ("c MAJ:MIN rw" each, the
+ * devices controller's syntax), beyond the fixed list: v1 writes each to
+ * devices.allow. v2 has no devices file (a BPF program would be needed,
+ * which hutch does not load): there the nodes bound into /dev, and no
+ * mknod in a user namespace, are the whole policy (docs/cgroups.md), and
+ * this returns 0. */
+int cgroup_allow_devices(hutch_cgroup *cg, const char (*rules)[32], size_t n, hutch_error *err);
+/* The host pids in the cgroup (not in child cgroups); *ret_pids freed by the caller. */
+int cgroup_list_pids(hutch_cgroup *cg, pid_t **ret_pids, size_t *ret_n, hutch_error *err);
+
 /* memory_*, cpu_usage_ns, pids_current, oom_kills; fields the controller
  * does not offer are left 0. */
 int cgroup_stats(hutch_cgroup *cg, hutch_stats *ret, hutch_error *err);

@@ -31,6 +31,7 @@
 #include "sandbox/caps.h"
 #include "sandbox/sandbox-internal.h"
 #include "sandbox/seccomp.h"
+#include "util/macro.h"
 #include "util/syscalls.h"
 
 /* ------------------------------------------------------------ clone3 trampoline */
@@ -189,16 +190,55 @@ static void setup_boot_id(const child_config *c) {
               "making the boot id read-only");
 }
 
+static void write_small_file(const child_config *c, const char *path, const char *text) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
+        CHECK(c, fd, "creating a /proc/driver/nvidia file");
+        size_t n = strlen(text);
+        if (write(fd, text, n) != (ssize_t) n)
+                child_fail(c, errno ? errno : EIO, "writing a /proc/driver/nvidia file");
+        close(fd);
+}
+
+/* A sandbox with GPUs: /proc/driver holds nvidia/ with what the driver's
+ * libraries read (as nvidia-container-toolkit gives a container): the
+ * params with ModifyDeviceFiles off, the version, and the directories of
+ * the sandbox's own GPUs only. Read-only, like the mask it replaces. */
+static void setup_proc_driver_gpu(const child_config *c) {
+        const gpu_child *g = c->gpu;
+        CHECK(c, mount("tmpfs", "proc/driver", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,nr_inodes=256,mode=0555"),
+              "mounting /proc/driver");
+        CHECK(c, mkdir("proc/driver/nvidia", 0555), "creating /proc/driver/nvidia");
+        CHECK(c, mkdir("proc/driver/nvidia/gpus", 0555), "creating /proc/driver/nvidia/gpus");
+        if (g->params[0])
+                write_small_file(c, "proc/driver/nvidia/params", g->params);
+        if (g->version[0])
+                write_small_file(c, "proc/driver/nvidia/version", g->version);
+        for (size_t i = 0; i < g->n_proc_gpus; i++) {
+                char dst[GPU_NAME_MAX + 32] = "proc/driver/nvidia/gpus/";
+                cat(dst, sizeof dst, g->proc_gpus[i].name);
+                CHECK(c, mkdir(dst, 0555), "creating a /proc/driver/nvidia/gpus directory");
+                CHECK(c, sys_move_mount(g->proc_gpus[i].fd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH),
+                      "attaching a /proc/driver/nvidia/gpus directory");
+        }
+        CHECK(c, mount(NULL, "proc/driver", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+              "making /proc/driver read-only");
+}
+
 static void setup_proc(const child_config *c) {
         CHECK(c, mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mounting /proc");
         setup_boot_id(c);
         for (const char *const *p = proc_masked_files; *p; p++)
                 if (mount("/dev/null", *p, NULL, MS_BIND, NULL) < 0 && errno != ENOENT)
                         child_fail(c, errno, "masking a /proc file");
-        for (const char *const *p = proc_masked_dirs; *p; p++)
+        for (const char *const *p = proc_masked_dirs; *p; p++) {
+                if (c->gpu && c->gpu->proc && streq(*p, "proc/driver")) {
+                        setup_proc_driver_gpu(c);
+                        continue;
+                }
                 if (mount("tmpfs", *p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555") < 0 &&
                     errno != ENOENT)
                         child_fail(c, errno, "masking a /proc directory");
+        }
         for (const char *const *p = proc_readonly; *p; p++) {
                 if (mount(*p, *p, NULL, MS_BIND | MS_REC, NULL) < 0) {
                         if (errno == ENOENT)
@@ -218,7 +258,10 @@ static void setup_dev(const child_config *c) {
                 { "/proc/self/fd/0", "dev/stdin" }, { "/proc/self/fd/1", "dev/stdout" },
                 { "/proc/self/fd/2", "dev/stderr" }, { "/proc/kcore", "dev/core" },
         };
-        CHECK(c, mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"),
+        /* a GPU sandbox's nodes too: up to HUTCH_GPUS_MAX + GPU_CTL_MAX more */
+        CHECK(c,
+              mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
+                    c->gpu ? "size=64k,nr_inodes=160,mode=0755" : "size=64k,nr_inodes=64,mode=0755"),
               "mounting /dev");
         for (const char *const *d = devs; *d; d++)
                 CHECK(c, bind_dev(*d), "binding a device into /dev");
@@ -231,6 +274,18 @@ static void setup_dev(const child_config *c) {
         for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
                 if (i < 5) /* /dev/core is left out: kcore is masked anyway */
                         CHECK(c, symlink(links[i][0], links[i][1]), "creating a /dev link");
+        /* The GPUs given to the sandbox and the driver's control nodes:
+         * binds of the host's nodes (the device cgroup allows exactly
+         * these); nothing else of the driver's is in this /dev. */
+        for (size_t i = 0; c->gpu && i < c->gpu->n_nodes; i++) {
+                char dst[GPU_NAME_MAX + 8] = "dev/";
+                cat(dst, sizeof dst, c->gpu->nodes[i].name);
+                int fd = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+                CHECK(c, fd, "creating a GPU node's mount point");
+                close(fd);
+                CHECK(c, sys_move_mount(c->gpu->nodes[i].fd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH),
+                      "attaching a GPU node");
+        }
 }
 
 /* /sys is an allowlist: a read-only tmpfs holding only the subtrees that
@@ -340,41 +395,86 @@ static void receive_volumes(const child_config *c, child_volumes *v) {
         }
 }
 
-/* Attach each volume at its path inside the new root ("/" by now). The
- * directories on the way are made as sandbox root and entered without
- * following a symlink: the template is not trusted to point them anywhere
- * (a /mnt -> /proc link must not put a volume over /proc). */
+/* The directory at path inside the new root ("/" by now), made as
+ * sandbox root where missing, each component entered without following a
+ * symlink: the template is not trusted to point it anywhere (a /mnt ->
+ * /proc link must not put a volume over /proc). An O_PATH descriptor. */
+static int open_mount_point(const child_config *c, const char *path, const char *what_crossed,
+                            const char *what_failed) {
+        char comp[HUTCH_VOLUME_PATH_MAX + 1];
+        int dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        CHECK(c, dfd, "opening the root");
+        for (const char *p = path; *p;) {
+                while (*p == '/')
+                        p++;
+                if (!*p)
+                        break;
+                const char *e = strchrnul(p, '/');
+                size_t len = (size_t) (e - p);
+                if (len > HUTCH_VOLUME_PATH_MAX)
+                        child_fail(c, ENAMETOOLONG, what_failed);
+                memcpy(comp, p, len);
+                comp[len] = 0;
+                if (mkdirat(dfd, comp, 0755) < 0 && errno != EEXIST)
+                        child_fail(c, errno, what_failed);
+                int next = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (next < 0)
+                        child_fail(c, errno, errno == ELOOP || errno == ENOTDIR ? what_crossed : what_failed);
+                close(dfd);
+                dfd = next;
+                p = e;
+        }
+        return dfd;
+}
+
+/* Attach each volume at its path inside the new root. */
 static void attach_volumes(const child_config *c, child_volumes *v) {
         for (uint32_t i = 0; i < v->n; i++) {
-                char comp[HUTCH_VOLUME_PATH_MAX + 1];
-                int dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-                CHECK(c, dfd, "opening the root for a volume");
-                for (const char *p = v->paths[i]; *p;) {
-                        while (*p == '/')
-                                p++;
-                        if (!*p)
-                                break;
-                        const char *e = strchrnul(p, '/');
-                        size_t len = (size_t) (e - p);
-                        memcpy(comp, p, len);
-                        comp[len] = 0;
-                        if (mkdirat(dfd, comp, 0755) < 0 && errno != EEXIST)
-                                child_fail(c, errno, "creating a volume's mount point");
-                        int next = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-                        if (next < 0)
-                                child_fail(c, errno,
-                                           errno == ELOOP || errno == ENOTDIR
-                                                   ? "a volume's mount path crosses a symlink or a file"
-                                                   : "entering a volume's mount point");
-                        close(dfd);
-                        dfd = next;
-                        p = e;
-                }
+                int dfd = open_mount_point(c, v->paths[i], "a volume's mount path crosses a symlink or a file",
+                                           "creating a volume's mount point");
                 CHECK(c, sys_move_mount(v->fds[i], "", dfd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
                       "attaching a volume");
                 close(dfd);
                 close(v->fds[i]);
         }
+}
+
+/* A sandbox with GPUs: the driver's libraries and programs, each a
+ * read-only bind of the host's file, in a tmpfs of their own at
+ * HUTCH_GPU_DIR (lib/, bin/, the libraries' soname links), read-only
+ * once filled. A directory of its own, not the host's paths: the host
+ * template's /usr is the host's, read-only, and an image template's
+ * paths are the image's (docs/gpu.md). */
+static void attach_gpu_driver(const child_config *c) {
+        const gpu_child *g = c->gpu;
+        int pfd = open_mount_point(c, HUTCH_GPU_DIR, "the GPU directory's path crosses a symlink or a file",
+                                   "creating the GPU directory");
+        int fs = sys_fsopen("tmpfs", FSOPEN_CLOEXEC);
+        CHECK(c, fs, "fsopen tmpfs for the GPU directory");
+        CHECK(c, sys_fsconfig(fs, FSCONFIG_SET_STRING, "size", "1m", 0), "configuring the GPU directory");
+        CHECK(c, sys_fsconfig(fs, FSCONFIG_SET_STRING, "nr_inodes", "1024", 0), "configuring the GPU directory");
+        CHECK(c, sys_fsconfig(fs, FSCONFIG_SET_STRING, "mode", "0755", 0), "configuring the GPU directory");
+        CHECK(c, sys_fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0), "creating the GPU directory's tmpfs");
+        int mfd = sys_fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+        CHECK(c, mfd, "mounting the GPU directory's tmpfs");
+        close(fs);
+        CHECK(c, sys_move_mount(mfd, "", pfd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
+              "attaching the GPU directory");
+        close(pfd);
+        CHECK(c, mkdirat(mfd, "lib", 0755), "creating the GPU directory's lib");
+        CHECK(c, mkdirat(mfd, "bin", 0755), "creating the GPU directory's bin");
+        for (size_t i = 0; i < g->n_files; i++) {
+                int fd = openat(mfd, g->files[i].name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+                CHECK(c, fd, "creating a GPU driver file's mount point");
+                close(fd);
+                CHECK(c, sys_move_mount(g->files[i].fd, "", mfd, g->files[i].name, MOVE_MOUNT_F_EMPTY_PATH),
+                      "attaching a GPU driver file");
+        }
+        for (size_t i = 0; i < g->n_links; i++)
+                CHECK(c, symlinkat(g->links[i].target, mfd, g->links[i].name), "creating a GPU driver link");
+        struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY };
+        CHECK(c, sys_mount_setattr(mfd, "", AT_EMPTY_PATH, &ro, sizeof ro), "making the GPU directory read-only");
+        close(mfd);
 }
 
 /* ------------------------------------------------------- image layers */
@@ -579,7 +679,9 @@ static void child_setup(const child_config *c) {
         CHECK(c, umount2(".", MNT_DETACH), "detaching the old root");
         CHECK(c, chdir("/"), "chdir /");
 
-        /* 9b. Volumes, over the finished root. */
+        /* 9b. The GPU driver's files, then volumes, over the finished root. */
+        if (c->gpu)
+                attach_gpu_driver(c);
         attach_volumes(c, &vols);
 
         /* 10. Limits every process inherits. */

@@ -139,9 +139,27 @@ static int spawn_stage(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_e
         return w ? initconn_call(sb, NULL, 0, NULL, NULL, CALL_TIMEOUT_MS, err) : 0;
 }
 
+static void strv_freep(char ***v) {
+        for (char **p = *v; p && *p; p++)
+                free(*p);
+        free(*v);
+}
+
 int hutch_sandbox_spawn(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_process *ret, hutch_error *err) {
         if (!cfg || !cfg->argv || !cfg->argv[0] || !cfg->argv[0][0])
                 return hutch_error_set(err, -EINVAL, "no command given");
+        /* a sandbox with GPUs: the driver's libraries and programs on the
+         * loader's and the shell's paths (docs/gpu.md); an environment
+         * left to init's default stays so */
+        _cleanup_(strv_freep) char **genv = NULL;
+        hutch_spawn_config gcfg;
+        if (sb->n_gpus && cfg->envp) {
+                if (!(genv = gpu_env(cfg->envp)))
+                        return hutch_error_set(err, -ENOMEM, "out of memory");
+                gcfg = *cfg;
+                gcfg.envp = (const char *const *) genv;
+                cfg = &gcfg;
+        }
         bool staged = !spawn_fits_one_frame(cfg);
         if (staged) {
                 int r = spawn_stage(sb, cfg, err);

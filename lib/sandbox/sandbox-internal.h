@@ -28,6 +28,9 @@ struct hutch_ctx {
         int init_memfd;     /* sealed memfd holding hutch-init, created lazily */
         char *runsc;        /* configured runsc path, "" to search */
         char *gvisor_platform;
+        char *gpu_dev_dir, *gpu_driver_root, *gpu_proc_dir; /* gpu.c */
+        bool gpu_share;
+        struct gpu_nvml *nvml; /* gpu.c: libnvidia-ml, loaded on first use */
 };
 
 /* A queued unsolicited event from init. */
@@ -73,6 +76,8 @@ struct hutch_sandbox {
         int backend;       /* HUTCH_BACKEND_*; gvisor: init_pid is the relay's */
         uint16_t egress_port; /* gvisor: where hutch-init listens for the proxy */
         bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
+        uint32_t gpu_ids[HUTCH_GPUS_MAX]; /* gpu.c: reserved in run_dir/gpus, ascending */
+        size_t n_gpus;
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
@@ -143,6 +148,60 @@ int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *re
 /* Record the sandbox's mounts in its directory (file "volumes"). */
 int volume_state_write(const char *sandbox_dir, const hutch_volume_mount *v, size_t n, hutch_error *err);
 
+/* gpu.c: NVIDIA GPUs (docs/gpu.md). */
+#define GPU_CTL_MAX 4     /* nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset */
+#define GPU_FILES_MAX 192 /* the driver's libraries and programs */
+#define GPU_NAME_MAX 80
+
+/* A detached mount (a bind of one host file or directory) the clone child
+ * attaches at name, relative to where its kind goes. */
+typedef struct gpu_mount {
+        int fd;
+        char name[GPU_NAME_MAX];
+} gpu_mount;
+
+/* What the clone child sets up for a sandbox with GPUs, made by the parent
+ * before the clone: the child inherits the descriptors (no CLONE_FILES)
+ * and reads the rest from the shared memory, never allocating. */
+typedef struct gpu_child {
+        gpu_mount nodes[HUTCH_GPUS_MAX + GPU_CTL_MAX]; /* /dev/<name> */
+        size_t n_nodes;
+        gpu_mount files[GPU_FILES_MAX]; /* HUTCH_GPU_DIR/<name>: "lib/..." or "bin/..." */
+        size_t n_files;
+        struct {
+                char name[GPU_NAME_MAX], target[GPU_NAME_MAX]; /* "lib/libcuda.so.1" -> "libcuda.so.550.54" */
+        } links[GPU_FILES_MAX];
+        size_t n_links;
+        /* /proc/driver/nvidia: params (ModifyDeviceFiles off: nothing may
+         * try to make device nodes) and version as files, the allocated
+         * GPUs' gpus/<PCI address> directories bound read-only */
+        bool proc;
+        char params[4096], version[1024];
+        gpu_mount proc_gpus[HUTCH_GPUS_MAX];
+        size_t n_proc_gpus;
+} gpu_child;
+
+/* Reserve the GPUs spec asks for to sandbox id (its run-dir directory
+ * must exist: a reservation whose directory is gone is stale), under the
+ * run dir's lock; their ids in ret_ids, ascending. */
+int gpu_alloc(hutch_ctx *ctx, const char *id, const char *spec, uint32_t ret_ids[HUTCH_GPUS_MAX], size_t *ret_n,
+              hutch_error *err);
+/* Drop every reservation of sandbox id (none: nothing to do). */
+void gpu_release(hutch_ctx *ctx, const char *id);
+/* The device cgroup rules ("c MAJ:MIN rw") and the child's mounts for
+ * the GPUs ids. Free with gpu_child_free (closes what the child did not). */
+int gpu_child_prepare(hutch_ctx *ctx, const uint32_t *ids, size_t n, gpu_child **ret, char (**ret_rules)[32],
+                      size_t *ret_n_rules, hutch_error *err);
+gpu_child *gpu_child_free(gpu_child *g);
+/* The GPU memory the sandbox's processes hold (NVML); -ENODEV when it
+ * cannot be measured. */
+int gpu_memory_used(hutch_sandbox *sb, uint64_t *ret);
+void gpu_nvml_free(hutch_ctx *ctx);
+/* The environment of a process of a sandbox with GPUs: envp with
+ * HUTCH_GPU_DIR's lib/ and bin/ appended to LD_LIBRARY_PATH and PATH
+ * (added when absent). NULL on ENOMEM; free with free() of each and of the array. */
+char **gpu_env(const char *const *envp);
+
 /* child.c: everything between clone3 and exec of hutch-init. */
 typedef struct child_config {
         const char *sandbox_dir;    /* run_dir/sandboxes/<id> */
@@ -159,6 +218,7 @@ typedef struct child_config {
          * its cgroup itself), then a fresh cgroup namespace rooted there. */
         int cgroup_procs[8];
         size_t n_cgroup_procs;
+        const gpu_child *gpu; /* NULL: no GPU */
 } child_config;
 
 int child_main(void *arg);
@@ -207,4 +267,8 @@ int sandbox_busy_take(hutch_sandbox *sb, bool wait);
 void sandbox_busy_release(hutch_sandbox *sb);
 
 int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);
+/* Whether the sandbox's state file names an init that is no longer alive
+ * (false while there is no state: a create under way). On ns, init's end
+ * is the end of every process of the sandbox (its pid namespace). */
+bool sandbox_init_gone(hutch_ctx *ctx, const char *id);
 int sandbox_validate_id(const char *id);

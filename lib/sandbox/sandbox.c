@@ -60,11 +60,18 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
         ctx->storage_kind = dup_or(cfg->storage, "HUTCH_STORAGE", "auto");
         ctx->runsc = dup_or(cfg->runsc, "HUTCH_RUNSC", "");
         ctx->gvisor_platform = dup_or(cfg->gvisor_platform, "HUTCH_GVISOR_PLATFORM", "ptrace");
+        ctx->gpu_dev_dir = dup_or(cfg->gpu_dev_dir, "HUTCH_GPU_DEV_DIR", "/dev");
+        ctx->gpu_driver_root = dup_or(cfg->gpu_driver_root, "HUTCH_GPU_DRIVER_ROOT", "/");
+        ctx->gpu_proc_dir = dup_or(cfg->gpu_proc_dir, "HUTCH_GPU_PROC_DIR", "/proc/driver/nvidia");
+        {
+                const char *share = getenv("HUTCH_GPU_SHARE");
+                ctx->gpu_share = cfg->gpu_share > 0 || (cfg->gpu_share == 0 && share && streq(share, "1"));
+        }
         ctx->uid_base = cfg->uid_base ? cfg->uid_base : 0x40000000u;
         ctx->uid_slots = cfg->uid_slots ? cfg->uid_slots : 4096;
         int r;
         if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind || !ctx->runsc ||
-            !ctx->gvisor_platform) {
+            !ctx->gvisor_platform || !ctx->gpu_dev_dir || !ctx->gpu_driver_root || !ctx->gpu_proc_dir) {
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
         }
@@ -81,6 +88,11 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
             !streq(ctx->gvisor_platform, "kvm")) {
                 r = hutch_error_set(err, -EINVAL, "gvisor platform must be ptrace, systrap or kvm, not '%s'",
                                     ctx->gvisor_platform);
+                goto fail;
+        }
+        if (ctx->gpu_dev_dir[0] != '/' || ctx->gpu_driver_root[0] != '/' || ctx->gpu_proc_dir[0] != '/' ||
+            strlen(ctx->gpu_dev_dir) > 1024 || strlen(ctx->gpu_driver_root) > 1024 || strlen(ctx->gpu_proc_dir) > 1024) {
+                r = hutch_error_set(err, -EINVAL, "the GPU device dir, driver root and proc dir must be absolute paths");
                 goto fail;
         }
         if (*ctx->runsc && (ctx->runsc[0] != '/' || strlen(ctx->runsc) > 1024)) {
@@ -114,6 +126,10 @@ hutch_ctx *hutch_ctx_free(hutch_ctx *ctx) {
         free(ctx->storage_mnt);
         free(ctx->runsc);
         free(ctx->gvisor_platform);
+        free(ctx->gpu_dev_dir);
+        free(ctx->gpu_driver_root);
+        free(ctx->gpu_proc_dir);
+        gpu_nvml_free(ctx);
         safe_close(ctx->init_memfd);
         free(ctx);
         return NULL;
@@ -243,6 +259,28 @@ static int proc_starttime(pid_t pid, uint64_t *ret) {
         return 0;
 }
 
+bool sandbox_init_gone(hutch_ctx *ctx, const char *id) {
+        char path[PATH_MAX];
+        _cleanup_free_ char *buf = NULL;
+        snprintf(path, sizeof path, "%s/sandboxes/%s/state", ctx->run_dir, id);
+        if (read_file_at(AT_FDCWD, path, 16384, &buf) < 0)
+                return false; /* being created (or damaged): not known to be gone */
+        long pid = 0;
+        uint64_t want = 0, start;
+        bool suspended = false;
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                if (startswith(line, "init_pid="))
+                        pid = strtol(line + strlen("init_pid="), NULL, 10);
+                else if (startswith(line, "init_starttime="))
+                        want = strtoull(line + strlen("init_starttime="), NULL, 10);
+                else if (streq(line, "suspended=1"))
+                        suspended = true;
+        }
+        if (suspended || pid <= 1 || want == 0)
+                return false;
+        return proc_starttime((pid_t) pid, &start) < 0 || start != want;
+}
+
 /* Sends to init never block for long: a paused or wedged init that stops
  * reading fails the call instead of hanging the caller. */
 static void conn_set_timeouts(int fd) {
@@ -290,7 +328,9 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
 /* ------------------------------------------------------------- state file */
 
 static int state_write(hutch_sandbox *sb, hutch_error *err) {
-        char path[PATH_MAX], buf[2600 + PATH_MAX];
+        char path[PATH_MAX], buf[2600 + PATH_MAX + HUTCH_GPUS_MAX * 4], gpus[HUTCH_GPUS_MAX * 4 + 1] = "";
+        for (size_t i = 0, o = 0; i < sb->n_gpus; i++)
+                o += (size_t) snprintf(gpus + o, sizeof gpus - o, "%s%u", i ? "," : "", sb->gpu_ids[i]);
         snprintf(path, sizeof path, "%s/state", sb->dir);
         /* template_root: which version of the template its root (ns: the
          * overlay's lower layer; gvisor: runsc's root) is, so that
@@ -299,12 +339,12 @@ static int state_write(hutch_sandbox *sb, hutch_error *err) {
                          "id=%s\ntemplate=%s\ntemplate_root=%s\ninit_pid=%d\ninit_starttime=%" PRIu64 "\nuid_slot=%u\nuid_base=%u\n"
                          "token=%s\ncreated_ns=%" PRId64 "\nmemory=%" PRIu64 "\npids=%" PRIu64 "\ncpu_millis=%" PRIu64
                          "\ndisk=%" PRIu64 "\ninodes=%" PRIu64 "\nnofile=%" PRIu64 "\nno_new_privs=%d\ncgroup=%s\n"
-                         "cgroup_mount=%s\nbackend=%s\negress_port=%u\nsuspended=%d\nowner=%s\n",
+                         "cgroup_mount=%s\nbackend=%s\negress_port=%u\nsuspended=%d\nowner=%s\ngpus=%s\n",
                          sb->id, sb->template_name, sb->template_root ? sb->template_root : "", sb->init_pid, sb->init_starttime, sb->uid_slot,
                          (unsigned) sb->uid_base, sb->token, sb->created_ns, sb->limits.memory_bytes, sb->limits.pids,
                          sb->limits.cpu_millis, sb->limits.disk_bytes, sb->limits.disk_inodes, sb->limits.nofile,
                          sb->no_new_privs, sb->cg_version == CGROUP_V2 ? "v2" : "v1", sb->cg_mount,
-                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port, sb->suspended, sb->owner);
+                         hutch_backend_name(sb->backend), (unsigned) sb->egress_port, sb->suspended, sb->owner, gpus);
         int r = write_file_atomic(path, buf, (size_t) n, 0600);
         if (r < 0)
                 return hutch_error_set(err, r, "writing %s: %s", path, strerror(-r));
@@ -368,6 +408,10 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         sb->suspended = streq(v, "1");
                 else if (streq(k, "owner"))
                         snprintf(sb->owner, sizeof sb->owner, "%s", v);
+                else if (streq(k, "gpus"))
+                        for (char *save2 = NULL, *g = strtok_r((char *) v, ",", &save2); g && sb->n_gpus < HUTCH_GPUS_MAX;
+                             g = strtok_r(NULL, ",", &save2))
+                                sb->gpu_ids[sb->n_gpus++] = (uint32_t) strtoul(g, NULL, 10);
         }
         /* a suspended sandbox has no init until it is restored */
         if (sb->suspended && sb->backend == HUTCH_BACKEND_GVISOR) {
@@ -458,6 +502,10 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
                 if (k < 0 && r == 0)
                         r = hutch_error_set(err, k, "removing %s: %s", sb->dir, strerror(-k));
         }
+        /* The GPUs, once every process that could hold them is gone (the
+         * cgroup is empty): by the sandbox's id, whatever its state says */
+        gpu_release(ctx, sb->id);
+        sb->n_gpus = 0;
         /* Last: the uid range may only be reused once nothing of ours is left. */
         if (sb->uid_slot != UINT32_MAX) {
                 (void) uidrange_release(ctx, sb->uid_slot, sb->id);
@@ -733,6 +781,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         /* The clone child runs on this stack until it execs or exits: it is
          * unmapped only after that (a reused mapping would be scribbled on). */
         void *stack = MAP_FAILED;
+        gpu_child *gpu = NULL; /* the GPU mounts the child attaches */
         int r;
 
         hutch_sandbox *sb = sandbox_new(ctx);
@@ -791,6 +840,19 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         if ((r = volumes_check(cfg, err)) < 0)
                 goto fail;
+        if ((r = hutch_gpu_spec_check(cfg->gpus, err)) < 0)
+                goto fail;
+        bool want_gpus = r > 0;
+        if (want_gpus && sb->backend == HUTCH_BACKEND_GVISOR) {
+                /* runsc passes GPUs through only with its nvproxy (runsc
+                 * --nvproxy, gVisor 2023 and later), which hutch does not
+                 * drive yet (docs/gpu.md) */
+                r = hutch_error_set(err, -EOPNOTSUPP,
+                                    "GPUs are not supported on the gvisor backend: runsc reaches a GPU only through "
+                                    "its nvproxy (runsc --nvproxy), which hutch does not set up (docs/gpu.md); use the "
+                                    "ns backend");
+                goto fail;
+        }
 
         r = template_resolve(ctx->data_dir, cfg->template_name, &tpl, err);
         if (r < 0)
@@ -849,6 +911,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if ((r = uidrange_alloc(ctx, sb->id, &sb->uid_slot, err)) < 0)
                 goto fail;
         sb->uid_base = uidrange_base(ctx, sb->uid_slot);
+        if (want_gpus && (r = gpu_alloc(ctx, sb->id, cfg->gpus, sb->gpu_ids, &sb->n_gpus, err)) < 0)
+                goto fail;
 
         dfd = open(sb->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd < 0 || mkdirat(dfd, "root", 0755) < 0 || mkdirat(dfd, "lower", 0755) < 0 ||
@@ -874,6 +938,18 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits, &sb->cg, &e)) < 0) {
                 hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
                 goto fail;
+        }
+        if (sb->n_gpus) {
+                /* the nodes and the device cgroup's rules for exactly them,
+                 * before any process of the sandbox exists */
+                _cleanup_free_ char(*rules)[32] = NULL;
+                size_t n_rules = 0;
+                if ((r = gpu_child_prepare(ctx, sb->gpu_ids, sb->n_gpus, &gpu, &rules, &n_rules, err)) < 0)
+                        goto fail;
+                if ((r = cgroup_allow_devices(sb->cg, (const char(*)[32]) rules, n_rules, &e)) < 0) {
+                        hutch_error_set(err, r, "allowing the GPUs in the device cgroup: %s", e.msg);
+                        goto fail;
+                }
         }
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
                 char img[PATH_MAX] = "";
@@ -930,6 +1006,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 .init_memfd = memfd,
                 .seccomp = prog,
                 .uid_base = sb->uid_base,
+                .gpu = gpu,
         };
         stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
         if (stack == MAP_FAILED) {
@@ -987,6 +1064,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         sb->init_pid = pid;
         sb->init_pidfd = pidfd;
+        /* the child has its own copies of the GPU mounts; its memory view
+         * of gpu is read until it execs, so gpu is freed only then */
         conn[1] = safe_close(conn[1]);
         sync[1] = safe_close(sync[1]);
 
@@ -1068,6 +1147,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if (r >= 0 && got == 0) {
                 munmap(stack, CHILD_STACK_SIZE);
                 stack = MAP_FAILED;
+                gpu = gpu_child_free(gpu);
         }
         if (r < 0) {
                 hutch_error_set(err, r, "creating sandbox: %s: %s", step, strerror(-r));
@@ -1098,9 +1178,12 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
 
 fail:
         template_free(tpl);
+        /* as the stack: only once the child is known gone (teardown below) */
         (void) sandbox_teardown(sb, NULL);
         if (stack != MAP_FAILED && (sb->init_pid <= 0 || sb->destroyed))
                 munmap(stack, CHILD_STACK_SIZE); /* else the child may live on: leak it, never reuse it */
+        if (sb->init_pid <= 0 || sb->destroyed || stack == MAP_FAILED)
+                gpu_child_free(gpu);
         hutch_sandbox_unref(sb);
         return r;
 }
@@ -1410,6 +1493,11 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {
                 s.disk_used = gvisor_disk_used(sb);
         } else if (storage_usage(sb->ctx, sb->id, &used) >= 0)
                 s.disk_used = used;
+        s.gpus = (uint32_t) sb->n_gpus;
+        if (sb->n_gpus && gpu_memory_used(sb, &used) >= 0) {
+                s.gpu_memory_measured = true;
+                s.gpu_memory_used = used;
+        }
         *ret = s;
         return 0;
 }

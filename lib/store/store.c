@@ -295,6 +295,13 @@ static const char *const migrations[] = {
         "  PRIMARY KEY (kind, object_id)"
         ") WITHOUT ROWID;"
         "CREATE INDEX storage_usage_team ON storage_usage(team_id, started_ms);",
+
+        /* 10: GPUs in the usage ledger (docs/gpu.md): how many the sandbox
+         * held, GPUs × lifetime (ms), and the most GPU memory its processes
+         * held, NULL where it was not measured (no NVML) */
+        "ALTER TABLE usage ADD COLUMN gpus INTEGER NOT NULL DEFAULT 0;"
+        "ALTER TABLE usage ADD COLUMN gpu_ms INTEGER NOT NULL DEFAULT 0;"
+        "ALTER TABLE usage ADD COLUMN gpu_memory_peak_bytes INTEGER;",
 };
 
 int store_schema_version(void) {

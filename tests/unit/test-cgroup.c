@@ -8,6 +8,7 @@
  */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -235,6 +237,23 @@ static int child_devices(void *arg) {
                 return 1;
         close(fd);
         fd = open("/dev/kmsg", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0)
+                return 2;
+        return errno == EPERM ? 0 : 3;
+}
+
+/* GPU-like nodes in a temporary directory (arg): "gpu0" is c 195:0, which
+ * the test allows, "gpu1" c 195:1, which it does not. No driver has major
+ * 195 here, so an allowed open reaches the (missing) driver: ENXIO; the
+ * device cgroup refuses the other before that: EPERM. */
+static int child_gpu_devices(void *arg) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/gpu0", (const char *) arg);
+        int fd = open(p, O_RDWR | O_CLOEXEC);
+        if (fd >= 0 || errno != ENXIO)
+                return 1;
+        snprintf(p, sizeof p, "%s/gpu1", (const char *) arg);
+        fd = open(p, O_RDWR | O_CLOEXEC);
         if (fd >= 0)
                 return 2;
         return errno == EPERM ? 0 : 3;
@@ -609,6 +628,40 @@ static void test_pids_cpu_devices(const backend *b) {
                 ok(r == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
                    "v1: /dev/null opens, /dev/kmsg is refused with EPERM (code %d)",
                    WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+
+                /* cgroup_allow_devices: exactly the rule given, nothing near it */
+                static const char rules[][32] = { "c 195:0 rw" };
+                static const char bad[][32] = { "a", "c 195:* rw", "c 195:0 rwm", "b 7:0 rw" };
+                char dir[] = "/tmp/hutch-test-gpu-XXXXXX", node[PATH_MAX];
+                _cleanup_free_ char *devs = NULL;
+                ok(cgroup_allow_devices(cg, rules, 1, NULL) == 0 &&
+                           cgroup_read(cg->v1_dir[CGROUP_V1_DEVICES], "devices.list", &devs, NULL) >= 0 &&
+                           strstr(devs, "c 195:0 rw") && !strstr(devs, "c 195:1"),
+                   "v1: allow_devices adds c 195:0 rw to devices.list");
+                bool refused = true;
+                for (size_t i = 0; i < ELEMENTSOF(bad); i++)
+                        refused &= cgroup_allow_devices(cg, &bad[i], 1, NULL) == -EINVAL;
+                ok(refused, "v1: allow_devices refuses 'a', wildcards, mknod and block devices");
+                if (mkdtemp(dir)) {
+                        snprintf(node, sizeof node, "%s/gpu0", dir);
+                        int k = mknod(node, S_IFCHR | 0666, makedev(195, 0));
+                        snprintf(node, sizeof node, "%s/gpu1", dir);
+                        k |= mknod(node, S_IFCHR | 0666, makedev(195, 1));
+                        pid = k == 0 ? start_child(cg, child_gpu_devices, dir) : -1;
+                        r = pid > 0 ? wait_child(pid, 5000, &status) : (int) pid;
+                        ok(r == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                           "v1: the allowed node reaches its driver (ENXIO), the other is refused with EPERM (code %d)",
+                           WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+                        unlink(node);
+                        snprintf(node, sizeof node, "%s/gpu0", dir);
+                        unlink(node);
+                        rmdir(dir);
+                } else
+                        ok(false, "v1: mkdtemp for the GPU nodes: %m");
+        } else if (b->v == CGROUP_V2) {
+                static const char rules[][32] = { "c 195:0 rw" };
+                ok(cgroup_allow_devices(cg, rules, 1, NULL) == 0,
+                   "v2: allow_devices is a no-op (no devices file; docs/cgroups.md)");
         }
         teardown(cg);
 }
