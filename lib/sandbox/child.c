@@ -172,17 +172,37 @@ static void setup_boot_id(const child_config *c) {
         int n = snprintf(id, sizeof id,
                          "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", b[0], b[1],
                          b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-        if (mkdir("run", 0755) < 0 && errno != EEXIST)
+        /* The root's /run is the tenant's: a snapshot or a build step can
+         * leave it a symlink (`ln -s /tmp/x /run`), and until pivot_root
+         * this mount namespace's "/" is the host's tree, where a plain
+         * mkdir("run/hutch") would follow it and create on the host. Every
+         * path here is resolved inside the sandbox's root instead. */
+        int rootfd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        CHECK(c, rootfd, "opening the root");
+        if (mkdirat(rootfd, "run", 0755) < 0 && errno != EEXIST)
                 child_fail(c, errno, "creating /run");
-        if (mkdir("run/hutch", 0755) < 0 && errno != EEXIST)
+        struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+                                .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+        int runfd = sys_openat2(rootfd, "run", &how, sizeof how);
+        CHECK(c, runfd, "opening /run inside the sandbox's root");
+        if (mkdirat(runfd, "hutch", 0755) < 0 && errno != EEXIST)
                 child_fail(c, errno, "creating /run/hutch");
-        int fd = open("run/hutch/boot_id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+        close(runfd);
+        how = (struct open_how) { .flags = O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                                  .mode = 0644,
+                                  .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+        int fd = sys_openat2(rootfd, "run/hutch/boot_id", &how, sizeof how);
         CHECK(c, fd, "creating the boot id");
+        close(rootfd);
         if (write(fd, id, (size_t) n) != n)
                 child_fail(c, errno ? errno : EIO, "writing the boot id");
+        /* a bind of that very file, not of a path looked up again */
+        int m = sys_open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        CHECK(c, m, "cloning the boot id");
         close(fd);
-        CHECK(c, mount("run/hutch/boot_id", "proc/sys/kernel/random/boot_id", NULL, MS_BIND, NULL),
+        CHECK(c, sys_move_mount(m, "", AT_FDCWD, "proc/sys/kernel/random/boot_id", MOVE_MOUNT_F_EMPTY_PATH),
               "masking the host's boot id");
+        close(m);
         /* read-only through /proc, like the rest of /proc/sys */
         CHECK(c,
               mount(NULL, "proc/sys/kernel/random/boot_id", NULL,
