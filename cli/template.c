@@ -237,22 +237,24 @@ static int snapshots_of(const char *name, int64_t *ret) {
 
 static int do_rm(int argc, char **argv) {
         bool force = false;
-        int status = 0, n = 0;
-        for (int i = 1; i < argc; i++) {
-                if (streq(argv[i], "--force") || streq(argv[i], "-f"))
+        int status = 0, c;
+        static const struct option opts[] = { { "force", no_argument, NULL, 'f' },
+                                              { "help", no_argument, NULL, 'h' },
+                                              {} };
+        opterr = 0;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, ":fh", opts, NULL)) != -1) {
+                if (c == 'f')
                         force = true;
-                else if (argv[i][0] == '-')
-                        return log_error("unknown option '%s' (usage: hutch template rm [--force] NAME...)",
-                                         argv[i]),
-                               EXIT_USAGE;
-                else
-                        n++;
+                else if (c == 'h') {
+                        printf("usage: hutch template rm [-f|--force] NAME...\n");
+                        return 0;
+                } else
+                        return cli_getopt_error("template rm", c, argv);
         }
-        if (n == 0)
+        if (optind >= argc)
                 return log_error("usage: hutch template rm [--force] NAME..."), EXIT_USAGE;
-        for (int i = 1; i < argc; i++) {
-                if (argv[i][0] == '-')
-                        continue;
+        for (int i = optind; i < argc; i++) {
                 int64_t snaps = 0;
                 if (!force && snapshots_of(argv[i], &snaps) >= 0 && snaps > 0) {
                         log_error("template '%s' is the base of %lld snapshot(s), which restore over it: "
