@@ -7,7 +7,7 @@
  * it cannot be written, and it is mounted read-only as well), made in a
  * mount namespace of the relay's own:
  *
- *   gvtop        the mount points of runsc's spec (/proc, /sys, /dev, /tmp,
+ *   gvtop/root   the mount points of runsc's spec (/proc, /sys, /dev, /tmp,
  *                /run/hutch/init, /run/hutch/layer) and the statx shim
  *                (init/gvisor-compat.c): a few entries written into the
  *                sandbox's state dir, so that runsc's gofer never has to
@@ -60,6 +60,7 @@ extern const unsigned char hutch_gvisor_compat_start[];
 extern const unsigned char hutch_gvisor_compat_end[];
 
 #define GVROOT_FILE "gvroot"
+#define GVTOP "gvtop/root"
 #define GVROOT_MAX (HUTCH_MAX_LAYERS + 1)
 
 static int mkdir_mode(int dfd, const char *name, mode_t mode) {
@@ -80,24 +81,32 @@ static int write_mode(int dfd, const char *name, const void *data, size_t len, m
         return r;
 }
 
-/* gvtop: what the spec's mounts need in the root, owned by root */
+/* gvtop/root: what the spec's mounts need in the root, owned by root. Its
+ * /tmp is world-writable (the sandbox's /tmp takes its mode), so gvtop is
+ * root's alone: no host user (nor the relay, once it runs as the sandbox's
+ * host uid) can put a file into this lower layer of a live root. */
 static int write_top(int dfd) {
         static const struct {
                 const char *name;
                 mode_t mode;
         } dirs[] = {
-                { "gvtop", 0755 },           { "gvtop/proc", 0555 },
-                { "gvtop/sys", 0555 },       { "gvtop/dev", 0755 },
-                { "gvtop/tmp", 01777 },      { "gvtop/run", 0755 },
-                { "gvtop/run/hutch", 0755 }, { "gvtop/run/hutch/layer", 0755 },
+                { "gvtop", 0700 },
+                { GVTOP, 0755 },
+                { GVTOP "/proc", 0555 },
+                { GVTOP "/sys", 0555 },
+                { GVTOP "/dev", 0755 },
+                { GVTOP "/tmp", 01777 },
+                { GVTOP "/run", 0755 },
+                { GVTOP "/run/hutch", 0755 },
+                { GVTOP INITPROTO_GVISOR_LAYER, 0755 },
         };
         int r;
         for (size_t i = 0; i < ELEMENTSOF(dirs); i++)
                 if ((r = mkdir_mode(dfd, dirs[i].name, dirs[i].mode)) < 0)
                         return r;
-        if ((r = write_mode(dfd, "gvtop" INITPROTO_GVISOR_INIT, "", 0, 0444)) < 0)
+        if ((r = write_mode(dfd, GVTOP INITPROTO_GVISOR_INIT, "", 0, 0444)) < 0)
                 return r;
-        return write_mode(dfd, "gvtop" INITPROTO_GVISOR_COMPAT, hutch_gvisor_compat_start,
+        return write_mode(dfd, GVTOP INITPROTO_GVISOR_COMPAT, hutch_gvisor_compat_start,
                           (size_t) (hutch_gvisor_compat_end - hutch_gvisor_compat_start), 0644);
 }
 
@@ -215,7 +224,7 @@ int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err) {
                 return hutch_error_set(err, r, "%s/" GVROOT_FILE " is damaged", sb->dir);
         }
         /* overlayfs resolves these against the child's cwd, the sandbox dir */
-        snprintf(g.opts, optsz, "lowerdir=gvtop%s", build ? ":layer/upper" : "");
+        snprintf(g.opts, optsz, "lowerdir=" GVTOP "%s", build ? ":layer/upper" : "");
         for (size_t i = 0; i < g.n_binds; i++) {
                 cat(g.opts, optsz, ":");
                 cat(g.opts, optsz, g.dst[i]);

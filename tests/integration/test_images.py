@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import hutchtest
 import ociimage as oi
 from hutchtest import parse_json_summary
 from layercheck import assert_nothing_left, mounts_naming, sandbox_processes, tree_digest
@@ -444,6 +445,10 @@ def test_gvisor_daemon_image_template_pause_snapshot_and_kill(sandboxed_hutch, e
                         if f"/sandboxes/{sid}/root " in m]
         assert relay_mounts and all(" overlay " in m and " ro," in m for m in relay_mounts), relay_mounts
         assert not mounts_naming(sid)
+        # the per-sandbox top layer (its /tmp is world-writable) is root's
+        # alone: no host user adds a file to a live root's lower layer
+        st = (hutchtest.STATE_DIR / sid / "gvtop").stat()
+        assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700, oct(st.st_mode)
 
         # a process that lives through a pause; a file in the layer
         end, _, err, _ = sd.run(sb, "echo kept > /srv/written; (i=0; while :; do i=$((i+1)); echo $i > /tmp/n; "
