@@ -77,7 +77,8 @@ build: deps
 	$(call compile,build)
 
 GVISOR_E2B_FILES ?= commands.test.mjs files.test.mjs pty.test.mjs watch.test.mjs egress.test.mjs \
-	upstream-commands.test.mjs upstream-files.test.mjs lifecycle.test.mjs ingress.test.mjs
+	upstream-commands.test.mjs upstream-files.test.mjs lifecycle.test.mjs ingress.test.mjs \
+	images.test.mjs template.test.mjs
 
 ROUTER_E2B_FILES ?= commands.test.mjs files.test.mjs upstream-files.test.mjs
 

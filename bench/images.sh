@@ -8,14 +8,20 @@
 # printed too: the one-off cost of the first import, and of a second import
 # whose layers are all in the store already).
 #
-#   bench/images.sh                    # BENCH_N=100 rounds
+# Where runsc is installed, the same pair then runs on the gvisor backend
+# (the image's layers stacked by a read-only overlay on the host as runsc's
+# root, against the host template served as it is), BENCH_GVISOR_N rounds.
+#
+#   bench/images.sh                    # BENCH_N=100 rounds, BENCH_GVISOR_N=30
 #   BENCH_N=20 bench/images.sh
+#   BENCH_GVISOR_N=0 bench/images.sh   # no gvisor rounds
 #
 # Prints markdown on stdout, progress on stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
 N=${BENCH_N:-100}
+GN=${BENCH_GVISOR_N:-30}
 BUILD=${HUTCH_BUILD_DIR:-build}
 HUTCH=${HUTCH_BIN:-$BUILD/hutch}
 [[ -x $HUTCH || -n ${HUTCH_BIN:-} || ! -x $BUILD/cli/hutch ]] || HUTCH=$BUILD/cli/hutch
@@ -86,4 +92,13 @@ printf 'First import: %.2f s; a second import of the same image (every layer alr
         --label "$work=\$WORK" \
         --tool "hutch run (host)=$HUTCH run -- /bin/true" \
         --tool "hutch run (7-layer image)=$HUTCH run --template bench-py -- /bin/true"
+if ((GN > 0)) && { [[ -x /usr/bin/runsc ]] || [[ -x /usr/local/bin/runsc ]]; }; then
+        "$HUTCH" run --backend gvisor --template bench-py -- /bin/true >/dev/null
+        echo
+        "$PY" bench/timeit.py --rounds "$GN" --warmup 2 --timeout 60 --ref "hutch run --backend gvisor (host)" \
+                --title "The gvisor backend: one sandbox at a time, $GN interleaved rounds" \
+                --label "$work=\$WORK" \
+                --tool "hutch run --backend gvisor (host)=$HUTCH run --backend gvisor -- /bin/true" \
+                --tool "hutch run --backend gvisor (7-layer image)=$HUTCH run --backend gvisor --template bench-py -- /bin/true"
+fi
 "$HUTCH" template rm bench-py bench-py2 >/dev/null

@@ -181,7 +181,7 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
 /* The engine's sandbox for sb (its limits from sb), its init in the loop,
  * its identity files. On failure nothing of it is left and sb->h is NULL. */
 static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, const char *layer_from,
-                            bool checkpoint, hutch_error *err) {
+                            const char *build_layer, bool checkpoint, hutch_error *err) {
         /* hutch ps names the daemon (its data dir) and, once claimed, the team */
         char owner[128];
         if (sb->team_id)
@@ -197,7 +197,9 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, con
                 .gpus = json_string_value(json_object_get(sb->extra, "gpus")),
                 .owner = owner,
                 .template_name = template_name,
-                .layer_from = checkpoint ? NULL : layer_from,
+                /* a gvisor checkpoint of a built template's sandbox restores
+                 * over the build's layer, read-only under its own */
+                .layer_from = checkpoint ? build_layer : layer_from,
                 .checkpoint_from = checkpoint ? layer_from : NULL,
                 .id = sb->id,
                 .backend = sb->backend,
@@ -334,7 +336,7 @@ void sbx_pool_fill(server *srv) {
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
-        int r = sbx_engine_start(srv, sb, tpl, NULL, false, &err);
+        int r = sbx_engine_start(srv, sb, tpl, NULL, NULL, false, &err);
         /* a code-interpreter one starts its kernels now (startcmd.c) */
         if (r >= 0 && interp && (r = startcmd_pool_begin(srv, sb, &err)) < 0) {
                 loop_del(srv, &sb->w);
@@ -453,6 +455,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         store_snapshot snap = { 0 };
         _cleanup_(json_decrefp) json_t *built = NULL; /* a built template's ready build */
         char built_tid[32] = "", built_alias[64] = "", snap_base[64];
+        char build_layer[PATH_MAX] = ""; /* a built template's layer under a gvisor checkpoint */
         if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
                 template_name = "host";
                 alias = cr.template_id;
@@ -468,7 +471,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 /* the template it was taken from, when that is an image one:
                  * the snapshot is only its writable layer */
                 template_name = "host";
-                if (templates_snapshot_base(srv, team, snap.template_id, snap_base, sizeof snap_base) == 0)
+                if (templates_snapshot_base(srv, team, snap.template_id, snap_base,
+                                            sizeof snap_base, build_layer, sizeof build_layer) == 0)
                         template_name = snap_base; /* taken from a built template: its base */
                 else if (snap.template_id[0] && !streq(snap.template_id, "host") &&
                          !streq(snap.template_id, "base") && !snapshot_id_valid(snap.template_id) &&
@@ -592,17 +596,10 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         const char *tb = snap.id[0] ? NULL : template_backend(srv->cfg.template_backends, alias);
         int backend = hutch_backend_from_name(cr.backend           ? cr.backend
                                                       : snap.id[0] ? (checkpoint ? "gvisor" : "ns")
-                                                      : built      ? "ns" /* a build's layer is an ns one */
                                                       : tb         ? tb
                                                                    : srv->cfg.backend);
-        if (built && backend == HUTCH_BACKEND_GVISOR) {
-                *ret_status = 409;
-                json_decref(egress_spec);
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "template '%s' was built for the namespace (ns) backend; it cannot "
-                                       "start a gvisor sandbox",
-                                       cr.template_id);
-        }
+        if (!checkpoint)
+                build_layer[0] = 0; /* an ns snapshot's layer holds the build's files already */
         if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
                 *ret_status = 409;
                 json_decref(egress_spec);
@@ -743,7 +740,8 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
         if (sb->h)
                 goto ready;
-        r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL, checkpoint, err);
+        r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL,
+                             build_layer[0] ? build_layer : NULL, checkpoint, err);
         if (layer_from[0]) {
                 if (!borrowed)
                         unlink(layer_from); /* the engine copied it into the layer image */

@@ -395,7 +395,8 @@ int templates_resolve(server *srv, int64_t team, const char *ref, char ret_tid[3
         return 0;
 }
 
-int templates_snapshot_base(server *srv, int64_t team, const char *template_id, char *buf, size_t n) {
+int templates_snapshot_base(server *srv, int64_t team, const char *template_id, char *buf, size_t n,
+                            char *layer, size_t layer_n) {
         store_build_template t;
         hutch_error e = { 0 };
         if (!tid_valid(template_id) || store_btemplate_get(srv->store, template_id, &t, &e) < 0 ||
@@ -404,8 +405,14 @@ int templates_snapshot_base(server *srv, int64_t team, const char *template_id, 
         char tid[32], alias[64];
         json_t *res = NULL;
         const char *base = NULL;
-        if (templates_resolve(srv, team, template_id, tid, alias, &res, &e) == 0)
+        if (layer)
+                layer[0] = 0;
+        if (templates_resolve(srv, team, template_id, tid, alias, &res, &e) == 0) {
                 base = json_string_value(json_object_get(res, "baseTemplate"));
+                const char *l = json_string_value(json_object_get(res, "layer"));
+                if (layer && l && *l && templates_layer_path(srv, l, layer, layer_n) < 0)
+                        layer[0] = 0;
+        }
         snprintf(buf, n, "%s", base && *base ? base : "host");
         json_decref(res);
         return 0;

@@ -36,7 +36,11 @@ int templates_start_spec(sbx *sb, templates_start *ret);
 void templates_start_clear(templates_start *s);
 /* When template_id is a template the team built: the template its layers
  * sit on ("host" or an image template's name), for a snapshot taken from
- * one of its sandboxes (whose layer holds the build's files too). -ENOENT. */
-int templates_snapshot_base(server *srv, int64_t team, const char *template_id, char *buf, size_t n);
+ * one of its sandboxes (an ns snapshot's layer holds the build's files
+ * too), and in layer (when not NULL) the path of its ready build's layer
+ * stream, "" when it has none (a gvisor checkpoint holds only what the
+ * sandbox wrote: it restores over the base and that layer). -ENOENT. */
+int templates_snapshot_base(server *srv, int64_t team, const char *template_id, char *buf, size_t n,
+                            char *layer, size_t layer_n);
 /* The cached layer stream of a result's "layer" (0), -ENOENT. */
 int templates_layer_path(server *srv, const char *layer, char *buf, size_t n);

@@ -107,7 +107,10 @@ typedef struct hutch_sandbox_config {
         /* Start the writable layer from a stream hutch_sandbox_layer_export()
          * wrote (a file), not empty: the files come back, owned by the same
          * ids inside the sandbox. Its size replaces limits.disk_bytes. ext4
-         * layers only (-EOPNOTSUPP on tmpfs). */
+         * layers only (-EOPNOTSUPP on tmpfs). gvisor: the stream's files are
+         * a read-only layer between the template and the writable layer
+         * (a built template's layer; limits.disk_bytes stays the writable
+         * layer's size), and may come with checkpoint_from. */
         const char *layer_from;
         int backend;               /* HUTCH_BACKEND_* */
         /* gvisor: restore a stream hutch_sandbox_checkpoint() wrote (a

@@ -159,8 +159,9 @@ static void jcaps(jbuf *b) {
         jput(b, "]");
 }
 
-static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *hostname, const char *init_path,
-                      uint16_t egress_port, hutch_error *err) {
+static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *root,
+                      const char *hostname, const char *init_path, uint16_t egress_port,
+                      hutch_error *err) {
         jbuf b = { 0 };
         char num[64];
         jput(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,\"gid\":0},\"args\":[");
@@ -189,7 +190,7 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
                  sb->limits.pids, sb->limits.pids);
         jput(&b, num);
         jput(&b, ",{\"type\":\"RLIMIT_CORE\",\"hard\":0,\"soft\":0}]},\"root\":{\"path\":");
-        jstr(&b, tpl->rootfs);
+        jstr(&b, root);
         /* read-only: the writable layer is init's overlay over it */
         jput(&b, ",\"readonly\":true},\"hostname\":");
         jstr(&b, hostname);
@@ -346,6 +347,11 @@ static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_m
         int memfd = sandbox_init_memfd(ctx, err);
         if (memfd < 0)
                 return memfd;
+        /* an image or built template's root, stacked in the relay's
+         * mount namespace (gvisor-root.c) */
+        _cleanup_(gvisor_root_done) gvisor_root groot = { .layer_fd = -1 };
+        if ((r = gvisor_root_parent(sb, &groot, err)) < 0)
+                return r;
         int procs[8];
         r = cgroup_procs_fds(sb->cg, procs, ELEMENTSOF(procs), err);
         if (r < 0)
@@ -392,6 +398,24 @@ static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_m
                 ifr.ifr_flags |= IFF_UP;
                 if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
                         _exit(122);
+                const char *step = NULL;
+                int k = gvisor_root_child(&groot, &step);
+                if (k < 0) {
+                        /* for the create's error (log_tail): no stdio here */
+                        char num[12], *q = num + sizeof num;
+                        unsigned v = (unsigned) -k;
+                        *--q = 0;
+                        do
+                                *--q = (char) ('0' + v % 10);
+                        while ((v /= 10) && q > num);
+                        static const char pre[] = "hutch: runsc's root: ", mid[] = " failed, errno ";
+                        (void) !write(logfd, pre, sizeof pre - 1);
+                        (void) !write(logfd, step, strlen(step));
+                        (void) !write(logfd, mid, sizeof mid - 1);
+                        (void) !write(logfd, q, strlen(q));
+                        (void) !write(logfd, "\n", 1);
+                        _exit(125);
+                }
                 int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
                 int hl = fcntl(lsock, F_DUPFD_CLOEXEC, 64), hc = fcntl(conn[1], F_DUPFD_CLOEXEC, 64),
                     hm = fcntl(memfd, F_DUPFD_CLOEXEC, 64), hg = fcntl(logfd, F_DUPFD_CLOEXEC, 64);
@@ -440,8 +464,9 @@ static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_m
         return 0;
 }
 
-int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostname, uint16_t egress_port,
-                 const char *image_dir, int timeout_ms, hutch_error *err) {
+int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *layer_from,
+                 const char *hostname, uint16_t egress_port, const char *image_dir, int timeout_ms,
+                 hutch_error *err) {
         hutch_ctx *ctx = sb->ctx;
         char init_path[PATH_MAX], scratch[PATH_MAX], p[PATH_MAX];
         int r;
@@ -455,7 +480,12 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *hostn
         snprintf(p, sizeof p, "%s/runsc", sb->dir);
         if (mkdir(p, 0700) < 0)
                 return hutch_error_set(err, -errno, "creating %s: %m", p);
-        if ((r = write_spec(sb, tpl, hostname, init_path, egress_port, err)) < 0)
+        /* an image or built template: the layers stacked at <dir>/root */
+        if ((r = gvisor_root_prepare(sb, tpl, layer_from, err)) < 0)
+                return r;
+        snprintf(p, sizeof p, "%s/root", sb->dir);
+        if ((r = write_spec(sb, tpl, r > 0 ? p : tpl->rootfs, hostname, init_path, egress_port,
+                            err)) < 0)
                 return r;
         /* The relay's scratch space (whole files on their way out) on the
          * data dir's disk, owned by the relay's uid. */

@@ -104,10 +104,34 @@ int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t 
 /* Processes hutch-init killed inside for going over the memory limit. */
 uint64_t gvisor_oom_kills(hutch_sandbox *sb);
 uint64_t gvisor_disk_used(hutch_sandbox *sb);
-int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *hostname, uint16_t egress_port,
-                 const char *image_dir, int timeout_ms, hutch_error *err);
+/* layer_from: a built template's layer (a layer stream), read-only under
+ * the writable layer; image_dir: a checkpoint to restore. */
+int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *layer_from,
+                 const char *hostname, uint16_t egress_port, const char *image_dir, int timeout_ms,
+                 hutch_error *err);
 int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err);
 int gvisor_kill_runtime(hutch_sandbox *sb);
+/* gvisor-root.c: runsc's root for an image or built template, stacked by
+ * overlayfs on the host in the relay's own mount namespace. */
+typedef struct gvisor_root {
+        bool stacked;    /* false: runsc serves the template's rootfs itself */
+        int layer_fd;    /* the build layer, read-only and detached, or -1 */
+        const char *dir; /* the sandbox dir, the binds' and the overlay's home */
+        size_t n_binds;
+        char **src;     /* host dirs: the template's top layer, then its image layers, top first */
+        char (*dst)[8]; /* their mount points: "lower", "l0".. */
+        char *opts;     /* the overlay's mount options */
+} gvisor_root;
+/* At create: the root's pieces in the sandbox dir (mount points, the build
+ * layer's image from layer_from, the list of layers). 1: stacked (runsc's
+ * root is <dir>/root), 0: the host template as it is. */
+int gvisor_root_prepare(hutch_sandbox *sb, const struct hutch_template *tpl, const char *layer_from,
+                        hutch_error *err);
+/* At every launch, in the engine: what the relay's child mounts. */
+int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err);
+/* In the relay's child, before runsc starts: system calls only. */
+int gvisor_root_child(const gvisor_root *g, const char **ret_step);
+void gvisor_root_done(gvisor_root *g);
 /* sandbox.c: after a (re)launch, the relay's start time and the state file */
 int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err);
 /* The runtime stopped at its checkpoint: no init; state says suspended. */
@@ -130,6 +154,8 @@ int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_lim
                     int *ret_layer_fd, uint64_t *ret_disk_bytes,
                     hutch_error *err);
 int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err);
+/* The sandbox's layer image (storage_prepare), read-only and detached. */
+int storage_layer_mount_ro(hutch_ctx *ctx, const char *id, int *ret_mnt, hutch_error *err);
 /* Bytes the writable layer occupies on the host (ext4 image blocks). */
 int storage_usage(hutch_ctx *ctx, const char *id, uint64_t *ret_bytes);
 /* Remove layer images that no live sandbox owns. */

@@ -830,10 +830,6 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -EINVAL, "unknown backend %d", sb->backend);
                 goto fail;
         }
-        if (sb->backend == HUTCH_BACKEND_GVISOR && cfg->layer_from) {
-                r = hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot start from a file snapshot");
-                goto fail;
-        }
         if (sb->backend != HUTCH_BACKEND_GVISOR && cfg->checkpoint_from) {
                 r = hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
                 goto fail;
@@ -858,14 +854,6 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if (r < 0)
                 goto fail;
         snprintf(sb->template_name, sizeof sb->template_name, "%s", tpl->name);
-        if (tpl->n_layers && sb->backend == HUTCH_BACKEND_GVISOR) {
-                r = hutch_error_set(
-                        err, -EOPNOTSUPP,
-                        "template '%s' is made of image layers, which the gvisor backend does not stack "
-                        "yet (runsc serves one read-only root): use the ns backend (docs/templates.md)",
-                        tpl->name);
-                goto fail;
-        }
         if (!(sb->template_root = strdup(tpl->rootfs))) {
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
@@ -953,6 +941,10 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
                 char img[PATH_MAX] = "";
+                /* a layer stream is a built template's layer: read-only under
+                 * the sandbox's writable layer (gvisor-root.c) */
+                if (cfg->layer_from && (r = ctx_ensure_storage(ctx, err)) < 0)
+                        goto fail;
                 if (cfg->checkpoint_from) {
                         /* the restored init holds the checkpointed one's token */
                         char parent[PATH_MAX];
@@ -964,7 +956,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                                 goto fail;
                         }
                 }
-                r = gvisor_start(sb, tpl, hostname, cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
+                r = gvisor_start(sb, tpl, cfg->layer_from, hostname,
+                                 cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
                                  GVISOR_READY_TIMEOUT_MS, err);
                 if (img[0])
                         (void) rm_rf_at(AT_FDCWD, img); /* runsc has read it, or failed */

@@ -296,6 +296,41 @@ fail:
         return r;
 }
 
+/* The sandbox's own layer image, mounted read-only and detached: a gvisor
+ * sandbox's built-template layer, imported by storage_prepare() at create
+ * and stacked under runsc's root at every launch (gvisor-root.c). A
+ * read-only descriptor makes a read-only loop device, so nothing can write
+ * the image through it; the device clears itself with the last mount. */
+int storage_layer_mount_ro(hutch_ctx *ctx, const char *id, int *ret_mnt, hutch_error *err) {
+        char img[2300], dev[64];
+        if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "a template's build layer needs the ext4 layer backend");
+        if (layer_image_path(ctx, id, img, sizeof img) < 0)
+                return hutch_error_set(err, -ENAMETOOLONG, "layer path too long");
+        _cleanup_close_ int src = open(img, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (src < 0)
+                return hutch_error_set(err, -errno, "opening %s: %m", img);
+        _cleanup_close_ int loopfd = -1, fsfd = -1;
+        int r = loop_attach(src, &loopfd);
+        if (r < 0)
+                return hutch_error_set(err, r, "attaching %s to a loop device: %s", img,
+                                       strerror(-r));
+        snprintf(dev, sizeof dev, "/dev/loop%d", r);
+        fsfd = sys_fsopen("ext4", FSOPEN_CLOEXEC);
+        if (fsfd < 0 || sys_fsconfig(fsfd, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
+            sys_fsconfig(fsfd, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0 ||
+            sys_fsconfig(fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+                return hutch_error_set(err, -errno, "mounting the layer %s read-only: %m", dev);
+        int mnt = sys_fsmount(fsfd, FSMOUNT_CLOEXEC,
+                              MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+                                      MOUNT_ATTR_NOATIME);
+        if (mnt < 0)
+                return hutch_error_set(err, -errno, "fsmount of the layer %s: %m", dev);
+        *ret_mnt = mnt;
+        return 0;
+}
+
 int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
         if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
                 return 0;

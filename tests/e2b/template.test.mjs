@@ -9,7 +9,8 @@ import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node
 import { join } from 'node:path'
 import { execFileSync, spawn } from 'node:child_process'
 import { Sandbox, Template, BuildError } from 'e2b'
-import { env, sleep, uniqueTag } from './helpers.mjs'
+import { release } from 'node:os'
+import { backend, env, sleep, uniqueTag } from './helpers.mjs'
 
 function context(t) {
   const dir = mkdtempSync(join(env.tmp, 'ctx-'))
@@ -76,6 +77,8 @@ test('Template.build: steps run in a sandbox, logs stream, a rebuild is all cach
   const sbx = await Sandbox.create(`${name}:v1`)
   t.after(() => sbx.kill().catch(() => {}))
   assert.equal((await sbx.getInfo()).templateId, info.templateId)
+  const kernel = (await sbx.commands.run('cat /proc/version')).stdout
+  assert.equal(!kernel.includes(release()), backend === 'gvisor', kernel)
   const r = await sbx.commands.run(
     'cat /home/user/marker /opt/app/a.txt /opt/app/sub/b.txt; readlink /opt/app/link.txt; ls /opt/globbed; ' +
       'stat -c "%a %U" /opt/bin/tool.sh /opt/app/a.txt; cat /home/user/greeting /home/user/homevar; ' +
@@ -214,6 +217,9 @@ test('fromImage: an image template of this host (imported) is the base; its Env 
   t.after(() => sbx.kill().catch(() => {}))
   const r = await sbx.commands.run('cat /home/user/var /home/user/who a.txt 2>&1; pwd; test -e /usr/bin/python3 || echo no-host-usr; ls /bin/busybox')
   assert.equal(r.stdout, 'from-the-image\nuser\nalpha\n/home/user/app\nno-host-usr\n/bin/busybox\n')
+  // on the daemon's backend: gvisor runs the sentry's kernel, ns the host's
+  const kernel = (await sbx.commands.run('cat /proc/version')).stdout
+  assert.equal(!kernel.includes(release()), backend === 'gvisor', kernel)
   // a snapshot of it starts on the same image, with the build's files and its own
   await sbx.files.write('/home/user/later.txt', 'after the build')
   const snap = await sbx.createSnapshot()

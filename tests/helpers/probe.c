@@ -378,6 +378,27 @@ static int probe_chroot_escape(int argc, char **argv) {
         return 0;
 }
 
+/* The same breakout, then create PATH and write a byte to it: what lies
+ * outside the sandbox's root must be read-only (on gvisor: runsc's root,
+ * the template's layers). */
+static int probe_chroot_escape_write(int argc, char **argv) {
+        const char *path = need_path_arg(argc, argv);
+
+        ensure_dir(PROBE_DIR "/jail");
+        if (chdir("/") < 0 || chroot(PROBE_DIR "/jail") < 0)
+                return errno;
+        for (int i = 0; i < 64; i++)
+                (void) chdir("..");
+        if (chroot(".") < 0)
+                return errno;
+        int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+                return errno;
+        int r = write(fd, "x", 1) == 1 ? 0 : errno;
+        close(fd);
+        return r;
+}
+
 /* ------------------------------------------------------- kernel surfaces */
 
 static int probe_keyctl(int argc, char **argv) {
@@ -973,6 +994,7 @@ static const Probe probes[] = {
         { "listns", probe_listns, "listns(): ENOSYS" },
         { "chroot", probe_chroot, "chroot(/) (allowed: sandbox root keeps CAP_SYS_CHROOT)" },
         { "chroot-escape", probe_chroot_escape, "double-chroot breakout, then open PATH" },
+        { "chroot-escape-write", probe_chroot_escape_write, "double-chroot breakout, then write PATH" },
         /* kernel surfaces */
         { "keyctl", probe_keyctl, "keyctl(KEYCTL_GET_KEYRING_ID)" },
         { "add-key", probe_add_key, "add_key(user)" },

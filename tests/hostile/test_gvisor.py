@@ -410,3 +410,85 @@ def test_leaving_the_root_finds_no_unlimited_room(warm):
     assert len(refused) == 5 and all(line.endswith(f" {errno.EROFS}") for line in refused), out
     full = [line for line in lines if line.startswith("layer-full ")]
     assert full and full[0].split()[1] == str(errno.ENOSPC) and int(full[0].split()[2]) <= 16, out
+
+
+# ------------------------------------------------ image templates on gvisor
+
+BUSYBOX = Path("/bin/busybox")
+
+# Probes with one argument each, many in one sandbox: "RESULT NAME ARG STATUS".
+PAIRS_SCRIPT = ('cat > /tmp/probe && chmod 0755 /tmp/probe || exit 125\n'
+                'while [ $# -gt 1 ]; do\n'
+                '    /tmp/probe "$1" "$2" >/dev/null 2>&1\n'
+                '    echo "RESULT $1 $2 $?"\n'
+                '    shift 2\n'
+                'done\n')
+
+
+@pytest.fixture(scope="module")
+def image_template(warm, tmp_path_factory):
+    """An image template in a data dir of its own: busybox, a directory and
+    a file of uid 1000, a world-writable directory and a set-uid root file.
+    Returns (env, data dir, name)."""
+    import ociimage as oi
+    if not BUSYBOX.is_file():
+        pytest.fail("/bin/busybox missing: apt-get install busybox-static (scripts/deps.sh test)")
+    d = tmp_path_factory.mktemp("gvimage")
+    d.chmod(0o755)
+    ents = [oi.dir_entry("bin"), oi.file_entry("bin/busybox", BUSYBOX.read_bytes(), mode=0o755)]
+    ents += [oi.symlink_entry(f"bin/{t}", "busybox") for t in ("sh", "cat", "chmod", "echo", "test", "id")]
+    ents += [oi.dir_entry("etc"), oi.file_entry("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"),
+             oi.file_entry("etc/group", b"root:x:0:\n"), oi.dir_entry("tmp", mode=0o1777),
+             oi.dir_entry("data", uid=1000, gid=1000), oi.file_entry("data/owned", b"image\n", uid=1000, gid=1000),
+             oi.dir_entry("shared", mode=0o1777), oi.file_entry("bin/suid", b"#!/bin/sh\n", mode=0o4755)]
+    oi.write_oci_layout(d / "oci", [oi.make_tar(ents)], env=["PATH=/bin"])
+    e = dict(os.environ, HUTCH_DATA_DIR=str(d / "data"))
+    cp = subprocess.run([str(hutchtest.hutch_path()), "template", "import", str(d / "oci"), "--name", "hostile-img"],
+                        env=e, capture_output=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    return e, d / "data", "hostile-img"
+
+
+def test_image_template_root_reaches_no_host_path_and_never_writes_the_template(image_template, probe_bytes,
+                                                                              host_canary_files, token):
+    """A gvisor sandbox of an image template has runsc serve a read-only
+    overlay of the image's layers, stacked on the host in the relay's own
+    mount namespace. Its root, inside init's chroot or out of it (the
+    classic breakout: root keeps CAP_SYS_CHROOT), finds no host path (the
+    canaries, the layer store, the data dir, the run dir) and writes nothing
+    of the image's layers: every write outside the chroot is EROFS, and the
+    writes inside are copies in its own layer. The layer store and the
+    template's version are byte for byte what they were."""
+    from layercheck import mounts_naming, tree_digest
+    e, data, tpl = image_template
+    before = tree_digest(data / "layers", data / "templates")
+    layer = next(p for p in (data / "layers" / "sha256").iterdir() if p.is_dir())
+    host_paths = [*host_canary_files, str(layer / "bin" / "busybox"), str(layer), str(data),
+                  str(hutchtest.STATE_DIR)]
+    args = []
+    for path in host_paths:
+        args += ["read-file", path, "read-file", f"/proc/1/root{path}", "chroot-escape", path]
+    outside = ["/bin/busybox", "/bin/suid", "/data/owned", "/data/new", "/shared/new", "/escaped",
+               "/etc/passwd"]
+    for path in outside:
+        args += ["chroot-escape-write", path]
+    cp = hutchtest.run_sandbox([*GV, "--template", tpl, "--user", "root"], ["sh", "-c", PAIRS_SCRIPT, "probe", *args],
+                               stdin=probe_bytes, env=e, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    results = [line.split()[1:] for line in cp.stdout.decode().splitlines() if line.startswith("RESULT ")]
+    assert len(results) == len(args) // 2, cp.stdout
+    for name, path, status in results:
+        want = errno.EROFS if name == "chroot-escape-write" else errno.ENOENT
+        assert int(status) == want, (name, path, status)
+    assert token.encode() not in cp.stdout + cp.stderr
+
+    # inside the root, root changes the image's files: copies in its own layer
+    cp = hutchtest.run_sandbox([*GV, "--template", tpl, "--user", "root"],
+                               ["sh", "-c", "echo changed > /data/owned && echo x >> /bin/busybox && "
+                                "chmod 0755 /bin/suid && echo new > /shared/new && cat /data/owned /shared/new"],
+                               env=e, timeout=120)
+    assert cp.returncode == 0 and cp.stdout == b"changed\nnew\n", (cp.stdout, cp.stderr[-2000:])
+    assert tree_digest(data / "layers", data / "templates") == before
+    for path, content in host_canary_files.items():
+        assert Path(path).read_bytes() == content, f"{path} changed"
+    assert not mounts_naming(str(data))

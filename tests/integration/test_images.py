@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import hutchtest
 import ociimage as oi
+from hutchtest import parse_json_summary
+from layercheck import assert_nothing_left, mounts_naming, sandbox_processes, tree_digest
 from serveclient import ServeDaemon
 
 BUSYBOX = Path("/bin/busybox")
@@ -108,9 +113,7 @@ def test_import_oci_layout_and_run_with_its_defaults(sandboxed_hutch, env, tmp_p
     assert "GONE-EXISTS" not in out and "DELME-EXISTS" not in out
     assert out[-3:] == ["hutch", "1", "HOME-OK"], out
 
-    # the gvisor backend refuses an image template, saying why
-    p = hutch(sandboxed_hutch, e, "run", "--backend", "gvisor", "--template", "bb", "--", "true", check=False)
-    assert p.returncode == 125 and b"gvisor backend does not stack" in p.stderr, p.stderr
+    # (on the gvisor backend: test_gvisor_runs_an_image_template below)
 
     # ls: kind, layers, size
     rows = hutch(sandboxed_hutch, e, "template", "ls").stdout.decode().splitlines()
@@ -355,3 +358,128 @@ def test_reimport_switches_the_version_and_prune_takes_the_old(sandboxed_hutch, 
     assert [p.name for p in (data / "templates").iterdir() if p.name.startswith("t@")] == \
         [os.readlink(data / "templates" / "t")]
     assert len(store(data)) == 2  # v1's top layer went with its version
+
+
+# ---------------------------------------------------------------- gvisor
+
+RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
+needs_runsc = pytest.mark.skipif(not os.access(RUNSC, os.X_OK), reason="runsc is not installed")
+
+
+@needs_runsc
+def test_gvisor_runs_an_image_template(sandboxed_hutch, env, tmp_path, base_layer):
+    """The gvisor backend stacks the image's layers (read-only, on the host,
+    in the relay's own mount namespace) as runsc's root: the image's files
+    with their own owners, whiteouts, the config's defaults; writes land in
+    the sandbox's layer and the layer store stays as it was; nothing of it
+    is left after the run."""
+    e, data = env
+    lay = tmp_path / "oci"
+    oi.write_oci_layout(lay, [base_layer, _top_layer()], env=["PATH=/bin", "FOO=bar"], workdir="/app",
+                        user="app")
+    hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "bb")
+    before = tree_digest(data / "layers", data / "templates")
+    gv = ["run", "--backend", "gvisor", "--template", "bb"]
+
+    # the image's files, owners as in the image, its defaults (user app =
+    # 1234, /app, Env), whiteouts and opaque directories across the layers
+    p = hutch(sandboxed_hutch, e, *gv, "--json", "--", "sh", "-c",
+              "cat /etc/os-release; id -u; id -g; pwd; echo FOO=$FOO; cat hello; "
+              "stat -c '%n %u:%g %a' /app /app/hello /bin/busybox /tmp; ls -a /opq; "
+              "test -e /gone && echo GONE-EXISTS; test -e /delme && echo DELME-EXISTS; "
+              "cat /etc/hostname; test -d /home/user && echo HOME-OK; uname -r")
+    out = p.stdout.decode().splitlines()
+    assert "ID=hutchtest" in out, out
+    i = out.index("1234")
+    assert out[i:i + 9] == ["1234", "1234", "/app", "FOO=bar", "hi", "/app 1234:1234 755",
+                            "/app/hello 1234:1234 644", "/bin/busybox 0:0 755", "/tmp 0:0 1777"], out
+    assert "new" in out and "old" not in out and "GONE-EXISTS" not in out and "DELME-EXISTS" not in out
+    assert out[-3:-1] == ["hutch", "HOME-OK"] and out[-1] != os.uname().release, out  # the sentry's kernel
+    sid = parse_json_summary(p)[1]["sandbox_id"]
+    assert_nothing_left(sid, data)
+
+    # the command line wins over the template; root writes over image files
+    # (copied up into the sandbox's layer), deletes one, makes a new one
+    p = hutch(sandboxed_hutch, e, *gv, "--user", "root", "--workdir", "/", "--env", "FOO=cli", "--json", "--",
+              "sh", "-c", "id -u; pwd; echo $FOO; echo changed > /app/hello && rm /bin/cat && "
+              "echo new > /bin/newfile && chown 77:88 /app && cat /app/hello /bin/newfile; "
+              "stat -c '%u:%g' /app; test -e /bin/cat || echo CAT-GONE")
+    assert p.stdout.decode().split() == ["0", "/", "cli", "changed", "new", "77:88", "CAT-GONE"], p.stdout
+    assert_nothing_left(parse_json_summary(p)[1]["sandbox_id"], data)
+    # ... in that sandbox's layer only: the store is as it was, and the
+    # next sandbox sees the image again
+    assert tree_digest(data / "layers", data / "templates") == before
+    p = hutch(sandboxed_hutch, e, *gv, "--", "sh", "-c", "cat /app/hello; test -e /bin/cat && echo CAT")
+    assert p.stdout == b"hi\nCAT\n"
+    assert tree_digest(data / "layers", data / "templates") == before
+
+
+@needs_runsc
+def test_gvisor_daemon_image_template_pause_snapshot_and_kill(sandboxed_hutch, env, tmp_path, base_layer):
+    """Through the API on gvisor: the image's Env and WorkingDir, E2B's
+    default user; pause (a checkpoint) and resume restore over the same
+    stacked root with the processes going on; a snapshot (a memory
+    checkpoint) starts a new sandbox over it; a kill -9 of the runtime
+    leaves no mount, loop device or run-dir entry behind."""
+    e, data = env
+    lay = tmp_path / "oci"
+    mid = oi.make_tar([oi.dir_entry("srv"), oi.file_entry("srv/mid", b"mid\n", uid=4321, gid=4322)])
+    oi.write_oci_layout(lay, [base_layer, mid, _top_layer()], env=["PATH=/bin", "FOO=daemon"], workdir="/srv")
+    hutch(sandboxed_hutch, e, "template", "import", str(lay), "--name", "three")
+    before = tree_digest(data / "layers", data / "templates")
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    sd.start()
+    try:
+        sb = sd.create(templateID="three", envVars={"BAR": "create"}, backend="gvisor", timeout=300)
+        sid = sb["sandboxID"]
+        end, out, err, _ = sd.run(sb, "cat mid /app/hello; echo $FOO $BAR; pwd; id -un; stat -c %u:%g mid; "
+                                      "uname -r")
+        assert end.get("exitCode", 0) == 0, (end, err)
+        lines = out.decode().splitlines()
+        assert lines[:-1] == ["mid", "hi", "daemon create", "/srv", "user", "4321:4322"], lines
+        assert lines[-1] != os.uname().release
+        # the root runsc serves is the stacked overlay, in the relay's mount
+        # namespace only; the host's mount table never holds it
+        relay_mounts = [m for pid in sandbox_processes(sid)
+                        for m in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                        if f"/sandboxes/{sid}/root " in m]
+        assert relay_mounts and all(" overlay " in m and " ro," in m for m in relay_mounts), relay_mounts
+        assert not mounts_naming(sid)
+        # the per-sandbox top layer (its /tmp is world-writable) is root's
+        # alone: no host user adds a file to a live root's lower layer
+        st = (hutchtest.STATE_DIR / sid / "gvtop").stat()
+        assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700, oct(st.st_mode)
+
+        # a process that lives through a pause; a file in the layer
+        end, _, err, _ = sd.run(sb, "echo kept > /srv/written; (i=0; while :; do i=$((i+1)); echo $i > /tmp/n; "
+                                    "sleep 0.1; done) >/dev/null 2>&1 </dev/null &", user="root")
+        assert end.get("exitCode", 0) == 0, err
+        assert sd.request("POST", f"/sandboxes/{sid}/pause", {}, timeout=120).status == 204
+        assert not sandbox_processes(sid) and not mounts_naming(sid)
+        r = sd.request("POST", f"/sandboxes/{sid}/connect", {"timeout": 300}, timeout=120)
+        assert r.status == 201, (r, sd.log_tail())
+        end, out, err, _ = sd.run(sb, "a=$(cat /tmp/n); sleep 0.5; b=$(cat /tmp/n); cat /srv/written /srv/mid; "
+                                      "test $b -gt $a && echo COUNTING")
+        assert out == b"kept\nmid\nCOUNTING\n", (out, err)
+
+        # a snapshot restores over the same layers in a new sandbox
+        r = sd.request("POST", f"/sandboxes/{sid}/snapshots", {}, timeout=120)
+        assert r.status == 201, (r, sd.log_tail())
+        sb2 = sd.create(templateID=r.json()["snapshotID"], timeout=300)
+        assert sb2["sandboxID"] != sid
+        end, out, err, _ = sd.run(sb2, "cat /srv/mid /srv/written /app/hello; test -s /tmp/n && echo N")
+        assert out == b"mid\nkept\nhi\nN\n", (out, err, sd.log_tail())
+        sd.kill(sb2["sandboxID"])
+        assert_nothing_left(sb2["sandboxID"], data)
+
+        # kill -9 of everything the sandbox runs on the host: the daemon
+        # finds it dead; its mounts went with the relay's namespace
+        for pid in sandbox_processes(sid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert_nothing_left(sid, data, timeout=60)
+        assert tree_digest(data / "layers", data / "templates") == before
+    finally:
+        sd.stop()

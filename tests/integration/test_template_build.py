@@ -8,13 +8,18 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import signal
 import subprocess
 import tarfile
 import time
 import urllib.parse
+from pathlib import Path
 
 from hutchtest import wait_until
 from serveclient import ServeDaemon
+from layercheck import assert_nothing_left, mounts_naming, sandbox_processes, tree_digest
+
+from .test_images import needs_runsc
 
 
 def tar_of(files: dict, gz: bool = True) -> bytes:
@@ -141,8 +146,7 @@ def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
             assert sb["templateID"] == tid and sb["alias"] == "my-tpl", (ref, sb)
             sd.kill(sb["sandboxID"])
         assert sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl:v1"}).status == 404  # superseded, never built
-        r = sd.request("POST", "/v2/sandboxes", {"templateID": "my-tpl", "backend": "gvisor"})
-        assert r.status == 409 and "namespace (ns) backend" in r.json()["message"], r
+        # (on gvisor: test_built_template_starts_gvisor_sandboxes below)
         layers = tmp_path / "data" / "builds" / "layers"
         assert any(p.suffix == ".layer" for p in layers.iterdir())
         assert sd.request("DELETE", f"/templates/{tid}").status == 204
@@ -362,3 +366,86 @@ def test_delete_during_a_build(sandboxed_hutch, tmp_path):
         assert sd.request("GET", "/templates/aliases/short-lived").status == 404
     finally:
         sd.stop()
+
+
+@needs_runsc
+def test_built_template_starts_gvisor_sandboxes(sandboxed_hutch, tmp_path):
+    """A template built with the E2B build API (its steps run on ns) starts
+    gvisor sandboxes: the build's layer, imported into the sandbox's own
+    image and mounted read-only from a read-only loop device, between the
+    base and the writable layer. Its files with their owners, its deletions,
+    the template's user and workdir, and its start and ready commands work
+    as on ns; the build's cached layer is never written; a checkpoint
+    (snapshot) restores over it; nothing is left after a kill, or after a
+    kill -9 of the runtime."""
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    sd.start()
+    try:
+        b = request_build(sd, "gv-tpl")
+        tid, bid = b["templateID"], b["buildID"]
+        h = "ab" * 32
+        url = urllib.parse.urlsplit(sd.request("GET", f"/templates/{tid}/files/{h}").json()["url"])
+        assert sd.request("PUT", url.path + "?" + url.query, tar_of({"a.txt": b"hello\n"}), key="").status == 200
+        spec = {"fromTemplate": "base", "steps": [
+            {"type": "COPY", "args": ["a.txt", "/opt/app/a.txt", "", ""], "force": False, "filesHash": h},
+            {"type": "RUN", "args": ["mkdir -p /opt/own && echo own > /opt/own/f && chown -R 4321:4322 /opt/own "
+                                     "&& rm /etc/fstab", "root"], "force": False},
+            {"type": "WORKDIR", "args": ["/opt/app"], "force": False},
+            {"type": "USER", "args": ["user"], "force": False}],
+            "startCmd": "echo started > /tmp/started; sleep 1000", "readyCmd": "[ -f /tmp/started ]"}
+        assert sd.request("POST", f"/v2/templates/{tid}/builds/{bid}", spec).status == 202
+        st = wait_status(sd, tid, bid, ("ready", "error"), timeout=300)
+        assert st["status"] == "ready", st
+        layers = data / "builds" / "layers"
+        before = tree_digest(layers)
+
+        sb = sd.create(templateID="gv-tpl", backend="gvisor", timeout=300)
+        sid = sb["sandboxID"]
+        end, out, err, _ = sd.run(sb, "id -un; pwd; cat a.txt /opt/own/f /tmp/started; stat -c %u:%g /opt/own/f "
+                                      "/opt/app/a.txt; test -e /etc/fstab || echo FSTAB-GONE; uname -r")
+        assert end.get("exitCode", 0) == 0, (end, err)
+        lines = out.decode().splitlines()
+        assert lines[:-1] == ["user", "/opt/app", "hello", "own", "started", "4321:4322", "1000:1000",
+                              "FSTAB-GONE"], lines
+        assert lines[-1] != os.uname().release  # the sentry's kernel
+        # the build layer: a read-only loop device of this sandbox's image,
+        # mounted only in the relay's namespace
+        img = data / "storage" / "layers" / f"{sid}.img"
+        loops = [d for d in Path("/sys/block").glob("loop*")
+                 if (d / "loop" / "backing_file").exists()
+                 and (d / "loop" / "backing_file").read_text().strip() == str(img)]
+        assert len(loops) == 1 and (loops[0] / "ro").read_text().strip() == "1", loops
+        assert not mounts_naming(sid, str(data))
+        # writes over the build's files land in the sandbox's layer
+        end, out, err, _ = sd.run(sb, "echo changed > /opt/app/a.txt && rm /opt/own/f && cat /opt/app/a.txt; "
+                                      "test -e /opt/own/f || echo F-GONE", user="root")
+        assert out == b"changed\nF-GONE\n", (out, err)
+
+        # a snapshot (a memory checkpoint) restores over the base and the
+        # build's layer, in a new sandbox
+        r = sd.request("POST", f"/sandboxes/{sid}/snapshots", {}, timeout=120)
+        assert r.status == 201, (r, sd.log_tail())
+        sb2 = sd.create(templateID=r.json()["snapshotID"], timeout=300)
+        end, out, err, _ = sd.run(sb2, "cat /opt/app/a.txt /tmp/started; test -e /opt/own/f || echo F-GONE; "
+                                       "stat -c %u:%g /opt/own")
+        assert out == b"changed\nstarted\nF-GONE\n4321:4322\n", (out, err, sd.log_tail())
+        assert sd.kill(sb2["sandboxID"]).status == 204
+        assert_nothing_left(sb2["sandboxID"], data)
+        assert sd.kill(sid).status == 204
+        assert_nothing_left(sid, data)
+
+        # kill -9 of the runtime: the mounts and the loop device go with it
+        sb3 = sd.create(templateID="gv-tpl", backend="gvisor", timeout=300)
+        sid3 = sb3["sandboxID"]
+        assert sd.run(sb3, "cat /opt/own/f")[1] == b"own\n"
+        for pid in sandbox_processes(sid3):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert_nothing_left(sid3, data, timeout=60)
+        assert tree_digest(layers) == before
+    finally:
+        assert sd.stop() == []
