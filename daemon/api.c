@@ -206,19 +206,8 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
         int r = sbx_create(srv, req->team, body, &sb, &status, &err);
         json_decref(body);
         if (r < 0) {
-                if (status == 429) {
-                        struct MHD_Response *resp;
-                        char *s = NULL;
-                        json_t *e = json_pack("{s:i, s:s}", "code", 429, "message", err.msg);
-                        s = json_dumps(e, JSON_COMPACT);
-                        json_decref(e);
-                        resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-                        MHD_add_response_header(resp, "Content-Type", "application/json");
-                        MHD_add_response_header(resp, "Retry-After", "1");
-                        enum MHD_Result mr = MHD_queue_response(req->conn, 429, resp);
-                        MHD_destroy_response(resp);
-                        return mr;
-                }
+                if (status == 429)
+                        return http_reply_429(req->conn, 1, "%s", err.msg);
                 if (status >= 500)
                         log_error("create: %s", err.msg);
                 return http_reply_error(req->conn, status, "%s", err.msg);

@@ -317,6 +317,9 @@ enum MHD_Result http_reply_text(struct MHD_Connection *c, unsigned status, const
 enum MHD_Result http_reply_connect_error(struct MHD_Connection *c, const char *code, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id);
+/* 429 with Retry-After and the API's JSON error body. */
+enum MHD_Result http_reply_429(struct MHD_Connection *c, unsigned retry_after_s, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
 const char *http_header(struct MHD_Connection *c, const char *name);
 const char *http_query(struct MHD_Connection *c, const char *name);
 /* The request target as the client sent it (path and query, undecoded). */
