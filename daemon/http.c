@@ -343,6 +343,7 @@ stream *stream_new(server *srv, struct MHD_Connection *conn, int kind, enum MHD_
 static void request_free(request *req) {
         if (!req)
                 return;
+        admission_forget(req->srv, req);
         if (req->deferred)
                 MHD_destroy_response(req->deferred);
         if (req->upload)
@@ -590,6 +591,13 @@ static enum MHD_Result on_request_inner(void *cls, struct MHD_Connection *conn, 
         }
         if (req->deferred)
                 return finish_deferred(req);
+        /* resumed by admission.c: its turn to run, or its client went away */
+        if (req->adm.state == ADM_ADMITTED) {
+                admission_resumed(srv, req);
+                return api_dispatch(srv, req);
+        }
+        if (req->adm.state == ADM_DROPPED)
+                return MHD_NO;
         if (req->responded)
                 return MHD_YES;
         if (req->body_mode == BODY_DISCARD) {
@@ -783,6 +791,7 @@ void http_stop(server *srv) {
         for (stream *st = srv->streams; st; st = st->next)
                 stream_cut(st);
         startcmd_stop(srv);
+        admission_stop(srv);
         ingress_stop(srv);
         MHD_run(srv->mhd);
         MHD_stop_daemon(srv->mhd);

@@ -8,6 +8,7 @@
  *   server.c     the loop, timers, configuration, start-up and re-adoption
  *   http.c       request contexts, bodies, JSON/error responses, streams
  *   api.c        routing and the control plane (/sandboxes, /v2/sandboxes)
+ *   admission.c  per-team queues of creates and other engine calls, one per turn
  *   sandboxes.c  the live sandbox table: create, kill, pause, timeouts, events
  *   envd.c       the envd plane: Connect RPCs (process.*, filesystem.*)
  *   files.c      GET/POST /files, signatures
@@ -42,6 +43,8 @@ typedef struct server_config {
         uint64_t default_timeout_s;  /* sandbox lifetime when create sends none */
         uint64_t max_timeout_s;      /* longest lifetime a client may ask for */
         uint64_t max_sandboxes_per_team;
+        uint64_t max_queued_per_team; /* heavy requests a team may have waiting or running (admission.c) */
+        uint64_t max_queued;          /* the same, the whole daemon */
         uint64_t max_body_bytes;     /* JSON and RPC request bodies */
         uint64_t max_upload_bytes;   /* one POST /files request, after decompression */
         uint64_t max_connections;
@@ -274,6 +277,17 @@ struct server {
 
 /* ---------------------------------------------------------------- http.c */
 
+/* A heavy request's place in admission (daemon/admission.c). */
+enum { ADM_NONE, ADM_QUEUED, ADM_ADMITTED, ADM_RUN, ADM_DROPPED };
+struct admission_entry {
+        int state;           /* ADM_* */
+        int op;              /* its route (metrics) */
+        int64_t team;
+        int64_t queued_ns;   /* CLOCK_MONOTONIC when it was queued */
+        watcher gone_w;      /* its socket while queued: EPOLLRDHUP, the client went away */
+        request *next;       /* its team's queue */
+};
+
 /* One request's state across MHD's access-handler calls. */
 enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3, BODY_VOLUME = 4, BODY_INGRESS = 5, BODY_TPL_UPLOAD = 6 };
 struct request {
@@ -304,6 +318,7 @@ struct request {
          * until its response has been sent (sbx_create_answered) */
         char (*created)[HUTCH_ID_LEN + 1];
         unsigned n_created;
+        struct admission_entry adm;
 };
 
 enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
@@ -343,6 +358,25 @@ enum MHD_Result api_dispatch(server *srv, request *req);
 /* Called with the headers, before the body: may reject early, or claim the
  * body as a streamed upload (POST /files). Returns MHD_YES to go on reading. */
 enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded);
+
+/* ------------------------------------------------------------ admission.c */
+
+/* Heavy control-plane requests (creates, resumes, pauses, snapshots,
+ * forks, volume creates) wait in per-team queues and run one per loop turn,
+ * teams in turn. admission_gate: *ret_wait false when the request is to run
+ * now; true when it was queued (its connection suspended) or refused (429
+ * queued), and the result is the handler's. */
+enum MHD_Result admission_gate(server *srv, request *req, int op, bool *ret_wait);
+/* http.c: a resumed request whose turn came (true), or that was dropped. */
+void admission_resumed(server *srv, request *req);
+/* Once per loop turn, after every ready event: resume the next request,
+ * round-robin over teams. True when one was resumed (the loop must go round
+ * without sleeping). */
+bool admission_turn(server *srv);
+bool admission_busy(void);   /* requests wait or one was resumed and has not run */
+unsigned admission_queued(void);
+void admission_forget(server *srv, request *req); /* the request ends */
+void admission_stop(server *srv);                  /* every waiting request answered 503 */
 
 /* ------------------------------------------------------------ sandboxes.c */
 
