@@ -18,6 +18,12 @@
  * request waits for at most one operation per team ahead of it in the
  * round.
  *
+ * After one ran, the next waits until a turn found nothing ready (the loop
+ * has caught up with what arrived meanwhile) or SPACING turns passed:
+ * what another client does takes several turns (a process's start, its
+ * exit, the end of its stream), and back to back creates put one into
+ * each of them. SPACING bounds the wait when the loop is never idle.
+ *
  * A team may have max-queued-per-team such requests waiting or running,
  * the daemon max-queued: beyond, 429 with Retry-After at once, never after
  * a wait. A waiting request whose client goes away (EPOLLRDHUP on its
@@ -41,9 +47,12 @@ typedef struct adm_team {
         struct adm_team *next; /* the round: teams with requests waiting */
 } adm_team;
 
+#define SPACING 8
+
 static adm_team *round_head, *round_tail;
 static unsigned n_queued;
 static request *admitted; /* resumed for its turn, not run yet */
+static unsigned turns_since_run = SPACING; /* loop turns since one ran, up to SPACING */
 
 static adm_team *team_find(int64_t id) {
         for (adm_team *t = round_head; t; t = t->next)
@@ -190,12 +199,18 @@ void admission_resumed(server *srv, request *req) {
         if (req->adm.state != ADM_ADMITTED)
                 return;
         req->adm.state = ADM_RUN;
+        turns_since_run = 0;
         if (admitted == req)
                 admitted = NULL;
         metrics_admission_wait(srv, req->adm.op, clock_ns(CLOCK_MONOTONIC) - req->adm.queued_ns);
 }
 
-bool admission_turn(server *srv) {
+bool admission_turn(server *srv, bool quiet) {
+        if (turns_since_run < SPACING)
+                turns_since_run++;
+        /* 1: one ran in this very turn, and what came meanwhile is unread */
+        if (round_head && !admitted && (turns_since_run < 2 || (!quiet && turns_since_run < SPACING)))
+                return true; /* go round without sleeping: the next turn may admit */
         bool resumed = false;
         while (!admitted && round_head) {
                 adm_team *t = round_head;

@@ -767,6 +767,7 @@ int server_run(const server_config *cfg) {
                 notify_systemd(st);
         }
 
+        bool quiet = true; /* the last epoll_wait found nothing ready */
         while (!srv->quit) {
                 /* Timers come after MHD_run(): a request served there may
                  * set a deadline that the wait below must know. What timers
@@ -795,7 +796,7 @@ int server_run(const server_config *cfg) {
                 }
                 /* one heavy request per turn, the teams in turn, after
                  * everything else that was ready (admission.c) */
-                if (admission_turn(srv))
+                if (admission_turn(srv, quiet))
                         next = wall_ms();
                 /* top up the warm pool, one sandbox per quiet turn: not while
                  * requests wait, which would then wait for two creates a turn */
@@ -832,6 +833,7 @@ int server_run(const server_config *cfg) {
                         r = log_error_errno(negative_errno(), "epoll_wait: %m");
                         break;
                 }
+                quiet = n == 0;
                 int64_t busy = wall_ms();
                 for (int i = 0; i < n; i++) {
                         watcher *w = evs[i].data.ptr;

@@ -370,9 +370,9 @@ enum MHD_Result admission_gate(server *srv, request *req, int op, bool *ret_wait
 /* http.c: a resumed request whose turn came (true), or that was dropped. */
 void admission_resumed(server *srv, request *req);
 /* Once per loop turn, after every ready event: resume the next request,
- * round-robin over teams. True when one was resumed (the loop must go round
- * without sleeping). */
-bool admission_turn(server *srv);
+ * round-robin over teams (quiet: the turn's epoll_wait found nothing
+ * ready). True when the loop must go round without sleeping. */
+bool admission_turn(server *srv, bool quiet);
 bool admission_busy(void);   /* requests wait or one was resumed and has not run */
 unsigned admission_queued(void);
 void admission_forget(server *srv, request *req); /* the request ends */
