@@ -798,6 +798,9 @@ int server_run(const server_config *cfg) {
                  * everything else that was ready (admission.c) */
                 if (admission_turn(srv, quiet))
                         next = wall_ms();
+                /* and one teardown of a killed sandbox (sandboxes.c) */
+                if (sbx_reap(srv))
+                        next = wall_ms();
                 /* top up the warm pool, one sandbox per quiet turn: not while
                  * requests wait, which would then wait for two creates a turn */
                 if (!admission_busy() && sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms) {

@@ -199,6 +199,7 @@ struct sbx {
         bool start_pending;     /* pooled: its template's ready command has not succeeded yet */
         bool start_done;        /* its template's start command runs and was ready (a pooled one) */
         bool dying;             /* killed; the engine finishes when init's pidfd is readable */
+        bool gone;              /* dying, and init is gone: the teardown waits its turn (sbx_reap) */
         watcher gone_w;         /* init's pidfd while dying (never the init socket's watcher: a
                                    stale event for that one must not finish the teardown) */
         hutch_fs_write **pending_aborts; /* uploads cut while paused: aborted at resume */
@@ -411,6 +412,9 @@ json_t *sbx_to_json(sbx *sb, bool detail);
 void sbx_free_all(server *srv);
 /* End every live sandbox of this daemon as a kill does, waiting for each. */
 void sbx_kill_all(server *srv, const char *reason);
+/* Once per loop turn: finish one teardown of a killed sandbox whose init is
+ * gone. True when it did (others may wait: go round without sleeping). */
+bool sbx_reap(server *srv);
 /* Warm pool: top it up by at most one sandbox (called once per loop turn);
  * clean what a previous run left in it; destroy it at shutdown. */
 /* After the engine replaced a sandbox's control connection (a gvisor
