@@ -3,10 +3,10 @@
  * Admission of heavy control-plane requests (issue #19 item 2). A create, a
  * resume of a paused sandbox, a pause, a snapshot, a fork and a volume's
  * create run the engine synchronously on the loop: a create takes tens of
- * milliseconds on ns when the warm pool is empty, a gvisor one hundreds.
- * Run where libmicrohttpd hands them over, twenty creates of one team read
- * in one MHD_run() held every other team's requests, /health and the envd
- * streams included, until the last was made.
+ * milliseconds on ns when the warm pool is empty, a gvisor one up to a
+ * second. Run where libmicrohttpd hands them over, twenty creates of one
+ * team read in one MHD_run() held every other team's requests, /health and
+ * the envd streams included, until the last was made.
  *
  * So such a request is not run where it is read. Its connection is
  * suspended into its team's FIFO, and at the end of a loop turn (server.c,
@@ -51,7 +51,7 @@ typedef struct adm_team {
 
 static adm_team *round_head, *round_tail;
 static unsigned n_queued;
-static request *admitted; /* resumed for its turn, not run yet */
+static request *admitted;                  /* resumed for its turn, not run yet */
 static unsigned turns_since_run = SPACING; /* loop turns since one ran, up to SPACING */
 
 static adm_team *team_find(int64_t id) {
@@ -136,7 +136,8 @@ static void on_gone(server *srv, watcher *w, uint32_t revents) {
 /* The peer closed (or reset) its side. A client that half-closes after its
  * request is taken as gone, as libmicrohttpd itself does on EOF. */
 static bool client_gone(request *req) {
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
+                req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (!ci)
                 return false;
         struct pollfd p = { .fd = ci->connect_fd, .events = POLLRDHUP };
@@ -152,10 +153,11 @@ enum MHD_Result admission_gate(server *srv, request *req, int op, bool *ret_wait
         uint64_t held = (t ? t->n : 0) + (admitted && admitted->adm.team == req->team);
         if (held >= srv->cfg.max_queued_per_team) {
                 metrics_admission_refused(srv, "team");
-                return http_reply_429(req->conn, 1,
-                                      "the team has %llu requests that create, resume, pause or snapshot "
-                                      "sandboxes waiting or running, its limit (max-queued-per-team): try again later",
-                                      (unsigned long long) held);
+                return http_reply_429(
+                        req->conn, 1,
+                        "the team has %llu requests that create, resume, pause or snapshot "
+                        "sandboxes waiting or running, its limit (max-queued-per-team): try again later",
+                        (unsigned long long) held);
         }
         if (n_queued + (admitted != NULL) >= srv->cfg.max_queued) {
                 metrics_admission_refused(srv, "daemon");
@@ -188,10 +190,12 @@ enum MHD_Result admission_gate(server *srv, request *req, int op, bool *ret_wait
         MHD_suspend_connection(req->conn);
         /* libmicrohttpd takes a suspended connection out of its epoll set and
          * reads nothing from it: a client that goes away is seen here */
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
+                req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (!ci || loop_add(srv, &req->adm.gone_w, ci->connect_fd, EPOLLRDHUP) < 0)
                 req->adm.gone_w.fd = -1; /* seen at its turn instead (client_gone) */
-        log_debug("%s %s: waits its turn (%u of its team's, %u in all)", req->method, req->url, t->n, n_queued);
+        log_debug("%s %s: waits its turn (%u of its team's, %u in all)", req->method, req->url,
+                  t->n, n_queued);
         return MHD_YES;
 }
 
@@ -260,8 +264,8 @@ void admission_forget(server *srv, request *req) {
 
 static void answer_stopping(server *srv, request *req) {
         static const char body[] = "{\"code\":503,\"message\":\"the daemon is stopping\"}";
-        struct MHD_Response *resp =
-                MHD_create_response_from_buffer(sizeof body - 1, (void *) body, MHD_RESPMEM_PERSISTENT);
+        struct MHD_Response *resp = MHD_create_response_from_buffer(sizeof body - 1, (void *) body,
+                                                                    MHD_RESPMEM_PERSISTENT);
         if (resp) {
                 MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
                 if (req->deferred)
