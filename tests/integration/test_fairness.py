@@ -359,7 +359,8 @@ def test_a_stop_answers_the_waiting_creates(sandboxed_hutch, tmp_path):
     try:
         body = {"templateID": "base", "timeout": 600}
         with _stopped(d):
-            sent = [Sent(d, f"a{i}", "POST", "/v2/sandboxes", body, key=d.key) for i in range(8)]
+            # enough that most still wait when the first is answered
+            sent = [Sent(d, f"a{i}", "POST", "/v2/sandboxes", body, key=d.key) for i in range(16)]
         first = threading.Event()
 
         def then(s):
