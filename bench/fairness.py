@@ -115,7 +115,8 @@ class Daemon:
         self.log = open(self.tmp / "serve.log", "wb")
         self.proc = subprocess.Popen([BIN, "serve", "--listen", f"127.0.0.1:{self.port}",
                                       "--data-dir", str(self.tmp / "data"), "--pool-size", "0",
-                                      "--backend", backend, "--max-sandboxes-per-team", "1000"],
+                                      "--backend", backend, "--max-sandboxes-per-team", "1000",
+                                      "--on-stop", "kill"],  # its data dir goes: nothing may outlive it
                                      stdout=self.log, stderr=self.log)
         for _ in range(600):
             try:
