@@ -200,25 +200,21 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                 json_decref(body);
                 return http_reply_error(req->conn, 400, "%s", why);
         }
+        /* the create waits its team's turn; this runs again when it comes */
+        bool wait;
+        enum MHD_Result gate = admission_gate(srv, req, ROUTE_SANDBOXES_CREATE, &wait);
+        if (wait) {
+                json_decref(body);
+                return gate;
+        }
         sbx *sb = NULL;
         unsigned status = 500;
         hutch_error err = { 0 };
         int r = sbx_create(srv, req->team, body, &sb, &status, &err);
         json_decref(body);
         if (r < 0) {
-                if (status == 429) {
-                        struct MHD_Response *resp;
-                        char *s = NULL;
-                        json_t *e = json_pack("{s:i, s:s}", "code", 429, "message", err.msg);
-                        s = json_dumps(e, JSON_COMPACT);
-                        json_decref(e);
-                        resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-                        MHD_add_response_header(resp, "Content-Type", "application/json");
-                        MHD_add_response_header(resp, "Retry-After", "1");
-                        enum MHD_Result mr = MHD_queue_response(req->conn, 429, resp);
-                        MHD_destroy_response(resp);
-                        return mr;
-                }
+                if (status == 429)
+                        return http_reply_429(req->conn, 1, "%s", err.msg);
                 if (status >= 500)
                         log_error("create: %s", err.msg);
                 return http_reply_error(req->conn, status, "%s", err.msg);
@@ -565,6 +561,25 @@ static enum MHD_Result sandbox_egress_log(server *srv, request *req, const char 
         return http_reply_json(req->conn, 200, arr);
 }
 
+/* What runs the engine on the loop for as long as it takes (a resume of a
+ * paused gvisor sandbox restores its checkpoint; a snapshot seals a layer;
+ * a fork makes up to 16 sandboxes) waits its team's turn (admission.c);
+ * what only reads or writes a row does not. */
+static bool runs_engine(int kind, const sbx *sb) {
+        switch (kind) {
+        case ROUTE_SANDBOX_CONNECT:
+        case ROUTE_SANDBOX_RESUME:
+                return sb->paused;
+        case ROUTE_SANDBOX_PAUSE:
+                return !sb->paused;
+        case ROUTE_SANDBOX_SNAPSHOT:
+        case ROUTE_SANDBOX_FORK:
+                return true;
+        default:
+                return false;
+        }
+}
+
 static enum MHD_Result control_dispatch(server *srv, request *req) {
         struct MHD_Connection *c = req->conn;
         route rt;
@@ -606,6 +621,14 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
         case ROUTE_SNAPSHOTS_LIST:
                 return snapshots_list(srv, req);
         case ROUTE_VOLUMES_CREATE:
+                /* mkfs.ext4 of the volume's image, on the loop: it waits its team's turn */
+                {
+                        bool wait;
+                        enum MHD_Result mr = admission_gate(srv, req, rt.kind, &wait);
+                        if (wait)
+                                return mr;
+                }
+                return volumes_dispatch(srv, req, &rt);
         case ROUTE_VOLUMES_LIST:
         case ROUTE_VOLUME_GET:
         case ROUTE_VOLUME_DELETE:
@@ -632,6 +655,12 @@ static enum MHD_Result control_dispatch(server *srv, request *req) {
                 char shown[64];
                 snprintf(shown, sizeof shown, "%.*s", (int) strcspn(p ? p + 10 : "", "/"), p ? p + 10 : "");
                 return not_found_sbx(c, shown);
+        }
+        if (runs_engine(rt.kind, sb)) {
+                bool wait;
+                enum MHD_Result mr = admission_gate(srv, req, rt.kind, &wait);
+                if (wait)
+                        return mr;
         }
         switch (rt.kind) {
         case ROUTE_SANDBOX_GET:

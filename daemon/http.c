@@ -146,6 +146,30 @@ enum MHD_Result http_reply_connect_error(struct MHD_Connection *c, const char *c
                                json_pack("{s:s, s:s}", "code", code, "message", msg));
 }
 
+enum MHD_Result http_reply_429(struct MHD_Connection *c, unsigned retry_after_s, const char *fmt, ...) {
+        char msg[1024], ra[16];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        char *s = NULL;
+        json_t *e = json_pack("{s:i, s:s}", "code", 429, "message", msg);
+        if (e)
+                s = json_dumps(e, JSON_COMPACT);
+        json_decref(e);
+        if (!s)
+                return MHD_NO;
+        struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+                free(s);
+                return MHD_NO;
+        }
+        snprintf(ra, sizeof ra, "%u", retry_after_s);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+        return queue(c, 429, resp);
+}
+
 enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id) {
         return http_reply_json(c, 502,
                                json_pack("{s:s, s:s, s:i}", "sandboxId", sandbox_id ? sandbox_id : "",
@@ -319,6 +343,7 @@ stream *stream_new(server *srv, struct MHD_Connection *conn, int kind, enum MHD_
 static void request_free(request *req) {
         if (!req)
                 return;
+        admission_forget(req->srv, req);
         if (req->deferred)
                 MHD_destroy_response(req->deferred);
         if (req->upload)
@@ -566,6 +591,13 @@ static enum MHD_Result on_request_inner(void *cls, struct MHD_Connection *conn, 
         }
         if (req->deferred)
                 return finish_deferred(req);
+        /* resumed by admission.c: its turn to run, or its client went away */
+        if (req->adm.state == ADM_ADMITTED) {
+                admission_resumed(srv, req);
+                return api_dispatch(srv, req);
+        }
+        if (req->adm.state == ADM_DROPPED)
+                return MHD_NO;
         if (req->responded)
                 return MHD_YES;
         if (req->body_mode == BODY_DISCARD) {
@@ -759,6 +791,7 @@ void http_stop(server *srv) {
         for (stream *st = srv->streams; st; st = st->next)
                 stream_cut(st);
         startcmd_stop(srv);
+        admission_stop(srv);
         ingress_stop(srv);
         MHD_run(srv->mhd);
         MHD_stop_daemon(srv->mhd);

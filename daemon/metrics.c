@@ -50,6 +50,8 @@ struct daemon_metrics {
         series *ends;     /* reason */
         series *egress;   /* decision: count; a = decision, b = "" */
         series *store;    /* writer: histogram */
+        series *adm_wait; /* route: histogram */
+        series *adm_refused; /* limit: count */
         uint64_t creates, egress_bytes_out, egress_bytes_in;
         histo create_latency;
         int64_t start_ms;
@@ -104,6 +106,7 @@ static const char *route_name(int kind) {
                 [ROUTE_EVENTS] = "events",
                 [ROUTE_SANDBOX_EVENTS] = "sandbox_events",
                 [ROUTE_USAGE] = "usage",
+                [ROUTE_VOLUMES_CREATE] = "volumes_create",
         };
         return kind > 0 && kind < _ROUTE_MAX && names[kind] ? names[kind] : "other";
 }
@@ -164,6 +167,24 @@ void metrics_store_write(server *srv, const char *writer, int64_t ns) {
         series *s = find(&m->store, writer, "");
         if (s)
                 histo_add(&s->h, (double) ns / 1e9);
+}
+
+void metrics_admission_wait(server *srv, int op, int64_t ns) {
+        struct daemon_metrics *m = srv->metrics;
+        if (!m)
+                return;
+        series *s = find(&m->adm_wait, route_name(op), "");
+        if (s)
+                histo_add(&s->h, (double) ns / 1e9);
+}
+
+void metrics_admission_refused(server *srv, const char *limit) {
+        struct daemon_metrics *m = srv->metrics;
+        if (!m)
+                return;
+        series *s = find(&m->adm_refused, limit, "");
+        if (s)
+                s->n++;
 }
 
 /* ------------------------------------------------------------- rendering */
@@ -282,6 +303,25 @@ char *metrics_render(server *srv) {
                 snprintf(l, sizeof l, "writer=\"%s\"", s->a);
                 histo_print(f, "hutch_store_write_duration_seconds", l, &s->h);
         }
+        fprintf(f,
+                "# HELP hutch_admission_queued Requests that create, resume, pause or snapshot sandboxes, "
+                "waiting their team's turn.\n"
+                "# TYPE hutch_admission_queued gauge\nhutch_admission_queued %u\n",
+                admission_queued());
+        fputs("# HELP hutch_admission_wait_seconds Time such a request waited for its turn, by route.\n"
+              "# TYPE hutch_admission_wait_seconds histogram\n",
+              f);
+        for (series *s = m->adm_wait; s; s = s->next) {
+                char l[80];
+                snprintf(l, sizeof l, "route=\"%s\"", s->a);
+                histo_print(f, "hutch_admission_wait_seconds", l, &s->h);
+        }
+        fputs("# HELP hutch_admission_refused_total Such requests refused with 429, by the limit reached.\n"
+              "# TYPE hutch_admission_refused_total counter\n",
+              f);
+        for (series *s = m->adm_refused; s; s = s->next)
+                fprintf(f, "hutch_admission_refused_total{limit=\"%s\"} %llu\n", s->a,
+                        (unsigned long long) s->n);
         unsigned fds = 0, limit = 0;
         (void) server_fds(&fds, &limit);
         fprintf(f,
@@ -384,6 +424,8 @@ void metrics_teardown(server *srv) {
         list_free(m->ends);
         list_free(m->egress);
         list_free(m->store);
+        list_free(m->adm_wait);
+        list_free(m->adm_refused);
         free(m);
         srv->metrics = NULL;
 }

@@ -22,6 +22,11 @@ void metrics_sandbox_created(server *srv);
 void metrics_sandbox_end(server *srv, const sbx *sb, const char *reason);
 void metrics_egress(server *srv, const store_egress *e);
 void metrics_store_write(server *srv, const char *writer, int64_t ns);
+/* Admission (daemon/admission.c): a heavy request waited this long for its
+ * turn (op: its route); one was refused because a limit ("team", "daemon")
+ * was reached. */
+void metrics_admission_wait(server *srv, int op, int64_t ns);
+void metrics_admission_refused(server *srv, const char *limit);
 
 /* The text exposition of the metrics (free with free()). */
 char *metrics_render(server *srv);

@@ -901,10 +901,24 @@ static void sbx_finish_destroy(server *srv, sbx *sb) {
         }
 }
 
+/* The teardown (layer image, cgroup, state dir: about 100 ms here) is not
+ * run in the epoll batch that reports init gone: a team that killed twenty
+ * sandboxes at once would hold the loop for all twenty. sbx_reap runs one
+ * per loop turn, after the turn's requests were served. */
 static void on_init_gone(server *srv, watcher *w, uint32_t revents) {
         sbx *sb = w->data;
+        loop_del(srv, &sb->gone_w); /* level-triggered: it would fire again */
         if (sb->dying)
-                sbx_finish_destroy(srv, sb);
+                sb->gone = true;
+}
+
+bool sbx_reap(server *srv) {
+        for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
+                if (sb->dying && sb->gone) {
+                        sbx_finish_destroy(srv, sb);
+                        return true;
+                }
+        return false;
 }
 
 int sbx_reattach(server *srv, sbx *sb) {

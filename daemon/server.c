@@ -63,6 +63,8 @@ static const struct cfg_entry {
         { "default-timeout", CFG_SECONDS, U(default_timeout_s), 1, 30 * 86400, "300", "sandbox lifetime when create names none" },
         { "max-timeout", CFG_SECONDS, U(max_timeout_s), 1, 365 * 86400, "86400", "longest lifetime a client may ask for" },
         { "max-sandboxes-per-team", CFG_U64, U(max_sandboxes_per_team), 1, 100000, "100", "live sandboxes per team (429 beyond)" },
+        { "max-queued-per-team", CFG_U64, U(max_queued_per_team), 1, 100000, "32", "requests that create, resume, pause or snapshot sandboxes (and volume creates) one team may have waiting or running: they run one per loop turn, teams in turn, so that one team's burst only slows that team (429 with Retry-After beyond)" },
+        { "max-queued", CFG_U64, U(max_queued), 1, 1000000, "1024", "the same requests waiting in the whole daemon (429 with Retry-After beyond)" },
         { "max-body", CFG_SIZE, U(max_body_bytes), 1024, 1ull << 30, "4M", "largest JSON/RPC request body" },
         { "max-upload", CFG_SIZE, U(max_upload_bytes), 1024, 1ull << 40, "4G", "largest POST /files request after decompression" },
         { "max-connections", CFG_U64, U(max_connections), 4, 1000000, "4096", "open HTTP connections" },
@@ -773,6 +775,7 @@ int server_run(const server_config *cfg) {
                 notify_systemd(st);
         }
 
+        bool quiet = true; /* the last epoll_wait found nothing ready */
         while (!srv->quit) {
                 /* Timers come after MHD_run(): a request served there may
                  * set a deadline that the wait below must know. What timers
@@ -799,8 +802,16 @@ int server_run(const server_config *cfg) {
                         if (resumes == srv->resumes && !dirty)
                                 break;
                 }
-                /* top up the warm pool, one sandbox per quiet turn */
-                if (sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms) {
+                /* one heavy request per turn, the teams in turn, after
+                 * everything else that was ready (admission.c) */
+                if (admission_turn(srv, quiet))
+                        next = wall_ms();
+                /* and one teardown of a killed sandbox (sandboxes.c) */
+                if (sbx_reap(srv))
+                        next = wall_ms();
+                /* top up the warm pool, one sandbox per quiet turn: not while
+                 * requests wait, which would then wait for two creates a turn */
+                if (!admission_busy() && sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms) {
                         sbx_pool_fill(srv);
                         if (sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms)
                                 next = wall_ms(); /* go on filling without sleeping */
@@ -833,6 +844,7 @@ int server_run(const server_config *cfg) {
                         r = log_error_errno(negative_errno(), "epoll_wait: %m");
                         break;
                 }
+                quiet = n == 0;
                 int64_t busy = wall_ms();
                 for (int i = 0; i < n; i++) {
                         watcher *w = evs[i].data.ptr;

@@ -8,6 +8,7 @@
  *   server.c     the loop, timers, configuration, start-up and re-adoption
  *   http.c       request contexts, bodies, JSON/error responses, streams
  *   api.c        routing and the control plane (/sandboxes, /v2/sandboxes)
+ *   admission.c  per-team queues of creates and other engine calls, one per turn
  *   sandboxes.c  the live sandbox table: create, kill, pause, timeouts, events
  *   envd.c       the envd plane: Connect RPCs (process.*, filesystem.*)
  *   files.c      GET/POST /files, signatures
@@ -42,6 +43,8 @@ typedef struct server_config {
         uint64_t default_timeout_s;  /* sandbox lifetime when create sends none */
         uint64_t max_timeout_s;      /* longest lifetime a client may ask for */
         uint64_t max_sandboxes_per_team;
+        uint64_t max_queued_per_team; /* heavy requests a team may have waiting or running (admission.c) */
+        uint64_t max_queued;          /* the same, the whole daemon */
         uint64_t max_body_bytes;     /* JSON and RPC request bodies */
         uint64_t max_upload_bytes;   /* one POST /files request, after decompression */
         uint64_t max_connections;
@@ -201,6 +204,7 @@ struct sbx {
         bool start_pending;     /* pooled: its template's ready command has not succeeded yet */
         bool start_done;        /* its template's start command runs and was ready (a pooled one) */
         bool dying;             /* killed; the engine finishes when init's pidfd is readable */
+        bool gone;              /* dying, and init is gone: the teardown waits its turn (sbx_reap) */
         watcher gone_w;         /* init's pidfd while dying (never the init socket's watcher: a
                                    stale event for that one must not finish the teardown) */
         hutch_fs_write **pending_aborts; /* uploads cut while paused: aborted at resume */
@@ -279,6 +283,17 @@ struct server {
 
 /* ---------------------------------------------------------------- http.c */
 
+/* A heavy request's place in admission (daemon/admission.c). */
+enum { ADM_NONE, ADM_QUEUED, ADM_ADMITTED, ADM_RUN, ADM_DROPPED };
+struct admission_entry {
+        int state;           /* ADM_* */
+        int op;              /* its route (metrics) */
+        int64_t team;
+        int64_t queued_ns;   /* CLOCK_MONOTONIC when it was queued */
+        watcher gone_w;      /* its socket while queued: EPOLLRDHUP, the client went away */
+        request *next;       /* its team's queue */
+};
+
 /* One request's state across MHD's access-handler calls. */
 enum { BODY_BUFFER = 1, BODY_FILES = 2, BODY_DISCARD = 3, BODY_VOLUME = 4, BODY_INGRESS = 5, BODY_TPL_UPLOAD = 6 };
 struct request {
@@ -309,6 +324,7 @@ struct request {
          * until its response has been sent (sbx_create_answered) */
         char (*created)[HUTCH_ID_LEN + 1];
         unsigned n_created;
+        struct admission_entry adm;
 };
 
 enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
@@ -322,6 +338,9 @@ enum MHD_Result http_reply_text(struct MHD_Connection *c, unsigned status, const
 enum MHD_Result http_reply_connect_error(struct MHD_Connection *c, const char *code, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 enum MHD_Result http_reply_502(struct MHD_Connection *c, const char *sandbox_id);
+/* 429 with Retry-After and the API's JSON error body. */
+enum MHD_Result http_reply_429(struct MHD_Connection *c, unsigned retry_after_s, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
 const char *http_header(struct MHD_Connection *c, const char *name);
 const char *http_query(struct MHD_Connection *c, const char *name);
 /* The request target as the client sent it (path and query, undecoded). */
@@ -345,6 +364,25 @@ enum MHD_Result api_dispatch(server *srv, request *req);
 /* Called with the headers, before the body: may reject early, or claim the
  * body as a streamed upload (POST /files). Returns MHD_YES to go on reading. */
 enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded);
+
+/* ------------------------------------------------------------ admission.c */
+
+/* Heavy control-plane requests (creates, resumes, pauses, snapshots,
+ * forks, volume creates) wait in per-team queues and run one per loop turn,
+ * teams in turn. admission_gate: *ret_wait false when the request is to run
+ * now; true when it was queued (its connection suspended) or refused (429
+ * queued), and the result is the handler's. */
+enum MHD_Result admission_gate(server *srv, request *req, int op, bool *ret_wait);
+/* http.c: a resumed request whose turn came (true), or that was dropped. */
+void admission_resumed(server *srv, request *req);
+/* Once per loop turn, after every ready event: resume the next request,
+ * round-robin over teams (quiet: the turn's epoll_wait found nothing
+ * ready). True when the loop must go round without sleeping. */
+bool admission_turn(server *srv, bool quiet);
+bool admission_busy(void);   /* requests wait or one was resumed and has not run */
+unsigned admission_queued(void);
+void admission_forget(server *srv, request *req); /* the request ends */
+void admission_stop(server *srv);                  /* every waiting request answered 503 */
 
 /* ------------------------------------------------------------ sandboxes.c */
 
@@ -379,6 +417,9 @@ json_t *sbx_to_json(sbx *sb, bool detail);
 void sbx_free_all(server *srv);
 /* End every live sandbox of this daemon as a kill does, waiting for each. */
 void sbx_kill_all(server *srv, const char *reason);
+/* Once per loop turn: finish one teardown of a killed sandbox whose init is
+ * gone. True when it did (others may wait: go round without sleeping). */
+bool sbx_reap(server *srv);
 /* Warm pool: top it up by at most one sandbox (called once per loop turn);
  * clean what a previous run left in it; destroy it at shutdown. */
 /* After the engine replaced a sandbox's control connection (a gvisor
