@@ -254,6 +254,25 @@ static void emit(exec *e, json_t *ev) {
         free(s);
 }
 
+/* A Jupyter traceback (a list of lines) as one string, lines joined by
+ * newlines; NULL when there is none. */
+static char *traceback_join(json_t *tb) {
+        char *tbs = NULL;
+        size_t tl = 0, tc = 0, i;
+        json_t *line;
+        json_array_foreach(tb, i, line) {
+                const char *s = json_string_value(line);
+                if (!s)
+                        continue;
+                if (tl)
+                        buf_append(&tbs, &tl, &tc, "\n", 1);
+                buf_append(&tbs, &tl, &tc, s, strlen(s));
+        }
+        if (tbs)
+                buf_append(&tbs, &tl, &tc, "", 1);
+        return tbs;
+}
+
 static void emit_error(exec *e, const char *name, const char *value, const char *tb) {
         if (e->error_sent)
                 return;
@@ -900,21 +919,8 @@ static void on_iopub(kctx *c, const jmsg *m) {
         } else if (strcmp(t, "error") == 0) {
                 const char *en = json_string_value(json_object_get(ct, "ename"));
                 const char *ev = json_string_value(json_object_get(ct, "evalue"));
-                json_t *tb = json_object_get(ct, "traceback");
-                char *tbs = NULL;
-                size_t tl = 0, tc = 0;
-                size_t i;
-                json_t *line;
-                json_array_foreach(tb, i, line) {
-                        const char *s = json_string_value(line);
-                        if (!s)
-                                continue;
-                        if (tl)
-                                buf_append(&tbs, &tl, &tc, "\n", 1);
-                        buf_append(&tbs, &tl, &tc, s, strlen(s));
-                }
-                buf_append(&tbs, &tl, &tc, "", 1);
-                emit_error(e, en ? en : "Error", ev ? ev : "", tbs);
+                char *tbs = traceback_join(json_object_get(ct, "traceback"));
+                emit_error(e, en ? en : "Error", ev ? ev : "", tbs ? tbs : "");
                 free(tbs);
         }
         if (e->got_idle && e->got_reply)
@@ -929,9 +935,15 @@ static void on_shell(kctx *c, const jmsg *m) {
         e->reply_ms = now_ms();
         const char *st = json_string_value(json_object_get(m->content, "status"));
         if (st && strcmp(st, "error") == 0 && !e->error_sent) {
+                /* the reply can come before iopub's error message (the two
+                 * sockets race, more so on a loaded machine): ipykernel's
+                 * reply carries the same traceback, so the client gets it
+                 * whichever comes first */
                 const char *en = json_string_value(json_object_get(m->content, "ename"));
                 const char *ev = json_string_value(json_object_get(m->content, "evalue"));
-                emit_error(e, en ? en : "Error", ev ? ev : "", "");
+                char *tbs = traceback_join(json_object_get(m->content, "traceback"));
+                emit_error(e, en ? en : "Error", ev ? ev : "", tbs ? tbs : "");
+                free(tbs);
         } else if (st && strcmp(st, "abort") == 0)
                 emit_error(e, "ExecutionAborted", "Execution was aborted", "");
         if (e->got_idle)
