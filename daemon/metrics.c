@@ -53,7 +53,8 @@ struct daemon_metrics {
         series *adm_wait; /* route: histogram */
         series *adm_refused; /* limit: count */
         uint64_t creates, egress_bytes_out, egress_bytes_in;
-        histo create_latency;
+        uint64_t pulls, pull_bytes;
+        histo create_latency, kill_latency;
         int64_t start_ms;
 };
 
@@ -158,6 +159,19 @@ void metrics_egress(server *srv, const store_egress *e) {
                 s->n += 1 + (uint64_t) (e->suppressed > 0 ? e->suppressed : 0);
         m->egress_bytes_out += (uint64_t) e->bytes_out;
         m->egress_bytes_in += (uint64_t) e->bytes_in;
+}
+
+void metrics_sandbox_killed(server *srv, int64_t ns) {
+        if (srv->metrics)
+                histo_add(&srv->metrics->kill_latency, (double) ns / 1e9);
+}
+
+void metrics_template_pull(server *srv, int64_t bytes) {
+        struct daemon_metrics *m = srv->metrics;
+        if (!m)
+                return;
+        m->pulls++;
+        m->pull_bytes += (uint64_t) (bytes > 0 ? bytes : 0);
 }
 
 void metrics_store_write(server *srv, const char *writer, int64_t ns) {
@@ -270,6 +284,17 @@ char *metrics_render(server *srv) {
               "# TYPE hutch_sandbox_create_duration_seconds histogram\n",
               f);
         histo_print(f, "hutch_sandbox_create_duration_seconds", "", &m->create_latency);
+        fputs("# HELP hutch_sandbox_kill_duration_seconds Time from a sandbox's kill to the end of its teardown "
+              "(every process gone; layer, cgroup and state removed).\n"
+              "# TYPE hutch_sandbox_kill_duration_seconds histogram\n",
+              f);
+        histo_print(f, "hutch_sandbox_kill_duration_seconds", "", &m->kill_latency);
+        fprintf(f,
+                "# HELP hutch_template_pulls_total Images pulled for template builds (fromImage).\n"
+                "# TYPE hutch_template_pulls_total counter\nhutch_template_pulls_total %llu\n"
+                "# HELP hutch_template_pull_bytes_total Bytes those pulls downloaded.\n"
+                "# TYPE hutch_template_pull_bytes_total counter\nhutch_template_pull_bytes_total %llu\n",
+                (unsigned long long) m->pulls, (unsigned long long) m->pull_bytes);
         fputs("# HELP hutch_api_requests_total API requests answered, by route and status.\n"
               "# TYPE hutch_api_requests_total counter\n",
               f);

@@ -22,6 +22,10 @@ void metrics_sandbox_created(server *srv);
 void metrics_sandbox_end(server *srv, const sbx *sb, const char *reason);
 void metrics_egress(server *srv, const store_egress *e);
 void metrics_store_write(server *srv, const char *writer, int64_t ns);
+/* A killed sandbox's teardown ended, ns after its kill began. */
+void metrics_sandbox_killed(server *srv, int64_t ns);
+/* A build's fromImage pulled an image: bytes downloaded. */
+void metrics_template_pull(server *srv, int64_t bytes);
 /* Admission (daemon/admission.c): a heavy request waited this long for its
  * turn (op: its route); one was refused because a limit ("team", "daemon")
  * was reached. */

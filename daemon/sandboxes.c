@@ -29,6 +29,7 @@
 #include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "daemon/usage.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "snapshot/seal.h"
@@ -892,6 +893,10 @@ static void sbx_finish_destroy(server *srv, sbx *sb) {
         int r = hutch_sandbox_destroy(sb->h, &err);
         if (wall_ms() - t0 > 100)
                 log_warning("sandbox %s: destroy took %lld ms", sb->id, (long long) (wall_ms() - t0));
+        if (sb->kill_t0_ns && !sb->pooled) {
+                metrics_sandbox_killed(srv, clock_ns(CLOCK_MONOTONIC) - sb->kill_t0_ns);
+                sb->kill_t0_ns = 0;
+        }
         if (r < 0) {
                 log_warning("sandbox %s: destroy: %s (trying remove by id)", sb->id, err.msg);
                 hutch_error e2 = { 0 };
@@ -943,6 +948,7 @@ int sbx_reattach(server *srv, sbx *sb) {
 int sbx_kill(server *srv, sbx *sb, const char *reason) {
         if (sb->dead)
                 return 0;
+        sb->kill_t0_ns = clock_ns(CLOCK_MONOTONIC);
         usage_sandbox_end(srv, sb);
         metrics_sandbox_end(srv, sb, reason);
         sbx_detach_all(srv, sb);

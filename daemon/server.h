@@ -210,6 +210,7 @@ struct sbx {
         hutch_fs_write **pending_aborts; /* uploads cut while paused: aborted at resume */
         size_t n_pending_aborts;
         int64_t dying_since_ms;
+        int64_t kill_t0_ns; /* CLOCK_MONOTONIC at its kill: the kill duration metric */
         int64_t started_ms, end_ms;
         char token[64];
         json_t *metadata;       /* object of strings */

@@ -38,6 +38,7 @@
 
 #include "daemon/buildspec.h"
 #include "daemon/route.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
 #include "image/pull.h"
@@ -910,6 +911,7 @@ static void job_line(build_job *j, char *line) {
                                       json_object_get(pulled, "source"), "image",
                                       json_object_get(pulled, "image"), "bytes_downloaded",
                                       json_object_get(pulled, "bytes_downloaded"));
+                metrics_template_pull(j->srv, (int64_t) json_integer_value(json_object_get(pulled, "bytes_downloaded")));
                 tpl_event(j->srv, j->team, "template.pull", d);
                 json_decref(o);
                 return;

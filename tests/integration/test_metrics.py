@@ -89,6 +89,12 @@ def test_prometheus_scrapes_the_daemon(sandboxed_hutch, tmp_path):
         assert d.kill(sb["sandboxID"]).status == 204
         assert wait_until(lambda: _value(pport, 'sum(hutch_sandboxes)') == 0, 15)
         assert wait_until(lambda: (_value(pport, 'hutch_sandbox_ends_total{reason="killed"}') or 0) == 1, 15)
+        # its teardown's time: one observation, within reason
+        assert wait_until(lambda: (_value(pport, "hutch_sandbox_kill_duration_seconds_count") or 0) == 1, 15)
+        k = _value(pport, "hutch_sandbox_kill_duration_seconds_sum")
+        assert k is not None and 0 < k <= 60, k
+        # no build pulled anything here
+        assert _value(pport, "hutch_template_pulls_total") == 0
         # every family Prometheus took in follows the naming conventions
         names = json.loads(_get(f"http://127.0.0.1:{pport}/api/v1/label/__name__/values")[1])["data"]
         ours = [n for n in names if n.startswith(("hutch_", "process_"))]
