@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "meter/meter-internal.h"
 #include "meter/meter.h"
 #include "util/macro.h"
 
@@ -14,27 +15,13 @@
         " egress_allowed, egress_denied, egress_allowed_out, egress_allowed_in, egress_denied_out, egress_denied_in," \
         " gpus, gpu_ms, gpu_memory_peak_bytes"
 
-static int fail(sqlite3 *db, hutch_error *err, const char *what) {
-        int rc = sqlite3_errcode(db) & 0xff;
-        return hutch_error_set(err, rc == SQLITE_BUSY || rc == SQLITE_LOCKED ? -EBUSY : -EIO,
-                               "%s: %s", what, sqlite3_errmsg(db));
-}
-
-static void finalizep(sqlite3_stmt **s) {
-        (void) sqlite3_finalize(*s);
-}
-
-static void text(sqlite3_stmt *s, int col, char *dst, size_t n) {
-        const unsigned char *v = sqlite3_column_text(s, col);
-        snprintf(dst, n, "%s", v ? (const char *) v : "");
-}
 
 static void fill(sqlite3_stmt *s, meter_row *r) {
         memset(r, 0, sizeof *r);
-        text(s, 0, r->sandbox_id, sizeof r->sandbox_id);
+        meter_text(s, 0, r->sandbox_id, sizeof r->sandbox_id);
         r->team = sqlite3_column_int64(s, 1);
-        text(s, 2, r->template_id, sizeof r->template_id);
-        text(s, 3, r->backend, sizeof r->backend);
+        meter_text(s, 2, r->template_id, sizeof r->template_id);
+        meter_text(s, 3, r->backend, sizeof r->backend);
         int64_t *v[] = { &r->started_ms,         &r->ended_ms,
                          &r->updated_ms,         &r->cpu_ns,
                          &r->memory_mb,          &r->memory_reserved_mib_ms,
@@ -53,23 +40,23 @@ static void fill(sqlite3_stmt *s, meter_row *r) {
 
 int meter_get(hutch_store *st, const char *sandbox_id, meter_row *ret, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
-        _cleanup_(finalizep) sqlite3_stmt *s = NULL;
+        _cleanup_(meter_finalizep) sqlite3_stmt *s = NULL;
         if (sqlite3_prepare_v2(db, "SELECT " COLS " FROM usage WHERE sandbox_id = ?1", -1, &s,
                                NULL) != SQLITE_OK)
-                return fail(db, err, "reading usage");
+                return meter_fail(db, err, "reading usage");
         sqlite3_bind_text(s, 1, sandbox_id, -1, SQLITE_STATIC);
         int rc = sqlite3_step(s);
         if (rc == SQLITE_DONE)
                 return hutch_error_set(err, -ENOENT, "no usage row for %s", sandbox_id);
         if (rc != SQLITE_ROW)
-                return fail(db, err, "reading usage");
+                return meter_fail(db, err, "reading usage");
         fill(s, ret);
         return 0;
 }
 
 int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
-        _cleanup_(finalizep) sqlite3_stmt *s = NULL;
+        _cleanup_(meter_finalizep) sqlite3_stmt *s = NULL;
         /* the egress columns: sums over the sandbox's egress records (an
          * index range: egress_log_sandbox) */
         if (sqlite3_prepare_v2(db,
@@ -84,7 +71,7 @@ int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
                                " ?17, ?18, ?19"
                                " FROM egress_log WHERE sandbox_id = ?1",
                                -1, &s, NULL) != SQLITE_OK)
-                return fail(db, err, "writing usage");
+                return meter_fail(db, err, "writing usage");
         sqlite3_bind_text(s, 1, r->sandbox_id, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 2, r->team);
         sqlite3_bind_text(s, 3, r->template_id, -1, SQLITE_STATIC);
@@ -104,7 +91,7 @@ int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
         else
                 sqlite3_bind_null(s, 19);
         if (sqlite3_step(s) != SQLITE_DONE)
-                return fail(db, err, "writing usage");
+                return meter_fail(db, err, "writing usage");
         return 0;
 }
 
@@ -119,21 +106,21 @@ int meter_close_orphans(hutch_store *st, hutch_error *err) {
                     " gpu_ms = usage.gpus * max(0, s.ended_ms - usage.started_ms)"
                     " FROM sandboxes s WHERE usage.ended_ms = 0 AND s.id = usage.sandbox_id AND s.state = 3",
                     NULL, NULL, NULL) != SQLITE_OK)
-                return fail(db, err, "closing usage rows");
+                return meter_fail(db, err, "closing usage rows");
         return sqlite3_changes(db);
 }
 
 int meter_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
                 int (*cb)(void *arg, const meter_row *r), void *arg, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
-        _cleanup_(finalizep) sqlite3_stmt *s = NULL;
+        _cleanup_(meter_finalizep) sqlite3_stmt *s = NULL;
         if (sqlite3_prepare_v2(
                     db,
                     "SELECT " COLS " FROM usage WHERE (?1 < 0 OR team_id = ?1)"
                     " AND (?2 = 0 OR ended_ms = 0 OR ended_ms >= ?2) AND (?3 = 0 OR started_ms < ?3)"
                     " ORDER BY started_ms, sandbox_id",
                     -1, &s, NULL) != SQLITE_OK)
-                return fail(db, err, "reading usage");
+                return meter_fail(db, err, "reading usage");
         sqlite3_bind_int64(s, 1, team);
         sqlite3_bind_int64(s, 2, since_ms);
         sqlite3_bind_int64(s, 3, until_ms);
@@ -146,14 +133,14 @@ int meter_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_m
                         return k;
         }
         if (rc != SQLITE_DONE)
-                return fail(db, err, "reading usage");
+                return meter_fail(db, err, "reading usage");
         return 0;
 }
 
 int meter_begin(hutch_store *st, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
         if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-                return fail(db, err, "BEGIN");
+                return meter_fail(db, err, "BEGIN");
         return 0;
 }
 
@@ -161,7 +148,7 @@ int meter_commit(hutch_store *st, bool ok, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
         if (ok && sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK)
                 return 0;
-        int r = ok ? fail(db, err, "COMMIT") : 0;
+        int r = ok ? meter_fail(db, err, "COMMIT") : 0;
         if (!sqlite3_get_autocommit(db))
                 (void) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
         return r;

@@ -5,35 +5,22 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "meter/meter-internal.h"
 #include "meter/meter.h"
 #include "util/macro.h"
 
 #define SCOLS "kind, object_id, team_id, name, started_ms, ended_ms, updated_ms, bytes, bytes_peak, kib_ms"
 
-static int fail(sqlite3 *db, hutch_error *err, const char *what) {
-        int rc = sqlite3_errcode(db) & 0xff;
-        return hutch_error_set(err, rc == SQLITE_BUSY || rc == SQLITE_LOCKED ? -EBUSY : -EIO,
-                               "%s: %s", what, sqlite3_errmsg(db));
-}
-
-static void finalizep(sqlite3_stmt **s) {
-        (void) sqlite3_finalize(*s);
-}
-
-static void text(sqlite3_stmt *s, int col, char *dst, size_t n) {
-        const unsigned char *v = sqlite3_column_text(s, col);
-        snprintf(dst, n, "%s", v ? (const char *) v : "");
-}
 
 static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void *arg, const char *id),
                           void *arg, hutch_error *err) {
-        _cleanup_(finalizep) sqlite3_stmt *q = NULL, *up = NULL;
+        _cleanup_(meter_finalizep) sqlite3_stmt *q = NULL, *up = NULL;
         if (sqlite3_prepare_v2(db,
                                "SELECT 'volume', id, team_id, name, created_ms, 0 FROM volumes"
                                " WHERE deleting_ms = 0"
                                " UNION ALL SELECT 'snapshot', id, team_id, name, created_ms, bytes FROM snapshots",
                                -1, &q, NULL) != SQLITE_OK)
-                return fail(db, err, "reading volumes and snapshots");
+                return meter_fail(db, err, "reading volumes and snapshots");
         /* a new row is integrated from the object's creation (a sample
          * comes at most an interval later); an open row from its last
          * sample, with the bytes held now; bytes < 0 keeps the last value */
@@ -50,12 +37,12 @@ static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void
                     "  name = ?4"
                     " WHERE ended_ms = 0",
                     -1, &up, NULL) != SQLITE_OK)
-                return fail(db, err, "writing storage usage");
+                return meter_fail(db, err, "writing storage usage");
         int rc;
         while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
                 char kind[16], id[64];
-                text(q, 0, kind, sizeof kind);
-                text(q, 1, id, sizeof id);
+                meter_text(q, 0, kind, sizeof kind);
+                meter_text(q, 1, id, sizeof id);
                 int64_t bytes = sqlite3_column_int64(q, 5);
                 if (streq(kind, "volume"))
                         bytes = volume_bytes ? volume_bytes(arg, id) : -1;
@@ -68,10 +55,10 @@ static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void
                 sqlite3_bind_int64(up, 6, now);
                 sqlite3_bind_int64(up, 7, bytes);
                 if (sqlite3_step(up) != SQLITE_DONE)
-                        return fail(db, err, "writing storage usage");
+                        return meter_fail(db, err, "writing storage usage");
         }
         if (rc != SQLITE_DONE)
-                return fail(db, err, "reading volumes and snapshots");
+                return meter_fail(db, err, "reading volumes and snapshots");
         return 0;
 }
 
@@ -79,13 +66,13 @@ int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(v
                          void *arg, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
         if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-                return fail(db, err, "BEGIN");
+                return meter_fail(db, err, "BEGIN");
         int r = sample_objects(db, now, volume_bytes, arg, err);
         int closed = 0;
         if (r >= 0) {
                 /* gone (deleted, or a volume being deleted): closed at now,
                  * the time since the last sample at the last bytes */
-                _cleanup_(finalizep) sqlite3_stmt *s = NULL;
+                _cleanup_(meter_finalizep) sqlite3_stmt *s = NULL;
                 if (sqlite3_prepare_v2(
                             db,
                             "UPDATE storage_usage SET kib_ms = kib_ms + max(0, ?1 - updated_ms) * (bytes / 1024),"
@@ -94,17 +81,17 @@ int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(v
                             "  (SELECT id FROM volumes WHERE deleting_ms = 0))"
                             " OR (kind = 'snapshot' AND object_id NOT IN (SELECT id FROM snapshots)))",
                             -1, &s, NULL) != SQLITE_OK)
-                        r = fail(db, err, "closing storage usage");
+                        r = meter_fail(db, err, "closing storage usage");
                 else {
                         sqlite3_bind_int64(s, 1, now);
                         if (sqlite3_step(s) != SQLITE_DONE)
-                                r = fail(db, err, "closing storage usage");
+                                r = meter_fail(db, err, "closing storage usage");
                         else
                                 closed = sqlite3_changes(db);
                 }
         }
         if (r >= 0 && sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-                r = fail(db, err, "COMMIT");
+                r = meter_fail(db, err, "COMMIT");
         if (r < 0 && !sqlite3_get_autocommit(db))
                 (void) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
         return r < 0 ? r : closed;
@@ -113,23 +100,23 @@ int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(v
 int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
                         int (*cb)(void *arg, const meter_storage *r), void *arg, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
-        _cleanup_(finalizep) sqlite3_stmt *s = NULL;
+        _cleanup_(meter_finalizep) sqlite3_stmt *s = NULL;
         if (sqlite3_prepare_v2(db,
                                "SELECT " SCOLS " FROM storage_usage WHERE (?1 < 0 OR team_id = ?1)"
                                " AND (?2 = 0 OR ended_ms = 0 OR ended_ms >= ?2) AND (?3 = 0 OR started_ms < ?3)"
                                " ORDER BY started_ms, kind, object_id",
                                -1, &s, NULL) != SQLITE_OK)
-                return fail(db, err, "reading storage usage");
+                return meter_fail(db, err, "reading storage usage");
         sqlite3_bind_int64(s, 1, team);
         sqlite3_bind_int64(s, 2, since_ms);
         sqlite3_bind_int64(s, 3, until_ms);
         int rc;
         while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
                 meter_storage r = { 0 };
-                text(s, 0, r.kind, sizeof r.kind);
-                text(s, 1, r.object_id, sizeof r.object_id);
+                meter_text(s, 0, r.kind, sizeof r.kind);
+                meter_text(s, 1, r.object_id, sizeof r.object_id);
                 r.team = sqlite3_column_int64(s, 2);
-                text(s, 3, r.name, sizeof r.name);
+                meter_text(s, 3, r.name, sizeof r.name);
                 int64_t *v[] = { &r.started_ms, &r.ended_ms, &r.updated_ms, &r.bytes, &r.bytes_peak, &r.kib_ms };
                 for (size_t i = 0; i < ELEMENTSOF(v); i++)
                         *v[i] = sqlite3_column_int64(s, (int) i + 4);
@@ -138,6 +125,6 @@ int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t
                         return k;
         }
         if (rc != SQLITE_DONE)
-                return fail(db, err, "reading storage usage");
+                return meter_fail(db, err, "reading storage usage");
         return 0;
 }
