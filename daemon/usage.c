@@ -342,7 +342,7 @@ static int storage_add(void *arg, const meter_storage *r) {
 static json_t *storage_report_json(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
                                    hutch_error *err) {
         storage_report x = { .rows = json_array() };
-        if (!x.rows || meter_storage_query(st, team, since_ms, until_ms, storage_add, &x, err) < 0) {
+        if (!x.rows || meter_storage_query(st, team, since_ms, until_ms, wall_ms(), storage_add, &x, err) < 0) {
                 json_decref(x.rows);
                 return NULL;
         }

@@ -81,10 +81,13 @@ typedef struct meter_storage {
  * is opened for a new one (integrated from its creation), advanced with
  * the bytes it holds now, and closed at now for one that is gone. A
  * volume's bytes come from volume_bytes (its image's allocated blocks; < 0:
- * keep the last value); a snapshot's from its row in the store. Returns the
+ * keep the last value); a snapshot's from its row in the store. A row is
+ * written only when its bytes change (or it opens or closes). Returns the
  * number of rows closed. */
 int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(void *arg, const char *id),
                          void *arg, hutch_error *err);
-/* Rows of a team (-1: all) that overlap [since, until) (0: open), by start. */
-int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
+/* Rows of a team (-1: all) that overlap [since, until) (0: open), by start;
+ * an open row's kib_ms runs to now_ms at its last bytes (rows are written
+ * only when their bytes change). */
+int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms, int64_t now_ms,
                         int (*cb)(void *arg, const meter_storage *r), void *arg, hutch_error *err);

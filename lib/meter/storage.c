@@ -30,12 +30,16 @@ static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void
                     " VALUES (?1, ?2, ?3, ?4, ?5, 0, max(?5, ?6), max(?7, 0), max(?7, 0),"
                     "  max(0, ?6 - ?5) * (max(?7, 0) / 1024))"
                     " ON CONFLICT (kind, object_id) DO UPDATE SET"
-                    "  kib_ms = kib_ms + max(0, ?6 - updated_ms) * (CASE WHEN ?7 < 0 THEN bytes ELSE ?7 END / 1024),"
+                    "  kib_ms = kib_ms + max(0, ?6 - updated_ms) * (bytes / 1024),"
                     "  updated_ms = max(updated_ms, ?6),"
-                    "  bytes = CASE WHEN ?7 < 0 THEN bytes ELSE ?7 END,"
+                    "  bytes = ?7,"
                     "  bytes_peak = max(bytes_peak, ?7),"
                     "  name = ?4"
-                    " WHERE ended_ms = 0",
+                    /* a row is written only when what it holds changed: the
+                     * time at the same bytes is added when it is read (and
+                     * here, at the next change), so an idle volume or a
+                     * snapshot costs no database write a sample */
+                    " WHERE ended_ms = 0 AND ?7 >= 0 AND (bytes != ?7 OR name != ?4)",
                     -1, &up, NULL) != SQLITE_OK)
                 return meter_fail(db, err, "writing storage usage");
         int rc;
@@ -97,12 +101,16 @@ int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(v
         return r < 0 ? r : closed;
 }
 
-int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
+int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms, int64_t now_ms,
                         int (*cb)(void *arg, const meter_storage *r), void *arg, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
         _cleanup_(meter_finalizep) sqlite3_stmt *s = NULL;
+        /* an open row's integral runs to now at the bytes it last recorded */
         if (sqlite3_prepare_v2(db,
-                               "SELECT " SCOLS " FROM storage_usage WHERE (?1 < 0 OR team_id = ?1)"
+                               "SELECT kind, object_id, team_id, name, started_ms, ended_ms,"
+                               " CASE WHEN ended_ms = 0 THEN max(updated_ms, ?4) ELSE updated_ms END, bytes, bytes_peak,"
+                               " kib_ms + CASE WHEN ended_ms = 0 THEN max(0, ?4 - updated_ms) * (bytes / 1024) ELSE 0 END"
+                               " FROM storage_usage WHERE (?1 < 0 OR team_id = ?1)"
                                " AND (?2 = 0 OR ended_ms = 0 OR ended_ms >= ?2) AND (?3 = 0 OR started_ms < ?3)"
                                " ORDER BY started_ms, kind, object_id",
                                -1, &s, NULL) != SQLITE_OK)
@@ -110,6 +118,7 @@ int meter_storage_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t
         sqlite3_bind_int64(s, 1, team);
         sqlite3_bind_int64(s, 2, since_ms);
         sqlite3_bind_int64(s, 3, until_ms);
+        sqlite3_bind_int64(s, 4, now_ms);
         int rc;
         while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
                 meter_storage r = { 0 };
