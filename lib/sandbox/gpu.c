@@ -595,21 +595,33 @@ static int add_file(file_list *fl, const char *rel, const char *name, hutch_erro
         return 0;
 }
 
-/* Every driver library in one directory (rel to the root), whose names
- * no earlier directory gave: regular files and links out of the
- * directory as binds, links to a sibling driver library as links. */
-static int scan_lib_dir(file_list *fl, const char *rel, hutch_error *err) {
+/* A directory inside the root (links resolved in it, never out of it):
+ * its stream, and in *ret_dfd a descriptor of it for the *at() calls; NULL
+ * when it is not there or cannot be read (*ret_dfd then stays -1). */
+static DIR *opendir_in_root(int root_fd, const char *rel, int *ret_dfd) {
         struct open_how how = { .flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
                                 .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
-        _cleanup_close_ int dfd = sys_openat2(fl->root_fd, rel, &how, sizeof how);
+        _cleanup_close_ int dfd = sys_openat2(root_fd, rel, &how, sizeof how);
         if (dfd < 0)
-                return 0;
+                return NULL;
         int dup_fd = dup(dfd);
         DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
         if (!d) {
                 safe_close(dup_fd);
-                return 0;
+                return NULL;
         }
+        *ret_dfd = TAKE_FD(dfd);
+        return d;
+}
+
+/* Every driver library in one directory (rel to the root), whose names
+ * no earlier directory gave: regular files and links out of the
+ * directory as binds, links to a sibling driver library as links. */
+static int scan_lib_dir(file_list *fl, const char *rel, hutch_error *err) {
+        _cleanup_close_ int dfd = -1;
+        DIR *d = opendir_in_root(fl->root_fd, rel, &dfd);
+        if (!d)
+                return 0;
         int r = 0;
         for (struct dirent *de; r >= 0 && (de = readdir(d));) {
                 if (!driver_lib_name(de->d_name))
@@ -655,17 +667,10 @@ static int scan_lib_dir(file_list *fl, const char *rel, hutch_error *err) {
 /* ld.so.conf.d under the root: each line an absolute directory (include
  * lines and globs are left to the directories above). */
 static int scan_ld_conf(file_list *fl, hutch_error *err) {
-        struct open_how how = { .flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
-                                .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
-        _cleanup_close_ int dfd = sys_openat2(fl->root_fd, "etc/ld.so.conf.d", &how, sizeof how);
-        if (dfd < 0)
+        _cleanup_close_ int dfd = -1;
+        DIR *d = opendir_in_root(fl->root_fd, "etc/ld.so.conf.d", &dfd);
+        if (!d)
                 return 0;
-        int dup_fd = dup(dfd);
-        DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
-        if (!d) {
-                safe_close(dup_fd);
-                return 0;
-        }
         int r = 0;
         for (struct dirent *de; r >= 0 && (de = readdir(d));) {
                 size_t l = strlen(de->d_name);
