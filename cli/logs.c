@@ -62,7 +62,8 @@ static void summary(const char *kind, json_t *d, const char *raw) {
                        json_is_true(json_object_get(d, "pty")) ? " (pty)" : "");
                 size_t i;
                 json_t *a;
-                json_array_foreach(json_object_get(d, "argv"), i, a) printf(" %s", json_string_value(a) ?: "");
+                json_array_foreach(json_object_get(d, "argv"), i, a)
+                        printf(" %s", json_string_value(a) ?: "");
         } else if (streq(kind, "process.end")) {
                 printf("pid %lld ", num(d, "pid"));
                 if (num(d, "signal"))
@@ -71,8 +72,11 @@ static void summary(const char *kind, json_t *d, const char *raw) {
                         printf("exited %lld", num(d, "exit_code"));
                 if (json_object_get(d, "duration_ms"))
                         printf(" after %lld ms", num(d, "duration_ms"));
+                if (json_object_get(d, "cpu_ms"))
+                        printf(", %lld ms of CPU", num(d, "cpu_ms"));
         } else if (streq(kind, "file.write")) {
-                printf("%s (%lld bytes, sha256 %.12s…)", str(d, "path"), num(d, "size"), str(d, "sha256"));
+                printf("%s (%lld bytes, sha256 %.12s…)", str(d, "path"), num(d, "size"),
+                       str(d, "sha256"));
         } else if (startswith(kind, "egress.")) {
                 printf("%s:%lld", str(d, "host"), num(d, "port"));
                 if (*str(d, "reason"))
@@ -124,9 +128,12 @@ int verb_logs(int argc, char **argv) {
         int64_t now = clock_ns(CLOCK_REALTIME) / 1000000;
         hutch_error err = { 0 };
         static const struct option longopts[] = {
-                { "follow", no_argument, NULL, 'f' },    { "since", required_argument, NULL, 's' },
-                { "kind", required_argument, NULL, 'k' }, { "json", no_argument, NULL, 'j' },
-                { "data-dir", required_argument, NULL, 'd' }, { "help", no_argument, NULL, 'h' },
+                { "follow", no_argument, NULL, 'f' },
+                { "since", required_argument, NULL, 's' },
+                { "kind", required_argument, NULL, 'k' },
+                { "json", no_argument, NULL, 'j' },
+                { "data-dir", required_argument, NULL, 'd' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         int c;
@@ -145,7 +152,8 @@ int verb_logs(int argc, char **argv) {
                         break;
                 case 's':
                 case 'k':
-                        if (audit_filter_set(&f, c == 's' ? "since" : "kind", optarg, now, 0, &err) < 0) {
+                        if (audit_filter_set(&f, c == 's' ? "since" : "kind", optarg, now, 0, &err) <
+                            0) {
                                 log_error("logs: --%s", err.msg);
                                 return EXIT_USAGE;
                         }
@@ -176,7 +184,8 @@ int verb_logs(int argc, char **argv) {
         char db[4200];
         snprintf(db, sizeof db, "%s/hutch.db", data_dir);
         if (stat(db, &sb) < 0) {
-                log_error("logs: %s is not the data dir of a daemon (no hutch.db; --data-dir)", data_dir);
+                log_error("logs: %s is not the data dir of a daemon (no hutch.db; --data-dir)",
+                          data_dir);
                 return 1;
         }
         hutch_store *st = NULL;

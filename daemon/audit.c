@@ -272,6 +272,8 @@ void audit_proc_end(server *srv, sbx *sb, proc *p) {
                               p->exit.core_dumped);
         if (p->started_ms > 0)
                 json_object_set_new(d, "duration_ms", json_integer(p->exited_ms - p->started_ms));
+        if (p->exit.cpu_us >= 0)
+                json_object_set_new(d, "cpu_ms", json_integer(p->exit.cpu_us / 1000));
         put(srv, sb->team_id, sb->id, "process.end", d);
 }
 

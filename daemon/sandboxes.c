@@ -1187,7 +1187,7 @@ static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
         /* whatever the daemon still thinks runs was killed */
         for (proc *p = sb->procs; p; p = p->next)
                 if (!p->exited) {
-                        hutch_exit ex = { .pid = p->pid, .signal = SIGKILL };
+                        hutch_exit ex = { .pid = p->pid, .signal = SIGKILL, .cpu_us = -1 };
                         proc_on_exit(srv, sb, &ex);
                 }
         sbx_mark_dirty(sb);

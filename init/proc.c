@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -199,7 +200,13 @@ static void put_exit_fields(initproto_writer *w, pid_t pid, int code, int sig, b
         initproto_put_u64(w, T_CORE, core);
 }
 
-static void proc_exited(proc *p, int status) {
+static uint64_t timeval_us(struct timeval tv) {
+        return (uint64_t) tv.tv_sec * 1000000u + (uint64_t) tv.tv_usec;
+}
+
+/* ru: wait4()'s account of the process, which includes the descendants it
+ * waited for itself (orphans that init reaped are nobody's). */
+static void proc_exited(proc *p, int status, const struct rusage *ru) {
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
         int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
         bool core = WIFSIGNALED(status) && WCOREDUMP(status);
@@ -214,6 +221,7 @@ static void proc_exited(proc *p, int status) {
                         continue;
                 initproto_writer *w = msg_begin(INITPROTO_EV_EXIT, 0, 0);
                 put_exit_fields(w, p->pid, code, sig, core);
+                initproto_put_u64(w, T_CPU_US, timeval_us(ru->ru_utime) + timeval_us(ru->ru_stime));
                 initproto_put_str(w, T_TAG, p->tag);
                 msg_send(c, NULL, 0);
         }
@@ -227,14 +235,15 @@ static void proc_exited(proc *p, int status) {
 void proc_reap(void) {
         for (;;) {
                 int status;
-                pid_t pid = waitpid(-1, &status, WNOHANG);
+                struct rusage ru;
+                pid_t pid = wait4(-1, &status, WNOHANG, &ru);
                 if (pid < 0 && errno == EINTR)
                         continue;
                 if (pid <= 0)
                         return;
                 proc *p = proc_find(pid);
                 if (p)
-                        proc_exited(p, status);
+                        proc_exited(p, status, &ru);
                 /* else: an orphan of the sandbox, reaped and forgotten */
         }
 }
@@ -565,8 +574,8 @@ struct cmdline_stage {
         size_t argc;
         char *envv[INITPROTO_MAX_ARGS + 1];
         size_t envc;
-        size_t len[2];   /* the last item's length, per list */
-        size_t total;    /* bytes of every item with its NUL */
+        size_t len[2]; /* the last item's length, per list */
+        size_t total;  /* bytes of every item with its NUL */
 };
 
 static void cmdline_stage_free(cmdline_stage *st) {
@@ -675,9 +684,11 @@ static void proc_spawn(conn *c, const req *r) {
                         return;
                 }
         }
-        const char *const *argv = stage ? (const char *const *) stage->argv : (const char *const *) r->argv;
+        const char *const *argv = stage ? (const char *const *) stage->argv
+                                        : (const char *const *) r->argv;
         size_t argc = stage ? stage->argc : r->argc;
-        const char *const *envp = stage ? (const char *const *) stage->envv : (const char *const *) r->envv;
+        const char *const *envp = stage ? (const char *const *) stage->envv
+                                        : (const char *const *) r->envv;
         size_t n_env = stage ? stage->envc : r->envc;
         const char *tag = req_str(r, T_TAG);
         uint64_t rows = req_u64(r, T_PTY_ROWS, 0), cols = req_u64(r, T_PTY_COLS, 0);

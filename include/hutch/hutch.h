@@ -321,6 +321,9 @@ typedef struct hutch_exit {
         int exit_code;  /* valid when signal == 0 */
         int signal;     /* terminating signal, 0 if it exited */
         bool core_dumped;
+        /* user + system CPU time of the process and of the descendants it
+         * waited for, in µs; -1 when hutch-init did not report it */
+        int64_t cpu_us;
 } hutch_exit;
 
 /* Wait for the next exit of a process spawned (or attached) through this

@@ -36,8 +36,9 @@ int initconn_check_fd(int fd, int want) {
                  * handlers check the credentials of whoever reads or writes
                  * (us), not of whoever opened (CVE-class: oom_score_adj) */
                 struct statfs sfs;
-                ok = fstatfs(fd, &sfs) == 0 && sfs.f_type != PROC_SUPER_MAGIC && sfs.f_type != SYSFS_MAGIC &&
-                     sfs.f_type != CGROUP_SUPER_MAGIC && sfs.f_type != CGROUP2_SUPER_MAGIC;
+                ok = fstatfs(fd, &sfs) == 0 && sfs.f_type != PROC_SUPER_MAGIC &&
+                        sfs.f_type != SYSFS_MAGIC && sfs.f_type != CGROUP_SUPER_MAGIC &&
+                        sfs.f_type != CGROUP2_SUPER_MAGIC;
         }
         if (!ok)
                 return -EBADMSG;
@@ -59,7 +60,8 @@ initproto_writer *initconn_begin(hutch_sandbox *sb, uint16_t type) {
 #define MAX_QUEUED_EXITS 4096
 #define MAX_QUEUED_WATCH_EVENTS 4096
 
-_Static_assert((int) INITPROTO_WEV_CREATE == HUTCH_WATCH_CREATE && (int) INITPROTO_WEV_WRITE == HUTCH_WATCH_WRITE &&
+_Static_assert((int) INITPROTO_WEV_CREATE == HUTCH_WATCH_CREATE &&
+                       (int) INITPROTO_WEV_WRITE == HUTCH_WATCH_WRITE &&
                        (int) INITPROTO_WEV_REMOVE == HUTCH_WATCH_REMOVE &&
                        (int) INITPROTO_WEV_RENAME == HUTCH_WATCH_RENAME &&
                        (int) INITPROTO_WEV_CHMOD == HUTCH_WATCH_CHMOD,
@@ -114,15 +116,20 @@ static int queue_exit(hutch_sandbox *sb, const initproto_msg *m) {
         (void) initproto_find_u64(m, T_EXIT_CODE, &code);
         (void) initproto_find_u64(m, T_SIGNAL, &sig);
         (void) initproto_find_u64(m, T_CORE, &core);
+        /* absent from an init older than the field (a sandbox adopted
+         * across an upgrade) */
+        uint64_t cpu_us = 0;
+        bool has_cpu = initproto_find_u64(m, T_CPU_US, &cpu_us) > 0 && cpu_us <= INT64_MAX;
         initconn_event *ev = calloc(1, sizeof *ev);
         if (!ev)
                 return -ENOMEM;
         ev->type = INITPROTO_EV_EXIT;
-        ev->exit = (hutch_exit){
+        ev->exit = (hutch_exit) {
                 .pid = (pid_t) pid,
                 .exit_code = (int) (code & 0xff),
                 .signal = (int) (sig & 0x7f),
                 .core_dumped = core != 0,
+                .cpu_us = has_cpu ? (int64_t) cpu_us : -1,
         };
         event_append(sb, ev);
         return 1;
@@ -135,7 +142,8 @@ static int queue_watch(hutch_sandbox *sb, const initproto_msg *m) {
         /* checked before the bound: garbage is garbage even when dropped */
         if (initproto_find_u64(m, T_WATCH_ID, &id) <= 0 || id == 0 || id > UINT32_MAX)
                 return -EBADMSG;
-        if (initproto_find_u64(m, T_EVENT, &kind) <= 0 || kind < HUTCH_WATCH_CREATE || kind > HUTCH_WATCH_CHMOD)
+        if (initproto_find_u64(m, T_EVENT, &kind) <= 0 || kind < HUTCH_WATCH_CREATE ||
+            kind > HUTCH_WATCH_CHMOD)
                 return -EBADMSG;
         if (initproto_find_str(m, T_PATH, path, sizeof path) <= 0 || path[0] != '/')
                 return -EBADMSG;
@@ -171,10 +179,11 @@ static int queue_event(hutch_sandbox *sb, const initproto_msg *m) {
 }
 
 /* Receive one frame into sb->rxbuf. 1 = got one, 0 = timeout. */
-static int recv_frame(hutch_sandbox *sb, int timeout_ms, initproto_msg *ret, int *fds, size_t *ret_nfds,
-                      hutch_error *err) {
+static int recv_frame(hutch_sandbox *sb, int timeout_ms, initproto_msg *ret, int *fds,
+                      size_t *ret_nfds, hutch_error *err) {
         if (sb->conn < 0)
-                return hutch_error_set(err, -ENOTCONN, "sandbox %s: not connected to its init", sb->id);
+                return hutch_error_set(err, -ENOTCONN, "sandbox %s: not connected to its init",
+                                       sb->id);
         struct pollfd p = { .fd = sb->conn, .events = POLLIN };
         int k;
         do
@@ -184,14 +193,16 @@ static int recv_frame(hutch_sandbox *sb, int timeout_ms, initproto_msg *ret, int
                 return hutch_error_set(err, -errno, "poll: %m");
         if (k == 0)
                 return 0;
-        ssize_t n = fd_recv_with_fds(sb->conn, sb->rxbuf, INITPROTO_MAX_FRAME, fds, INITPROTO_MAX_FDS, ret_nfds,
-                                     MSG_DONTWAIT);
+        ssize_t n = fd_recv_with_fds(sb->conn, sb->rxbuf, INITPROTO_MAX_FRAME, fds,
+                                     INITPROTO_MAX_FDS, ret_nfds, MSG_DONTWAIT);
         if (n == -EAGAIN)
                 return 0;
         if (n < 0)
-                return hutch_error_set(err, (int) n, "sandbox %s: reading from init: %s", sb->id, strerror((int) -n));
+                return hutch_error_set(err, (int) n, "sandbox %s: reading from init: %s", sb->id,
+                                       strerror((int) -n));
         if (n == 0)
-                return hutch_error_set(err, -ECONNRESET, "sandbox %s: init closed the connection", sb->id);
+                return hutch_error_set(err, -ECONNRESET, "sandbox %s: init closed the connection",
+                                       sb->id);
         int r = initproto_parse(sb->rxbuf, (size_t) n, ret);
         if (r < 0) {
                 for (size_t i = 0; i < *ret_nfds; i++)
@@ -212,8 +223,8 @@ static int reply_error(hutch_sandbox *sb, const initproto_msg *m, hutch_error *e
         return hutch_error_set(err, -(int) e, "%s", msg[0] ? msg : strerror((int) e));
 }
 
-int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply_fn on_reply, void *userdata,
-                  int timeout_ms, hutch_error *err) {
+int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply_fn on_reply,
+                  void *userdata, int timeout_ms, hutch_error *err) {
         int len = initproto_finish(sb->tx);
         if (len < 0)
                 return hutch_error_set(err, len, "request too large for the init protocol");
@@ -226,7 +237,8 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
                 return hutch_error_set(err, -ENOTCONN, "sandbox %s: not connected", sb->id);
         int r = fd_send_with_fds(sb->conn, sb->tx->buf, (size_t) len, fds, nfds);
         if (r < 0)
-                return hutch_error_set(err, r, "sandbox %s: sending to init: %s", sb->id, strerror(-r));
+                return hutch_error_set(err, r, "sandbox %s: sending to init: %s", sb->id,
+                                       strerror(-r));
 
         int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
         for (;;) {
@@ -234,7 +246,9 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
                 if (deadline >= 0) {
                         int64_t left = deadline - now_ms();
                         if (left <= 0)
-                                return hutch_error_set(err, -ETIMEDOUT, "sandbox %s: init did not answer in time", sb->id);
+                                return hutch_error_set(err, -ETIMEDOUT,
+                                                       "sandbox %s: init did not answer in time",
+                                                       sb->id);
                         wait = (int) left;
                 }
                 initproto_msg m;
@@ -250,7 +264,8 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
                                 close_untrusted(rfds[i]);
                         r = queue_event(sb, &m);
                         if (r < 0)
-                                return hutch_error_set(err, r, "sandbox %s: bad event from init", sb->id);
+                                return hutch_error_set(err, r, "sandbox %s: bad event from init",
+                                                       sb->id);
                         continue;
                 }
                 if (m.id != id) {
@@ -267,12 +282,15 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
                 if (m.type != INITPROTO_OK) {
                         for (size_t i = 0; i < rn; i++)
                                 close_untrusted(rfds[i]);
-                        return hutch_error_set(err, -EBADMSG, "sandbox %s: unexpected reply type %u", sb->id, m.type);
+                        return hutch_error_set(err, -EBADMSG, "sandbox %s: unexpected reply type %u",
+                                               sb->id, m.type);
                 }
                 if ((m.flags & INITPROTO_F_MORE) && !streaming) {
                         for (size_t i = 0; i < rn; i++)
                                 close_untrusted(rfds[i]);
-                        return hutch_error_set(err, -EBADMSG, "sandbox %s: init streamed replies to a single request", sb->id);
+                        return hutch_error_set(
+                                err, -EBADMSG,
+                                "sandbox %s: init streamed replies to a single request", sb->id);
                 }
                 r = on_reply ? on_reply(&m, rfds, rn, userdata) : 0;
                 for (size_t i = 0; i < rn; i++)
@@ -324,7 +342,8 @@ int hutch_sandbox_next_event(hutch_sandbox *sb, hutch_event *ret, hutch_error *e
         initconn_event *ev = initconn_event_pop(sb);
         if (!ev)
                 return 0;
-        *ret = (hutch_event){ .type = ev->type == INITPROTO_EV_EXIT ? HUTCH_EVENT_EXIT : HUTCH_EVENT_WATCH };
+        *ret = (hutch_event) { .type = ev->type == INITPROTO_EV_EXIT ? HUTCH_EVENT_EXIT
+                                                                     : HUTCH_EVENT_WATCH };
         if (ev->type == INITPROTO_EV_EXIT)
                 ret->exit = ev->exit;
         else {
@@ -340,7 +359,7 @@ void hutch_event_clear(hutch_event *ev) {
         if (!ev)
                 return;
         free(ev->path);
-        *ev = (hutch_event){ 0 };
+        *ev = (hutch_event) { 0 };
 }
 
 uint64_t hutch_sandbox_watch_events_dropped(const hutch_sandbox *sb) {

@@ -128,7 +128,7 @@ enum {
         INITPROTO_NET_LISTEN = 62,
 
         /* unsolicited events (id 0) */
-        INITPROTO_EV_EXIT = 80,   /* T_PID, T_EXIT_CODE, T_SIGNAL, T_CORE */
+        INITPROTO_EV_EXIT = 80,   /* T_PID, T_EXIT_CODE, T_SIGNAL, T_CORE, T_CPU_US */
         INITPROTO_EV_WATCH = 81,  /* T_WATCH_ID, T_PATH (full path), T_EVENT (INITPROTO_WEV_*);
                                      a write's temporary file never shows, its commit is
                                      CREATE (new file) and WRITE (data or replaced) */
@@ -161,6 +161,7 @@ enum {
         T_ARG_MORE = 26,  /* SPAWN_PART: a chunk appended to the last T_ARG */
         T_ENV_MORE = 27,  /* SPAWN_PART: a chunk appended to the last T_ENV */
         T_STAGED = 28,    /* SPAWN: u64 1, argv and env are the staged ones */
+        T_CPU_US = 29,    /* EV_EXIT: user + system CPU µs (wait4's rusage) */
 
         T_PATH = 40,
         T_PATH2 = 41,

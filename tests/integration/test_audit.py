@@ -522,3 +522,49 @@ def test_hutch_logs_shows_and_follows_a_sandbox(sandboxed_hutch, tmp_path):
     assert cp.returncode == 2 and b"wants a SANDBOX_ID" in cp.stderr, cp
     cp = logs("--since", "whenever", "x")
     assert cp.returncode == 2, cp
+
+
+RUNSC = shutil.which("runsc") or "/usr/bin/runsc"
+
+
+@pytest.mark.parametrize("backend", ["ns", pytest.param("gvisor", marks=pytest.mark.skipif(
+    not Path(RUNSC).exists(), reason="runsc is not installed"))])
+def test_process_end_records_the_cpu_the_process_used(sandboxed_hutch, tmp_path, backend):
+    """process.end carries cpu_ms: the process's user + system time as
+    hutch-init's wait4() reports it, descendants it waited for included; a
+    process that sleeps uses next to none; `hutch logs` shows it."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--backend", backend])
+    d.start()
+    try:
+        sb = d.create()
+        sid = sb["sandboxID"]
+        burn = ("import time\nt = time.process_time()\n"
+                "while time.process_time() - t < 0.6:\n    pass\n")
+        # the burner is a child the shell waits for: its time is the shell's too
+        end, _, err, _ = d.run(sb, f"python3 -c '{burn}'; echo done")
+        assert end.get("exitCode", 0) == 0, (end, err)
+        end, _, _, _ = d.run(sb, "sleep 0.5")
+        assert end.get("exitCode", 0) == 0, end
+
+        def ends():
+            r = d.request("GET", f"/sandboxes/{sid}/events?limit=1000", key=d.key)
+            assert r.status == 200, r
+            return [e["detail"] for e in r.json() if e["type"] == "process.end"]
+        assert wait_until(lambda: len(ends()) == 2, 10), ends()
+        burned, slept = ends()
+        # gVisor's own accounting (the sentry's, on the ptrace platform)
+        # can exceed the wall time a little; the kernel's cannot
+        ceiling = burned["duration_ms"] + 50 if backend == "ns" else 2 * burned["duration_ms"]
+        assert 550 <= burned["cpu_ms"] <= ceiling, burned
+        assert slept["duration_ms"] >= 490, slept
+        # on gVisor a shell's and sleep's start alone cost the sentry a
+        # few hundred ms of its accounting
+        assert 0 <= slept["cpu_ms"] < (150 if backend == "ns" else burned["cpu_ms"] - 300), (slept, burned)
+        cp = subprocess.run([str(sandboxed_hutch), "logs", "--data-dir", str(data), sid],
+                            capture_output=True, text=True, timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        assert f"{burned['cpu_ms']} ms of CPU" in cp.stdout, cp.stdout
+        assert d.kill(sid).status == 204
+    finally:
+        assert d.stop() == []
