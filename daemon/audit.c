@@ -259,9 +259,9 @@ void audit_proc_start(server *srv, sbx *sb, proc *p, const char *user, const cha
         json_object_foreach(json_object_get(cfg, "envs"), k, v)
                 json_array_append_new(names, json_string(k));
         put(srv, sb->team_id, sb->id, "process.start",
-            json_pack("{s:i, s:o, s:s, s:s, s:o, s:b, s:s?}", "pid", (int) p->pid, "argv", argv,
+            json_pack("{s:i, s:o, s:s, s:s, s:o, s:b, s:s?, s:s?}", "pid", (int) p->pid, "argv", argv,
                       "user", user ? user : "", "cwd", cwd ? cwd : "", "env_names", names, "pty",
-                      p->pty, "tag", p->tag));
+                      p->pty, "tag", p->tag, "request_id", p->request_id[0] ? p->request_id : NULL));
 }
 
 void audit_proc_end(server *srv, sbx *sb, proc *p) {
@@ -274,6 +274,11 @@ void audit_proc_end(server *srv, sbx *sb, proc *p) {
                 json_object_set_new(d, "duration_ms", json_integer(p->exited_ms - p->started_ms));
         if (p->exit.cpu_us >= 0)
                 json_object_set_new(d, "cpu_ms", json_integer(p->exit.cpu_us / 1000));
+        if (p->request_id[0]) {
+                json_object_set_new(d, "request_id", json_string(p->request_id));
+                if (p->request_id_from_sandbox) /* the daemon restarted meanwhile */
+                        json_object_set_new(d, "request_id_source", json_string("sandbox"));
+        }
         put(srv, sb->team_id, sb->id, "process.end", d);
 }
 

@@ -549,6 +549,10 @@ void proc_on_exit(server *srv, sbx *sb, const hutch_exit *ex) {
                 p->exit = *ex;
                 p->exited_ms = wall_ms();
                 p->deadline_ms = 0;
+                /* what the exit causes is logged under the request that started it */
+                const char *old = log_set_context(p->request_id[0] ? p->request_id : NULL);
+                log_debug("sandbox %s: pid %d exited (code %d, signal %d)", sb->id, (int) p->pid,
+                          p->exit.exit_code, p->exit.signal);
                 audit_proc_end(srv, sb, p);
                 /* read what is already in the pipes before reporting the end */
                 if (!p->out_eof && !p->throttled)
@@ -556,6 +560,7 @@ void proc_on_exit(server *srv, sbx *sb, const hutch_exit *ex) {
                 if (!p->err_eof && !p->throttled)
                         on_output(srv, &p->err_w, EPOLLIN);
                 proc_check_done(srv, p);
+                log_set_context(old);
                 return;
         }
 }
@@ -586,6 +591,10 @@ void proc_readopt(server *srv, sbx *sb) {
                         break;
                 if (v[i].tag)
                         p->tag = strdup(v[i].tag);
+                if (v[i].request_id) { /* checked well-formed by the library */
+                        snprintf(p->request_id, sizeof p->request_id, "%s", v[i].request_id);
+                        p->request_id_from_sandbox = true;
+                }
                 json_t *args = json_array();
                 const char *cmd = v[i].argv && v[i].argv[0] ? v[i].argv[0] : "";
                 for (size_t k = 1; v[i].argv && v[i].argv[0] && v[i].argv[k]; k++)
@@ -724,6 +733,7 @@ static enum MHD_Result process_start(rpc *x) {
                 .pty_rows = (uint16_t) rows,
                 .pty_cols = (uint16_t) cols,
                 .tag = tag,
+                .request_id = x->req->rid,
         };
         hutch_process hp;
         int r = hutch_sandbox_spawn(x->sb->h, &sc, &hp, &err);
@@ -743,6 +753,7 @@ static enum MHD_Result process_start(rpc *x) {
         }
         if (tag)
                 p->tag = strdup(tag);
+        snprintf(p->request_id, sizeof p->request_id, "%s", x->req->rid);
         p->config = json_pack("{s:s, s:O?, s:O?}", "cmd", cmd, "args", args, "envs", envs);
         if (!args)
                 json_object_set_new(p->config, "args", json_array());

@@ -167,6 +167,10 @@ struct proc {
         sbx *sb;
         pid_t pid;
         char *tag;
+        /* the request that started it: the daemon's own record, or after a
+         * restart what the sandbox's hutch-init kept ("" when neither) */
+        char request_id[65];
+        bool request_id_from_sandbox;
         json_t *config;        /* ProcessConfig as JSON: cmd, args, envs, cwd */
         bool pty;
         int in_fd;             /* stdin pipe write end, or the pty master (dup), or -1 */

@@ -37,8 +37,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         initproto_iter_init(&it, &m);
         while ((r = initproto_next(&it, &f)) > 0) {
                 (void) initproto_field_u64(&f, &v);
-                if (initproto_field_str(&f, str, sizeof str) == 0)
+                if (initproto_field_str(&f, str, sizeof str) == 0) {
                         (void) initproto_meta_key_valid(str);
+                        (void) initproto_request_id_ok(str);
+                }
                 /* A buffer too small for the value must be refused, never overrun. */
                 (void) initproto_field_str(&f, str, f.len > 0 ? f.len : 1);
                 (void) initproto_find(&m, f.tag, &f);

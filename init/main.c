@@ -460,6 +460,7 @@ static bool tag_is_string(uint16_t tag) {
         case T_ENV:
         case T_CWD:
         case T_TAG:
+        case T_REQUEST_ID:
         case T_PATH:
         case T_PATH2:
         case T_NAME:

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -39,6 +40,7 @@ typedef struct proc {
         uid_t uid;
         gid_t gid;
         bool pty;
+        char request_id[INITPROTO_MAX_REQUEST_ID + 1]; /* the spawn's, or "" */
         /* init's own copies; -1 when absent or closed */
         int stdin_fd, stdout_fd, stderr_fd, master_fd;
         /* who gets the EV_EXIT besides ALL_EXITS subscribers: the spawner
@@ -211,7 +213,8 @@ static void proc_exited(proc *p, int status, const struct rusage *ru) {
         int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
         bool core = WIFSIGNALED(status) && WCOREDUMP(status);
 
-        log_debug("pid %d exited: code %d signal %d", (int) p->pid, code, sig);
+        log_debug("pid %d exited: code %d signal %d%s%s", (int) p->pid, code, sig,
+                  p->request_id[0] ? ", spawned for request " : "", p->request_id);
         for (conn *c = all_conns, *next; c; c = next) {
                 /* Sending may close c (and unlink it): step first. */
                 next = c->next;
@@ -448,6 +451,8 @@ static void put_proc_fields(initproto_writer *w, const proc *p, bool with_env) {
         initproto_put_u64(w, T_PID, (uint64_t) p->pid);
         initproto_put_str(w, T_TAG, p->tag);
         initproto_put_str(w, T_CWD, p->cwd);
+        if (p->request_id[0])
+                initproto_put_str(w, T_REQUEST_ID, p->request_id);
         initproto_put_u64(w, T_UID, p->uid);
         initproto_put_u64(w, T_GID, p->gid);
         initproto_put_u64(w, T_PTY, p->pty);
@@ -691,6 +696,7 @@ static void proc_spawn(conn *c, const req *r) {
                                         : (const char *const *) r->envv;
         size_t n_env = stage ? stage->envc : r->envc;
         const char *tag = req_str(r, T_TAG);
+        const char *rid = req_str(r, T_REQUEST_ID);
         uint64_t rows = req_u64(r, T_PTY_ROWS, 0), cols = req_u64(r, T_PTY_COLS, 0);
         uint64_t stdin_mode = req_u64(r, T_STDIN, 0);
         uid_t uid;
@@ -754,6 +760,8 @@ static void proc_spawn(conn *c, const req *r) {
         p->tag = tag ? strdup(tag) : NULL;
         if (!p->argv || !p->envv || !p->cwd || (tag && !p->tag))
                 goto enomem;
+        if (initproto_request_id_ok(rid))
+                strcpy(p->request_id, rid);
 
         k = p->pty ? open_pty(&io, uid, (unsigned) rows, (unsigned) (cols ? cols : 80))
                    : open_pipes(&io, stdin_mode == 1);
@@ -838,7 +846,8 @@ static void proc_spawn(conn *c, const req *r) {
         p->master_fd = TAKE_FD(io.master);
         proc_add_listener(p, c);
         exit_record_forget(pid);
-        log_debug("spawned pid %d: %s", (int) pid, p->argv[0]);
+        log_debug("spawned pid %d: %s%s%s", (int) pid, p->argv[0], p->request_id[0] ? ", for request " : "",
+                  p->request_id);
 
         proc *q = TAKE_PTR(p);
         *procs_tail = q;

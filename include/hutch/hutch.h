@@ -289,6 +289,10 @@ typedef struct hutch_spawn_config {
         bool pty;                 /* allocate a pseudo-terminal for stdin/stdout/stderr */
         uint16_t pty_rows, pty_cols;
         const char *tag;          /* optional name to find the process again */
+        /* optional: the API request this spawn serves (1 to 64 characters of
+         * [A-Za-z0-9._-]; anything else is not sent). hutch-init keeps it
+         * with the process, and LIST_PROCS gives it back after a restart. */
+        const char *request_id;
 } hutch_spawn_config;
 
 typedef struct hutch_process {
@@ -341,6 +345,7 @@ typedef struct hutch_proc_info {
         bool pty;
         uid_t uid;        /* inside the sandbox */
         gid_t gid;
+        char *request_id; /* the spawn's request id as hutch-init kept it, or NULL */
 } hutch_proc_info;
 /* Every process started through SPAWN that has not exited yet, in spawn order. */
 int hutch_sandbox_list_procs(hutch_sandbox *sb, hutch_proc_info **ret, size_t *ret_n, hutch_error *err);

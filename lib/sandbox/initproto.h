@@ -49,6 +49,21 @@
 #define INITPROTO_MAX_FRAME (INITPROTO_HEADER_SIZE + INITPROTO_MAX_PAYLOAD)
 #define INITPROTO_MAX_FDS 4
 #define INITPROTO_MAX_STRING 4096   /* paths, argv items, env items */
+#define INITPROTO_MAX_REQUEST_ID 64
+
+/* T_REQUEST_ID's alphabet and length, checked by whoever sends, keeps or
+ * reads one: it ends up in log lines and audit records. */
+static inline bool initproto_request_id_ok(const char *s) {
+        size_t n = 0;
+        for (; s && s[n]; n++) {
+                char c = s[n];
+                if (n >= INITPROTO_MAX_REQUEST_ID ||
+                    !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                      c == '_' || c == '.'))
+                        return false;
+        }
+        return n > 0;
+}
 #define INITPROTO_MAX_ARGS 1024     /* argv and env entries, each */
 /* A staged command line (SPAWN_PART): the kernel's own bounds, one string
  * (MAX_ARG_STRLEN less its NUL) and all of argv and env together (ARG_MAX
@@ -162,6 +177,8 @@ enum {
         T_ENV_MORE = 27,  /* SPAWN_PART: a chunk appended to the last T_ENV */
         T_STAGED = 28,    /* SPAWN: u64 1, argv and env are the staged ones */
         T_CPU_US = 29,    /* EV_EXIT: user + system CPU µs (wait4's rusage) */
+        T_REQUEST_ID = 30, /* SPAWN: the API request that asked for it; kept with the
+                              process and given back in LIST_PROCS (1-64 of [A-Za-z0-9._-]) */
 
         T_PATH = 40,
         T_PATH2 = 41,

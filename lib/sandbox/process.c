@@ -185,6 +185,8 @@ int hutch_sandbox_spawn(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_
                 initproto_put_u64(w, T_PTY_COLS, cfg->pty_cols ? cfg->pty_cols : 80);
         }
         initproto_put_str(w, T_TAG, cfg->tag);
+        if (initproto_request_id_ok(cfg->request_id))
+                initproto_put_str(w, T_REQUEST_ID, cfg->request_id);
         if (w->overflow)
                 return hutch_error_set(err, -E2BIG, "command line and environment are too large");
 
@@ -258,6 +260,7 @@ void hutch_proc_info_array_free(hutch_proc_info *v, size_t n) {
         for (size_t i = 0; i < n; i++) {
                 free(v[i].tag);
                 free(v[i].cwd);
+                free(v[i].request_id);
                 hutch_strv_free(v[i].argv);
                 hutch_strv_free(v[i].envp);
         }
@@ -331,6 +334,17 @@ static int proc_info_from_msg(const initproto_msg *m, hutch_proc_info *pi) {
                                 return -EBADMSG;
                         pi->pty = v != 0;
                         break;
+                case T_REQUEST_ID: {
+                        /* what init says: kept only when it is a well-formed id */
+                        char buf[INITPROTO_MAX_REQUEST_ID + 1];
+                        if (pi->request_id || initproto_field_str(&f, buf, sizeof buf) < 0 ||
+                            !initproto_request_id_ok(buf))
+                                break;
+                        pi->request_id = strdup(buf);
+                        if (!pi->request_id)
+                                return -ENOMEM;
+                        break;
+                }
                 case T_UID:
                 case T_GID:
                         if (initproto_field_u64(&f, &v) < 0 || v > UINT32_MAX)

@@ -36,12 +36,13 @@ WEV_CREATE, WEV_WRITE, WEV_REMOVE, WEV_RENAME, WEV_CHMOD = 1, 2, 3, 4, 5
 # field tags
 T = dict(ERRNO=1, MESSAGE=2, VERSION=3, TOKEN=4, FLAGS=5, PID=10, ARG=11, ENV=12, CWD=13,
          UID=14, GID=15, STDIN=16, PTY_ROWS=17, PTY_COLS=18, TAG=19, SIGNAL=20, GROUP=21,
-         EXIT_CODE=22, CORE=23, FD_LAYOUT=24, PTY=25, ARG_MORE=26, ENV_MORE=27, STAGED=28, PATH=40, PATH2=41, DEPTH=42, PARENTS=43,
+         EXIT_CODE=22, CORE=23, FD_LAYOUT=24, PTY=25, ARG_MORE=26, ENV_MORE=27, STAGED=28, CPU_US=29, REQUEST_ID=30, PATH=40, PATH2=41, DEPTH=42, PARENTS=43,
          CREATED=44, SIZE=45, WRITE_ID=46, RECURSIVE=47, WATCH_ID=48, EVENT=49, NAME=60,
          TYPE=61, TARGET_TYPE=62, SYMLINK=63, MODE=64, FUID=65, FGID=66, MTIME_NS=67,
          OWNER=68, GROUPNAME=69)
 TAG_NAME = {v: k for k, v in T.items()}
-STRING_TAGS = {T[k] for k in ("MESSAGE", "TOKEN", "ARG", "ENV", "ARG_MORE", "ENV_MORE", "CWD", "TAG", "PATH", "PATH2",
+STRING_TAGS = {T[k] for k in ("MESSAGE", "TOKEN", "ARG", "ENV", "ARG_MORE", "ENV_MORE", "CWD", "TAG", "REQUEST_ID",
+                              "PATH", "PATH2",
                               "NAME", "SYMLINK", "OWNER", "GROUPNAME")}
 REPEATED = {T["ARG"], T["ENV"]}
 
@@ -168,7 +169,7 @@ class Client:
     def hello(self, token):
         return self.call(HELLO, [("VERSION", 1), ("TOKEN", token)])
 
-    def spawn(self, argv, env=None, cwd=None, uid=0, gid=0, stdin=False, pty=None, tag=None):
+    def spawn(self, argv, env=None, cwd=None, uid=0, gid=0, stdin=False, pty=None, tag=None, request_id=None):
         f = [("ARG", a) for a in argv] + [("ENV", e) for e in (env or [])]
         if cwd is not None:
             f.append(("CWD", cwd))
@@ -177,6 +178,8 @@ class Client:
             f += [("PTY_ROWS", pty[0]), ("PTY_COLS", pty[1])]
         if tag is not None:
             f.append(("TAG", tag))
+        if request_id is not None:
+            f.append(("REQUEST_ID", request_id))
         return self.call(SPAWN, f)
 
     def write_file(self, path, data, uid=0, gid=0):
@@ -418,6 +421,22 @@ def selftest(binary):
             os.close(fd)
         c.event(EV_EXIT, match=lambda e: e.get("PID") == p.get("PID"))
     t.run("resize", resize)
+
+    def request_ids_and_cpu():
+        good = c.spawn(["sh", "-c", "read x"], cwd="/", stdin=True, request_id="rid-7.a_B")
+        bad = c.spawn(["sh", "-c", "read x"], cwd="/", stdin=True, request_id="bad id\n{")
+        listed = {p.get("PID"): p for p in c.stream(LIST_PROCS)}
+        t.ok(listed[good.get("PID")].get("REQUEST_ID") == "rid-7.a_B", "a spawn's request id is kept and listed",
+             listed.get(good.get("PID")))
+        t.ok(listed[bad.get("PID")].get("REQUEST_ID") is None, "a malformed request id is not kept",
+             listed.get(bad.get("PID")))
+        for m in (good, bad):
+            os.write(m.fds[0], b"\n")
+            os.close(m.fds[0])
+        ev = c.event(EV_EXIT, match=lambda e: e.get("PID") == good.get("PID"))
+        t.ok(isinstance(ev.get("CPU_US"), int) and ev.get("CPU_US") >= 0, "an exit says the CPU it used", ev)
+        c.event(EV_EXIT, match=lambda e: e.get("PID") == bad.get("PID"))
+    t.run("request ids and cpu", request_ids_and_cpu)
 
     def signal():
         m = c.spawn(["sh", "-c", "sleep 100 & wait"], cwd="/")
