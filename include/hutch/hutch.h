@@ -234,6 +234,22 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err);
  * the bytes written to *ret_bytes. */
 int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
 
+/* The same export in two halves, for a caller that must not block (the
+ * daemon's loop): hutch_sandbox_layer_open() checks the sandbox and opens
+ * what the export reads (its root, to sync it, and its layer image), at
+ * once; hutch_layer_export_fds() then syncs and copies, as long as the
+ * layer takes, using nothing but those descriptors and out_fd, so it may
+ * run in a child process. The sandbox must stay frozen until it returns.
+ * hutch_layer_source_close() accepts a zeroed or closed source. */
+typedef struct hutch_layer_source {
+        int root_fd;   /* /proc/<init>/root: syncfs writes the overlay's upper layer back */
+        int image_fd;  /* the layer image, read-only */
+        uid_t uid_base;
+} hutch_layer_source;
+int hutch_sandbox_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err);
+int hutch_layer_export_fds(const hutch_layer_source *src, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+void hutch_layer_source_close(hutch_layer_source *src);
+
 /* gvisor: a checkpoint of the running sandbox (runsc checkpoint
  * --leave-running: processes, memory and the in-memory writable layer) as
  * a stream to out_fd, for snapshots and forks; the sandbox goes on. A

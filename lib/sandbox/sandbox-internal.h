@@ -149,7 +149,10 @@ int uidrange_pick(const uint8_t *used, uint32_t n, uint32_t start);
 int storage_init(hutch_ctx *ctx, hutch_error *err);
 /* ext4: a detached mount (fd in *ret_layer_fd) holding upper/ and work/
  * owned by `owner`; tmpfs: *ret_layer_fd = -1 and the child mounts one. */
-int storage_export(hutch_ctx *ctx, const char *id, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+/* The layer image of sandbox id, opened read-only (-EOPNOTSUPP without ext4
+ * layers); and that image as a layer stream to out_fd (descriptors only). */
+int storage_open_image(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err);
+int storage_export_fd(int image_fd, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err);
 int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, const char *layer_from,
                     int *ret_layer_fd, uint64_t *ret_disk_bytes,
                     hutch_error *err);

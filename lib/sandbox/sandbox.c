@@ -1450,28 +1450,52 @@ int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err) {
         return cgroup_thaw(sb->cg, err);
 }
 
-int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+void hutch_layer_source_close(hutch_layer_source *src) {
+        if (!src)
+                return;
+        if (src->root_fd > 0)
+                close(src->root_fd);
+        if (src->image_fd > 0)
+                close(src->image_fd);
+        src->root_fd = src->image_fd = -1;
+}
+
+int hutch_sandbox_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err) {
         if (sb->backend == HUTCH_BACKEND_GVISOR)
                 return hutch_error_set(err, -EOPNOTSUPP,
                                        "snapshots of gvisor sandboxes are not available: their files live in "
                                        "the sandbox's memory, which this hutch cannot checkpoint yet");
-        /* sync the layer through the sandbox's own root: an overlay's syncfs
-         * writes back its upper file system */
+        /* the layer is synced through the sandbox's own root: an overlay's
+         * syncfs writes back its upper file system */
         char p[64];
         snprintf(p, sizeof p, "/proc/%d/root", (int) sb->init_pid);
-        int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0)
+        _cleanup_close_ int root = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0)
                 return hutch_error_set(err, -errno, "opening the sandbox's root: %m");
         /* still our init, not a process that got its pid after it died */
-        if (sb->init_pidfd >= 0 && syscall(SYS_pidfd_send_signal, sb->init_pidfd, 0, NULL, 0) < 0) {
-                close(fd);
+        if (sb->init_pidfd >= 0 && syscall(SYS_pidfd_send_signal, sb->init_pidfd, 0, NULL, 0) < 0)
                 return hutch_error_set(err, -ESRCH, "the sandbox's init is gone");
-        }
-        int r = syncfs(fd) < 0 ? -errno : 0;
-        close(fd);
+        int img = -1;
+        int r = storage_open_image(sb->ctx, sb->id, &img, err);
         if (r < 0)
-                return hutch_error_set(err, r, "syncing the sandbox's file system: %s", strerror(-r));
-        return storage_export(sb->ctx, sb->id, sb->uid_base, out_fd, ret_bytes, err);
+                return r;
+        *ret = (hutch_layer_source){ .root_fd = TAKE_FD(root), .image_fd = img, .uid_base = sb->uid_base };
+        return 0;
+}
+
+int hutch_layer_export_fds(const hutch_layer_source *src, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        if (syncfs(src->root_fd) < 0)
+                return hutch_error_set(err, -errno, "syncing the sandbox's file system: %m");
+        return storage_export_fd(src->image_fd, src->uid_base, out_fd, ret_bytes, err);
+}
+
+int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        hutch_layer_source src = { -1, -1, 0 };
+        int r = hutch_sandbox_layer_open(sb, &src, err);
+        if (r >= 0)
+                r = hutch_layer_export_fds(&src, out_fd, ret_bytes, err);
+        hutch_layer_source_close(&src);
+        return r;
 }
 
 int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {

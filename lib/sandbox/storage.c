@@ -409,17 +409,26 @@ static int get_u64(int fd, uint64_t *ret) {
         return 0;
 }
 
-int storage_export(hutch_ctx *ctx, const char *id, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+int storage_open_image(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err) {
         if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
                 return hutch_error_set(err, -EOPNOTSUPP, "layer snapshots need the ext4 layer backend (this host uses %s)",
                                        ctx->storage_kind ? ctx->storage_kind : "none");
         char img[2300];
         if (layer_image_path(ctx, id, img, sizeof img) < 0)
                 return hutch_error_set(err, -ENAMETOOLONG, "layer path too long");
-        _cleanup_close_ int src = open(img, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        struct stat st;
-        if (src < 0 || fstat(src, &st) < 0)
+        int fd = open(img, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
                 return hutch_error_set(err, -errno, "opening %s: %m", img);
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Only descriptors: it runs in the daemon's snapshot worker (a child
+ * process, daemon/snapjob.c) as well as in hutch_sandbox_layer_export. */
+int storage_export_fd(int src, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        struct stat st;
+        if (fstat(src, &st) < 0)
+                return hutch_error_set(err, -errno, "the layer image: %m");
         uint64_t total = 0;
         int r = fd_write_all(out_fd, LAYER_MAGIC, 8);
         uint8_t base[4] = { (uint8_t) uid_base, (uint8_t) (uid_base >> 8), (uint8_t) (uid_base >> 16),
