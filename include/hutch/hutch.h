@@ -203,9 +203,13 @@ int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err);
  * template. Returns how many versions (and crash leftovers) it removed. */
 int hutch_template_gc(hutch_ctx *ctx, hutch_error *err);
 
-/* Freeze / thaw every process of the sandbox (cgroup freezer). */
+/* Freeze / thaw every process of the sandbox (cgroup freezer). While it is
+ * frozen, calls that need an answer from its init fail at once with -EAGAIN
+ * (a frozen init cannot answer: they would wait for their whole timeout). */
 int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err);
 int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err);
+/* Frozen through this handle, or found frozen when it was attached. */
+bool hutch_sandbox_is_frozen(const hutch_sandbox *sb);
 
 typedef struct hutch_stats {
         uint64_t memory_current; /* bytes */

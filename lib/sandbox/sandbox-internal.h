@@ -78,6 +78,8 @@ struct hutch_sandbox {
         bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
         uint32_t gpu_ids[HUTCH_GPUS_MAX]; /* gpu.c: reserved in run_dir/gpus, ascending */
         size_t n_gpus;
+        bool frozen;       /* its cgroup is frozen (hutch_sandbox_freeze, or found so at attach):
+                              init cannot answer, so no request is sent to it (initconn_call) */
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own

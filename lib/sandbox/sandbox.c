@@ -449,8 +449,8 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->init_pidfd >= 0 &&
             (sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) == 0 || errno == ESRCH)) {
                 /* A frozen (paused) task does not die of SIGKILL until thawed. */
-                if (sb->cg && cgroup_is_frozen(sb->cg) == 1)
-                        (void) cgroup_thaw(sb->cg, NULL);
+                if (sb->cg && cgroup_is_frozen(sb->cg) == 1 && cgroup_thaw(sb->cg, NULL) >= 0)
+                        sb->frozen = false;
                 struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
                 int k2;
                 do
@@ -1296,6 +1296,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                                 r = hutch_error_set(err, k, "sandbox %s: freezing again: %s", id, e2.msg);
                                 goto fail;
                         }
+                        sb->frozen = true;
                 }
                 if (r < 0)
                         goto fail;
@@ -1365,8 +1366,8 @@ int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err) {
         if (sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH)
                 return hutch_error_set(err, -errno, "sandbox %s: killing init: %m", sb->id);
         /* a frozen task does not die of SIGKILL until thawed */
-        if (sb->cg && cgroup_is_frozen(sb->cg) == 1)
-                (void) cgroup_thaw(sb->cg, NULL);
+        if (sb->cg && cgroup_is_frozen(sb->cg) == 1 && cgroup_thaw(sb->cg, NULL) >= 0)
+                sb->frozen = false;
         sb->conn = safe_close(sb->conn);
         return sb->init_pidfd;
 }
@@ -1443,11 +1444,21 @@ bool hutch_sandbox_is_suspended(const hutch_sandbox *sb) {
 }
 
 int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err) {
-        return cgroup_freeze(sb->cg, err);
+        int r = cgroup_freeze(sb->cg, err);
+        if (r >= 0)
+                sb->frozen = true;
+        return r;
 }
 
 int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err) {
-        return cgroup_thaw(sb->cg, err);
+        int r = cgroup_thaw(sb->cg, err);
+        if (r >= 0)
+                sb->frozen = false;
+        return r;
+}
+
+bool hutch_sandbox_is_frozen(const hutch_sandbox *sb) {
+        return sb->frozen;
 }
 
 void hutch_layer_source_close(hutch_layer_source *src) {
