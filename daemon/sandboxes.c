@@ -949,6 +949,7 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         if (sb->dead)
                 return 0;
         sb->kill_t0_ns = clock_ns(CLOCK_MONOTONIC);
+        snapjob_sandbox_killed(srv, sb); /* a copy of its layer stops here */
         usage_sandbox_end(srv, sb);
         metrics_sandbox_end(srv, sb, reason);
         sbx_detach_all(srv, sb);
@@ -1113,6 +1114,8 @@ static int resume_from_disk(server *srv, sbx *sb, hutch_error *err) {
 int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
         if (sb->paused)
                 return hutch_error_set(err, -EALREADY, "sandbox %s is already paused", sb->id);
+        if (sb->snapshotting)
+                return hutch_error_set(err, -EBUSY, "sandbox %s: its layer is being copied", sb->id);
         /* watches go first: a frozen init cannot answer their removal */
         for (stream *st = srv->streams; st; st = st->next)
                 if (st->sb == sb && st->kind == STREAM_WATCH && st->watch_id) {
@@ -1197,6 +1200,9 @@ static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
 int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         if (!sb->paused)
                 return 0;
+        /* a thaw now would let it write to the layer a worker copies */
+        if (sb->snapshotting)
+                return hutch_error_set(err, -EBUSY, "sandbox %s: its layer is being copied", sb->id);
         bool from_disk = hutch_sandbox_is_suspended(sb->h);
         int r = from_disk ? resume_from_disk(srv, sb, err) : hutch_sandbox_thaw(sb->h, err);
         if (r < 0)
@@ -1346,6 +1352,12 @@ int64_t sbx_timers(server *srv, int64_t now) {
                         continue;
                 }
                 if (!sb->paused && sb->end_ms <= now) {
+                        /* paused once its layer is copied (the end of the
+                         * copy wakes the loop) */
+                        if (sb->on_timeout_pause && sb->snapshotting) {
+                                pp = &sb->next;
+                                continue;
+                        }
                         if (sb->on_timeout_pause) {
                                 hutch_error err = { 0 };
                                 log_debug("sandbox %s: timeout, pausing", sb->id);
@@ -1482,6 +1494,15 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         if (r < 0) {
                 sbx_release(sb);
                 return r;
+        }
+        /* running, yet frozen: the daemon died while a worker copied its
+         * layer (or in a pause before its row said so) */
+        if (!sb->paused && hutch_sandbox_is_frozen(sb->h)) {
+                hutch_error e2 = { 0 };
+                if (hutch_sandbox_thaw(sb->h, &e2) < 0)
+                        log_error("sandbox %s: thawing it: %s", sb->id, e2.msg);
+                else
+                        log_info("sandbox %s: thawed (frozen by a snapshot cut short)", sb->id);
         }
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
