@@ -112,6 +112,12 @@ typedef struct hutch_sandbox_config {
          * (a built template's layer; limits.disk_bytes stays the writable
          * layer's size), and may come with checkpoint_from. */
         const char *layer_from;
+        /* Or an image hutch_layer_import_fds() made from such a stream, with
+         * the id range it gave (*ret_uid_base): taken over (renamed into the
+         * storage; copied if it is on another file system), so that the
+         * create does not copy the layer. */
+        const char *layer_image;
+        uint32_t layer_image_uid_base;
         int backend;               /* HUTCH_BACKEND_* */
         /* gvisor: restore a stream hutch_sandbox_checkpoint() wrote (a
          * file) instead of booting: its processes, their memory and its
@@ -253,6 +259,12 @@ typedef struct hutch_layer_source {
 int hutch_sandbox_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err);
 int hutch_layer_export_fds(const hutch_layer_source *src, int out_fd, uint64_t *ret_bytes, hutch_error *err);
 void hutch_layer_source_close(hutch_layer_source *src);
+/* The other way: the stream read from in_fd written into image_fd (an
+ * empty regular file) as the sparse layer image it describes, every extent
+ * bounds-checked; the id range its files belong to in *ret_uid_base. Only
+ * descriptors, for a child process: hutch_sandbox_config.layer_image then
+ * takes the image over without copying it on the caller's loop. */
+int hutch_layer_import_fds(int in_fd, int image_fd, uint32_t *ret_uid_base, hutch_error *err);
 
 /* gvisor: a checkpoint of the running sandbox (runsc checkpoint
  * --leave-running: processes, memory and the in-memory writable layer) as

@@ -155,7 +155,10 @@ int storage_init(hutch_ctx *ctx, hutch_error *err);
  * layers); and that image as a layer stream to out_fd (descriptors only). */
 int storage_open_image(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err);
 int storage_export_fd(int image_fd, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+/* layer_image (with its ids' base): an image made by hutch_layer_import_fds,
+ * taken over instead of importing layer_from. */
 int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, const char *layer_from,
+                    const char *layer_image, uint32_t layer_image_base,
                     int *ret_layer_fd, uint64_t *ret_disk_bytes,
                     hutch_error *err);
 int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err);

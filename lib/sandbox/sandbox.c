@@ -830,6 +830,10 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -EINVAL, "unknown backend %d", sb->backend);
                 goto fail;
         }
+        if (sb->backend == HUTCH_BACKEND_GVISOR && cfg->layer_image) {
+                r = hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot take over a layer image");
+                goto fail;
+        }
         if (sb->backend != HUTCH_BACKEND_GVISOR && cfg->checkpoint_from) {
                 r = hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
                 goto fail;
@@ -1082,8 +1086,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         /* The writable layer, while the child joins its cgroup. */
         uint64_t restored_bytes = 0;
-        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, &layer_fd,
-                                           &restored_bytes, &e)) < 0)
+        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, cfg->layer_image,
+                                           cfg->layer_image_uid_base, &layer_fd, &restored_bytes, &e)) < 0)
                 step = e.msg;
         if (r >= 0 && restored_bytes)
                 sb->limits.disk_bytes = restored_bytes; /* the snapshot's size, not the request's */
