@@ -182,7 +182,8 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
 /* The engine's sandbox for sb (its limits from sb), its init in the loop,
  * its identity files. On failure nothing of it is left and sb->h is NULL. */
 static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, const char *layer_from,
-                            const char *build_layer, bool checkpoint, hutch_error *err) {
+                            const char *build_layer, const char *layer_image, uint32_t image_base, bool checkpoint,
+                            hutch_error *err) {
         /* hutch ps names the daemon (its data dir) and, once claimed, the team */
         char owner[128];
         if (sb->team_id)
@@ -201,6 +202,8 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, con
                 /* a gvisor checkpoint of a built template's sandbox restores
                  * over the build's layer, read-only under its own */
                 .layer_from = checkpoint ? build_layer : layer_from,
+                .layer_image = checkpoint ? NULL : layer_image,
+                .layer_image_uid_base = image_base,
                 .checkpoint_from = checkpoint ? layer_from : NULL,
                 .id = sb->id,
                 .backend = sb->backend,
@@ -337,7 +340,7 @@ void sbx_pool_fill(server *srv) {
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
-        int r = sbx_engine_start(srv, sb, tpl, NULL, NULL, false, &err);
+        int r = sbx_engine_start(srv, sb, tpl, NULL, NULL, NULL, 0, false, &err);
         /* a code-interpreter one starts its kernels now (startcmd.c) */
         if (r >= 0 && interp && (r = startcmd_pool_begin(srv, sb, &err)) < 0) {
                 loop_del(srv, &sb->w);
@@ -576,9 +579,12 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
 
         bool borrowed = built != NULL; /* a fork's stream, unsealed once for all its sandboxes; a build's layer */
+        const char *layer_image = NULL; /* and the image a worker made from it, taken over */
         if (snap.id[0] && srv->fork_stream[0] && streq(srv->fork_snapshot, snap.id)) {
                 snprintf(layer_from, sizeof layer_from, "%s", srv->fork_stream);
                 borrowed = true;
+                if (srv->fork_image[0])
+                        layer_image = srv->fork_image;
         } else if (snap.id[0]) {
                 r = snapshot_unseal(srv, team, snap.id, &snap, layer_from, sizeof layer_from, err);
                 if (r < 0) {
@@ -742,7 +748,9 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (sb->h)
                 goto ready;
         r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL,
-                             build_layer[0] ? build_layer : NULL, checkpoint, err);
+                             build_layer[0] ? build_layer : NULL, layer_image, srv->fork_image_base, checkpoint, err);
+        if (layer_image)
+                srv->fork_image[0] = 0; /* the engine's now (or removed by its failure) */
         if (layer_from[0]) {
                 if (!borrowed)
                         unlink(layer_from); /* the engine copied it into the layer image */

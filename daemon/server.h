@@ -257,6 +257,9 @@ struct server {
         uint8_t data_key[32];   /* DATA_DIR/secrets.key: seals secrets' team keys and snapshots */
         char fork_snapshot[32]; /* during a fork: its snapshot, unsealed once into fork_stream */
         char fork_stream[4096];
+        char fork_image[4096];  /* and an image made from it (snapshots.c's workers), which the next
+                                   create of that snapshot takes over: emptied when it does */
+        uint32_t fork_image_base;
         sbx *sandboxes;
         stream *streams;
         bool quit;

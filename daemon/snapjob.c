@@ -80,8 +80,8 @@ static void watch_close(server *srv, watcher *w) {
 
 /* ------------------------------------------------------------ the worker */
 
-void snapjob_send(int msg_fd, int step, int r, uint64_t bytes, const char *why) {
-        snapjob_msg m = { .step = step, .r = r, .bytes = bytes };
+void snapjob_send(int msg_fd, int step, int r, uint64_t bytes, uint64_t aux, const char *why) {
+        snapjob_msg m = { .step = step, .r = r, .bytes = bytes, .aux = aux };
         snprintf(m.why, sizeof m.why, "%s", why ? why : "");
         (void) fd_write_all(msg_fd, &m, sizeof m);
 }

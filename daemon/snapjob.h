@@ -21,10 +21,11 @@ typedef struct snapjob_msg {
         int32_t step;
         int32_t r;        /* >= 0, or -errno */
         uint64_t bytes;
-        char why[240];    /* what failed, for the log; no host path reaches a client */
+        uint64_t aux;     /* the kind's */
+        char why[232];    /* what failed, for the log; no host path reaches a client */
 } snapjob_msg;
 
-#define SNAPJOB_FDS 4
+#define SNAPJOB_FDS 20 /* a fork's: its stream, the layer's root and image, and 16 new images */
 
 typedef struct snapjob snapjob;
 typedef struct snapjob_ops {
@@ -72,7 +73,7 @@ struct snapjob {
 };
 
 /* in the worker */
-void snapjob_send(int msg_fd, int step, int r, uint64_t bytes, const char *why);
+void snapjob_send(int msg_fd, int step, int r, uint64_t bytes, uint64_t aux, const char *why);
 
 /* A job for sbx_id ("" or NULL: none) of team may start now: 0; or its
  * answer is queued (409 while another job copies that sandbox, 429 past

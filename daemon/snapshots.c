@@ -40,6 +40,7 @@
 #define SNAP_PREFIX "snap_"
 #define RESTORE_MAX_BYTES ((1ull << 42) + (1ull << 30)) /* the largest layer stream (storage.c) and its framing */
 #define FORK_MAX 16
+_Static_assert(3 + FORK_MAX <= SNAPJOB_FDS, "a fork's worker gets an image per fork");
 
 /* What a crash can leave: temporary files (one of them an unsealed layer),
  * sealed files without a row, rows without a file. Swept at every start. */
@@ -207,7 +208,7 @@ static int take_work(snapjob *j, int msg_fd) {
                 hutch_error e = { 0 };
                 uint64_t bytes = 0;
                 int r = hutch_layer_export_fds(&src, plain, &bytes, &e);
-                snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, r < 0 ? e.msg : NULL);
+                snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, 0, r < 0 ? e.msg : NULL);
                 if (r < 0)
                         return r;
         }
@@ -220,7 +221,7 @@ static int take_work(snapjob *j, int msg_fd) {
         uint64_t size = r >= 0 && fstat(sealed, &st) == 0 ? (uint64_t) st.st_size : 0;
         char msg[240];
         snprintf(msg, sizeof msg, "sealing the snapshot: %s", why[0] ? why : strerror(-r));
-        snapjob_send(msg_fd, SNAPJOB_DONE, r, size, r < 0 ? msg : NULL);
+        snapjob_send(msg_fd, SNAPJOB_DONE, r, size, 0, r < 0 ? msg : NULL);
         return r;
 }
 
@@ -382,14 +383,19 @@ fail:
 }
 
 /* Restoring, as a job: the sealed file is verified and unsealed by the
- * worker into DATA_DIR/snapshots/.restore-XXXXXX, which the creates that
- * asked for it then read (sbx_create, through srv->fork_stream). Creates of
- * the same snapshot meanwhile join the job; the stream goes when the last
- * of them is done with it. */
-enum { RESTORE_FD_SEALED, RESTORE_FD_PLAIN };
+ * worker into DATA_DIR/snapshots/.restore-XXXXXX and, for a layer (ns),
+ * written into a new layer image there (.image-XXXXXX), which the create
+ * that asked for it takes over (sbx_create, through srv->fork_stream and
+ * fork_image), so that no copy of the layer is made on the loop. Creates
+ * of the same snapshot meanwhile join the job: the first takes the image,
+ * the others import the stream (on the loop). The stream goes when the
+ * last of them is done with it. */
+enum { RESTORE_FD_SEALED, RESTORE_FD_PLAIN, RESTORE_FD_IMAGE };
 typedef struct restore_job {
         char snap_id[32];
         char path[PATH_MAX];
+        char image[PATH_MAX]; /* "" once taken over by a create */
+        uint32_t image_base;
         const uint8_t *key;
         char ctx[160];
         int r;
@@ -397,18 +403,37 @@ typedef struct restore_job {
         char msg[400];
 } restore_job;
 
+#define LAYER_STREAM_MAGIC "HUTCHLY1" /* lib/sandbox/storage.c's, as hutch_stream_is_checkpoint tells */
+
 static int restore_work(snapjob *j, int msg_fd) {
         restore_job *rj = j->data;
+        int plain = j->fds[RESTORE_FD_PLAIN];
         char why[200] = "";
-        int r = seal_read_fd(j->fds[RESTORE_FD_SEALED], j->fds[RESTORE_FD_PLAIN], rj->key, rj->ctx, RESTORE_MAX_BYTES,
-                             why, sizeof why);
-        snapjob_send(msg_fd, SNAPJOB_DONE, r, 0, r < 0 ? (why[0] ? why : strerror(-r)) : NULL);
+        int r = seal_read_fd(j->fds[RESTORE_FD_SEALED], plain, rj->key, rj->ctx, RESTORE_MAX_BYTES, why, sizeof why);
+        uint32_t base = 0;
+        bool imported = false;
+        char magic[8];
+        if (r >= 0 && pread(plain, magic, sizeof magic, 0) == (ssize_t) sizeof magic &&
+            memcmp(magic, LAYER_STREAM_MAGIC, sizeof magic) == 0) {
+                hutch_error e = { 0 };
+                /* an image that cannot be made is not the restore's failure:
+                 * the create imports the stream */
+                imported = lseek(plain, 0, SEEK_SET) == 0 &&
+                           hutch_layer_import_fds(plain, j->fds[RESTORE_FD_IMAGE], &base, &e) >= 0;
+        }
+        snapjob_send(msg_fd, SNAPJOB_DONE, r, imported, base, r < 0 ? (why[0] ? why : strerror(-r)) : NULL);
         return r;
 }
 
 static void restore_done(server *srv, snapjob *j, const snapjob_msg *m) {
         restore_job *rj = j->data;
         rj->r = m->r;
+        if (m->r >= 0 && m->bytes) {
+                rj->image_base = (uint32_t) m->aux;
+                return;
+        }
+        unlink(rj->image); /* a checkpoint, or no image made */
+        rj->image[0] = 0;
         if (m->r >= 0)
                 return;
         /* nothing of it stays, before anyone is answered */
@@ -443,6 +468,8 @@ static void restore_release(server *srv, snapjob *j) {
                 return;
         if (rj->path[0])
                 unlink(rj->path);
+        if (rj->image[0])
+                unlink(rj->image);
         free(rj);
         j->data = NULL;
 }
@@ -456,6 +483,8 @@ static void restore_use(server *srv, snapjob *j) {
         restore_job *rj = j->data;
         snprintf(srv->fork_stream, sizeof srv->fork_stream, "%s", rj->path);
         snprintf(srv->fork_snapshot, sizeof srv->fork_snapshot, "%s", rj->snap_id);
+        snprintf(srv->fork_image, sizeof srv->fork_image, "%s", rj->image);
+        srv->fork_image_base = rj->image_base;
 }
 
 int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr) {
@@ -514,6 +543,13 @@ int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Res
                 r = hutch_error_set(&err, -errno, "temporary file: %m");
                 rj->path[0] = 0;
         }
+        snprintf(rj->image, sizeof rj->image, "%s/snapshots/.image-XXXXXX", srv->cfg.data_dir);
+        if (r >= 0 && (j->fds[RESTORE_FD_IMAGE] = mkostemp(rj->image, O_CLOEXEC)) < 0) {
+                r = hutch_error_set(&err, -errno, "temporary file: %m");
+                rj->image[0] = 0;
+        }
+        if (j->fds[RESTORE_FD_IMAGE] < 0)
+                rj->image[0] = 0;
         if (r < 0) {
                 if (j->fds[RESTORE_FD_PLAIN] < 0)
                         rj->path[0] = 0;
@@ -530,9 +566,13 @@ int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Res
 }
 
 void snapshot_restore_end(server *srv, request *req) {
-        if (!snapjob_held(req))
+        snapjob *j = snapjob_held(req);
+        if (!j)
                 return;
-        srv->fork_stream[0] = srv->fork_snapshot[0] = 0;
+        restore_job *rj = j->data;
+        if (rj->image[0] && !srv->fork_image[0])
+                rj->image[0] = 0; /* taken over by the create */
+        srv->fork_stream[0] = srv->fork_snapshot[0] = srv->fork_image[0] = 0;
         snapjob_unhold(srv, req);
 }
 
@@ -670,16 +710,21 @@ enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
  * swept at start if a crash leaves it). ns: a worker copies the layer while
  * the parent is frozen; the creates then run on the loop (fork_answer). */
 typedef struct fork_job {
-        char path[PATH_MAX]; /* the stream */
+        char path[PATH_MAX];            /* the stream */
+        char images[FORK_MAX][PATH_MAX]; /* one layer image per fork, made from it (.image-*) */
+        uint32_t images_base;
+        bool imaged;
         uid_t uid_base;
         json_int_t count, timeout;
         int r;
         char msg[320];
 } fork_job;
-enum { FORK_FD_STREAM, FORK_FD_ROOT = 2, FORK_FD_IMAGE = 3 };
+enum { FORK_FD_STREAM, FORK_FD_ROOT, FORK_FD_IMAGE, FORK_FD_NEW };
 
-/* The creates, from the stream at stream_path; the answer queued. */
-static enum MHD_Result fork_children(server *srv, request *req, sbx *sb, const char *stream_path, json_int_t count,
+/* The creates, from the stream at stream_path (and each from its own
+ * image made from it, when images is not NULL); the answer queued. */
+static enum MHD_Result fork_children(server *srv, request *req, sbx *sb, const char *stream_path,
+                                     char (*images)[PATH_MAX], uint32_t images_base, json_int_t count,
                                      json_int_t timeout) {
         /* the creates find the snapshot's kind and size by a row of their
          * own, there while they run (a crash leaves a row without a file,
@@ -753,7 +798,14 @@ static enum MHD_Result fork_children(server *srv, request *req, sbx *sb, const c
                 sbx *child = NULL;
                 unsigned status = 500;
                 hutch_error e2 = { 0 };
+                if (images) {
+                        snprintf(srv->fork_image, sizeof srv->fork_image, "%s", images[i]);
+                        srv->fork_image_base = images_base;
+                }
                 int k = sbx_create(srv, sb->team_id, cb, &child, &status, &e2);
+                if (images && !srv->fork_image[0])
+                        images[i][0] = 0; /* taken over */
+                srv->fork_image[0] = 0;
                 json_decref(cb);
                 if (k < 0) {
                         if (status >= 500)
@@ -780,19 +832,31 @@ static enum MHD_Result fork_children(server *srv, request *req, sbx *sb, const c
 
 static int fork_work(snapjob *j, int msg_fd) {
         fork_job *f = j->data;
+        int plain = j->fds[FORK_FD_STREAM];
         hutch_layer_source src = { j->fds[FORK_FD_ROOT], j->fds[FORK_FD_IMAGE], f->uid_base };
         hutch_error e = { 0 };
         uint64_t bytes = 0;
-        int r = hutch_layer_export_fds(&src, j->fds[FORK_FD_STREAM], &bytes, &e);
-        snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, r < 0 ? e.msg : NULL);
-        snapjob_send(msg_fd, SNAPJOB_DONE, r, bytes, r < 0 ? e.msg : NULL);
-        return r;
+        int r = hutch_layer_export_fds(&src, plain, &bytes, &e);
+        snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, 0, r < 0 ? e.msg : NULL);
+        if (r < 0)
+                return r;
+        /* the forks' layers, so that their creates copy nothing on the loop
+         * (an image that cannot be made: they import the stream there) */
+        uint32_t base = 0;
+        bool imaged = true;
+        for (json_int_t i = 0; i < f->count && imaged; i++)
+                imaged = lseek(plain, 0, SEEK_SET) == 0 &&
+                         hutch_layer_import_fds(plain, j->fds[FORK_FD_NEW + i], &base, &e) >= 0;
+        snapjob_send(msg_fd, SNAPJOB_DONE, 0, imaged, base, NULL);
+        return 0;
 }
 
 static void fork_done(server *srv, snapjob *j, const snapjob_msg *m) {
         fork_job *f = j->data;
         f->r = m->r;
         snprintf(f->msg, sizeof f->msg, "%s", m->why);
+        f->imaged = m->r >= 0 && m->bytes;
+        f->images_base = (uint32_t) m->aux;
 }
 
 static void fork_answer(server *srv, snapjob *j, request *req) {
@@ -806,7 +870,7 @@ static void fork_answer(server *srv, snapjob *j, request *req) {
                 http_reply_error(req->conn, 409, "sandbox \"%s\" was killed during its fork", j->sbx_id);
                 return;
         }
-        fork_children(srv, req, sb, f->path, f->count, f->timeout);
+        fork_children(srv, req, sb, f->path, f->imaged ? f->images : NULL, f->images_base, f->count, f->timeout);
 }
 
 static void fork_release(server *srv, snapjob *j) {
@@ -815,6 +879,9 @@ static void fork_release(server *srv, snapjob *j) {
                 return;
         if (f->path[0])
                 unlink(f->path);
+        for (json_int_t i = 0; i < f->count; i++)
+                if (f->images[i][0])
+                        unlink(f->images[i]);
         free(f);
         j->data = NULL;
 }
@@ -865,7 +932,7 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                 sbx_mark_dirty(sb);
                 close(fd);
                 enum MHD_Result mr = r < 0 ? snapshot_error(req, sb->id, r, err.msg)
-                                           : fork_children(srv, req, sb, path, count, timeout);
+                                           : fork_children(srv, req, sb, path, NULL, 0, count, timeout);
                 unlink(path);
                 return mr;
         }
@@ -886,7 +953,15 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
         if (j->fds[FORK_FD_STREAM] < 0) {
                 r = hutch_error_set(&err, -errno, "temporary file: %m");
                 f->path[0] = 0;
-        } else
+        }
+        for (json_int_t i = 0; r >= 0 && i < count; i++) {
+                snprintf(f->images[i], sizeof f->images[i], "%s/snapshots/.image-XXXXXX", srv->cfg.data_dir);
+                if ((j->fds[FORK_FD_NEW + i] = mkostemp(f->images[i], O_CLOEXEC)) < 0) {
+                        r = hutch_error_set(&err, -errno, "temporary file: %m");
+                        f->images[i][0] = 0;
+                }
+        }
+        if (r >= 0)
                 r = layer_job_prepare(sb, j, FORK_FD_ROOT, FORK_FD_IMAGE, &f->uid_base, &err);
         if (r < 0) {
                 snapjob_discard(srv, j);
