@@ -419,7 +419,9 @@ static int restore_work(snapjob *j, int msg_fd) {
                 /* an image that cannot be made is not the restore's failure:
                  * the create imports the stream */
                 imported = lseek(plain, 0, SEEK_SET) == 0 &&
-                           hutch_layer_import_fds(plain, j->fds[RESTORE_FD_IMAGE], &base, &e) >= 0;
+                           hutch_layer_import_fds(plain, j->fds[RESTORE_FD_IMAGE], &base, &e) >= 0 &&
+                           fsync(j->fds[RESTORE_FD_IMAGE]) == 0; /* written back here, not by the
+                                                                    loop's loop-device attach */
         }
         snapjob_send(msg_fd, SNAPJOB_DONE, r, imported, base, r < 0 ? (why[0] ? why : strerror(-r)) : NULL);
         return r;
@@ -846,7 +848,8 @@ static int fork_work(snapjob *j, int msg_fd) {
         bool imaged = true;
         for (json_int_t i = 0; i < f->count && imaged; i++)
                 imaged = lseek(plain, 0, SEEK_SET) == 0 &&
-                         hutch_layer_import_fds(plain, j->fds[FORK_FD_NEW + i], &base, &e) >= 0;
+                         hutch_layer_import_fds(plain, j->fds[FORK_FD_NEW + i], &base, &e) >= 0 &&
+                         fsync(j->fds[FORK_FD_NEW + i]) == 0; /* as a restore's */
         snapjob_send(msg_fd, SNAPJOB_DONE, 0, imaged, base, NULL);
         return 0;
 }
