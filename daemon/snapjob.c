@@ -35,7 +35,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,29 +142,6 @@ void snapjobs_reap(server *srv) {
         }
 }
 
-/* 429 with Retry-After, as the team limit of creates answers. */
-static enum MHD_Result reply_429(struct MHD_Connection *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static enum MHD_Result reply_429(struct MHD_Connection *c, const char *fmt, ...) {
-        char msg[256];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
-        json_t *e = json_pack("{s:i, s:s}", "code", 429, "message", msg);
-        char *s = e ? json_dumps(e, JSON_COMPACT) : NULL;
-        json_decref(e);
-        struct MHD_Response *resp = s ? MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE) : NULL;
-        if (!resp) {
-                free(s);
-                return MHD_NO;
-        }
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-        MHD_add_response_header(resp, "Retry-After", "1");
-        enum MHD_Result r = MHD_queue_response(c, 429, resp);
-        MHD_destroy_response(resp);
-        return r;
-}
-
 int snapjob_admit(server *srv, request *req, int64_t team, const char *sbx_id) {
         if (sbx_id && sbx_id[0] && job_of_sandbox(sbx_id)) {
                 http_reply_error(req->conn, 409, "sandbox \"%s\" is busy: a snapshot or fork of it is being taken",
@@ -175,13 +151,17 @@ int snapjob_admit(server *srv, request *req, int64_t team, const char *sbx_id) {
         unsigned all, mine;
         running_counts(team, &all, &mine);
         if (all >= srv->cfg.snapshot_jobs) {
-                reply_429(req->conn, "%u snapshots, forks and restores are being made, the daemon's limit: retry shortly",
-                          all);
+                http_reply_429(req->conn, 1,
+                               "%u snapshots, forks and restores are being made, the daemon's limit (snapshot-jobs): "
+                               "try again later",
+                               all);
                 return -EBUSY;
         }
         if (mine >= srv->cfg.snapshot_jobs_per_team) {
-                reply_429(req->conn, "the team has %u snapshots, forks or restores being made, its limit: retry shortly",
-                          mine);
+                http_reply_429(req->conn, 1,
+                               "the team has %u snapshots, forks or restores being made, its limit "
+                               "(snapshot-jobs-per-team): try again later",
+                               mine);
                 return -EBUSY;
         }
         return 0;
