@@ -47,6 +47,12 @@ typedef struct hutch_ctx_config {
         const char *gpu_driver_root;
         const char *gpu_proc_dir;
         int gpu_share;
+        /* A directory on the data dir's file system where the writable
+         * layers of destroyed sandboxes are moved, for the caller to delete
+         * when it suits it: freeing a large image's blocks takes a while
+         * (0.4-0.6 s for 1 GiB here), which the daemon's loop must not wait
+         * for. NULL: deleted at once. */
+        const char *trash_dir;
 } hutch_ctx_config;
 
 int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error *err);

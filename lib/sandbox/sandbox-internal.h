@@ -29,6 +29,7 @@ struct hutch_ctx {
         char *runsc;        /* configured runsc path, "" to search */
         char *gvisor_platform;
         char *gpu_dev_dir, *gpu_driver_root, *gpu_proc_dir; /* gpu.c */
+        char *trash_dir;    /* NULL, or where storage_remove moves layer images */
         bool gpu_share;
         struct gpu_nvml *nvml; /* gpu.c: libnvidia-ml, loaded on first use */
 };

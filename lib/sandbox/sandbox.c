@@ -67,11 +67,13 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
                 const char *share = getenv("HUTCH_GPU_SHARE");
                 ctx->gpu_share = cfg->gpu_share > 0 || (cfg->gpu_share == 0 && share && streq(share, "1"));
         }
+        ctx->trash_dir = cfg->trash_dir ? strdup(cfg->trash_dir) : NULL;
         ctx->uid_base = cfg->uid_base ? cfg->uid_base : 0x40000000u;
         ctx->uid_slots = cfg->uid_slots ? cfg->uid_slots : 4096;
         int r;
         if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind || !ctx->runsc ||
-            !ctx->gvisor_platform || !ctx->gpu_dev_dir || !ctx->gpu_driver_root || !ctx->gpu_proc_dir) {
+            !ctx->gvisor_platform || !ctx->gpu_dev_dir || !ctx->gpu_driver_root || !ctx->gpu_proc_dir ||
+            (cfg->trash_dir && !ctx->trash_dir)) {
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
         }
@@ -129,6 +131,7 @@ hutch_ctx *hutch_ctx_free(hutch_ctx *ctx) {
         free(ctx->gpu_dev_dir);
         free(ctx->gpu_driver_root);
         free(ctx->gpu_proc_dir);
+        free(ctx->trash_dir);
         gpu_nvml_free(ctx);
         safe_close(ctx->init_memfd);
         free(ctx);

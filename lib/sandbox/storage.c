@@ -372,6 +372,12 @@ int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
         char img[2300];
         if (layer_image_path(ctx, id, img, sizeof img) < 0)
                 return 0;
+        /* into the caller's trash, whose deletion frees the blocks later
+         * (the id is unique: no other image of that name can be there) */
+        char trashed[2400];
+        if (ctx->trash_dir && snprintf(trashed, sizeof trashed, "%s/%s.img", ctx->trash_dir, id) < (int) sizeof trashed &&
+            rename(img, trashed) == 0)
+                return 0;
         if (unlink(img) < 0 && errno != ENOENT)
                 return hutch_error_set(err, -errno, "removing %s: %m", img);
         return 0;
