@@ -912,6 +912,7 @@ static void sbx_finish_destroy(server *srv, sbx *sb) {
                 if (r < 0)
                         log_error("sandbox %s: %s", sb->id, e2.msg);
         }
+        trash_kick(srv); /* its layer image */
 }
 
 /* The teardown (layer image, cgroup, state dir: about 100 ms here) is not

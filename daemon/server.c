@@ -736,6 +736,7 @@ int server_run(const server_config *cfg) {
                                 .gpu_driver_root = srv->cfg.gpu_driver_root,
                                 .gpu_proc_dir = srv->cfg.gpu_proc_dir,
                                 .gpu_share = srv->cfg.gpu_share ? 1 : -1 };
+        cc.trash_dir = trash_setup(srv); /* destroyed sandboxes' layers, deleted off the loop */
         r = hutch_ctx_new(&cc, &srv->ctx, &err);
         if (r < 0) {
                 log_error_errno(r, "%s", err.msg);
@@ -748,6 +749,7 @@ int server_run(const server_config *cfg) {
         r = snapshots_setup(srv);
         if (r < 0)
                 goto out;
+        trash_kick(srv); /* what a crash or the last stop left there */
         volumes_setup(srv);
         r = templates_setup(srv);
         if (r < 0)
@@ -767,6 +769,7 @@ int server_run(const server_config *cfg) {
                 goto out;
         }
         sbx_readopt_all(srv);
+        trash_kick(srv); /* the layers of the sandboxes that died meanwhile */
         sbx_pool_cleanup_previous(srv);
         print_env(srv);
         warn_cleartext(srv);
@@ -868,6 +871,7 @@ int server_run(const server_config *cfg) {
                 sbx_kill_all(srv, "daemon stopped");
 out:
         templates_teardown(srv);
+        trash_stop(srv);
         http_stop(srv);
         egress_teardown(srv);
         usage_teardown(srv);

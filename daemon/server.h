@@ -611,6 +611,18 @@ void snapjobs_stop(server *srv);
 /* After each batch of loop events: frees what ended during it. */
 void snapjobs_reap(server *srv);
 
+/* ---------------------------------------------------------------- trash.c */
+
+/* DATA_DIR/trash, made (NULL when it cannot be: files are deleted at once). */
+const char *trash_setup(server *srv);
+/* path moved into the trash (or deleted, when it cannot be), to be deleted
+ * by a worker, off the loop. */
+void trash_file(server *srv, const char *path);
+/* The engine may have put something there (a destroyed sandbox's layer):
+ * start the worker if it has work. */
+void trash_kick(server *srv);
+void trash_stop(server *srv);
+
 /* ---------------------------------------------------------------- volumes */
 
 struct route;

@@ -265,7 +265,7 @@ static void take_release(server *srv, snapjob *j) {
         if (!t)
                 return;
         if (t->sealtmp[0])
-                (void) unlink(t->sealtmp); /* renamed, or cut short */
+                trash_file(srv, t->sealtmp); /* renamed already, or cut short */
         free(t);
         j->data = NULL;
 }
@@ -434,12 +434,12 @@ static void restore_done(server *srv, snapjob *j, const snapjob_msg *m) {
                 rj->image_base = (uint32_t) m->aux;
                 return;
         }
-        unlink(rj->image); /* a checkpoint, or no image made */
+        trash_file(srv, rj->image); /* a checkpoint, or no image made */
         rj->image[0] = 0;
         if (m->r >= 0)
                 return;
         /* nothing of it stays, before anyone is answered */
-        unlink(rj->path);
+        trash_file(srv, rj->path);
         rj->path[0] = 0;
         bool refused = m->r == -EBADMSG || m->r == -EPERM;
         if (refused)
@@ -469,9 +469,9 @@ static void restore_release(server *srv, snapjob *j) {
         if (!rj)
                 return;
         if (rj->path[0])
-                unlink(rj->path);
+                trash_file(srv, rj->path);
         if (rj->image[0])
-                unlink(rj->image);
+                trash_file(srv, rj->image);
         free(rj);
         j->data = NULL;
 }
@@ -696,8 +696,7 @@ enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
         usage_storage_changed(srv);
         char path[PATH_MAX];
         snap_path(srv, id, path, sizeof path);
-        if (unlink(path) < 0 && errno != ENOENT)
-                log_warning("snapshot %s: removing %s: %m", id, path);
+        trash_file(srv, path); /* a gigabyte's blocks are freed off the loop */
         char detail[128];
         snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", id);
         (void) store_event_add(srv->store, req->team, NULL, "snapshot.delete", detail, &err);
@@ -881,10 +880,10 @@ static void fork_release(server *srv, snapjob *j) {
         if (!f)
                 return;
         if (f->path[0])
-                unlink(f->path);
+                trash_file(srv, f->path);
         for (json_int_t i = 0; i < f->count; i++)
                 if (f->images[i][0])
-                        unlink(f->images[i]);
+                        trash_file(srv, f->images[i]);
         free(f);
         j->data = NULL;
 }
@@ -936,7 +935,7 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                 close(fd);
                 enum MHD_Result mr = r < 0 ? snapshot_error(req, sb->id, r, err.msg)
                                            : fork_children(srv, req, sb, path, NULL, 0, count, timeout);
-                unlink(path);
+                trash_file(srv, path);
                 return mr;
         }
 
