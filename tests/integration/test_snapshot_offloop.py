@@ -46,7 +46,11 @@ def _snapdir(d: ServeDaemon) -> Path:
 
 
 def _temporaries(d: ServeDaemon) -> list:
-    return sorted(p.name for p in _snapdir(d).iterdir() if p.name.startswith(".") or p.name.endswith(".tmp"))
+    """Temporary files of snapshot jobs, and what waits in the trash to be
+    deleted off the loop."""
+    trash = d.data_dir / "trash"
+    return sorted([p.name for p in _snapdir(d).iterdir() if p.name.startswith(".") or p.name.endswith(".tmp")] +
+                  [f"trash/{p.name}" for p in (trash.iterdir() if trash.exists() else [])])
 
 
 def _wait_for_seal_tmp(d: ServeDaemon, timeout: float = 120) -> None:
@@ -282,7 +286,7 @@ def test_kill_9_mid_snapshot_leaves_nothing_at_the_next_start(sandboxed_hutch, t
         # the worker dies with the daemon (PR_SET_PDEATHSIG)
         assert hutchtest.wait_until(lambda: not _workers(), 30), _workers()
         d.start()
-        assert not _temporaries(d), _temporaries(d)
+        assert hutchtest.wait_until(lambda: not _temporaries(d), 30), _temporaries(d)
         assert not [p for p in _snapdir(d).iterdir() if p.name.endswith(".seal")]
         assert d.request("GET", "/snapshots").json() == []
         # re-adopted, thawed: it answers
