@@ -144,7 +144,8 @@ void snapjobs_reap(server *srv) {
 
 int snapjob_admit(server *srv, request *req, int64_t team, const char *sbx_id) {
         if (sbx_id && sbx_id[0] && job_of_sandbox(sbx_id)) {
-                http_reply_error(req->conn, 409, "sandbox \"%s\" is busy: a snapshot or fork of it is being taken",
+                http_reply_error(req->conn, 409,
+                                 "sandbox \"%s\" is busy: a snapshot or fork of it is being taken",
                                  sbx_id);
                 return -EBUSY;
         }
@@ -231,7 +232,8 @@ static int waiter_add(server *srv, snapjob *j, request *req) {
         w->job = j;
         w->req = req;
         w->gone_w.fd = -1;
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
+                req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci) {
                 w->gone_w.cb = on_waiter_gone;
                 w->gone_w.data = w;
@@ -300,7 +302,8 @@ static void job_sandbox_done(server *srv, snapjob *j) {
                 if (j->thaw) {
                         hutch_error err = { 0 };
                         if (hutch_sandbox_thaw(sb->h, &err) < 0)
-                                log_error("sandbox %s: thawing after its %s failed: %s", sb->id, j->ops->what, err.msg);
+                                log_error("sandbox %s: thawing after its %s failed: %s", sb->id,
+                                          j->ops->what, err.msg);
                         sbx_mark_dirty(sb);
                 }
         }
@@ -423,8 +426,9 @@ static void job_finish(server *srv, snapjob *j, int status) {
         if (!j->cancelled) {
                 snapjob_msg m = j->last;
                 if (!j->got_done) {
-                        m = (snapjob_msg){ .step = SNAPJOB_DONE, .r = -EIO };
-                        snprintf(m.why, sizeof m.why, "its worker ended without finishing (exit status %d)", status);
+                        m = (snapjob_msg) { .step = SNAPJOB_DONE, .r = -EIO };
+                        snprintf(m.why, sizeof m.why,
+                                 "its worker ended without finishing (exit status %d)", status);
                 }
                 j->ops->done(srv, j, &m);
         }
@@ -486,7 +490,8 @@ int snapjob_start(server *srv, snapjob *j, request *req, hutch_error *err) {
                 j->fds[i] = safe_close(j->fds[i]); /* the worker's now */
         if (pid < 0) {
                 close(pfd[0]);
-                int r = hutch_error_set(err, (int) pid, "starting a worker: %s", strerror((int) -pid));
+                int r = hutch_error_set(err, (int) pid, "starting a worker: %s",
+                                        strerror((int) -pid));
                 snapjob_discard(srv, j);
                 return r;
         }

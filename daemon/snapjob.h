@@ -19,10 +19,10 @@ enum {
 };
 typedef struct snapjob_msg {
         int32_t step;
-        int32_t r;        /* >= 0, or -errno */
+        int32_t r; /* >= 0, or -errno */
         uint64_t bytes;
-        uint64_t aux;     /* the kind's */
-        char why[232];    /* what failed, for the log; no host path reaches a client */
+        uint64_t aux;  /* the kind's */
+        char why[232]; /* what failed, for the log; no host path reaches a client */
 } snapjob_msg;
 
 #define SNAPJOB_FDS 20 /* a fork's: its stream, the layer's root and image, and 16 new images */
@@ -51,12 +51,12 @@ struct snapjob {
         const snapjob_ops *ops;
         int64_t team;
         char sbx_id[HUTCH_ID_LEN + 1]; /* the sandbox it copies ("" none): one job at a time each */
-        char key[96];          /* what it makes, for requests that want the same ("" none) */
-        bool reads_sandbox;    /* until its READ the sandbox's layer is read: nothing may write
+        char key[96];         /* what it makes, for requests that want the same ("" none) */
+        bool reads_sandbox;   /* until its READ the sandbox's layer is read: nothing may write
                                   to it or thaw it, its data-plane requests wait (parked) */
-        bool thaw;             /* it froze the sandbox: thaw it at the READ */
-        int fds[SNAPJOB_FDS];  /* what the worker gets (-1: none); closed here once it has them */
-        void *data;            /* the kind's */
+        bool thaw;            /* it froze the sandbox: thaw it at the READ */
+        int fds[SNAPJOB_FDS]; /* what the worker gets (-1: none); closed here once it has them */
+        void *data;           /* the kind's */
         /* the runner's */
         server *srv;
         pid_t pid;

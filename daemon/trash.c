@@ -94,7 +94,8 @@ void trash_kick(server *srv) {
                 trash_work(fds[0]);
         close(fds[0]);
         if (pid < 0) {
-                log_warning("trash: no worker (%s): its files wait for the next", strerror((int) -pid));
+                log_warning("trash: no worker (%s): its files wait for the next",
+                            strerror((int) -pid));
                 return;
         }
         worker_w.cb = on_worker_exit;
@@ -111,7 +112,9 @@ void trash_file(server *srv, const char *path) {
         static unsigned n;
         const char *base = strrchr(path, '/');
         char to[PATH_MAX + 64];
-        if (trash_dir[0] && snprintf(to, sizeof to, "%s/%s.%u", trash_dir, base ? base + 1 : path, ++n) < (int) sizeof to &&
+        if (trash_dir[0] &&
+            snprintf(to, sizeof to, "%s/%s.%u", trash_dir, base ? base + 1 : path, ++n) <
+                    (int) sizeof to &&
             rename(path, to) == 0) {
                 trash_kick(srv);
                 return;
