@@ -113,6 +113,12 @@ enum MHD_Result api_begin(server *srv, request *req, bool *ret_responded) {
                         return http_reply_error(c, 413, "request body exceeds %llu bytes",
                                                 (unsigned long long) srv->cfg.max_body_bytes);
                 if (is_files && streq(req->method, "POST")) {
+                        /* an upload asks the sandbox's init at once: not while
+                         * a worker copies its layer (snapjob.c) */
+                        if (snapjob_park(srv, req, sb, RESUME_BEGIN)) {
+                                *ret_responded = false;
+                                return MHD_YES;
+                        }
                         req->body_mode = BODY_FILES;
                         enum MHD_Result mr = files_begin(srv, req, sb);
                         *ret_responded = req->responded;
@@ -207,10 +213,18 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                 json_decref(body);
                 return gate;
         }
+        /* from a snapshot: it is unsealed off the loop first, then this
+         * runs again (snapshots.c) */
+        enum MHD_Result restore_mr;
+        if (snapshot_restore_begin(srv, req, body, &restore_mr) > 0) {
+                json_decref(body);
+                return restore_mr; /* it waits, or its answer is queued */
+        }
         sbx *sb = NULL;
         unsigned status = 500;
         hutch_error err = { 0 };
         int r = sbx_create(srv, req->team, body, &sb, &status, &err);
+        snapshot_restore_end(srv, req);
         json_decref(body);
         if (r < 0) {
                 if (status == 429)
@@ -393,6 +407,9 @@ static enum MHD_Result sandbox_connect(server *srv, request *req, sbx *sb) {
         if (bad_mem)
                 return http_reply_error(req->conn, 400, "'memory' must be a boolean");
         unsigned status = 200;
+        if (sb->paused && sb->snapshotting)
+                return http_reply_error(req->conn, 409, "sandbox \"%s\" is busy: a snapshot of it is being taken",
+                                        sb->id);
         if (sb->paused) {
                 hutch_error err = { 0 };
                 if (sbx_resume(srv, sb, cold, &err) < 0) {
@@ -453,6 +470,9 @@ static enum MHD_Result sandbox_pause(server *srv, request *req, sbx *sb) {
                 return http_reply_error(req->conn, 400, "'memory' must be a boolean");
         if (sb->paused)
                 return http_reply_error(req->conn, 409, "sandbox \"%s\" is already paused", sb->id);
+        if (sb->snapshotting)
+                return http_reply_error(req->conn, 409, "sandbox \"%s\" is busy: a snapshot of it is being taken",
+                                        sb->id);
         hutch_error err = { 0 };
         int r = sbx_pause(srv, sb, keep_memory, &err);
         if (r < 0) {
@@ -701,6 +721,8 @@ enum MHD_Result api_dispatch(server *srv, request *req) {
                 sbx *sb = sbx_find(srv, req->sbx_id);
                 if (!sb || sb->paused)
                         return http_reply_502(req->conn, req->sbx_id);
+                if (snapjob_park(srv, req, sb, RESUME_DISPATCH))
+                        return MHD_YES; /* its layer is being copied: runs after */
                 return envd_dispatch(srv, req, sb);
         }
         return control_dispatch(srv, req);

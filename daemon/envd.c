@@ -1342,7 +1342,9 @@ int64_t envd_timers(server *srv, int64_t now) {
                 }
         }
         for (sbx *sb = srv->sandboxes; sb; sb = sb->next) {
-                if (sb->dead || sb->paused)
+                /* snapshotting: its init may be frozen; the deadlines wait
+                 * for the end of the copy, which wakes the loop */
+                if (sb->dead || sb->paused || sb->snapshotting)
                         continue;
                 unsigned exited = 0;
                 for (proc **pp = &sb->procs; *pp;) {

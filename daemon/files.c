@@ -838,12 +838,21 @@ static void upload_wait(files_upload *u) {
         MHD_suspend_connection(u->req->conn);
 }
 
+/* While a worker copies the sandbox's layer its init is frozen: the upload
+ * waits (MHD hands the same bytes again after) instead of asking it. */
+static bool upload_park(server *srv, files_upload *u) {
+        sbx *sb = sbx_find(srv, u->sbx_id);
+        return sb && snapjob_park(srv, u->req, sb, RESUME_NONE);
+}
+
 enum MHD_Result files_body(server *srv, request *req, const char *data, size_t *size) {
         files_upload *u = req->upload;
         if (u->status) {
                 *size = 0;
                 return MHD_YES;
         }
+        if (upload_park(srv, u))
+                return MHD_YES;
         if (upload_progress(u) == -EAGAIN) {
                 upload_wait(u);
                 return MHD_YES; /* *size unchanged: MHD hands the same bytes again after resume */
@@ -882,6 +891,8 @@ enum MHD_Result files_body(server *srv, request *req, const char *data, size_t *
 enum MHD_Result files_finish(server *srv, request *req) {
         files_upload *u = req->upload;
         struct MHD_Connection *c = req->conn;
+        if (!u->status && upload_park(srv, u))
+                return MHD_YES; /* called again after */
         if (!u->status && u->gz) {
                 int r = gzip_stream_feed(u->gz, NULL, 0, true, upload_consume, u);
                 gzip_stream_free(u->gz);

@@ -69,6 +69,21 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
  * here and queued once the body has been read and thrown away. */
 static request *deferring;
 
+void http_defer_begin(request *req) {
+        deferring = req;
+}
+
+void http_defer_end(void) {
+        deferring = NULL;
+}
+
+/* A resume does not wake libmicrohttpd's epoll fd: the loop goes round
+ * again while this count moves (server.c). */
+void http_resume(request *req) {
+        req->srv->resumes++;
+        MHD_resume_connection(req->conn);
+}
+
 static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp) {
         if (!resp)
                 return MHD_NO;
@@ -344,6 +359,7 @@ static void request_free(request *req) {
         if (!req)
                 return;
         admission_forget(req->srv, req);
+        snapjob_request_gone(req->srv, req);
         if (req->deferred)
                 MHD_destroy_response(req->deferred);
         if (req->upload)
@@ -466,6 +482,29 @@ static enum MHD_Result on_request_inner(void *cls, struct MHD_Connection *conn, 
                                         const char *version, const char *upload_data, size_t *upload_size,
                                         void **con_cls);
 
+/* What is done with a request's headers, before its body. */
+static enum MHD_Result request_begin(server *srv, request *req) {
+        struct MHD_Connection *conn = req->conn;
+        /* a refused request's body is read and dropped, up to a cap:
+         * one announced beyond it is answered at once (and closed) */
+        const char *cl = http_header(conn, "Content-Length");
+        bool body = has_body(conn) && !(cl && strtoull(cl, NULL, 10) > srv->cfg.max_body_bytes + (64u << 20));
+        if (body)
+                deferring = req;
+        bool responded = false;
+        enum MHD_Result r = api_begin(srv, req, &responded);
+        deferring = NULL;
+        if (responded)
+                req->responded = true;
+        if (req->deferred)
+                req->body_mode = BODY_DISCARD;
+        else if (body && req->body_mode == BODY_BUFFER &&
+                 (streq(req->method, "GET") || streq(req->method, "HEAD") ||
+                  (streq(req->method, "DELETE") && !streq(req->url, "/templates/tags"))))
+                req->body_mode = BODY_DISCARD; /* no route reads one: never buffer it */
+        return r;
+}
+
 /* Log lines written while a request is served carry its id. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
@@ -517,25 +556,22 @@ static enum MHD_Result on_request_inner(void *cls, struct MHD_Connection *conn, 
                         MHD_destroy_response(resp);
                         return r;
                 }
-                /* a refused request's body is read and dropped, up to a cap:
-                 * one announced beyond it is answered at once (and closed) */
-                const char *cl = http_header(conn, "Content-Length");
-                bool body = has_body(conn) &&
-                            !(cl && strtoull(cl, NULL, 10) > srv->cfg.max_body_bytes + (64u << 20));
-                if (body)
-                        deferring = req;
-                bool responded = false;
-                enum MHD_Result r = api_begin(srv, req, &responded);
-                deferring = NULL;
-                if (responded)
-                        req->responded = true;
-                if (req->deferred)
-                        req->body_mode = BODY_DISCARD;
-                else if (body && req->body_mode == BODY_BUFFER &&
-                         (streq(method, "GET") || streq(method, "HEAD") ||
-                          (streq(method, "DELETE") && !streq(url, "/templates/tags"))))
-                        req->body_mode = BODY_DISCARD; /* no route reads one: never buffer it */
-                return r;
+                return request_begin(srv, req);
+        }
+        /* resumed after a wait (daemon/snapjob.c) */
+        if (req->resume_action != RESUME_NONE) {
+                int action = req->resume_action;
+                req->resume_action = RESUME_NONE;
+                if (action == RESUME_CLOSE)
+                        return MHD_NO;
+                if (action == RESUME_DISPATCH)
+                        return api_dispatch(srv, req);
+                /* RESUME_BEGIN: from its headers again. It was suspended in
+                 * its first call, which libmicrohttpd repeats after the resume
+                 * (no data: the body follows in the next calls) */
+                enum MHD_Result r = request_begin(srv, req);
+                if (r != MHD_YES || req->snap_wait || *upload_size == 0)
+                        return r;
         }
         if (req->body_mode == BODY_INGRESS)
                 return ingress_on_request(srv, req, upload_data, upload_size);
@@ -792,6 +828,7 @@ void http_stop(server *srv) {
                 stream_cut(st);
         startcmd_stop(srv);
         admission_stop(srv);
+        snapjobs_stop(srv);
         ingress_stop(srv);
         MHD_run(srv->mhd);
         MHD_stop_daemon(srv->mhd);

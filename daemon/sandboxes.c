@@ -182,7 +182,8 @@ static int sbx_write_identity(sbx *sb, hutch_error *err) {
 /* The engine's sandbox for sb (its limits from sb), its init in the loop,
  * its identity files. On failure nothing of it is left and sb->h is NULL. */
 static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, const char *layer_from,
-                            const char *build_layer, bool checkpoint, hutch_error *err) {
+                            const char *build_layer, const char *layer_image, uint32_t image_base, bool checkpoint,
+                            hutch_error *err) {
         /* hutch ps names the daemon (its data dir) and, once claimed, the team */
         char owner[128];
         if (sb->team_id)
@@ -201,6 +202,8 @@ static int sbx_engine_start(server *srv, sbx *sb, const char *template_name, con
                 /* a gvisor checkpoint of a built template's sandbox restores
                  * over the build's layer, read-only under its own */
                 .layer_from = checkpoint ? build_layer : layer_from,
+                .layer_image = checkpoint ? NULL : layer_image,
+                .layer_image_uid_base = image_base,
                 .checkpoint_from = checkpoint ? layer_from : NULL,
                 .id = sb->id,
                 .backend = sb->backend,
@@ -337,7 +340,7 @@ void sbx_pool_fill(server *srv) {
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
-        int r = sbx_engine_start(srv, sb, tpl, NULL, NULL, false, &err);
+        int r = sbx_engine_start(srv, sb, tpl, NULL, NULL, NULL, 0, false, &err);
         /* a code-interpreter one starts its kernels now (startcmd.c) */
         if (r >= 0 && interp && (r = startcmd_pool_begin(srv, sb, &err)) < 0) {
                 loop_del(srv, &sb->w);
@@ -576,9 +579,12 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         }
 
         bool borrowed = built != NULL; /* a fork's stream, unsealed once for all its sandboxes; a build's layer */
+        const char *layer_image = NULL; /* and the image a worker made from it, taken over */
         if (snap.id[0] && srv->fork_stream[0] && streq(srv->fork_snapshot, snap.id)) {
                 snprintf(layer_from, sizeof layer_from, "%s", srv->fork_stream);
                 borrowed = true;
+                if (srv->fork_image[0])
+                        layer_image = srv->fork_image;
         } else if (snap.id[0]) {
                 r = snapshot_unseal(srv, team, snap.id, &snap, layer_from, sizeof layer_from, err);
                 if (r < 0) {
@@ -742,7 +748,9 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         if (sb->h)
                 goto ready;
         r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL,
-                             build_layer[0] ? build_layer : NULL, checkpoint, err);
+                             build_layer[0] ? build_layer : NULL, layer_image, srv->fork_image_base, checkpoint, err);
+        if (layer_image)
+                srv->fork_image[0] = 0; /* the engine's now (or removed by its failure) */
         if (layer_from[0]) {
                 if (!borrowed)
                         unlink(layer_from); /* the engine copied it into the layer image */
@@ -904,6 +912,7 @@ static void sbx_finish_destroy(server *srv, sbx *sb) {
                 if (r < 0)
                         log_error("sandbox %s: %s", sb->id, e2.msg);
         }
+        trash_kick(srv); /* its layer image */
 }
 
 /* The teardown (layer image, cgroup, state dir: about 100 ms here) is not
@@ -949,6 +958,7 @@ int sbx_kill(server *srv, sbx *sb, const char *reason) {
         if (sb->dead)
                 return 0;
         sb->kill_t0_ns = clock_ns(CLOCK_MONOTONIC);
+        snapjob_sandbox_killed(srv, sb); /* a copy of its layer stops here */
         usage_sandbox_end(srv, sb);
         metrics_sandbox_end(srv, sb, reason);
         sbx_detach_all(srv, sb);
@@ -1113,6 +1123,8 @@ static int resume_from_disk(server *srv, sbx *sb, hutch_error *err) {
 int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
         if (sb->paused)
                 return hutch_error_set(err, -EALREADY, "sandbox %s is already paused", sb->id);
+        if (sb->snapshotting)
+                return hutch_error_set(err, -EBUSY, "sandbox %s: its layer is being copied", sb->id);
         /* watches go first: a frozen init cannot answer their removal */
         for (stream *st = srv->streams; st; st = st->next)
                 if (st->sb == sb && st->kind == STREAM_WATCH && st->watch_id) {
@@ -1197,6 +1209,9 @@ static int sbx_cold_boot(server *srv, sbx *sb, hutch_error *err) {
 int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         if (!sb->paused)
                 return 0;
+        /* a thaw now would let it write to the layer a worker copies */
+        if (sb->snapshotting)
+                return hutch_error_set(err, -EBUSY, "sandbox %s: its layer is being copied", sb->id);
         bool from_disk = hutch_sandbox_is_suspended(sb->h);
         int r = from_disk ? resume_from_disk(srv, sb, err) : hutch_sandbox_thaw(sb->h, err);
         if (r < 0)
@@ -1346,6 +1361,12 @@ int64_t sbx_timers(server *srv, int64_t now) {
                         continue;
                 }
                 if (!sb->paused && sb->end_ms <= now) {
+                        /* paused once its layer is copied (the end of the
+                         * copy wakes the loop) */
+                        if (sb->on_timeout_pause && sb->snapshotting) {
+                                pp = &sb->next;
+                                continue;
+                        }
                         if (sb->on_timeout_pause) {
                                 hutch_error err = { 0 };
                                 log_debug("sandbox %s: timeout, pausing", sb->id);
@@ -1482,6 +1503,15 @@ static int readopt_one(server *srv, const store_sandbox *row) {
         if (r < 0) {
                 sbx_release(sb);
                 return r;
+        }
+        /* running, yet frozen: the daemon died while a worker copied its
+         * layer (or in a pause before its row said so) */
+        if (!sb->paused && hutch_sandbox_is_frozen(sb->h)) {
+                hutch_error e2 = { 0 };
+                if (hutch_sandbox_thaw(sb->h, &e2) < 0)
+                        log_error("sandbox %s: thawing it: %s", sb->id, e2.msg);
+                else
+                        log_info("sandbox %s: thawed (frozen by a snapshot cut short)", sb->id);
         }
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);

@@ -88,6 +88,8 @@ static const struct cfg_entry {
         { "retention", CFG_SECONDS, U(retention_s), 1, 87600 * 3600, "168h", "how long the database keeps ended sandboxes' rows and events, and egress records (pruned at start and then every retention/2, at most every 10 minutes)" },
         { "max-snapshots-per-team", CFG_U64, U(max_snapshots_per_team), 1, 1000000, "100", "snapshots a team may keep (429 beyond)" },
         { "snapshot-reserve", CFG_SIZE, U(snapshot_reserve_bytes), 0, 1ull << 50, "1G", "free disk a snapshot must leave on the data dir's file system (507 otherwise)" },
+        { "snapshot-jobs", CFG_U64, U(snapshot_jobs), 1, 64, "8", "snapshots, forks and restores whose copying, sealing or unsealing runs at once, each in a worker process off the loop (429 beyond)" },
+        { "snapshot-jobs-per-team", CFG_U64, U(snapshot_jobs_per_team), 1, 64, "4", "of those, how many one team may have running (429 beyond): one team's burst leaves the others a worker" },
         { "volume-size", CFG_SIZE, U(volume_size_bytes), 8ull << 20, 1ull << 40, "1G", "size limit of a volume made by POST /volumes (ENOSPC past it; sparse on disk)" },
         { "max-volumes-per-team", CFG_U64, U(max_volumes_per_team), 1, 1000000, "100", "volumes a team may keep (429 beyond)" },
         { "sandbox-domain", CFG_LIST, S(sandbox_domain), 0, 0, "", "domain of sandbox ports: a request with Host <port>-<id>.<domain> reaches that port of that sandbox, and create/connect answer it as 'domain', so the SDK's getHost() names it (may end in :PORT; empty: any domain, answered as null)" },
@@ -734,6 +736,7 @@ int server_run(const server_config *cfg) {
                                 .gpu_driver_root = srv->cfg.gpu_driver_root,
                                 .gpu_proc_dir = srv->cfg.gpu_proc_dir,
                                 .gpu_share = srv->cfg.gpu_share ? 1 : -1 };
+        cc.trash_dir = trash_setup(srv); /* destroyed sandboxes' layers, deleted off the loop */
         r = hutch_ctx_new(&cc, &srv->ctx, &err);
         if (r < 0) {
                 log_error_errno(r, "%s", err.msg);
@@ -746,6 +749,7 @@ int server_run(const server_config *cfg) {
         r = snapshots_setup(srv);
         if (r < 0)
                 goto out;
+        trash_kick(srv); /* what a crash or the last stop left there */
         volumes_setup(srv);
         r = templates_setup(srv);
         if (r < 0)
@@ -765,6 +769,7 @@ int server_run(const server_config *cfg) {
                 goto out;
         }
         sbx_readopt_all(srv);
+        trash_kick(srv); /* the layers of the sandboxes that died meanwhile */
         sbx_pool_cleanup_previous(srv);
         print_env(srv);
         warn_cleartext(srv);
@@ -852,6 +857,7 @@ int server_run(const server_config *cfg) {
                                 w->cb(srv, w, evs[i].events);
                 }
                 ingress_reap(srv);
+                snapjobs_reap(srv);
                 busy = wall_ms() - busy;
                 if (busy > 250)
                         log_warning("the loop was busy for %lld ms serving %d events", (long long) busy, n);
@@ -865,6 +871,7 @@ int server_run(const server_config *cfg) {
                 sbx_kill_all(srv, "daemon stopped");
 out:
         templates_teardown(srv);
+        trash_stop(srv);
         http_stop(srv);
         egress_teardown(srv);
         usage_teardown(srv);

@@ -79,6 +79,8 @@ typedef struct server_config {
         uint64_t retention_s;        /* ended sandboxes' rows, events and egress records are kept this long */
         uint64_t max_snapshots_per_team;
         uint64_t snapshot_reserve_bytes; /* free disk a snapshot must leave */
+        uint64_t snapshot_jobs;          /* snapshot, fork and restore workers at once (daemon/snapjob.c) */
+        uint64_t snapshot_jobs_per_team; /* of which one team's */
         uint64_t volume_size_bytes;      /* POST /volumes makes volumes of this size */
         uint64_t max_volumes_per_team;
         /* image pulls (lib/image/pull.h): the same files `hutch template pull` reads */
@@ -207,6 +209,8 @@ struct sbx {
         bool pooled;            /* in the warm pool: no row, no owner yet */
         bool start_pending;     /* pooled: its template's ready command has not succeeded yet */
         bool start_done;        /* its template's start command runs and was ready (a pooled one) */
+        bool snapshotting;      /* a snapshot or fork worker copies its layer now (snapjob.c): not
+                                   thawed, paused or resumed, and its data-plane requests wait */
         bool dying;             /* killed; the engine finishes when init's pidfd is readable */
         bool gone;              /* dying, and init is gone: the teardown waits its turn (sbx_reap) */
         watcher gone_w;         /* init's pidfd while dying (never the init socket's watcher: a
@@ -257,6 +261,9 @@ struct server {
         uint8_t data_key[32];   /* DATA_DIR/secrets.key: seals secrets' team keys and snapshots */
         char fork_snapshot[32]; /* during a fork: its snapshot, unsealed once into fork_stream */
         char fork_stream[4096];
+        char fork_image[4096];  /* and an image made from it (snapshots.c's workers), which the next
+                                   create of that snapshot takes over: emptied when it does */
+        uint32_t fork_image_base;
         sbx *sandboxes;
         stream *streams;
         bool quit;
@@ -330,6 +337,8 @@ struct request {
         char (*created)[HUTCH_ID_LEN + 1];
         unsigned n_created;
         struct admission_entry adm;
+        struct snapjob_waiter *snap_wait; /* waiting for a snapshot worker, or using its result (snapjob.c) */
+        int resume_action;           /* RESUME_*: what it does when its connection is resumed */
 };
 
 enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *body); /* steals body */
@@ -361,6 +370,13 @@ int http_start(server *srv, hutch_error *err);
  * idle-timeout instead of unauthenticated-timeout. */
 void http_conn_authenticated(request *req);
 void http_stop(server *srv);
+
+/* Replies queued between these wait in req->deferred (its connection is
+ * suspended); http_resume() hands the connection back to libmicrohttpd,
+ * which then sends the reply, or does what req->resume_action says. */
+void http_defer_begin(request *req);
+void http_defer_end(void);
+void http_resume(request *req);
 
 /* ----------------------------------------------------------------- api.c */
 
@@ -563,10 +579,53 @@ bool snapshot_id_valid(const char *s);
  * in ret_path; the caller unlinks it). -ENOENT, -EBADMSG (refused). */
 int snapshot_unseal(server *srv, int64_t team, const char *id, store_snapshot *ret_meta, char *ret_path, size_t pathlen,
                     hutch_error *err);
+/* A create from a snapshot (body's templateID): 1 when the request waits
+ * for the snapshot to be unsealed off the loop (the create is dispatched
+ * again then) or its answer is queued (*ret_mr); 0: go on, the snapshot's
+ * stream ready for sbx_create when it is one. snapshot_restore_end after
+ * sbx_create lets the stream go. */
+int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr);
+void snapshot_restore_end(server *srv, request *req);
 enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb);
 enum MHD_Result snapshots_list(server *srv, request *req);
 enum MHD_Result snapshot_delete(server *srv, request *req, const char *id);
 enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb);
+
+/* -------------------------------------------------------------- snapjob.c */
+
+/* What a request does when its suspended connection is resumed. */
+enum {
+        RESUME_NONE,     /* its reply is in req->deferred */
+        RESUME_DISPATCH, /* it is dispatched again (api_dispatch), its body read */
+        RESUME_BEGIN,    /* it starts again from its headers (api_begin), its body to come */
+        RESUME_CLOSE,    /* its client went away: the connection is closed */
+};
+/* A data-plane request to a sandbox whose layer a worker copies (its init
+ * may be frozen: it cannot answer) waits, suspended, until the copy is
+ * done, and is then resumed with resume_action. false: sb is not being
+ * copied, go on. */
+bool snapjob_park(server *srv, request *req, sbx *sb, int resume_action);
+/* sbx_kill: a job still copying sb's layer is cancelled (409 to its client). */
+void snapjob_sandbox_killed(server *srv, sbx *sb);
+/* request_free: it no longer waits for, nor uses, any job. */
+void snapjob_request_gone(server *srv, request *req);
+/* http_stop: every worker killed and reaped, its files removed, its
+ * sandbox thawed, its clients answered 503. */
+void snapjobs_stop(server *srv);
+/* After each batch of loop events: frees what ended during it. */
+void snapjobs_reap(server *srv);
+
+/* ---------------------------------------------------------------- trash.c */
+
+/* DATA_DIR/trash, made (NULL when it cannot be: files are deleted at once). */
+const char *trash_setup(server *srv);
+/* path moved into the trash (or deleted, when it cannot be), to be deleted
+ * by a worker, off the loop. */
+void trash_file(server *srv, const char *path);
+/* The engine may have put something there (a destroyed sandbox's layer):
+ * start the worker if it has work. */
+void trash_kick(server *srv);
+void trash_stop(server *srv);
 
 /* ---------------------------------------------------------------- volumes */
 

@@ -10,8 +10,13 @@
  * not part of a snapshot on this backend: they are what the gVisor backend
  * adds.
  *
- * Everything here runs on the loop, synchronously: a snapshot of a large
- * layer holds every other request for as long as it takes (docs).
+ * What takes as long as the layer is large runs off the loop, in a worker
+ * process (daemon/snapjob.c), while the request waits suspended: the copy
+ * of the frozen layer and its sealing (a snapshot), the copy (a fork), the
+ * unsealing (a create from a snapshot). On the loop stay the checks, the
+ * freeze and thaw, the rename and row of a sealed file, the creates of a
+ * fork (each imports the layer into its new image) and, on gvisor, runsc's
+ * checkpoint (docs/snapshots.md "Off the loop").
  */
 #include <dirent.h>
 #include <errno.h>
@@ -26,6 +31,7 @@
 
 #include "daemon/node.h"
 #include "daemon/server.h"
+#include "daemon/snapjob.h"
 #include "daemon/usage.h"
 #include "snapshot/seal.h"
 #include "util/log.h"
@@ -34,6 +40,7 @@
 #define SNAP_PREFIX "snap_"
 #define RESTORE_MAX_BYTES ((1ull << 42) + (1ull << 30)) /* the largest layer stream (storage.c) and its framing */
 #define FORK_MAX 16
+_Static_assert(3 + FORK_MAX <= SNAPJOB_FDS, "a fork's worker gets an image per fork");
 
 /* What a crash can leave: temporary files (one of them an unsealed layer),
  * sealed files without a row, rows without a file. Swept at every start. */
@@ -114,6 +121,21 @@ bool data_disk_has_room(server *srv, const char *dir, uint64_t bytes) {
                (uint64_t) vfs.f_bavail * vfs.f_frsize >= bytes * 2 + (uint64_t) srv->cfg.snapshot_reserve_bytes;
 }
 
+/* The fsync of the directory after a rename: the rename must survive a
+ * crash as the file's data does. */
+static void dir_sync_of(const char *path) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+                *slash = 0;
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+                (void) fsync(dfd);
+                close(dfd);
+        }
+}
+
 int sealed_file_write(server *srv, int plain_fd, const char *final, const char *context, uint64_t *ret_bytes,
                       char *why, size_t whylen) {
         char sealtmp[PATH_MAX + 8];
@@ -139,29 +161,126 @@ int sealed_file_write(server *srv, int plain_fd, const char *final, const char *
                         snprintf(why, whylen, "%s", strerror(-r));
                 return r;
         }
-        /* the rename itself must survive a crash: sync the directory */
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", final);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-                *slash = 0;
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-                (void) fsync(dfd);
-                close(dfd);
-        }
+        dir_sync_of(final);
         return 0;
 }
 
-/* Seal sb's layer into a new snapshot file; *ret filled. */
-static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot *ret, hutch_error *err) {
-        store_snapshot sn = { 0 };
-        /* bounded: per team, and never into the host's last free space
-         * (layers, the database and other tenants share this disk) */
+/* ------------------------------------------------------------ workers */
+
+/* What the three kinds of job (snapjob.h) hold. Their workers see only
+ * their descriptors and these bytes (a copy of the daemon's memory): the
+ * key is the daemon's own, read in the worker, never sent anywhere. */
+
+/* An answer that says what the client can act on, never a host path. */
+static enum MHD_Result snapshot_error(request *req, const char *sbx_id, int r, const char *msg) {
+        if (r == -EOPNOTSUPP)
+                return http_reply_error(req->conn, 409, "%s", msg);
+        if (r == -EDQUOT)
+                return http_reply_error(req->conn, 429, "%s", msg);
+        if (r == -ENOSPC)
+                return http_reply_error(req->conn, 507, "%s", msg);
+        log_error("sandbox %s: snapshot: %s", sbx_id, msg);
+        return http_reply_error(req->conn, 500, "the snapshot failed (the daemon's log has why)");
+}
+
+/* POST /sandboxes/{id}/snapshots. ns: the worker copies the layer of the
+ * frozen sandbox (SNAPJOB_READ: it is thawed), then seals the copy;
+ * gvisor: the checkpoint is taken on the loop (runsc), and the worker
+ * seals it. The sealed file is written as <id>.seal.tmp and fsynced by the
+ * worker; the loop renames it into place, then writes the row. */
+enum { TAKE_FD_PLAIN, TAKE_FD_SEALED, TAKE_FD_ROOT, TAKE_FD_IMAGE };
+typedef struct take_job {
+        store_snapshot sn;
+        bool export;          /* ns: copy the layer first (TAKE_FD_ROOT, TAKE_FD_IMAGE) */
+        uid_t uid_base;
+        const uint8_t *key;   /* srv->data_key */
+        char ctx[160];
+        char sealtmp[PATH_MAX + 8], final[PATH_MAX];
+        int r;                /* the outcome, for the answer */
+        char msg[320];
+} take_job;
+
+static int take_work(snapjob *j, int msg_fd) {
+        take_job *t = j->data;
+        int plain = j->fds[TAKE_FD_PLAIN], sealed = j->fds[TAKE_FD_SEALED];
+        if (t->export) {
+                hutch_layer_source src = { j->fds[TAKE_FD_ROOT], j->fds[TAKE_FD_IMAGE], t->uid_base };
+                hutch_error e = { 0 };
+                uint64_t bytes = 0;
+                int r = hutch_layer_export_fds(&src, plain, &bytes, &e);
+                snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, 0, r < 0 ? e.msg : NULL);
+                if (r < 0)
+                        return r;
+        }
+        char why[200] = "";
+        int r = lseek(plain, 0, SEEK_SET) < 0 ? -errno
+                                              : seal_write_fd(plain, sealed, t->key, t->ctx, true, NULL, why, sizeof why);
+        if (r >= 0 && fsync(sealed) < 0)
+                r = -errno;
+        struct stat st;
+        uint64_t size = r >= 0 && fstat(sealed, &st) == 0 ? (uint64_t) st.st_size : 0;
+        char msg[240];
+        snprintf(msg, sizeof msg, "sealing the snapshot: %s", why[0] ? why : strerror(-r));
+        snapjob_send(msg_fd, SNAPJOB_DONE, r, size, 0, r < 0 ? msg : NULL);
+        return r;
+}
+
+static void take_done(server *srv, snapjob *j, const snapjob_msg *m) {
+        take_job *t = j->data;
+        t->r = m->r;
+        snprintf(t->msg, sizeof t->msg, "%s", m->why);
+        if (m->r < 0)
+                return;
+        if (rename(t->sealtmp, t->final) < 0) {
+                t->r = -errno;
+                snprintf(t->msg, sizeof t->msg, "sealing the snapshot: %s", strerror(errno));
+                return;
+        }
+        dir_sync_of(t->final);
+        t->sn.bytes = (int64_t) m->bytes;
+        hutch_error err = { 0 };
+        if ((t->r = store_snapshot_insert(srv->store, &t->sn, &err)) < 0) {
+                unlink(t->final);
+                snprintf(t->msg, sizeof t->msg, "%s", err.msg);
+                return;
+        }
+        usage_storage_changed(srv);
+        char detail[128];
+        snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", t->sn.id);
+        (void) store_event_add(srv->store, t->sn.team_id, t->sn.sandbox_id, "sandbox.snapshot", detail, &err);
+}
+
+static json_t *snapshot_json(const store_snapshot *sn);
+
+static void take_answer(server *srv, snapjob *j, request *req) {
+        take_job *t = j->data;
+        if (t->r < 0)
+                snapshot_error(req, j->sbx_id, t->r, t->msg);
+        else
+                http_reply_json(req->conn, 201, snapshot_json(&t->sn));
+}
+
+static void take_release(server *srv, snapjob *j) {
+        take_job *t = j->data;
+        if (!t)
+                return;
+        if (t->sealtmp[0])
+                trash_file(srv, t->sealtmp); /* renamed already, or cut short */
+        free(t);
+        j->data = NULL;
+}
+
+static const snapjob_ops take_ops = {
+        .what = "snapshot", .work = take_work, .done = take_done, .answer = take_answer, .release = take_release,
+};
+
+/* What a snapshot of sb must fit in: the team's count, and the disk
+ * (layers, the database and other tenants share it). */
+static int snapshot_room(server *srv, sbx *sb, bool count, hutch_error *err) {
         int64_t have = 0;
-        if (store_snapshot_count(srv->store, sb->team_id, &have, err) < 0)
+        if (count && store_snapshot_count(srv->store, sb->team_id, &have, err) < 0)
                 return -EIO;
-        if ((uint64_t) have >= srv->cfg.max_snapshots_per_team)
+        if (count && (uint64_t) have >= srv->cfg.max_snapshots_per_team)
                 return hutch_error_set(err, -EDQUOT, "the team has %lld snapshots, its limit (delete some first)",
                                        (long long) have);
         char dir[PATH_MAX];
@@ -173,70 +292,290 @@ static int snapshot_take(server *srv, sbx *sb, const char *name, store_snapshot 
                 used = stt.disk_used;
         if (!data_disk_has_room(srv, dir, used))
                 return hutch_error_set(err, -ENOSPC, "not enough free disk for a snapshot of this sandbox");
-        snap_id_new(sn.id);
-        node_id_stamp(srv, sn.id + strlen(SNAP_PREFIX)); /* a router finds the snapshot's node by its id */
-        sn.team_id = sb->team_id;
-        snprintf(sn.sandbox_id, sizeof sn.sandbox_id, "%s", sb->id);
-        snprintf(sn.name, sizeof sn.name, "%s", name ? name : "");
-        snprintf(sn.template_id, sizeof sn.template_id, "%s", sb->template_id);
-        sn.created_ms = wall_ms();
+        return 0;
+}
 
-        char tmpl[PATH_MAX], final[PATH_MAX];
-        snprintf(tmpl, sizeof tmpl, "%s/snapshots/.layer-XXXXXX", srv->cfg.data_dir);
-        int lfd = mkostemp(tmpl, O_CLOEXEC);
-        if (lfd < 0)
-                return hutch_error_set(err, -errno, "temporary file: %m");
-        unlink(tmpl); /* anonymous: gone with the fd whatever happens */
-
-        /* gvisor: a memory checkpoint (processes, memory, files), taken
-         * while the sandbox runs on; ns: frozen while the layer is read,
-         * nothing may write meanwhile */
-        bool was_paused = sb->paused;
-        bool gv = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
-        int r = was_paused || gv ? 0 : hutch_sandbox_freeze(sb->h, err);
-        uint64_t bytes = 0;
-        if (gv && hutch_sandbox_is_suspended(sb->h)) {
-                /* paused to disk: that checkpoint is the snapshot */
-                r = sbx_pause_image_read(srv, sb, lfd, err);
-                off_t end = r >= 0 ? lseek(lfd, 0, SEEK_END) : -1;
-                bytes = end > 0 ? (uint64_t) end : 0;
-        } else if (gv) {
-                r = hutch_sandbox_checkpoint(sb->h, lfd, &bytes, err);
-                /* the sandbox goes on through a new relay: a new control
-                 * connection, and the old one's streams have ended */
-                if (hutch_sandbox_fd(sb->h) >= 0 && sbx_reattach(srv, sb) < 0)
-                        log_error("sandbox %s: watching its control connection again failed", sb->id);
-        }
-        else if (r >= 0) {
-                r = hutch_sandbox_layer_export(sb->h, lfd, &bytes, err);
-                if (!was_paused) {
-                        hutch_error e2 = { 0 };
-                        if (hutch_sandbox_thaw(sb->h, &e2) < 0)
-                                log_error("sandbox %s: thawing after a snapshot failed: %s", sb->id, e2.msg);
-                }
+/* ns: what the worker reads, opened now, and the sandbox frozen for it
+ * (unless paused). j->fds[root, image] are set; the caller sets the rest. */
+static int layer_job_prepare(sbx *sb, snapjob *j, int fd_root, int fd_image, uid_t *ret_uid_base, hutch_error *err) {
+        hutch_layer_source src = { -1, -1, 0 };
+        int r = hutch_sandbox_layer_open(sb->h, &src, err);
+        if (r < 0)
+                return r;
+        if (!sb->paused && (r = hutch_sandbox_freeze(sb->h, err)) < 0) {
+                hutch_layer_source_close(&src);
+                return r;
         }
         sbx_mark_dirty(sb);
-        if (r < 0) {
-                close(lfd);
-                return r;
-        }
-        snap_path(srv, sn.id, final, sizeof final);
-        char ctx[160], why[256] = "";
-        snap_context(sn.team_id, sn.id, ctx, sizeof ctx);
-        uint64_t sealed = 0;
-        r = sealed_file_write(srv, lfd, final, ctx, &sealed, why, sizeof why);
-        close(lfd);
-        if (r < 0)
-                return hutch_error_set(err, r, "sealing the snapshot: %s", why);
-        sn.bytes = (int64_t) sealed;
-        sn.disk_mb = sb->disk_mb;
-        if ((r = store_snapshot_insert(srv->store, &sn, err)) < 0) {
-                unlink(final);
-                return r;
-        }
-        usage_storage_changed(srv);
-        *ret = sn;
+        j->thaw = !sb->paused;
+        j->reads_sandbox = true; /* paused: its resume waits too */
+        j->fds[fd_root] = src.root_fd;
+        j->fds[fd_image] = src.image_fd;
+        *ret_uid_base = src.uid_base;
         return 0;
+}
+
+/* The job of a snapshot of sb, ready to start (the checkpoint of a gvisor
+ * sandbox taken). On failure nothing is left: files, frozen cgroup. */
+static int take_prepare(server *srv, sbx *sb, const char *name, snapjob **ret, hutch_error *err) {
+        int r = snapshot_room(srv, sb, true, err);
+        if (r < 0)
+                return r;
+        take_job *t = calloc(1, sizeof *t);
+        snapjob *j = t ? snapjob_new(&take_ops, sb->team_id, sb->id) : NULL;
+        if (!j) {
+                free(t);
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        }
+        j->data = t;
+        store_snapshot *sn = &t->sn;
+        snap_id_new(sn->id);
+        node_id_stamp(srv, sn->id + strlen(SNAP_PREFIX)); /* a router finds the snapshot's node by its id */
+        sn->team_id = sb->team_id;
+        snprintf(sn->sandbox_id, sizeof sn->sandbox_id, "%s", sb->id);
+        snprintf(sn->name, sizeof sn->name, "%s", name ? name : "");
+        snprintf(sn->template_id, sizeof sn->template_id, "%s", sb->template_id);
+        sn->created_ms = wall_ms();
+        sn->disk_mb = sb->disk_mb;
+        t->key = srv->data_key;
+        snap_context(sn->team_id, sn->id, t->ctx, sizeof t->ctx);
+        snap_path(srv, sn->id, t->final, sizeof t->final);
+
+        char tmpl[PATH_MAX];
+        snprintf(tmpl, sizeof tmpl, "%s/snapshots/.layer-XXXXXX", srv->cfg.data_dir);
+        j->fds[TAKE_FD_PLAIN] = mkostemp(tmpl, O_CLOEXEC);
+        if (j->fds[TAKE_FD_PLAIN] < 0) {
+                r = hutch_error_set(err, -errno, "temporary file: %m");
+                goto fail;
+        }
+        unlink(tmpl); /* anonymous: gone with the last descriptor, whatever happens */
+        snprintf(t->sealtmp, sizeof t->sealtmp, "%s.tmp", t->final);
+        j->fds[TAKE_FD_SEALED] = open(t->sealtmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (j->fds[TAKE_FD_SEALED] < 0) {
+                r = hutch_error_set(err, -errno, "%s: %m", t->sealtmp);
+                t->sealtmp[0] = 0;
+                goto fail;
+        }
+
+        if (hutch_sandbox_backend(sb->h) != HUTCH_BACKEND_GVISOR) {
+                t->export = true;
+                r = layer_job_prepare(sb, j, TAKE_FD_ROOT, TAKE_FD_IMAGE, &t->uid_base, err);
+        } else if (hutch_sandbox_is_suspended(sb->h)) {
+                /* paused to disk: that checkpoint is the snapshot (unsealed here) */
+                r = sbx_pause_image_read(srv, sb, j->fds[TAKE_FD_PLAIN], err);
+        } else {
+                /* a memory checkpoint (runsc), taken on the loop while the
+                 * sandbox runs on through a new relay: a new control
+                 * connection, and the old one's streams have ended */
+                uint64_t bytes = 0;
+                r = hutch_sandbox_checkpoint(sb->h, j->fds[TAKE_FD_PLAIN], &bytes, err);
+                if (hutch_sandbox_fd(sb->h) >= 0 && sbx_reattach(srv, sb) < 0)
+                        log_error("sandbox %s: watching its control connection again failed", sb->id);
+                sbx_mark_dirty(sb);
+        }
+        if (r < 0)
+                goto fail;
+        *ret = j;
+        return 0;
+fail:
+        snapjob_discard(srv, j);
+        return r;
+}
+
+/* Restoring, as a job: the sealed file is verified and unsealed by the
+ * worker into DATA_DIR/snapshots/.restore-XXXXXX and, for a layer (ns),
+ * written into a new layer image there (.image-XXXXXX), which the create
+ * that asked for it takes over (sbx_create, through srv->fork_stream and
+ * fork_image), so that no copy of the layer is made on the loop. Creates
+ * of the same snapshot meanwhile join the job: the first takes the image,
+ * the others import the stream (on the loop). The stream goes when the
+ * last of them is done with it. */
+enum { RESTORE_FD_SEALED, RESTORE_FD_PLAIN, RESTORE_FD_IMAGE };
+typedef struct restore_job {
+        char snap_id[32];
+        char path[PATH_MAX];
+        char image[PATH_MAX]; /* "" once taken over by a create */
+        uint32_t image_base;
+        const uint8_t *key;
+        char ctx[160];
+        int r;
+        unsigned status;
+        char msg[400];
+} restore_job;
+
+#define LAYER_STREAM_MAGIC "HUTCHLY1" /* lib/sandbox/storage.c's, as hutch_stream_is_checkpoint tells */
+
+static int restore_work(snapjob *j, int msg_fd) {
+        restore_job *rj = j->data;
+        int plain = j->fds[RESTORE_FD_PLAIN];
+        char why[200] = "";
+        int r = seal_read_fd(j->fds[RESTORE_FD_SEALED], plain, rj->key, rj->ctx, RESTORE_MAX_BYTES, why, sizeof why);
+        uint32_t base = 0;
+        bool imported = false;
+        char magic[8];
+        if (r >= 0 && pread(plain, magic, sizeof magic, 0) == (ssize_t) sizeof magic &&
+            memcmp(magic, LAYER_STREAM_MAGIC, sizeof magic) == 0) {
+                hutch_error e = { 0 };
+                /* an image that cannot be made is not the restore's failure:
+                 * the create imports the stream */
+                imported = lseek(plain, 0, SEEK_SET) == 0 &&
+                           hutch_layer_import_fds(plain, j->fds[RESTORE_FD_IMAGE], &base, &e) >= 0 &&
+                           fsync(j->fds[RESTORE_FD_IMAGE]) == 0; /* written back here, not by the
+                                                                    loop's loop-device attach */
+        }
+        snapjob_send(msg_fd, SNAPJOB_DONE, r, imported, base, r < 0 ? (why[0] ? why : strerror(-r)) : NULL);
+        return r;
+}
+
+static void restore_done(server *srv, snapjob *j, const snapjob_msg *m) {
+        restore_job *rj = j->data;
+        rj->r = m->r;
+        if (m->r >= 0 && m->bytes) {
+                rj->image_base = (uint32_t) m->aux;
+                return;
+        }
+        trash_file(srv, rj->image); /* a checkpoint, or no image made */
+        rj->image[0] = 0;
+        if (m->r >= 0)
+                return;
+        /* nothing of it stays, before anyone is answered */
+        trash_file(srv, rj->path);
+        rj->path[0] = 0;
+        bool refused = m->r == -EBADMSG || m->r == -EPERM;
+        if (refused)
+                log_warning("snapshot %s: refused: %s", rj->snap_id, m->why);
+        rj->status = refused ? 422 : 500;
+        snprintf(rj->msg, sizeof rj->msg, "snapshot %s cannot be restored: %s", rj->snap_id,
+                 refused ? "it does not authenticate (damaged or altered)" : m->why);
+        if (!refused)
+                log_error("create: %s", rj->msg);
+}
+
+static void restore_answer(server *srv, snapjob *j, request *req) {
+        restore_job *rj = j->data;
+        if (rj->r < 0) {
+                http_reply_error(req->conn, rj->status, "%s", rj->msg);
+                return;
+        }
+        if (snapjob_hold(srv, j, req) < 0) {
+                http_reply_error(req->conn, 500, "out of memory");
+                return;
+        }
+        req->resume_action = RESUME_DISPATCH; /* the create again, the stream ready */
+}
+
+static void restore_release(server *srv, snapjob *j) {
+        restore_job *rj = j->data;
+        if (!rj)
+                return;
+        if (rj->path[0])
+                trash_file(srv, rj->path);
+        if (rj->image[0])
+                trash_file(srv, rj->image);
+        free(rj);
+        j->data = NULL;
+}
+
+static const snapjob_ops restore_ops = {
+        .what = "restore", .work = restore_work, .done = restore_done, .answer = restore_answer,
+        .release = restore_release,
+};
+
+static void restore_use(server *srv, snapjob *j) {
+        restore_job *rj = j->data;
+        snprintf(srv->fork_stream, sizeof srv->fork_stream, "%s", rj->path);
+        snprintf(srv->fork_snapshot, sizeof srv->fork_snapshot, "%s", rj->snap_id);
+        snprintf(srv->fork_image, sizeof srv->fork_image, "%s", rj->image);
+        srv->fork_image_base = rj->image_base;
+}
+
+int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr) {
+        snapjob *held = snapjob_held(req);
+        if (held) {
+                restore_use(srv, held);
+                return 0;
+        }
+        const char *id = json_string_value(json_object_get(body, "templateID"));
+        store_snapshot sn;
+        hutch_error err = { 0 };
+        /* not a snapshot of the team's, or a create refused before any
+         * unseal (the team's limit): sbx_create answers as ever */
+        if (!id || !snapshot_id_valid(id) || store_snapshot_get(srv->store, req->team, id, &sn, &err) < 0 ||
+            (uint64_t) sbx_live_count(srv, req->team) >= srv->cfg.max_sandboxes_per_team)
+                return 0;
+        char key[96];
+        snprintf(key, sizeof key, "restore %lld %s", (long long) req->team, id);
+        snapjob *j = snapjob_find(srv, key);
+        if (j && j->running) {
+                if (snapjob_join(srv, j, req) < 0) {
+                        *ret_mr = http_reply_error(req->conn, 500, "out of memory");
+                        return 1;
+                }
+                *ret_mr = MHD_YES;
+                return 1;
+        }
+        if (j && snapjob_hold(srv, j, req) >= 0) {
+                restore_use(srv, j); /* unsealed, still held by other creates */
+                return 0;
+        }
+        if (snapjob_admit(srv, req, req->team, NULL) < 0) {
+                *ret_mr = MHD_YES;
+                return 1;
+        }
+        restore_job *rj = calloc(1, sizeof *rj);
+        j = rj ? snapjob_new(&restore_ops, req->team, NULL) : NULL;
+        if (!j) {
+                free(rj);
+                *ret_mr = http_reply_error(req->conn, 500, "out of memory");
+                return 1;
+        }
+        j->data = rj;
+        snprintf(j->key, sizeof j->key, "%s", key);
+        snprintf(rj->snap_id, sizeof rj->snap_id, "%s", id);
+        rj->key = srv->data_key;
+        snap_context(req->team, id, rj->ctx, sizeof rj->ctx);
+        char path[PATH_MAX];
+        snap_path(srv, id, path, sizeof path);
+        int r = 0;
+        j->fds[RESTORE_FD_SEALED] = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (j->fds[RESTORE_FD_SEALED] < 0)
+                r = hutch_error_set(&err, -errno, "snapshot %s: its file: %m", id);
+        snprintf(rj->path, sizeof rj->path, "%s/snapshots/.restore-XXXXXX", srv->cfg.data_dir);
+        if (r >= 0 && (j->fds[RESTORE_FD_PLAIN] = mkostemp(rj->path, O_CLOEXEC)) < 0) {
+                r = hutch_error_set(&err, -errno, "temporary file: %m");
+                rj->path[0] = 0;
+        }
+        snprintf(rj->image, sizeof rj->image, "%s/snapshots/.image-XXXXXX", srv->cfg.data_dir);
+        if (r >= 0 && (j->fds[RESTORE_FD_IMAGE] = mkostemp(rj->image, O_CLOEXEC)) < 0) {
+                r = hutch_error_set(&err, -errno, "temporary file: %m");
+                rj->image[0] = 0;
+        }
+        if (j->fds[RESTORE_FD_IMAGE] < 0)
+                rj->image[0] = 0;
+        if (r < 0) {
+                if (j->fds[RESTORE_FD_PLAIN] < 0)
+                        rj->path[0] = 0;
+                snapjob_discard(srv, j);
+        } else
+                r = snapjob_start(srv, j, req, &err);
+        if (r < 0) {
+                log_error("create: %s", err.msg);
+                *ret_mr = http_reply_error(req->conn, 500, "%s", err.msg);
+                return 1;
+        }
+        *ret_mr = MHD_YES;
+        return 1;
+}
+
+void snapshot_restore_end(server *srv, request *req) {
+        snapjob *j = snapjob_held(req);
+        if (!j)
+                return;
+        restore_job *rj = j->data;
+        if (rj->image[0] && !srv->fork_image[0])
+                rj->image[0] = 0; /* taken over by the create */
+        srv->fork_stream[0] = srv->fork_snapshot[0] = srv->fork_image[0] = 0;
+        snapjob_unhold(srv, req);
 }
 
 int snapshot_unseal(server *srv, int64_t team, const char *id, store_snapshot *ret_meta, char *ret_path, size_t pathlen,
@@ -281,19 +620,8 @@ static json_t *snapshot_json(const store_snapshot *sn) {
                          "sizeBytes", (json_int_t) sn->bytes, "createdAtUnixMs", (json_int_t) sn->created_ms);
 }
 
-/* An answer that says what the client can act on, never a host path. */
-static enum MHD_Result snapshot_error(request *req, sbx *sb, int r, const hutch_error *err) {
-        if (r == -EOPNOTSUPP)
-                return http_reply_error(req->conn, 409, "%s", err->msg);
-        if (r == -EDQUOT)
-                return http_reply_error(req->conn, 429, "%s", err->msg);
-        if (r == -ENOSPC)
-                return http_reply_error(req->conn, 507, "%s", err->msg);
-        log_error("sandbox %s: snapshot: %s", sb->id, err->msg);
-        return http_reply_error(req->conn, 500, "the snapshot failed (the daemon's log has why)");
-}
-
-/* POST /sandboxes/{id}/snapshots {name?} */
+/* POST /sandboxes/{id}/snapshots {name?}: answered once the worker is done
+ * (take_answer); the connection waits suspended meanwhile. */
 enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb) {
         json_t *body;
         if (api_parse_body(req, &body) < 0)
@@ -304,18 +632,21 @@ enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb) {
                 json_decref(body);
                 return http_reply_error(req->conn, 400, "name must be a string of at most 128 bytes without '/'");
         }
-        store_snapshot sn;
+        if (snapjob_admit(srv, req, sb->team_id, sb->id) < 0) {
+                json_decref(body);
+                return MHD_YES;
+        }
+        snapjob *j = NULL;
         hutch_error err = { 0 };
-        int r = snapshot_take(srv, sb, name, &sn, &err);
+        int r = take_prepare(srv, sb, name, &j, &err);
         json_decref(body);
+        if (r >= 0)
+                r = snapjob_start(srv, j, req, &err);
         if (r < 0)
-                return snapshot_error(req, sb, r, &err);
-        char detail[128];
-        snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", sn.id);
-        (void) store_event_add(srv->store, sb->team_id, sb->id, "sandbox.snapshot", detail, &err);
-        json_t *j = snapshot_json(&sn);
-        return http_reply_json(req->conn, 201, j);
+                return snapshot_error(req, sb->id, r, err.msg);
+        return MHD_YES;
 }
+
 
 /* GET /snapshots?sandboxID=&name=&limit=&nextToken= */
 enum MHD_Result snapshots_list(server *srv, request *req) {
@@ -365,41 +696,51 @@ enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
         usage_storage_changed(srv);
         char path[PATH_MAX];
         snap_path(srv, id, path, sizeof path);
-        if (unlink(path) < 0 && errno != ENOENT)
-                log_warning("snapshot %s: removing %s: %m", id, path);
+        trash_file(srv, path); /* a gigabyte's blocks are freed off the loop */
         char detail[128];
         snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", id);
         (void) store_event_add(srv->store, req->team, NULL, "snapshot.delete", detail, &err);
         return http_reply_empty(req->conn, 204);
 }
 
-/* POST /sandboxes/{id}/fork {count?, timeout?}: a snapshot of the layer,
- * then count sandboxes from it, each with the parent's metadata,
- * environment and network; the snapshot itself is not kept. */
-enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
-        json_t *body;
-        if (api_parse_body(req, &body) < 0)
-                return MHD_YES;
-        json_t *cj = json_object_get(body, "count"), *tj = json_object_get(body, "timeout");
-        json_int_t count = cj && !json_is_null(cj) ? json_integer_value(cj) : 1;
-        if ((cj && !json_is_null(cj) && !json_is_integer(cj)) || count < 1 || count > FORK_MAX ||
-            (tj && !json_is_null(tj) && (!json_is_integer(tj) || json_integer_value(tj) < 0 ||
-                                         (uint64_t) json_integer_value(tj) > srv->cfg.max_timeout_s))) {
-                json_decref(body);
-                return http_reply_error(req->conn, 400, "count must be 1..%d and timeout 0..%llu seconds", FORK_MAX,
-                                        (unsigned long long) srv->cfg.max_timeout_s);
-        }
-        json_int_t timeout = tj && !json_is_null(tj) ? json_integer_value(tj) : 0;
-        json_decref(body);
-        /* the team limit first: no snapshot for forks that cannot be made */
-        if ((uint64_t) sbx_live_count(srv, sb->team_id) + (uint64_t) count > srv->cfg.max_sandboxes_per_team)
-                return http_reply_error(req->conn, 429, "%lld forks would exceed the team's limit of %llu live sandboxes",
-                                        (long long) count, (unsigned long long) srv->cfg.max_sandboxes_per_team);
-        store_snapshot sn;
+/* POST /sandboxes/{id}/fork {count?, timeout?}: the parent's layer (ns) or
+ * checkpoint (gvisor), then count sandboxes from it, each with the
+ * parent's metadata, environment and network. No snapshot is kept, and
+ * none is sealed: the forks read the plain stream, which lives in a
+ * temporary file for the forks' creates only (DATA_DIR/snapshots/.fork-*,
+ * swept at start if a crash leaves it). ns: a worker copies the layer while
+ * the parent is frozen; the creates then run on the loop (fork_answer). */
+typedef struct fork_job {
+        char path[PATH_MAX];            /* the stream */
+        char images[FORK_MAX][PATH_MAX]; /* one layer image per fork, made from it (.image-*) */
+        uint32_t images_base;
+        bool imaged;
+        uid_t uid_base;
+        json_int_t count, timeout;
+        int r;
+        char msg[320];
+} fork_job;
+enum { FORK_FD_STREAM, FORK_FD_ROOT, FORK_FD_IMAGE, FORK_FD_NEW };
+
+/* The creates, from the stream at stream_path (and each from its own
+ * image made from it, when images is not NULL); the answer queued. */
+static enum MHD_Result fork_children(server *srv, request *req, sbx *sb, const char *stream_path,
+                                     char (*images)[PATH_MAX], uint32_t images_base, json_int_t count,
+                                     json_int_t timeout) {
+        /* the creates find the snapshot's kind and size by a row of their
+         * own, there while they run (a crash leaves a row without a file,
+         * pruned at the next start), and read the stream as a borrowed one */
+        store_snapshot sn = { 0 };
+        snap_id_new(sn.id);
+        node_id_stamp(srv, sn.id + strlen(SNAP_PREFIX));
+        sn.team_id = sb->team_id;
+        snprintf(sn.sandbox_id, sizeof sn.sandbox_id, "%s", sb->id);
+        snprintf(sn.template_id, sizeof sn.template_id, "%s", sb->template_id);
+        sn.created_ms = wall_ms();
+        sn.disk_mb = sb->disk_mb;
         hutch_error err = { 0 };
-        int r = snapshot_take(srv, sb, NULL, &sn, &err);
-        if (r < 0)
-                return snapshot_error(req, sb, r, &err);
+        if (store_snapshot_insert(srv->store, &sn, &err) < 0)
+                return snapshot_error(req, sb->id, -EIO, err.msg);
         /* The parent's environment holds its own placeholders: the forks get
          * the secret references back, and so placeholders of their own. */
         json_t *envs = json_deep_copy(sb->envs);
@@ -427,12 +768,8 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                         val = json_string_value(json_object_get(envs, ek));
                 }
         }
-        /* unsealed once: every fork's create reads the same verified stream */
-        store_snapshot meta;
-        if (snapshot_unseal(srv, sn.team_id, sn.id, &meta, srv->fork_stream, sizeof srv->fork_stream, &err) >= 0)
-                snprintf(srv->fork_snapshot, sizeof srv->fork_snapshot, "%s", sn.id);
-        else
-                srv->fork_stream[0] = 0;
+        snprintf(srv->fork_stream, sizeof srv->fork_stream, "%s", stream_path);
+        snprintf(srv->fork_snapshot, sizeof srv->fork_snapshot, "%s", sn.id);
         json_t *out = json_array();
         for (json_int_t i = 0; i < count; i++) {
                 json_t *cb = json_pack("{s:s}", "templateID", sn.id);
@@ -462,7 +799,14 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                 sbx *child = NULL;
                 unsigned status = 500;
                 hutch_error e2 = { 0 };
+                if (images) {
+                        snprintf(srv->fork_image, sizeof srv->fork_image, "%s", images[i]);
+                        srv->fork_image_base = images_base;
+                }
                 int k = sbx_create(srv, sb->team_id, cb, &child, &status, &e2);
+                if (images && !srv->fork_image[0])
+                        images[i][0] = 0; /* taken over */
+                srv->fork_image[0] = 0;
                 json_decref(cb);
                 if (k < 0) {
                         if (status >= 500)
@@ -479,19 +823,153 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
                         json_array_append_new(out, json_pack("{s:o}", "sandbox", sandbox_created_json(child)));
         }
         json_decref(envs);
-        if (srv->fork_stream[0])
-                unlink(srv->fork_stream);
         srv->fork_stream[0] = srv->fork_snapshot[0] = 0;
-        /* the forks have their layers: the snapshot goes (the row first: a
-         * crash then leaves a file the next start sweeps, never a row
-         * without its file) */
-        char path[PATH_MAX];
-        snap_path(srv, sn.id, path, sizeof path);
         (void) store_snapshot_delete(srv->store, sn.team_id, sn.id, &err);
-        usage_storage_changed(srv);
-        unlink(path);
         enum MHD_Result mr = http_reply_json(req->conn, 201, out);
         if (mr == MHD_YES)
                 sbx_create_queued(srv, req);
         return mr;
+}
+
+static int fork_work(snapjob *j, int msg_fd) {
+        fork_job *f = j->data;
+        int plain = j->fds[FORK_FD_STREAM];
+        hutch_layer_source src = { j->fds[FORK_FD_ROOT], j->fds[FORK_FD_IMAGE], f->uid_base };
+        hutch_error e = { 0 };
+        uint64_t bytes = 0;
+        int r = hutch_layer_export_fds(&src, plain, &bytes, &e);
+        snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, 0, r < 0 ? e.msg : NULL);
+        if (r < 0)
+                return r;
+        /* the forks' layers, so that their creates copy nothing on the loop
+         * (an image that cannot be made: they import the stream there) */
+        uint32_t base = 0;
+        bool imaged = true;
+        for (json_int_t i = 0; i < f->count && imaged; i++)
+                imaged = lseek(plain, 0, SEEK_SET) == 0 &&
+                         hutch_layer_import_fds(plain, j->fds[FORK_FD_NEW + i], &base, &e) >= 0 &&
+                         fsync(j->fds[FORK_FD_NEW + i]) == 0; /* as a restore's */
+        snapjob_send(msg_fd, SNAPJOB_DONE, 0, imaged, base, NULL);
+        return 0;
+}
+
+static void fork_done(server *srv, snapjob *j, const snapjob_msg *m) {
+        fork_job *f = j->data;
+        f->r = m->r;
+        snprintf(f->msg, sizeof f->msg, "%s", m->why);
+        f->imaged = m->r >= 0 && m->bytes;
+        f->images_base = (uint32_t) m->aux;
+}
+
+static void fork_answer(server *srv, snapjob *j, request *req) {
+        fork_job *f = j->data;
+        if (f->r < 0) {
+                snapshot_error(req, j->sbx_id, f->r, f->msg);
+                return;
+        }
+        sbx *sb = sbx_find_team(srv, j->sbx_id, j->team);
+        if (!sb) {
+                http_reply_error(req->conn, 409, "sandbox \"%s\" was killed during its fork", j->sbx_id);
+                return;
+        }
+        fork_children(srv, req, sb, f->path, f->imaged ? f->images : NULL, f->images_base, f->count, f->timeout);
+}
+
+static void fork_release(server *srv, snapjob *j) {
+        fork_job *f = j->data;
+        if (!f)
+                return;
+        if (f->path[0])
+                trash_file(srv, f->path);
+        for (json_int_t i = 0; i < f->count; i++)
+                if (f->images[i][0])
+                        trash_file(srv, f->images[i]);
+        free(f);
+        j->data = NULL;
+}
+
+static const snapjob_ops fork_ops = {
+        .what = "fork", .work = fork_work, .done = fork_done, .answer = fork_answer, .release = fork_release,
+};
+
+enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
+        json_t *body;
+        if (api_parse_body(req, &body) < 0)
+                return MHD_YES;
+        json_t *cj = json_object_get(body, "count"), *tj = json_object_get(body, "timeout");
+        json_int_t count = cj && !json_is_null(cj) ? json_integer_value(cj) : 1;
+        if ((cj && !json_is_null(cj) && !json_is_integer(cj)) || count < 1 || count > FORK_MAX ||
+            (tj && !json_is_null(tj) && (!json_is_integer(tj) || json_integer_value(tj) < 0 ||
+                                         (uint64_t) json_integer_value(tj) > srv->cfg.max_timeout_s))) {
+                json_decref(body);
+                return http_reply_error(req->conn, 400, "count must be 1..%d and timeout 0..%llu seconds", FORK_MAX,
+                                        (unsigned long long) srv->cfg.max_timeout_s);
+        }
+        json_int_t timeout = tj && !json_is_null(tj) ? json_integer_value(tj) : 0;
+        json_decref(body);
+        /* the team limit first: no copy for forks that cannot be made */
+        if ((uint64_t) sbx_live_count(srv, sb->team_id) + (uint64_t) count > srv->cfg.max_sandboxes_per_team)
+                return http_reply_error(req->conn, 429, "%lld forks would exceed the team's limit of %llu live sandboxes",
+                                        (long long) count, (unsigned long long) srv->cfg.max_sandboxes_per_team);
+        hutch_error err = { 0 };
+        int r = snapshot_room(srv, sb, false, &err);
+        if (r < 0)
+                return snapshot_error(req, sb->id, r, err.msg);
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/snapshots/.fork-XXXXXX", srv->cfg.data_dir);
+
+        if (hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR) {
+                /* runsc's checkpoint and the restores run on the loop */
+                int fd = mkostemp(path, O_CLOEXEC);
+                if (fd < 0)
+                        return snapshot_error(req, sb->id, -errno, "temporary file for a fork");
+                uint64_t bytes = 0;
+                if (hutch_sandbox_is_suspended(sb->h))
+                        r = sbx_pause_image_read(srv, sb, fd, &err);
+                else {
+                        r = hutch_sandbox_checkpoint(sb->h, fd, &bytes, &err);
+                        if (hutch_sandbox_fd(sb->h) >= 0 && sbx_reattach(srv, sb) < 0)
+                                log_error("sandbox %s: watching its control connection again failed", sb->id);
+                }
+                sbx_mark_dirty(sb);
+                close(fd);
+                enum MHD_Result mr = r < 0 ? snapshot_error(req, sb->id, r, err.msg)
+                                           : fork_children(srv, req, sb, path, NULL, 0, count, timeout);
+                trash_file(srv, path);
+                return mr;
+        }
+
+        if (snapjob_admit(srv, req, sb->team_id, sb->id) < 0)
+                return MHD_YES;
+        fork_job *f = calloc(1, sizeof *f);
+        snapjob *j = f ? snapjob_new(&fork_ops, sb->team_id, sb->id) : NULL;
+        if (!j) {
+                free(f);
+                return http_reply_error(req->conn, 500, "out of memory");
+        }
+        j->data = f;
+        f->count = count;
+        f->timeout = timeout;
+        snprintf(f->path, sizeof f->path, "%s", path);
+        j->fds[FORK_FD_STREAM] = mkostemp(f->path, O_CLOEXEC);
+        if (j->fds[FORK_FD_STREAM] < 0) {
+                r = hutch_error_set(&err, -errno, "temporary file: %m");
+                f->path[0] = 0;
+        }
+        for (json_int_t i = 0; r >= 0 && i < count; i++) {
+                snprintf(f->images[i], sizeof f->images[i], "%s/snapshots/.image-XXXXXX", srv->cfg.data_dir);
+                if ((j->fds[FORK_FD_NEW + i] = mkostemp(f->images[i], O_CLOEXEC)) < 0) {
+                        r = hutch_error_set(&err, -errno, "temporary file: %m");
+                        f->images[i][0] = 0;
+                }
+        }
+        if (r >= 0)
+                r = layer_job_prepare(sb, j, FORK_FD_ROOT, FORK_FD_IMAGE, &f->uid_base, &err);
+        if (r < 0) {
+                snapjob_discard(srv, j);
+                return snapshot_error(req, sb->id, r, err.msg);
+        }
+        if ((r = snapjob_start(srv, j, req, &err)) < 0)
+                return snapshot_error(req, sb->id, r, err.msg);
+        return MHD_YES;
 }

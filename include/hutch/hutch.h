@@ -47,6 +47,12 @@ typedef struct hutch_ctx_config {
         const char *gpu_driver_root;
         const char *gpu_proc_dir;
         int gpu_share;
+        /* A directory on the data dir's file system where the writable
+         * layers of destroyed sandboxes are moved, for the caller to delete
+         * when it suits it: freeing a large image's blocks takes a while
+         * (0.4-0.6 s for 1 GiB here), which the daemon's loop must not wait
+         * for. NULL: deleted at once. */
+        const char *trash_dir;
 } hutch_ctx_config;
 
 int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error *err);
@@ -112,6 +118,12 @@ typedef struct hutch_sandbox_config {
          * (a built template's layer; limits.disk_bytes stays the writable
          * layer's size), and may come with checkpoint_from. */
         const char *layer_from;
+        /* Or an image hutch_layer_import_fds() made from such a stream, with
+         * the id range it gave (*ret_uid_base): taken over (renamed into the
+         * storage; copied if it is on another file system), so that the
+         * create does not copy the layer. */
+        const char *layer_image;
+        uint32_t layer_image_uid_base;
         int backend;               /* HUTCH_BACKEND_* */
         /* gvisor: restore a stream hutch_sandbox_checkpoint() wrote (a
          * file) instead of booting: its processes, their memory and its
@@ -203,9 +215,13 @@ int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err);
  * template. Returns how many versions (and crash leftovers) it removed. */
 int hutch_template_gc(hutch_ctx *ctx, hutch_error *err);
 
-/* Freeze / thaw every process of the sandbox (cgroup freezer). */
+/* Freeze / thaw every process of the sandbox (cgroup freezer). While it is
+ * frozen, calls that need an answer from its init fail at once with -EAGAIN
+ * (a frozen init cannot answer: they would wait for their whole timeout). */
 int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err);
 int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err);
+/* Frozen through this handle, or found frozen when it was attached. */
+bool hutch_sandbox_is_frozen(const hutch_sandbox *sb);
 
 typedef struct hutch_stats {
         uint64_t memory_current; /* bytes */
@@ -233,6 +249,28 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err);
  * Processes are not part of it. ext4 layers only (-EOPNOTSUPP). Returns
  * the bytes written to *ret_bytes. */
 int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+
+/* The same export in two halves, for a caller that must not block (the
+ * daemon's loop): hutch_sandbox_layer_open() checks the sandbox and opens
+ * what the export reads (its root, to sync it, and its layer image), at
+ * once; hutch_layer_export_fds() then syncs and copies, as long as the
+ * layer takes, using nothing but those descriptors and out_fd, so it may
+ * run in a child process. The sandbox must stay frozen until it returns.
+ * hutch_layer_source_close() accepts a zeroed or closed source. */
+typedef struct hutch_layer_source {
+        int root_fd;   /* /proc/<init>/root: syncfs writes the overlay's upper layer back */
+        int image_fd;  /* the layer image, read-only */
+        uid_t uid_base;
+} hutch_layer_source;
+int hutch_sandbox_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err);
+int hutch_layer_export_fds(const hutch_layer_source *src, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+void hutch_layer_source_close(hutch_layer_source *src);
+/* The other way: the stream read from in_fd written into image_fd (an
+ * empty regular file) as the sparse layer image it describes, every extent
+ * bounds-checked; the id range its files belong to in *ret_uid_base. Only
+ * descriptors, for a child process: hutch_sandbox_config.layer_image then
+ * takes the image over without copying it on the caller's loop. */
+int hutch_layer_import_fds(int in_fd, int image_fd, uint32_t *ret_uid_base, hutch_error *err);
 
 /* gvisor: a checkpoint of the running sandbox (runsc checkpoint
  * --leave-running: processes, memory and the in-memory writable layer) as

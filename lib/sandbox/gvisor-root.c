@@ -134,7 +134,7 @@ int gvisor_root_prepare(hutch_sandbox *sb, const hutch_template *tpl, const char
                  * 0..65535), which runsc presents as they are */
                 int fd = -1;
                 uint64_t size = 0;
-                if ((r = storage_prepare(sb->ctx, sb->id, 0, &sb->limits, layer_from, &fd, &size,
+                if ((r = storage_prepare(sb->ctx, sb->id, 0, &sb->limits, layer_from, NULL, 0, &fd, &size,
                                          err)) < 0)
                         return r;
                 safe_close(fd); /* mounted again read-only at each launch */

@@ -506,8 +506,8 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *layer
 int gvisor_kill_runtime(hutch_sandbox *sb) {
         if (!sb->cg || sb->init_pid <= 0)
                 return 0;
-        if (cgroup_is_frozen(sb->cg) == 1)
-                (void) cgroup_thaw(sb->cg, NULL);
+        if (cgroup_is_frozen(sb->cg) == 1 && cgroup_thaw(sb->cg, NULL) >= 0)
+                sb->frozen = false;
         for (unsigned round = 0; round < 4; round++) {
                 int n = cgroup_signal_others(sb->cg, sb->init_pid, SIGKILL);
                 if (n <= 0)
@@ -670,6 +670,8 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
          * for the checkpoint and frozen again */
         bool frozen = sb->cg && cgroup_is_frozen(sb->cg) == 1;
         int r = frozen ? cgroup_thaw(sb->cg, err) : 0;
+        if (frozen && r >= 0)
+                sb->frozen = false; /* init answers again (initconn_call) */
         bool synced = false;
         if (r >= 0 && (r = relay_call(sb, INITPROTO_RELAY_SYNC, err)) >= 0)
                 synced = true;
@@ -773,11 +775,12 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
                         k = gvisor_after_launch(sb, &e2);
                 if (k < 0 && r >= 0)
                         r = hutch_error_set(err, k, "restoring the sandbox after its checkpoint: %s", e2.msg);
-                if (k >= 0 && frozen)
-                        (void) cgroup_freeze(sb->cg, &e2);
+                if (k >= 0 && frozen && cgroup_freeze(sb->cg, &e2) >= 0)
+                        sb->frozen = true;
         } else if (frozen && !sb->suspended) {
                 hutch_error e2 = { 0 };
-                (void) cgroup_freeze(sb->cg, &e2);
+                if (cgroup_freeze(sb->cg, &e2) >= 0)
+                        sb->frozen = true;
         }
         (void) rm_rf_at(AT_FDCWD, dir);
         if (r < 0)

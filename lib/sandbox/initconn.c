@@ -235,6 +235,11 @@ int initconn_call(hutch_sandbox *sb, const int *fds, size_t nfds, initconn_reply
         bool streaming = req.type == INITPROTO_FS_LIST || req.type == INITPROTO_LIST_PROCS;
         if (sb->conn < 0)
                 return hutch_error_set(err, -ENOTCONN, "sandbox %s: not connected", sb->id);
+        /* a frozen init cannot answer: fail now rather than at the timeout,
+         * which on the daemon's loop would hold every other sandbox */
+        if (sb->frozen)
+                return hutch_error_set(err, -EAGAIN, "sandbox %s is frozen (paused, or its layer is being copied)",
+                                       sb->id);
         int r = fd_send_with_fds(sb->conn, sb->tx->buf, (size_t) len, fds, nfds);
         if (r < 0)
                 return hutch_error_set(err, r, "sandbox %s: sending to init: %s", sb->id,

@@ -29,6 +29,7 @@ struct hutch_ctx {
         char *runsc;        /* configured runsc path, "" to search */
         char *gvisor_platform;
         char *gpu_dev_dir, *gpu_driver_root, *gpu_proc_dir; /* gpu.c */
+        char *trash_dir;    /* NULL, or where storage_remove moves layer images */
         bool gpu_share;
         struct gpu_nvml *nvml; /* gpu.c: libnvidia-ml, loaded on first use */
 };
@@ -78,6 +79,8 @@ struct hutch_sandbox {
         bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
         uint32_t gpu_ids[HUTCH_GPUS_MAX]; /* gpu.c: reserved in run_dir/gpus, ascending */
         size_t n_gpus;
+        bool frozen;       /* its cgroup is frozen (hutch_sandbox_freeze, or found so at attach):
+                              init cannot answer, so no request is sent to it (initconn_call) */
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
@@ -149,8 +152,14 @@ int uidrange_pick(const uint8_t *used, uint32_t n, uint32_t start);
 int storage_init(hutch_ctx *ctx, hutch_error *err);
 /* ext4: a detached mount (fd in *ret_layer_fd) holding upper/ and work/
  * owned by `owner`; tmpfs: *ret_layer_fd = -1 and the child mounts one. */
-int storage_export(hutch_ctx *ctx, const char *id, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+/* The layer image of sandbox id, opened read-only (-EOPNOTSUPP without ext4
+ * layers); and that image as a layer stream to out_fd (descriptors only). */
+int storage_open_image(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err);
+int storage_export_fd(int image_fd, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err);
+/* layer_image (with its ids' base): an image made by hutch_layer_import_fds,
+ * taken over instead of importing layer_from. */
 int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, const char *layer_from,
+                    const char *layer_image, uint32_t layer_image_base,
                     int *ret_layer_fd, uint64_t *ret_disk_bytes,
                     hutch_error *err);
 int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err);

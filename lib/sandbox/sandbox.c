@@ -67,11 +67,13 @@ int hutch_ctx_new(const hutch_ctx_config *cfg, hutch_ctx **ret_ctx, hutch_error 
                 const char *share = getenv("HUTCH_GPU_SHARE");
                 ctx->gpu_share = cfg->gpu_share > 0 || (cfg->gpu_share == 0 && share && streq(share, "1"));
         }
+        ctx->trash_dir = cfg->trash_dir ? strdup(cfg->trash_dir) : NULL;
         ctx->uid_base = cfg->uid_base ? cfg->uid_base : 0x40000000u;
         ctx->uid_slots = cfg->uid_slots ? cfg->uid_slots : 4096;
         int r;
         if (!ctx->run_dir || !ctx->data_dir || !ctx->cgroup_root || !ctx->storage_kind || !ctx->runsc ||
-            !ctx->gvisor_platform || !ctx->gpu_dev_dir || !ctx->gpu_driver_root || !ctx->gpu_proc_dir) {
+            !ctx->gvisor_platform || !ctx->gpu_dev_dir || !ctx->gpu_driver_root || !ctx->gpu_proc_dir ||
+            (cfg->trash_dir && !ctx->trash_dir)) {
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
         }
@@ -129,6 +131,7 @@ hutch_ctx *hutch_ctx_free(hutch_ctx *ctx) {
         free(ctx->gpu_dev_dir);
         free(ctx->gpu_driver_root);
         free(ctx->gpu_proc_dir);
+        free(ctx->trash_dir);
         gpu_nvml_free(ctx);
         safe_close(ctx->init_memfd);
         free(ctx);
@@ -449,8 +452,8 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->init_pidfd >= 0 &&
             (sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) == 0 || errno == ESRCH)) {
                 /* A frozen (paused) task does not die of SIGKILL until thawed. */
-                if (sb->cg && cgroup_is_frozen(sb->cg) == 1)
-                        (void) cgroup_thaw(sb->cg, NULL);
+                if (sb->cg && cgroup_is_frozen(sb->cg) == 1 && cgroup_thaw(sb->cg, NULL) >= 0)
+                        sb->frozen = false;
                 struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
                 int k2;
                 do
@@ -830,6 +833,10 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -EINVAL, "unknown backend %d", sb->backend);
                 goto fail;
         }
+        if (sb->backend == HUTCH_BACKEND_GVISOR && cfg->layer_image) {
+                r = hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot take over a layer image");
+                goto fail;
+        }
         if (sb->backend != HUTCH_BACKEND_GVISOR && cfg->checkpoint_from) {
                 r = hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
                 goto fail;
@@ -1082,8 +1089,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         /* The writable layer, while the child joins its cgroup. */
         uint64_t restored_bytes = 0;
-        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, &layer_fd,
-                                           &restored_bytes, &e)) < 0)
+        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, cfg->layer_image,
+                                           cfg->layer_image_uid_base, &layer_fd, &restored_bytes, &e)) < 0)
                 step = e.msg;
         if (r >= 0 && restored_bytes)
                 sb->limits.disk_bytes = restored_bytes; /* the snapshot's size, not the request's */
@@ -1296,6 +1303,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                                 r = hutch_error_set(err, k, "sandbox %s: freezing again: %s", id, e2.msg);
                                 goto fail;
                         }
+                        sb->frozen = true;
                 }
                 if (r < 0)
                         goto fail;
@@ -1365,8 +1373,8 @@ int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err) {
         if (sys_pidfd_send_signal(sb->init_pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH)
                 return hutch_error_set(err, -errno, "sandbox %s: killing init: %m", sb->id);
         /* a frozen task does not die of SIGKILL until thawed */
-        if (sb->cg && cgroup_is_frozen(sb->cg) == 1)
-                (void) cgroup_thaw(sb->cg, NULL);
+        if (sb->cg && cgroup_is_frozen(sb->cg) == 1 && cgroup_thaw(sb->cg, NULL) >= 0)
+                sb->frozen = false;
         sb->conn = safe_close(sb->conn);
         return sb->init_pidfd;
 }
@@ -1443,35 +1451,69 @@ bool hutch_sandbox_is_suspended(const hutch_sandbox *sb) {
 }
 
 int hutch_sandbox_freeze(hutch_sandbox *sb, hutch_error *err) {
-        return cgroup_freeze(sb->cg, err);
+        int r = cgroup_freeze(sb->cg, err);
+        if (r >= 0)
+                sb->frozen = true;
+        return r;
 }
 
 int hutch_sandbox_thaw(hutch_sandbox *sb, hutch_error *err) {
-        return cgroup_thaw(sb->cg, err);
+        int r = cgroup_thaw(sb->cg, err);
+        if (r >= 0)
+                sb->frozen = false;
+        return r;
 }
 
-int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+bool hutch_sandbox_is_frozen(const hutch_sandbox *sb) {
+        return sb->frozen;
+}
+
+void hutch_layer_source_close(hutch_layer_source *src) {
+        if (!src)
+                return;
+        if (src->root_fd > 0)
+                close(src->root_fd);
+        if (src->image_fd > 0)
+                close(src->image_fd);
+        src->root_fd = src->image_fd = -1;
+}
+
+int hutch_sandbox_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err) {
         if (sb->backend == HUTCH_BACKEND_GVISOR)
                 return hutch_error_set(err, -EOPNOTSUPP,
                                        "snapshots of gvisor sandboxes are not available: their files live in "
                                        "the sandbox's memory, which this hutch cannot checkpoint yet");
-        /* sync the layer through the sandbox's own root: an overlay's syncfs
-         * writes back its upper file system */
+        /* the layer is synced through the sandbox's own root: an overlay's
+         * syncfs writes back its upper file system */
         char p[64];
         snprintf(p, sizeof p, "/proc/%d/root", (int) sb->init_pid);
-        int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0)
+        _cleanup_close_ int root = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0)
                 return hutch_error_set(err, -errno, "opening the sandbox's root: %m");
         /* still our init, not a process that got its pid after it died */
-        if (sb->init_pidfd >= 0 && syscall(SYS_pidfd_send_signal, sb->init_pidfd, 0, NULL, 0) < 0) {
-                close(fd);
+        if (sb->init_pidfd >= 0 && syscall(SYS_pidfd_send_signal, sb->init_pidfd, 0, NULL, 0) < 0)
                 return hutch_error_set(err, -ESRCH, "the sandbox's init is gone");
-        }
-        int r = syncfs(fd) < 0 ? -errno : 0;
-        close(fd);
+        int img = -1;
+        int r = storage_open_image(sb->ctx, sb->id, &img, err);
         if (r < 0)
-                return hutch_error_set(err, r, "syncing the sandbox's file system: %s", strerror(-r));
-        return storage_export(sb->ctx, sb->id, sb->uid_base, out_fd, ret_bytes, err);
+                return r;
+        *ret = (hutch_layer_source){ .root_fd = TAKE_FD(root), .image_fd = img, .uid_base = sb->uid_base };
+        return 0;
+}
+
+int hutch_layer_export_fds(const hutch_layer_source *src, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        if (syncfs(src->root_fd) < 0)
+                return hutch_error_set(err, -errno, "syncing the sandbox's file system: %m");
+        return storage_export_fd(src->image_fd, src->uid_base, out_fd, ret_bytes, err);
+}
+
+int hutch_sandbox_layer_export(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        hutch_layer_source src = { -1, -1, 0 };
+        int r = hutch_sandbox_layer_open(sb, &src, err);
+        if (r >= 0)
+                r = hutch_layer_export_fds(&src, out_fd, ret_bytes, err);
+        hutch_layer_source_close(&src);
+        return r;
 }
 
 int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {

@@ -208,11 +208,41 @@ int storage_layer_from(hutch_ctx *ctx, const char *stream_path, const char *img,
                        uint64_t *ret_size, hutch_error *err);
 int storage_shift_owner(int mnt, uid_t from, uid_t to);
 
+/* A prepared image (hutch_layer_import_fds) becomes sandbox id's layer:
+ * renamed, or copied from another file system. */
+static int layer_take_image(const char *from, const char *img, uint64_t *ret_size, hutch_error *err) {
+        struct stat st;
+        if (rename(from, img) < 0) {
+                if (errno != EXDEV)
+                        return hutch_error_set(err, -errno, "taking over %s: %m", from);
+                _cleanup_close_ int src = open(from, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                if (src < 0)
+                        return hutch_error_set(err, -errno, "opening %s: %m", from);
+                _cleanup_close_ int dst = open(img, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+                if (dst < 0)
+                        return hutch_error_set(err, -errno, "creating %s: %m", img);
+                int r = copy_sparse(src, dst);
+                if (r < 0) {
+                        unlink(img);
+                        return hutch_error_set(err, r, "copying the layer image: %s", strerror(-r));
+                }
+        }
+        if (stat(img, &st) < 0 || st.st_size <= 0 || !S_ISREG(st.st_mode)) {
+                unlink(img);
+                return hutch_error_set(err, -EINVAL, "the layer image given is not one");
+        }
+        *ret_size = (uint64_t) st.st_size;
+        return 0;
+}
+
 int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_limits *limits, const char *layer_from,
-                    int *ret_layer_fd, uint64_t *ret_disk_bytes, hutch_error *err) {
+                    const char *layer_image, uint32_t layer_image_base, int *ret_layer_fd, uint64_t *ret_disk_bytes,
+                    hutch_error *err) {
         *ret_layer_fd = -1;
+        if (layer_image)
+                layer_from = NULL; /* the same layer, imported already */
         if (!streq(ctx->storage_kind, "ext4")) {
-                if (layer_from)
+                if (layer_from || layer_image)
                         return hutch_error_set(err, -EOPNOTSUPP,
                                                "starting from a layer snapshot needs the ext4 layer backend");
                 return 0;
@@ -223,9 +253,13 @@ int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_lim
                 return hutch_error_set(err, r, "layer path too long");
         uint32_t from_base = 0;
         _cleanup_close_ int dst = -1;
-        if (layer_from) {
+        if (layer_from || layer_image) {
                 uint64_t size = 0;
-                if ((r = storage_layer_from(ctx, layer_from, img, &from_base, &size, err)) < 0)
+                if (layer_image) {
+                        if ((r = layer_take_image(layer_image, img, &size, err)) < 0)
+                                return r;
+                        from_base = layer_image_base;
+                } else if ((r = storage_layer_from(ctx, layer_from, img, &from_base, &size, err)) < 0)
                         return r;
                 *ret_disk_bytes = size;
                 dst = open(img, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -277,12 +311,13 @@ int storage_prepare(hutch_ctx *ctx, const char *id, uid_t owner, const hutch_lim
         /* The loop device and file system hold the image now; the mount fd
          * is all that is left to hand over. A restored layer's files move to
          * this sandbox's id range. */
-        if (layer_from && (r = storage_shift_owner(mnt, from_base, owner)) < 0) {
+        bool restored = layer_from || layer_image;
+        if (restored && (r = storage_shift_owner(mnt, from_base, owner)) < 0) {
                 hutch_error_set(err, r, "moving the restored layer to the sandbox's ids: %s", strerror(-r));
                 goto fail;
         }
-        if ((mkdirat(mnt, "upper", 0755) < 0 && (errno != EEXIST || !layer_from)) ||
-            (mkdirat(mnt, "work", 0700) < 0 && (errno != EEXIST || !layer_from)) ||
+        if ((mkdirat(mnt, "upper", 0755) < 0 && (errno != EEXIST || !restored)) ||
+            (mkdirat(mnt, "work", 0700) < 0 && (errno != EEXIST || !restored)) ||
             fchownat(mnt, "upper", owner, owner, AT_SYMLINK_NOFOLLOW) < 0 ||
             fchownat(mnt, "work", owner, owner, AT_SYMLINK_NOFOLLOW) < 0) {
                 r = hutch_error_set(err, -errno, "preparing the layer: %m");
@@ -336,6 +371,12 @@ int storage_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {
                 return 0;
         char img[2300];
         if (layer_image_path(ctx, id, img, sizeof img) < 0)
+                return 0;
+        /* into the caller's trash, whose deletion frees the blocks later
+         * (the id is unique: no other image of that name can be there) */
+        char trashed[2400];
+        if (ctx->trash_dir && snprintf(trashed, sizeof trashed, "%s/%s.img", ctx->trash_dir, id) < (int) sizeof trashed &&
+            rename(img, trashed) == 0)
                 return 0;
         if (unlink(img) < 0 && errno != ENOENT)
                 return hutch_error_set(err, -errno, "removing %s: %m", img);
@@ -409,17 +450,26 @@ static int get_u64(int fd, uint64_t *ret) {
         return 0;
 }
 
-int storage_export(hutch_ctx *ctx, const char *id, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+int storage_open_image(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err) {
         if (!ctx->storage_mnt || !streq(ctx->storage_kind, "ext4"))
                 return hutch_error_set(err, -EOPNOTSUPP, "layer snapshots need the ext4 layer backend (this host uses %s)",
                                        ctx->storage_kind ? ctx->storage_kind : "none");
         char img[2300];
         if (layer_image_path(ctx, id, img, sizeof img) < 0)
                 return hutch_error_set(err, -ENAMETOOLONG, "layer path too long");
-        _cleanup_close_ int src = open(img, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        struct stat st;
-        if (src < 0 || fstat(src, &st) < 0)
+        int fd = open(img, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
                 return hutch_error_set(err, -errno, "opening %s: %m", img);
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Only descriptors: it runs in the daemon's snapshot worker (a child
+ * process, daemon/snapjob.c) as well as in hutch_sandbox_layer_export. */
+int storage_export_fd(int src, uid_t uid_base, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        struct stat st;
+        if (fstat(src, &st) < 0)
+                return hutch_error_set(err, -errno, "the layer image: %m");
         uint64_t total = 0;
         int r = fd_write_all(out_fd, LAYER_MAGIC, 8);
         uint8_t base[4] = { (uint8_t) uid_base, (uint8_t) (uid_base >> 8), (uint8_t) (uid_base >> 16),
@@ -580,6 +630,11 @@ int storage_layer_from(hutch_ctx *ctx, const char *stream_path, const char *img,
         if (r < 0)
                 unlink(img);
         return r;
+}
+
+int hutch_layer_import_fds(int in_fd, int image_fd, uint32_t *ret_uid_base, hutch_error *err) {
+        uint64_t size = 0;
+        return layer_import(in_fd, image_fd, ret_uid_base, &size, err);
 }
 
 int storage_shift_owner(int mnt, uid_t from, uid_t to) {

@@ -49,3 +49,6 @@ int sys_quotactl_fd(int fd, unsigned cmd, int id, void *addr) {
 int sys_memfd_create(const char *name, unsigned flags) {
         return (int) syscall(SYS_memfd_create, name, flags);
 }
+int sys_ioprio_set_self(int ioprio_class, int level) {
+        return (int) syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, ioprio_class << 13 | level);
+}

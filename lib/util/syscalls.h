@@ -32,3 +32,5 @@ int sys_openat2(int dfd, const char *path, struct open_how *how, size_t size);
 int sys_pivot_root(const char *new_root, const char *put_old);
 int sys_quotactl_fd(int fd, unsigned cmd, int id, void *addr);
 int sys_memfd_create(const char *name, unsigned flags);
+/* ioprio_set(IOPRIO_WHO_PROCESS, 0, class << 13 | level) for the caller. */
+int sys_ioprio_set_self(int ioprio_class, int level);
