@@ -900,6 +900,29 @@ static void on_sniff(server *srv, watcher *w, uint32_t revents) {
         on_client(srv, w, EPOLLIN);
 }
 
+static bool same_address(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+        if (a->ss_family != b->ss_family)
+                return false;
+        if (a->ss_family == AF_INET)
+                return ((const struct sockaddr_in *) a)->sin_addr.s_addr ==
+                        ((const struct sockaddr_in *) b)->sin_addr.s_addr;
+        if (a->ss_family == AF_INET6)
+                return memcmp(&((const struct sockaddr_in6 *) a)->sin6_addr,
+                              &((const struct sockaddr_in6 *) b)->sin6_addr,
+                              sizeof(struct in6_addr)) == 0;
+        return false;
+}
+
+/* This side's connections (undecided or HTTP/2) from the address of ss:
+ * bounded per client as MHD bounds its own, so that idle connections that
+ * never send a byte cannot pile up here out of MHD's sight. */
+static unsigned conns_from(const struct sockaddr_storage *ss) {
+        unsigned n = 0;
+        for (h2conn *h = conns; h; h = h->next)
+                n += same_address(&h->addr, ss);
+        return n;
+}
+
 static void on_accept(server *srv, watcher *w, uint32_t revents) {
         for (int i = 0; i < 64; i++) {
                 struct sockaddr_storage ss;
@@ -910,6 +933,10 @@ static void on_accept(server *srv, watcher *w, uint32_t revents) {
                 /* TLS (ALPN h2 is not built), or too many undecided or h2
                  * connections: straight to MHD, which applies its limits */
                 bool sniff = !srv->tls_pem[0] && n_conns < srv->cfg.max_connections;
+                if (sniff && conns_from(&ss) >= srv->cfg.max_connections_per_client) {
+                        close(fd);
+                        continue;
+                }
                 h2conn *h = sniff ? calloc(1, sizeof *h) : NULL;
                 if (!h) {
                         (void) MHD_add_connection(srv->mhd, fd, (struct sockaddr *) &ss, sl);
@@ -978,7 +1005,7 @@ int64_t ingress_h2_tick(server *srv, int64_t now) {
                         continue;
                 if (h->deadline_ms <= now) {
                         if (h->state == S_SNIFF)
-                                to_mhd(h); /* MHD's timeout applies from here */
+                                h2_close(h); /* not a byte in unauth-timeout: as MHD would */
                         else if (h->state == S_HEAD)
                                 h2_goaway(h, E_NO_ERROR, "no request in time");
                         else
