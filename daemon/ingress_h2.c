@@ -743,6 +743,10 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
                 h->craw.off += h->head_parsed;
                 h->head_parsed = 0;
                 parse_client(h); /* what came after the first block */
+                if (h->closed || h->state != S_RELAY) {
+                        h2_update(h);
+                        return;
+                }
         }
         if (revents & EPOLLOUT) {
                 if (!flush(w->fd, &h->to_up, NULL)) {
@@ -750,6 +754,10 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
                         return;
                 }
                 parse_client(h);
+                if (h->closed || h->state != S_RELAY) {
+                        h2_update(h);
+                        return;
+                }
         }
         if (revents & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) {
                 while (!h->u_eof && hb_pending(&h->to_cl) < BUF_CAP) {

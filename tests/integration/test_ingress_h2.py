@@ -404,11 +404,28 @@ def test_a_later_stream_naming_another_sandbox_is_refused(world):
     healthy(d)
 
 
-def test_slow_client_without_a_request_is_cut(world):
-    """The preface and nothing else: the connection is held at most
-    unauth-timeout, like an HTTP/1.1 one; the daemon serves others meanwhile."""
-    d, _, _ = world
-    c = Raw(d)
-    c.send(PREFACE)
-    healthy(d)
-    c.close()
+def test_slow_clients_are_cut_at_the_unauthenticated_timeout(sandboxed_hutch, tmp_path):
+    """The preface and nothing else: GOAWAY at --unauthenticated-timeout, as
+    an HTTP/1.1 connection without a request is closed; a connection that
+    sends no byte at all is closed too; the daemon serves others meanwhile."""
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--pool-size", "0", "--unauthenticated-timeout", "2"])
+    d.start()
+    try:
+        c = Raw(d)
+        c.send(PREFACE + SETTINGS)
+        quiet = socket.create_connection((d.host, d.port), timeout=10)
+        healthy(d)
+        t0 = time.monotonic()
+        fr = c.frames(timeout=8)
+        assert goaway_of(fr)[0] == 0, fr
+        assert time.monotonic() - t0 < 6
+        quiet.settimeout(8)
+        try:
+            assert quiet.recv(1) == b""
+        except ConnectionResetError:
+            pass
+        c.close()
+        quiet.close()
+        healthy(d)
+    finally:
+        d.stop()
