@@ -542,7 +542,10 @@ static int block_done(h2conn *h) {
                           "a stream named another sandbox port, or lacked the access token");
                 return -1;
         }
-        (void) hb_append(&h->to_up, h->hraw.p + h->hraw.off, hb_pending(&h->hraw));
+        if (hb_append(&h->to_up, h->hraw.p + h->hraw.off, hb_pending(&h->hraw)) < 0) {
+                h2_close(h);
+                return -1;
+        }
         h->hraw.off = h->hraw.len = 0;
         return 0;
 }
@@ -559,7 +562,10 @@ static void parse_client(h2conn *h) {
                         size_t n = avail < h->c_left ? avail : (size_t) h->c_left;
                         if (n == 0 || hb_pending(&h->to_up) >= BUF_CAP)
                                 return;
-                        (void) hb_append(&h->to_up, p, n);
+                        if (hb_append(&h->to_up, p, n) < 0) {
+                                h2_close(h);
+                                return;
+                        }
                         h->craw.off += n;
                         h->c_left -= n;
                         continue;
@@ -598,9 +604,11 @@ static void parse_client(h2conn *h) {
                                 h2_goaway(h, E_CALM, "header block too large (CONTINUATION flood)");
                                 return;
                         }
-                        (void) hb_append(&h->hblock, frag, fl);
-                        if (h->state == S_RELAY)
-                                (void) hb_append(&h->hraw, p, FRAME_HDR + len);
+                        if (hb_append(&h->hblock, frag, fl) < 0 ||
+                            (h->state == S_RELAY && hb_append(&h->hraw, p, FRAME_HDR + len) < 0)) {
+                                h2_close(h);
+                                return;
+                        }
                         if (h->state == S_HEAD)
                                 h->head_parsed += FRAME_HDR + len;
                         else
@@ -630,7 +638,10 @@ static void parse_client(h2conn *h) {
                 /* RELAY: the frame's header goes, its payload streams */
                 if (hb_pending(&h->to_up) >= BUF_CAP)
                         return;
-                (void) hb_append(&h->to_up, p, FRAME_HDR);
+                if (hb_append(&h->to_up, p, FRAME_HDR) < 0) {
+                        h2_close(h);
+                        return;
+                }
                 h->craw.off += FRAME_HDR;
                 h->c_left = len;
         }
