@@ -148,6 +148,8 @@ static int hb_reserve(hbuf *b, size_t more) {
 }
 
 static int hb_append(hbuf *b, const void *p, size_t n) {
+        if (n == 0)
+                return 0; /* an empty frame's payload may be NULL */
         int r = hb_reserve(b, n);
         if (r < 0)
                 return r;
