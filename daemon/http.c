@@ -751,16 +751,18 @@ int http_start(server *srv, hutch_error *err) {
                 { MHD_OPTION_END, 0, NULL },
         };
         srv->mhd = MHD_start_daemon(
-                flags, 0, NULL, NULL, on_request, srv,
-                MHD_OPTION_ARRAY, tls_opts,
-                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+                flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY, tls_opts,
+                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+                on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
-                MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                (unsigned) srv->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-                (unsigned) srv->cfg.unauth_timeout_s, MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
+                MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections,
+                MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections_per_client,
+                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) srv->cfg.unauth_timeout_s,
+                MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
         if (!srv->mhd)
-                return hutch_error_set(err, -EIO, "libmicrohttpd did not start on %s%s", srv->cfg.listen,
-                                       flags & MHD_USE_TLS ? " (is tls-key the key of tls-cert, both PEM?)" : "");
+                return hutch_error_set(
+                        err, -EIO, "libmicrohttpd did not start on %s%s", srv->cfg.listen,
+                        flags & MHD_USE_TLS ? " (is tls-key the key of tls-cert, both PEM?)" : "");
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_EPOLL_FD);
         if (!info) {
                 MHD_stop_daemon(srv->mhd);
