@@ -16,6 +16,7 @@
 
 #include "daemon/connect.h"
 #include "daemon/ingress.h"
+#include "daemon/ingress_h2.h"
 #include "daemon/route.h"
 #include "daemon/audit.h"
 #include "util/clock.h"
@@ -775,26 +776,29 @@ int http_start(server *srv, hutch_error *err) {
                 return hutch_error_set(err, -EBADF, "the API socket is not bound");
         /* read by http_bind; MHD copies neither, so they stay until http_stop */
         const char *cert = srv->tls_pem[0], *key = srv->tls_pem[1];
-        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE | (cert ? MHD_USE_TLS : 0);
+        /* The daemon accepts, not MHD: a connection that opens with the
+         * HTTP/2 preface is ingress's (daemon/ingress_h2.c); the rest are
+         * handed over with MHD_add_connection, MHD's limits applying. */
+        unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE |
+                MHD_USE_NO_LISTEN_SOCKET | (cert ? MHD_USE_TLS : 0);
         struct MHD_OptionItem tls_opts[] = {
                 { cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *) cert },
                 { MHD_OPTION_HTTPS_MEM_KEY, 0, (void *) key },
                 { MHD_OPTION_END, 0, NULL },
         };
-        /* the socket is MHD's from here: it closes it in MHD_stop_daemon */
-        int fd = srv->listen_fd;
         srv->mhd = MHD_start_daemon(
-                flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_LISTEN_SOCKET, fd,
-                MHD_OPTION_ARRAY, tls_opts,
-                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
+                flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY, tls_opts,
+                MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+                on_connection, srv, MHD_OPTION_URI_LOG_CALLBACK, on_uri, srv,
                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (128 * 1024),
-                MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                (unsigned) srv->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-                (unsigned) srv->cfg.unauth_timeout_s, MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
+                MHD_OPTION_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections,
+                MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) srv->cfg.max_connections_per_client,
+                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) srv->cfg.unauth_timeout_s,
+                MHD_OPTION_EXTERNAL_LOGGER, on_log, srv, MHD_OPTION_END);
         if (!srv->mhd)
-                return hutch_error_set(err, -EIO, "libmicrohttpd did not start on %s%s", srv->cfg.listen,
-                                       flags & MHD_USE_TLS ? " (is tls-key the key of tls-cert, both PEM?)" : "");
-        srv->listen_fd = -1;
+                return hutch_error_set(
+                        err, -EIO, "libmicrohttpd did not start on %s%s", srv->cfg.listen,
+                        flags & MHD_USE_TLS ? " (is tls-key the key of tls-cert, both PEM?)" : "");
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_EPOLL_FD);
         if (!info) {
                 MHD_stop_daemon(srv->mhd);
@@ -805,6 +809,11 @@ int http_start(server *srv, hutch_error *err) {
         int r = loop_add(srv, &srv->mhd_w, info->epoll_fd, EPOLLIN);
         if (r < 0)
                 return hutch_error_set(err, r, "epoll: %s", strerror(-r));
+        /* the socket is ingress_h2's from here: ingress_stop closes it */
+        r = ingress_h2_start(srv, srv->listen_fd);
+        if (r < 0)
+                return hutch_error_set(err, r, "epoll: %s", strerror(-r));
+        srv->listen_fd = -1;
         return 0;
 }
 

@@ -41,6 +41,7 @@
 
 #include "daemon/ingress.h"
 #include "daemon/ingress_http.h"
+#include "daemon/ingress_h2.h"
 #include "daemon/route.h"
 #include "daemon/server.h"
 #include "sandbox/initproto.h"
@@ -381,6 +382,7 @@ static void ic_close(ingress_conn *ic) {
 }
 
 void ingress_reap(server *srv) {
+        ingress_h2_reap();
         while (idle_zombies) {
                 idle_up *u = idle_zombies;
                 idle_zombies = u->next;
@@ -415,6 +417,7 @@ void ingress_request_gone(ingress_conn *ic) {
 
 void ingress_sbx_cut(server *srv, sbx *sb) {
         pool_cut(srv, sb->id);
+        ingress_h2_sbx_cut(srv, sb->id);
         for (ingress_conn *ic = live, *next; ic; ic = next) {
                 next = ic->next;
                 if (!streq(ic->sbx_id, sb->id))
@@ -427,6 +430,7 @@ void ingress_sbx_cut(server *srv, sbx *sb) {
 
 void ingress_stop(server *srv) {
         pool_cut(srv, NULL);
+        ingress_h2_stop(srv);
         for (ingress_conn *ic = live, *next; ic; ic = next) {
                 next = ic->next;
                 ic->cut = true;
@@ -616,7 +620,11 @@ static int body_start(ingress_conn *ic) {
         memmove(ic->in.p, ic->in.p + hl, rest);
         ic->in.off = 0;
         ic->in.len = 0;
-        if (ic->state == ST_UPGRADED) {
+        /* a 101: what came with its head is the new protocol's, raw (the
+         * state is not ST_UPGRADED yet when queue_response calls this; a
+         * server that speaks first, as an h2c one does, loses its first
+         * bytes otherwise) */
+        if (ic->state == ST_UPGRADED || ic->head->status == 101) {
                 ic->in.len = rest; /* raw bytes of the new protocol */
                 return 0;
         }
@@ -1115,6 +1123,7 @@ typedef struct head_ctx {
         ibuf *b;
         const char *conn_value; /* the client's Connection field */
         bool upgrade;
+        bool h2c; /* Upgrade: h2c with its HTTP2-Settings */
         int err;
 } head_ctx;
 
@@ -1138,6 +1147,10 @@ static bool req_field_dropped(const head_ctx *hc, const char *key) {
         for (size_t i = 0; i < ELEMENTSOF(drop); i++)
                 if (strcasecmp(key, drop[i]) == 0)
                         return true;
+        /* RFC 7540 §3.2.1: HTTP2-Settings is a connection option of the
+         * h2c upgrade, named in Connection, yet the server needs it */
+        if (hc->h2c && strcasecmp(key, "HTTP2-Settings") == 0)
+                return false;
         return hc->conn_value && ingress_list_has(hc->conn_value, strlen(hc->conn_value), key);
 }
 
@@ -1429,7 +1442,9 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         bool upgrade = upg && conn_v && ingress_list_has(conn_v, strlen(conn_v), "upgrade");
         char host[300];
         host_value(sb, c, port, host, sizeof host);
-        head_ctx hc = { .b = &ic->out, .conn_value = conn_v, .upgrade = upgrade };
+        bool h2c = upgrade && strcasecmp(upg, "h2c") == 0 &&
+                ingress_list_has(conn_v, strlen(conn_v), "HTTP2-Settings");
+        head_ctx hc = { .b = &ic->out, .conn_value = conn_v, .upgrade = upgrade, .h2c = h2c };
         r = ib_printf(&ic->out, "%s ", req->method);
         if (r >= 0)
                 r = ib_append(&ic->out, target, strlen(target));
@@ -1440,7 +1455,8 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                 r = hc.err;
         }
         if (r >= 0 && upgrade)
-                r = ib_printf(&ic->out, "Connection: upgrade\r\nUpgrade: %.4000s\r\n", upg);
+                r = ib_printf(&ic->out, "Connection: upgrade%s\r\nUpgrade: %.4000s\r\n",
+                              h2c ? ", HTTP2-Settings" : "", upg);
         /* else none: HTTP/1.1 keeps the upstream (or gvisor's connector)
          * open for the pool */
         if (r >= 0 && cl)
@@ -1544,6 +1560,20 @@ enum MHD_Result ingress_on_request(server *srv, request *req, const char *data, 
 }
 
 /* ------------------------------------------------------------- routing */
+
+bool ingress_token_ok(server *srv, sbx *sb, const char *tok) {
+        char want[65];
+        traffic_token(srv, sb->id, want);
+        return tok && const_time_eq(tok, want);
+}
+
+const char *ingress_mask(sbx *sb) {
+        return json_string_value(json_object_get(sbx_network_create(sb), "maskRequestHost"));
+}
+
+int ingress_up_socket(sbx *sb, int *ret_fd) {
+        return up_socket(sb, ret_fd);
+}
 
 int ingress_check_access(server *srv, request *req, sbx *sb, unsigned port) {
         if (port == ENVD_PORT || ingress_public(sb))

@@ -45,3 +45,11 @@ json_t *ingress_domain_json(server *srv);
 void ingress_network_json(sbx *sb, json_t *network);
 /* The create body's network.allowPublicTraffic and maskRequestHost. */
 int ingress_create_check(json_t *body, char *why, size_t wl);
+
+/* For HTTP/2 ingress (daemon/ingress_h2.c), which has no MHD request: */
+/* whether tok is sb's traffic access token (constant time) */
+bool ingress_token_ok(server *srv, sbx *sb, const char *tok);
+/* sb's maskRequestHost, or NULL */
+const char *ingress_mask(sbx *sb);
+/* a socket in sb's netns, not connected (ns backend) */
+int ingress_up_socket(sbx *sb, int *ret_fd);

@@ -27,6 +27,7 @@
 #include "daemon/ingress.h"
 #include "daemon/keysfile.h"
 #include "daemon/node.h"
+#include "daemon/ingress_h2.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
 #include "daemon/serve.h"
@@ -830,6 +831,9 @@ int server_run(const server_config *cfg) {
                 int64_t ut = usage_tick(srv, wall_ms());
                 if (ut >= 0 && ut < next)
                         next = ut;
+                int64_t it = ingress_h2_tick(srv, wall_ms());
+                if (it >= 0 && (next < 0 || it < next))
+                        next = it;
                 int timeout = -1;
                 MHD_UNSIGNED_LONG_LONG mt;
                 if (MHD_get_timeout(srv->mhd, &mt) == MHD_YES)

@@ -251,7 +251,7 @@ struct server {
         server_config cfg;
         int epfd;
         struct MHD_Daemon *mhd;
-        int listen_fd;           /* bound at start, MHD's once http_start ran */
+        int listen_fd;           /* bound at start, ingress_h2's once http_start ran */
         int lock_fd;             /* DATA_DIR/serve.lock, held for the daemon's life */
         char *tls_pem[2];        /* tls-cert, tls-key: MHD reads them for its whole life */
         watcher mhd_w;

@@ -48,6 +48,7 @@ test_pkgs=(
         umoci # image tooling for checking the layouts the tests write by hand (docs/templates.md)
         zstd # tests/helpers/ociimage.py compresses zstd layers with it
         prometheus # tests/integration/test_metrics.py scrapes the daemon's /metrics with it
+        python3-h2 # tests/integration/test_ingress_h2.py: the HTTP/2 server in a sandbox, HPACK for hand-made frames (curl is the client)
 )
 
 case "$set_name" in
