@@ -7,6 +7,7 @@ daemon, in one run. Markdown on stdout, progress on stderr.
     bench/noisy.py                           # 1 GiB layer, 60 s under load
     BENCH_NOISY_MB=256 BENCH_NOISY_S=20 bench/noisy.py
     BENCH_NOISY_BASELINE=/path/to/other/hutch bench/noisy.py   # the same, then that build
+    BENCH_NOISY_LOAD=dataplane bench/noisy.py  # A moves data instead (below)
 
 Team A's sandbox holds BENCH_NOISY_MB of random bytes (incompressible: the
 seal compresses and encrypts all of it). Team B's sandbox runs `true`
@@ -21,6 +22,13 @@ wait for on a busy host. Reported: p50 / p99 / max (ms) of both, idle and
 under load, the ratio of the p99s (issue target for commands.run: at most
 2), how long A's operations took, and how often the daemon logged its loop
 busy for more than 250 ms.
+
+BENCH_NOISY_LOAD=dataplane: A's team moves data through the daemon instead
+(issue #16's "the proxy's per-sandbox work is bounded the same way"), over
+and over: a BENCH_NOISY_MB download of a file (GET /files), the same
+upload (POST /files), a command that writes that much to stdout (streamed
+to the client), and that many bytes from an HTTP server in A's sandbox
+through ingress (E2b-Sandbox-Port). A's client reads as fast as it can.
 """
 
 import os
@@ -46,6 +54,8 @@ if not BUILD.is_absolute():
     BUILD = ROOT / BUILD
 HUTCH = Path(os.environ.get("HUTCH_BIN", BUILD / "hutch"))
 BASELINE = os.environ.get("BENCH_NOISY_BASELINE", "")
+LOAD = os.environ.get("BENCH_NOISY_LOAD", "snapshots")
+INGRESS_PORT = 8123
 
 
 def log(*a):
@@ -105,6 +115,58 @@ def a_loop(d, key_a, a, stop, ops, errors):
             time.sleep(1)
 
 
+def a_dataplane_loop(d, key_a, a, stop, ops, errors):
+    """A's team: downloads, uploads, stdout floods and ingress, over and over."""
+    import http.client
+
+    def timed(name, fn):
+        t = time.perf_counter()
+        fn()
+        ops.setdefault(name, []).append((time.perf_counter() - t) * 1000)
+
+    def fetch(path, headers):
+        """GET with a streaming read (the helpers' client buffers whole bodies)."""
+        c = http.client.HTTPConnection(d.host, d.port, timeout=900)
+        c.request("GET", path, headers=dict(headers))
+        r = c.getresponse()
+        n = 0
+        while True:
+            chunk = r.read(1 << 20)
+            if not chunk:
+                break
+            n += len(chunk)
+        c.close()
+        assert r.status == 200 and n == MB << 20, (path, r.status, n)
+
+    def download():
+        fetch(d.files_path("/home/user/blob"), d.envd_headers(a, user="user"))
+
+    payload = os.urandom(MB << 20)
+
+    def upload():
+        r = d.upload(a, "/home/user/up.bin", payload, user="user", timeout=900)
+        assert r.status == 200, r
+
+    def stdout_flood():
+        end, out, _, _ = d.run(a, f"head -c {MB << 20} /home/user/blob", timeout=900)
+        assert len(out) == MB << 20, len(out)
+
+    def ingress():
+        fetch("/blob", {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": str(INGRESS_PORT)})
+
+    steps = (("files download", download), ("files upload", upload), ("stdout stream", stdout_flood),
+             ("ingress GET", ingress))
+    while not stop.is_set():
+        for name, fn in steps:
+            if stop.is_set():
+                break
+            try:
+                timed(f"{name} ({MB} MiB)", fn)
+            except Exception as e:  # noqa: BLE001 - reported in the output
+                errors.append(f"{name}: {repr(e)[:300]}")
+                time.sleep(1)
+
+
 def run_one(hutch):
     work = Path(tempfile.mkdtemp(prefix="hutch-bench-noisy."))
     work.chmod(0o755)
@@ -122,6 +184,8 @@ def run_one(hutch):
         end, o, e, _ = d.run(a, f"dd if=/dev/urandom of=/home/user/blob bs=1M count={MB} status=none && sync && "
                                 "echo ok", timeout=3600)
         assert o == b"ok\n", (end, o, e)
+        if LOAD == "dataplane":
+            d.run(a, f"cd /home/user && nohup python3 -m http.server {INGRESS_PORT} >/dev/null 2>&1 & sleep 1")
         for _ in range(20):
             b_call(d, b)
         log(f"B idle: {IDLE_N} calls")
@@ -131,8 +195,9 @@ def run_one(hutch):
             idle_h.append(health_call(d))
         stop = threading.Event()
         ops, errors = {}, []
-        th = threading.Thread(target=a_loop, args=(d, key_a, a, stop, ops, errors), daemon=True)
-        log(f"B under A's snapshot/restore/fork loop: {LOAD_S:.0f} s")
+        loop = a_dataplane_loop if LOAD == "dataplane" else a_loop
+        th = threading.Thread(target=loop, args=(d, key_a, a, stop, ops, errors), daemon=True)
+        log(f"B under A's {LOAD} loop: {LOAD_S:.0f} s")
         mark = len(d.log_tail(1 << 30))
         th.start()
         load, load_h = [], []
@@ -171,8 +236,11 @@ def main():
     if os.geteuid() != 0:
         print("noisy benchmark: n/a: run as root (sandboxes need it)")
         return 0
-    print(f"### Noisy neighbours: another team's commands.run during snapshots of a {MB} MiB layer\n")
-    print(f"`BENCH_NOISY_MB={MB} BENCH_NOISY_S={LOAD_S:.0f} BENCH_NOISY_IDLE_N={IDLE_N} bench/noisy.py`\n")
+    what = (f"{MB} MiB downloads, uploads, stdout streams and ingress" if LOAD == "dataplane"
+            else f"snapshots of a {MB} MiB layer")
+    print(f"### Noisy neighbours: another team's commands.run during {what}\n")
+    print(f"`BENCH_NOISY_LOAD={LOAD} BENCH_NOISY_MB={MB} BENCH_NOISY_S={LOAD_S:.0f} BENCH_NOISY_IDLE_N={IDLE_N} "
+          "bench/noisy.py`\n")
     report(f"{HUTCH}", *run_one(HUTCH))
     if BASELINE:
         report(f"{BASELINE} (baseline)", *run_one(Path(BASELINE)))
