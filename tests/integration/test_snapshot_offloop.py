@@ -278,8 +278,9 @@ def test_kill_9_mid_snapshot_leaves_nothing_at_the_next_start(sandboxed_hutch, t
         _fill(d, a)
         snap = _Async(d, "POST", f"/sandboxes/{a['sandboxID']}/snapshots", {})
         _wait_for_seal_tmp(d)
-        workers = _workers()
-        assert workers, "no worker while the snapshot is made"
+        # the daemon makes the .seal.tmp before it forks the worker, which
+        # names itself right after the fork: give that a moment under load
+        assert hutchtest.wait_until(lambda: _workers(), 10), "no worker while the snapshot is made"
         d.proc.kill()
         d.proc.wait(10)
         snap.th.join(60)
