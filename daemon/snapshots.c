@@ -200,15 +200,22 @@ typedef struct take_job {
         char msg[320];
 } take_job;
 
+/* In a worker: the layer (its root and image descriptors) exported into
+ * out, and the loop told how it went (SNAPJOB_READ: it may thaw now). */
+static int export_layer_reported(int root_fd, int image_fd, uid_t uid_base, int out, int msg_fd) {
+        hutch_layer_source src = { root_fd, image_fd, uid_base };
+        hutch_error e = { 0 };
+        uint64_t bytes = 0;
+        int r = hutch_layer_export_fds(&src, out, &bytes, &e);
+        snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, 0, r < 0 ? e.msg : NULL);
+        return r;
+}
+
 static int take_work(snapjob *j, int msg_fd) {
         take_job *t = j->data;
         int plain = j->fds[TAKE_FD_PLAIN], sealed = j->fds[TAKE_FD_SEALED];
         if (t->export) {
-                hutch_layer_source src = { j->fds[TAKE_FD_ROOT], j->fds[TAKE_FD_IMAGE], t->uid_base };
-                hutch_error e = { 0 };
-                uint64_t bytes = 0;
-                int r = hutch_layer_export_fds(&src, plain, &bytes, &e);
-                snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, 0, r < 0 ? e.msg : NULL);
+                int r = export_layer_reported(j->fds[TAKE_FD_ROOT], j->fds[TAKE_FD_IMAGE], t->uid_base, plain, msg_fd);
                 if (r < 0)
                         return r;
         }
@@ -834,17 +841,14 @@ static enum MHD_Result fork_children(server *srv, request *req, sbx *sb, const c
 static int fork_work(snapjob *j, int msg_fd) {
         fork_job *f = j->data;
         int plain = j->fds[FORK_FD_STREAM];
-        hutch_layer_source src = { j->fds[FORK_FD_ROOT], j->fds[FORK_FD_IMAGE], f->uid_base };
-        hutch_error e = { 0 };
-        uint64_t bytes = 0;
-        int r = hutch_layer_export_fds(&src, plain, &bytes, &e);
-        snapjob_send(msg_fd, SNAPJOB_READ, r, bytes, 0, r < 0 ? e.msg : NULL);
+        int r = export_layer_reported(j->fds[FORK_FD_ROOT], j->fds[FORK_FD_IMAGE], f->uid_base, plain, msg_fd);
         if (r < 0)
                 return r;
         /* the forks' layers, so that their creates copy nothing on the loop
          * (an image that cannot be made: they import the stream there) */
         uint32_t base = 0;
         bool imaged = true;
+        hutch_error e = { 0 };
         for (json_int_t i = 0; i < f->count && imaged; i++)
                 imaged = lseek(plain, 0, SEEK_SET) == 0 &&
                          hutch_layer_import_fds(plain, j->fds[FORK_FD_NEW + i], &base, &e) >= 0 &&
