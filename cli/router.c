@@ -36,7 +36,10 @@ static void router_usage(FILE *f) {
               "  --max-body BYTES         request bodies the router holds: creates, secret writes,\n"
               "                           signed uploads without a sandbox id (default 16777216)\n"
               "  --max-connections N      client connections open at once, one thread each; more are\n"
-              "                           closed at once (default 16384)\n",
+              "                           closed at once (default 16384)\n"
+              "  --max-sandboxes-per-team N\n"
+              "                           live sandboxes a team may have across all nodes (429\n"
+              "                           beyond; default 0: only each node's own limit)\n",
               f);
 }
 
@@ -104,6 +107,9 @@ int verb_router(int argc, char **argv) {
                 else if (streq(a, "--max-body") &&
                          (r = set_u("max-body", v, 1024, 1ull << 32, &x)) >= 0)
                         cfg.max_body = x;
+                else if (streq(a, "--max-sandboxes-per-team") &&
+                         (r = set_u("max-sandboxes-per-team", v, 0, 1000000, &x)) >= 0)
+                        cfg.max_sandboxes_per_team = (unsigned) x;
                 else {
                         if (r >= 0)
                                 log_error("router: unknown option '%s' (try --help)", a);

@@ -112,6 +112,8 @@ enum MHD_Result node_info(server *srv, request *req) {
                               "paused", (int) paused, "poolReady", (int) srv->n_pool,
                               "sandboxMemoryMB", (json_int_t) srv->cfg.memory_mb, "version",
                               HUTCH_VERSION, "templates", templates_present(srv));
-        (void) req;
+        /* the caller's own team only: what a router needs for a cluster-wide
+         * team limit, and nothing of the other teams */
+        json_object_set_new(o, "teamSandboxes", json_integer(sbx_live_count(srv, req->team)));
         return http_reply_json(req->conn, 200, o);
 }

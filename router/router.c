@@ -69,7 +69,7 @@ static unsigned n_nodes;
 static char node_key[64]; /* the key GET /node is asked with */
 
 static atomic_uint_fast64_t m_requests[RR_SIGNED_FILES + 1], m_create_retries, m_node_errors,
-        m_conns, m_conns_open, m_no_node, m_refused;
+        m_conns, m_conns_open, m_no_node, m_refused, m_team_limit;
 
 static int64_t mono_ms(void) {
         struct timespec ts;
@@ -1373,7 +1373,7 @@ static double node_score(const node *n) {
         return (double) n->mem_free / per - (double) n->sandboxes;
 }
 
-static int handle_create(client *c, const proxyreq *rq) {
+static int create_forward(client *c, const proxyreq *rq) {
         buf body = { 0 };
         int r = read_body(c, rq, &body);
         if (r == -E2BIG) {
@@ -1502,6 +1502,146 @@ static int handle_create(client *c, const proxyreq *rq) {
         buf_free(&head);
         buf_free(&body);
         return ret;
+}
+
+/* ------------------------------------------------ cluster-wide team limit */
+
+/* Creates this router has in flight, by the API key they came with (a hash
+ * of its headers): a key's creates already sent but not yet answered are
+ * not yet in every node's count. */
+#define INFLIGHT_SLOTS 512
+static pthread_mutex_t inflight_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+        uint64_t key;
+        unsigned n;
+} inflight[INFLIGHT_SLOTS];
+
+static uint64_t fnv1a(uint64_t h, const char *p, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                h = (h ^ (unsigned char) p[i]) * 1099511628211ull;
+        return h;
+}
+
+static uint64_t caller_key_hash(const proxyreq *rq) {
+        uint64_t h = 1469598103934665603ull;
+        const proxyreq_header *k = proxyreq_find_header(rq, "X-API-Key");
+        const proxyreq_header *a = proxyreq_find_header(rq, "Authorization");
+        if (k)
+                h = fnv1a(h, k->value, k->value_len);
+        h = fnv1a(h, "\n", 1);
+        if (a)
+                h = fnv1a(h, a->value, a->value_len);
+        return h;
+}
+
+/* Count one more create of key in flight; returns how many others were. */
+static unsigned inflight_add(uint64_t key) {
+        unsigned others = 0;
+        pthread_mutex_lock(&inflight_mu);
+        int slot = -1;
+        for (int i = 0; i < INFLIGHT_SLOTS; i++) {
+                if (inflight[i].n && inflight[i].key == key) {
+                        slot = i;
+                        break;
+                }
+                if (!inflight[i].n && slot < 0)
+                        slot = i;
+        }
+        if (slot >= 0) { /* a full table only forgets what is in flight */
+                others = inflight[slot].key == key ? inflight[slot].n : 0;
+                inflight[slot].key = key;
+                inflight[slot].n = others + 1;
+        }
+        pthread_mutex_unlock(&inflight_mu);
+        return others;
+}
+
+static void inflight_drop(uint64_t key) {
+        pthread_mutex_lock(&inflight_mu);
+        for (int i = 0; i < INFLIGHT_SLOTS; i++)
+                if (inflight[i].n && inflight[i].key == key) {
+                        inflight[i].n--;
+                        break;
+                }
+        pthread_mutex_unlock(&inflight_mu);
+}
+
+/* --max-sandboxes-per-team: every up node's count of the caller's team
+ * (GET /node asked with the caller's key answers `teamSandboxes`, its own
+ * team's only) plus the caller's other creates in flight here. 1 when the
+ * answer was sent (429, or a node's 401 for a bad key), 0 to go on, -errno. */
+static int team_limit_refused(client *c, const proxyreq *rq, unsigned in_flight) {
+        node *up[NODES_MAX];
+        unsigned k = nodes_up(up, NODES_MAX);
+        if (k == 0)
+                return 0; /* create_forward says there is no node */
+        buf h = { 0 };
+        /* the client's Host, as lists are asked (a node reads a sandbox
+         * domain's name as ingress: the router's own name is none) */
+        const proxyreq_header *hh = proxyreq_find_header(rq, "Host");
+        buf_addf(&h, "GET /node HTTP/1.1\r\nHost: %.*s\r\n", (int) (hh ? hh->value_len : 5),
+                 hh ? hh->value : "hutch");
+        const proxyreq_header *kh = proxyreq_find_header(rq, "X-API-Key");
+        const proxyreq_header *ah = proxyreq_find_header(rq, "Authorization");
+        if (kh)
+                buf_addf(&h, "X-API-Key: %.*s\r\n", (int) kh->value_len, kh->value);
+        if (ah)
+                buf_addf(&h, "Authorization: %.*s\r\n", (int) ah->value_len, ah->value);
+        buf_add(&h, "\r\n", 2);
+        fan *f = calloc(k, sizeof *f);
+        if (!f) {
+                buf_free(&h);
+                return -ENOMEM;
+        }
+        fan_out(up, k, h.p, h.len, NULL, 0, f);
+        buf_free(&h);
+        unsigned long long live = 0;
+        unsigned counted = 0;
+        int r = 0;
+        for (unsigned i = 0; i < k; i++) {
+                if (f[i].r < 0)
+                        continue;
+                if (f[i].rp.head->status == 401 && r == 0) {
+                        r = send_reply(c, &f[i].rp, NULL);
+                        r = r < 0 ? r : 1;
+                }
+                json_t *j = f[i].rp.head->status == 200 ? json_loadb(f[i].rp.body.p, f[i].rp.body.len, 0, NULL)
+                                                        : NULL;
+                json_t *v = json_object_get(j, "teamSandboxes");
+                if (json_is_integer(v) && json_integer_value(v) >= 0) {
+                        live += (unsigned long long) json_integer_value(v);
+                        counted++;
+                }
+                json_decref(j);
+        }
+        for (unsigned i = 0; i < k; i++)
+                reply_free(&f[i].rp);
+        free(f);
+        if (r == 0 && live + in_flight >= cfg->max_sandboxes_per_team) {
+                atomic_fetch_add(&m_team_limit, 1);
+                r = send_error(c, 429,
+                               "team has reached its limit of %u live sandboxes across the cluster "
+                               "(%llu on %u node(s)%s)",
+                               cfg->max_sandboxes_per_team, live + in_flight, counted,
+                               in_flight ? ", creates in flight included" : "");
+                r = r < 0 ? r : 1;
+        }
+        return r;
+}
+
+static int handle_create(client *c, const proxyreq *rq) {
+        if (!cfg->max_sandboxes_per_team)
+                return create_forward(c, rq);
+        uint64_t key = caller_key_hash(rq);
+        int r = team_limit_refused(c, rq, inflight_add(key));
+        if (r > 0) {
+                /* answered before its body was read */
+                c->close_after = c->close_after || rq->has_content_length || rq->chunked;
+                r = 0;
+        } else if (r == 0)
+                r = create_forward(c, rq);
+        inflight_drop(key);
+        return r;
 }
 
 /* POST/DELETE /secrets…: every node keeps the team's secrets, so each write
@@ -1642,13 +1782,15 @@ static int handle_metrics(client *c) {
                  "# TYPE hutch_router_no_node_total counter\nhutch_router_no_node_total %llu\n"
                  "# TYPE hutch_router_connections_total counter\nhutch_router_connections_total %llu\n"
                  "# TYPE hutch_router_connections_open gauge\nhutch_router_connections_open %llu\n"
-                 "# TYPE hutch_router_connections_refused_total counter\nhutch_router_connections_refused_total %llu\n",
+                 "# TYPE hutch_router_connections_refused_total counter\nhutch_router_connections_refused_total %llu\n"
+                 "# TYPE hutch_router_team_limit_refusals_total counter\nhutch_router_team_limit_refusals_total %llu\n",
                  (unsigned long long) atomic_load(&m_create_retries),
                  (unsigned long long) atomic_load(&m_node_errors),
                  (unsigned long long) atomic_load(&m_no_node),
                  (unsigned long long) atomic_load(&m_conns),
                  (unsigned long long) atomic_load(&m_conns_open),
-                 (unsigned long long) atomic_load(&m_refused));
+                 (unsigned long long) atomic_load(&m_refused),
+                 (unsigned long long) atomic_load(&m_team_limit));
         buf_addf(&b,
                  "# TYPE hutch_router_node_up gauge\n# TYPE hutch_router_node_sandboxes gauge\n"
                  "# TYPE hutch_router_node_forwarded_total counter\n");

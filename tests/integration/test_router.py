@@ -154,12 +154,12 @@ class Cluster:
         self.dns.addrs = [n.host for n in self.nodes.values() if n.alive()]
         return d
 
-    def start_router(self) -> tuple[subprocess.Popen, int]:
+    def start_router(self, *extra: str) -> tuple[subprocess.Popen, int]:
         port = free_port()
         log = open(self.tmp / f"router-{port}.log", "ab")
         p = subprocess.Popen([str(self.bin), "router", "--listen", f"127.0.0.1:{port}",
                               "--nodes-dns", f"{NAME}:{self.node_port}", "--dns", f"127.0.0.1:{self.dns.port}",
-                              "--key-file", str(self.keys), "--poll-interval", "300", "--sample", "2"],
+                              "--key-file", str(self.keys), "--poll-interval", "300", "--sample", "2", *extra],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
         self.routers.append(p)
@@ -434,3 +434,54 @@ def test_creates_find_the_node_that_has_the_template(cluster):
     finally:
         for sid in made:
             rc.kill(sid)
+
+
+def test_a_team_limit_holds_across_the_nodes(cluster):
+    """--max-sandboxes-per-team at the router counts a team's sandboxes on
+    every node (each node's GET /node says the caller's team's count, and
+    no other team's): past it a create is 429, another team is not held,
+    and a kill makes room again (docs/scale-out.md, "Team limits")."""
+    other = "e2b_" + os.urandom(20).hex()
+    cluster.keys.write_text(f"default {cluster.key}\nother {other}\n")
+    for i in (1, 2, 3):
+        cluster.add_node(i)
+    time.sleep(1.5)  # each node re-reads keys-file within 1 s
+    _, port = cluster.start_router("--max-sandboxes-per-team", "4")
+    rc = cluster.client(port)
+    ro = cluster.client(port)
+    ro.key = other
+    made = []
+    try:
+        for _ in range(4):
+            r = rc.request("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 120})
+            assert r.status == 201, r
+            made.append((rc, r.json()["sandboxID"]))
+        assert len({sid[:4] for _, sid in made}) >= 2, made  # spread over nodes: the limit is the cluster's
+        r = rc.request("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 120})
+        assert r.status == 429, r
+        assert r.json()["code"] == 429 and "limit of 4 live sandboxes across the cluster" in r.json()["message"], r
+        assert sum(len(list_all(d)) for d in cluster.nodes.values()) == 4
+        # another team has its own count; a node tells each team only its own
+        r = ro.request("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 120})
+        assert r.status == 201, r
+        made.append((ro, r.json()["sandboxID"]))
+        node = cluster.nodes[made[-1][1][:4]]
+        assert node.request("GET", "/node", key=other).json()["teamSandboxes"] == 1
+        assert sum(cluster.nodes[n].request("GET", "/node").json()["teamSandboxes"]
+                   for n in cluster.nodes) == 4
+        # a bad key is the node's 401, not the limit's 429
+        bad = cluster.client(port)
+        bad.key = "e2b_" + "0" * 40
+        assert bad.request("POST", "/v2/sandboxes", {"templateID": "base"}).status == 401
+        # room again after a kill
+        c0, sid0 = made.pop(0)
+        assert c0.kill(sid0).status == 204
+        r = rc.request("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 120})
+        assert r.status == 201, r
+        made.append((rc, r.json()["sandboxID"]))
+        with HttpConn("127.0.0.1", port) as c:
+            m = c.request("GET", "/metrics").body.decode()
+        assert "hutch_router_team_limit_refusals_total 1" in m, m
+    finally:
+        for c, sid in made:
+            c.kill(sid)
