@@ -610,14 +610,6 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 return hutch_error_set(err, -EOPNOTSUPP, "snapshot %s is of a %s sandbox; it cannot start a %s one",
                                        snap.id, checkpoint ? "gvisor" : "namespace (ns)", hutch_backend_name(backend));
         }
-        if (mounts && backend == HUTCH_BACKEND_GVISOR) {
-                json_decref(egress_spec);
-                json_decref(mounts);
-                if (layer_from[0] && !borrowed)
-                        unlink(layer_from);
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "volume mounts are not supported on the gvisor backend (docs/volumes.md)");
-        }
         /* GPUs: refused before anything is written when they cannot be had
          * now, so that such a create changes nothing (a `hutch run` that
          * takes them in between makes the engine's create fail: 409 too) */

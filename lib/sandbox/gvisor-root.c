@@ -26,6 +26,16 @@
  * template's root-owned /usr: a file of uid 1000 in the image is 1000
  * inside, with no id mapping.
  *
+ * A sandbox that mounts volumes (docs/volumes.md) always has a stacked
+ * root, the host template's too (lower = its rootfs): gvtop/root holds the
+ * volumes' mount points in runsc's root, /run/hutch/vol/0.. (runsc's root
+ * is read-only and the gofer must not make a directory in a template).
+ * Each volume's ext4, un-mapped (on-disk ids are the ids inside, which
+ * this gofer presents as they are, as for the layers), is attached at
+ * vol/<i> of the sandbox dir in the relay's namespace, and runsc's spec
+ * binds it from there; hutch-init binds it to its path inside
+ * (init/layer.c). Those mounts stay while runsc runs.
+ *
  * The mounts live in the relay's mount namespace only, a slave of the
  * host's (nothing propagates back), and the binds the overlay was made
  * from are unmounted again once it holds its own clones of them: the
@@ -110,10 +120,47 @@ static int write_top(int dfd) {
                           (size_t) (hutch_gvisor_compat_end - hutch_gvisor_compat_start), 0644);
 }
 
+/* The volumes' mount points: GVISOR_VOL_MOUNT_DIR/<i> in runsc's root (gvtop,
+ * root's, like the rest of it) and vol/<i> in the sandbox dir, root's
+ * alone (0700): the relay, once it runs as the sandbox's host uid, cannot
+ * reach a volume's host mount through it. */
+static int write_volume_points(int dfd, size_t n) {
+        int r;
+        if (n == 0)
+                return 0;
+        if ((r = mkdir_mode(dfd, GVTOP GVISOR_VOL_MOUNT_DIR, 0755)) < 0 ||
+            (r = mkdir_mode(dfd, GVISOR_VOL_DIR, 0700)) < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                char a[64], b[16];
+                snprintf(a, sizeof a, GVTOP GVISOR_VOL_MOUNT_DIR "/%zu", i);
+                snprintf(b, sizeof b, GVISOR_VOL_DIR "/%zu", i);
+                if ((r = mkdir_mode(dfd, a, 0755)) < 0 || (r = mkdir_mode(dfd, b, 0700)) < 0)
+                        return r;
+        }
+        return 0;
+}
+
 int gvisor_root_prepare(hutch_sandbox *sb, const hutch_template *tpl, const char *layer_from,
-                        hutch_error *err) {
-        if (!tpl->n_layers && !layer_from)
+                        const hutch_volume_mount *vols, size_t n_vols, hutch_error *err) {
+        if (!tpl->n_layers && !layer_from && !n_vols)
                 return 0; /* the host template: runsc serves its rootfs itself */
+        if (n_vols > HUTCH_VOLUMES_MAX)
+                return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox",
+                                       HUTCH_VOLUMES_MAX);
+        /* runsc would have to make a mount point below a template's bind
+         * of a host directory (read-only, and the host's) */
+        for (size_t i = 0; i < n_vols; i++)
+                for (size_t j = 0; j < tpl->n_binds; j++) {
+                        size_t k = strlen(tpl->binds[j]);
+                        if (strncmp(vols[i].path, tpl->binds[j], k) == 0 &&
+                            (vols[i].path[k] == '/' || vols[i].path[k] == 0))
+                                return hutch_error_set(
+                                        err, -EINVAL,
+                                        "volume mount path '%s' is inside '%s', which template '%s' "
+                                        "binds read-only from the host",
+                                        vols[i].path, tpl->binds[j], tpl->name);
+                }
         if (tpl->n_layers > HUTCH_MAX_LAYERS)
                 return hutch_error_set(err, -E2BIG, "template '%s' has more than %d layers",
                                        tpl->name, HUTCH_MAX_LAYERS);
@@ -121,6 +168,8 @@ int gvisor_root_prepare(hutch_sandbox *sb, const hutch_template *tpl, const char
         if (dfd < 0)
                 return hutch_error_set(err, -errno, "opening %s: %m", sb->dir);
         int r = write_top(dfd);
+        if (r >= 0)
+                r = write_volume_points(dfd, n_vols);
         if (r < 0)
                 return hutch_error_set(err, r, "preparing the root's mount points: %s", strerror(-r));
         for (size_t i = 0; i < tpl->n_layers; i++) {
@@ -171,7 +220,45 @@ void gvisor_root_done(gvisor_root *g) {
         free(g->dst);
         free(g->opts);
         g->layer_fd = safe_close(g->layer_fd);
+        for (size_t i = 0; i < g->n_vols; i++)
+                safe_close(g->vol_fd[i]);
         *g = (gvisor_root) { .layer_fd = -1 };
+}
+
+bool sandbox_has_volumes(const hutch_sandbox *sb) {
+        char p[PATH_MAX];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/volumes", sb->dir);
+        return lstat(p, &st) == 0 && st.st_size > 0;
+}
+
+/* Each volume the state dir records ("<id> <path>" lines, in mount
+ * order), mounted detached, un-mapped, into g. */
+static int volumes_hold(hutch_sandbox *sb, int dfd, gvisor_root *g, hutch_error *err) {
+        _cleanup_free_ char *buf = NULL;
+        int r = read_file_at(dfd, "volumes",
+                             HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4),
+                             &buf);
+        if (r == -ENOENT)
+                return 0;
+        if (r < 0)
+                return hutch_error_set(err, r, "reading %s/volumes: %s", sb->dir, strerror(-r));
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
+             line = strtok_r(NULL, "\n", &save)) {
+                char *sp = strchr(line, ' ');
+                if (!sp || g->n_vols >= HUTCH_VOLUMES_MAX)
+                        return hutch_error_set(err, -EBADMSG, "%s/volumes is damaged", sb->dir);
+                *sp = 0;
+                hutch_error e = { 0 };
+                if ((r = hutch_volume_hold(sb->ctx, line, &g->vol_fd[g->n_vols], &e)) < 0)
+                        return hutch_error_set(err, r, "the volume mounted at %s: %s%s", sp + 1,
+                                               e.msg,
+                                               r == -ENOENT ? " (the volume was deleted)" : "");
+                snprintf(g->vol_dst[g->n_vols], sizeof g->vol_dst[0], GVISOR_VOL_DIR "/%zu",
+                         g->n_vols);
+                g->n_vols++;
+        }
+        return 0;
 }
 
 static void cat(char *buf, size_t n, const char *s) {
@@ -236,6 +323,10 @@ int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err) {
                 gvisor_root_done(&g);
                 return r;
         }
+        if ((r = volumes_hold(sb, dfd, &g, err)) < 0) {
+                gvisor_root_done(&g);
+                return r;
+        }
         *ret = g;
         return 1;
 }
@@ -269,6 +360,11 @@ int gvisor_root_child(const gvisor_root *g, const char **ret_step) {
                 STEP(umount2(g->dst[i], MNT_DETACH), "unmounting a layer's bind");
         if (g->layer_fd >= 0)
                 STEP(umount2("layer", MNT_DETACH), "unmounting the build layer");
+        /* the volumes stay: runsc binds them from here */
+        for (size_t i = 0; i < g->n_vols; i++)
+                STEP(sys_move_mount(g->vol_fd[i], "", AT_FDCWD, g->vol_dst[i],
+                                    MOVE_MOUNT_F_EMPTY_PATH),
+                     "attaching a volume");
         STEP(chdir("/"), "leaving the sandbox directory");
         return 0;
 #undef STEP

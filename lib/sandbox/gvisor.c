@@ -160,8 +160,8 @@ static void jcaps(jbuf *b) {
 }
 
 static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *root,
-                      const char *hostname, const char *init_path, uint16_t egress_port,
-                      hutch_error *err) {
+                      const hutch_volume_mount *vols, size_t n_vols, const char *hostname,
+                      const char *init_path, uint16_t egress_port, hutch_error *err) {
         jbuf b = { 0 };
         char num[64];
         jput(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,\"gid\":0},\"args\":[");
@@ -170,6 +170,12 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         snprintf(num, sizeof num, "\"%u\",\"%" PRIu64 "\",\"layer\"", (unsigned) egress_port,
                  sb->limits.memory_bytes);
         jput(&b, num);
+        /* then the volumes' paths: init binds volume i there from
+         * INITPROTO_GVISOR_VOLUMES/<i> (init/layer.c) */
+        for (size_t i = 0; i < n_vols; i++) {
+                jput(&b, ",");
+                jstr(&b, vols[i].path);
+        }
         jput(&b, "],\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"");
         if (getenv("HUTCH_INIT_DEBUG"))
                 jput(&b, ",\"HUTCH_INIT_DEBUG=1\"");
@@ -213,6 +219,14 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         snprintf(layer_size, sizeof layer_size, "size=%" PRIu64, sb->limits.disk_bytes);
         const char *const layer_opts[] = { "nosuid", "nodev", "mode=0755", layer_size, NULL };
         jmount(&b, INITPROTO_GVISOR_LAYER, "tmpfs", "tmpfs", layer_opts);
+        /* the volumes, attached in the relay's namespace (gvisor-root.c) */
+        static const char *const vol_opts[] = { "rbind", "nosuid", "nodev", NULL };
+        for (size_t i = 0; i < n_vols; i++) {
+                char src[PATH_MAX], dst[64];
+                snprintf(src, sizeof src, "%s/" GVISOR_VOL_DIR "/%zu", sb->dir, i);
+                snprintf(dst, sizeof dst, INITPROTO_GVISOR_VOLUMES "/%zu", i);
+                jmount(&b, dst, "bind", src, vol_opts);
+        }
         jput(&b, "],\"linux\":{\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},"
                  "{\"type\":\"mount\"},{\"type\":\"network\"}]}}\n");
         if (b.oom) {
@@ -465,8 +479,8 @@ static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_m
 }
 
 int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *layer_from,
-                 const char *hostname, uint16_t egress_port, const char *image_dir, int timeout_ms,
-                 hutch_error *err) {
+                 const hutch_volume_mount *vols, size_t n_vols, const char *hostname,
+                 uint16_t egress_port, const char *image_dir, int timeout_ms, hutch_error *err) {
         hutch_ctx *ctx = sb->ctx;
         char init_path[PATH_MAX], scratch[PATH_MAX], p[PATH_MAX];
         int r;
@@ -481,11 +495,11 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *layer
         if (mkdir(p, 0700) < 0)
                 return hutch_error_set(err, -errno, "creating %s: %m", p);
         /* an image or built template: the layers stacked at <dir>/root */
-        if ((r = gvisor_root_prepare(sb, tpl, layer_from, err)) < 0)
+        if ((r = gvisor_root_prepare(sb, tpl, layer_from, vols, n_vols, err)) < 0)
                 return r;
         snprintf(p, sizeof p, "%s/root", sb->dir);
-        if ((r = write_spec(sb, tpl, r > 0 ? p : tpl->rootfs, hostname, init_path, egress_port,
-                            err)) < 0)
+        if ((r = write_spec(sb, tpl, r > 0 ? p : tpl->rootfs, vols, n_vols, hostname, init_path,
+                            egress_port, err)) < 0)
                 return r;
         /* The relay's scratch space (whole files on their way out) on the
          * data dir's disk, owned by the relay's uid. */
@@ -800,6 +814,17 @@ static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool s
 }
 
 int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        /* A snapshot never holds a volume (docs/volumes.md), and runsc
+         * restores a checkpoint only into the mounts it was taken with: a
+         * copy would need the same volumes mounted at the same paths. A
+         * pause (the same sandbox, the same mounts) is fine. */
+        if (sb->backend == HUTCH_BACKEND_GVISOR && sandbox_has_volumes(sb))
+                return hutch_error_set(
+                        err, -EOPNOTSUPP,
+                        "sandbox %s is a gvisor sandbox that mounts volumes: it cannot be "
+                        "snapshotted or forked (its checkpoint would need the volumes' mounts "
+                        "to restore; docs/volumes.md)",
+                        sb->id);
         return checkpoint(sb, out_fd, ret_bytes, false, err);
 }
 

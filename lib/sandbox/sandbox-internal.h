@@ -105,10 +105,11 @@ int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t 
 uint64_t gvisor_oom_kills(hutch_sandbox *sb);
 uint64_t gvisor_disk_used(hutch_sandbox *sb);
 /* layer_from: a built template's layer (a layer stream), read-only under
- * the writable layer; image_dir: a checkpoint to restore. */
+ * the writable layer; vols: the volumes to mount (recorded in the state dir
+ * first, volume_state_write); image_dir: a checkpoint to restore. */
 int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *layer_from,
-                 const char *hostname, uint16_t egress_port, const char *image_dir, int timeout_ms,
-                 hutch_error *err);
+                 const hutch_volume_mount *vols, size_t n_vols, const char *hostname,
+                 uint16_t egress_port, const char *image_dir, int timeout_ms, hutch_error *err);
 int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err);
 int gvisor_kill_runtime(hutch_sandbox *sb);
 /* gvisor-root.c: runsc's root for an image or built template, stacked by
@@ -121,12 +122,23 @@ typedef struct gvisor_root {
         char **src;     /* host dirs: the template's top layer, then its image layers, top first */
         char (*dst)[8]; /* their mount points: "lower", "l0".. */
         char *opts;     /* the overlay's mount options */
+        size_t n_vols;
+        int vol_fd[HUTCH_VOLUMES_MAX];      /* each volume's file system, detached */
+        char vol_dst[HUTCH_VOLUMES_MAX][8]; /* where they go in the sandbox dir: "vol/0".. */
 } gvisor_root;
 /* At create: the root's pieces in the sandbox dir (mount points, the build
- * layer's image from layer_from, the list of layers). 1: stacked (runsc's
- * root is <dir>/root), 0: the host template as it is. */
+ * layer's image from layer_from, the list of layers, the volumes' mount
+ * points). 1: stacked (runsc's root is <dir>/root), 0: the host template
+ * as it is. */
 int gvisor_root_prepare(hutch_sandbox *sb, const struct hutch_template *tpl, const char *layer_from,
-                        hutch_error *err);
+                        const hutch_volume_mount *vols, size_t n_vols, hutch_error *err);
+/* Volume i: attached at GVISOR_VOL_DIR/<i> of the sandbox dir in the
+ * relay's namespace, bound by runsc at GVISOR_VOL_MOUNT_DIR/<i> of its
+ * root, bound by hutch-init at its path (init/layer.c). */
+#define GVISOR_VOL_DIR "vol"
+#define GVISOR_VOL_MOUNT_DIR INITPROTO_GVISOR_VOLUMES
+/* Whether the sandbox mounts volumes (its state dir's "volumes" file). */
+bool sandbox_has_volumes(const hutch_sandbox *sb);
 /* At every launch, in the engine: what the relay's child mounts. */
 int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err);
 /* In the relay's child, before runsc starts: system calls only. */

@@ -588,10 +588,12 @@ static int volumes_check(const hutch_sandbox_config *cfg, hutch_error *err) {
                 return 0;
         if (cfg->n_volumes > HUTCH_VOLUMES_MAX || !cfg->volumes)
                 return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox", HUTCH_VOLUMES_MAX);
-        if (cfg->backend == HUTCH_BACKEND_GVISOR)
+        /* runsc restores a checkpoint into the mounts it was taken with
+         * only, and a snapshot never holds a volume */
+        if (cfg->backend == HUTCH_BACKEND_GVISOR && cfg->checkpoint_from)
                 return hutch_error_set(err, -EOPNOTSUPP,
-                                       "volumes are not supported on the gvisor backend (docs/volumes.md): use the "
-                                       "ns backend for sandboxes that mount volumes");
+                                       "a gvisor sandbox restored from a snapshot cannot mount volumes "
+                                       "(docs/volumes.md)");
         for (size_t i = 0; i < cfg->n_volumes; i++) {
                 const hutch_volume_mount *v = &cfg->volumes[i];
                 if (!hutch_volume_id_valid(v->volume))
@@ -956,7 +958,12 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                                 goto fail;
                         }
                 }
-                r = gvisor_start(sb, tpl, cfg->layer_from, hostname,
+                /* recorded first: every launch (a resume too) mounts them
+                 * again from the list (gvisor-root.c) */
+                if (cfg->n_volumes > 0 &&
+                    (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
+                        goto fail;
+                r = gvisor_start(sb, tpl, cfg->layer_from, cfg->volumes, cfg->n_volumes, hostname,
                                  cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
                                  GVISOR_READY_TIMEOUT_MS, err);
                 if (img[0])
