@@ -474,7 +474,9 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->is_parent && !init_reaped && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
+        /* not before the create gave it an id: the scratch path of an
+         * empty id is DATA_DIR/gvisor/ itself, every sandbox's */
+        if (sb->backend == HUTCH_BACKEND_GVISOR && sb->id[0]) {
                 char scratch[PATH_MAX];
                 if (gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch) == 0) {
                         k = rm_rf_at(AT_FDCWD, scratch);
