@@ -121,9 +121,10 @@ static int write_top(int dfd) {
 }
 
 /* The volumes' mount points: GVISOR_VOL_MOUNT_DIR/<i> in runsc's root (gvtop,
- * root's, like the rest of it) and vol/<i> in the sandbox dir, root's
- * alone (0700): the relay, once it runs as the sandbox's host uid, cannot
- * reach a volume's host mount through it. */
+ * root's, like the rest of it) and vol/<i> in the sandbox dir, below vol/,
+ * root's alone (0700): the relay, once it runs as the sandbox's host uid,
+ * cannot reach a volume's host mount through it. An empty vol/<i> is what
+ * a stand-in shows (0755, root's, as a mount point the ns backend makes). */
 static int write_volume_points(int dfd, size_t n) {
         int r;
         if (n == 0)
@@ -135,7 +136,7 @@ static int write_volume_points(int dfd, size_t n) {
                 char a[64], b[16];
                 snprintf(a, sizeof a, GVTOP GVISOR_VOL_MOUNT_DIR "/%zu", i);
                 snprintf(b, sizeof b, GVISOR_VOL_DIR "/%zu", i);
-                if ((r = mkdir_mode(dfd, a, 0755)) < 0 || (r = mkdir_mode(dfd, b, 0700)) < 0)
+                if ((r = mkdir_mode(dfd, a, 0755)) < 0 || (r = mkdir_mode(dfd, b, 0755)) < 0)
                         return r;
         }
         return 0;
@@ -150,7 +151,7 @@ int gvisor_root_prepare(hutch_sandbox *sb, const hutch_template *tpl, const char
                                        HUTCH_VOLUMES_MAX);
         /* runsc would have to make a mount point below a template's bind
          * of a host directory (read-only, and the host's) */
-        for (size_t i = 0; i < n_vols; i++)
+        for (size_t i = 0; vols && i < n_vols; i++)
                 for (size_t j = 0; j < tpl->n_binds; j++) {
                         size_t k = strlen(tpl->binds[j]);
                         if (strncmp(vols[i].path, tpl->binds[j], k) == 0 &&
@@ -225,17 +226,47 @@ void gvisor_root_done(gvisor_root *g) {
         *g = (gvisor_root) { .layer_fd = -1 };
 }
 
-bool sandbox_has_volumes(const hutch_sandbox *sb) {
+int gvisor_standins(const hutch_sandbox *sb) {
+        char p[PATH_MAX], buf[8] = "";
+        snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
+        _cleanup_close_ int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
+                return 0;
+        int k = atoi(buf);
+        return k > 0 && k <= HUTCH_VOLUMES_MAX ? k : 0;
+}
+
+size_t gvisor_volume_slots(const hutch_sandbox *sb) {
+        int k = gvisor_standins(sb);
+        if (k > 0)
+                return (size_t) k;
         char p[PATH_MAX];
-        struct stat st;
         snprintf(p, sizeof p, "%s/volumes", sb->dir);
-        return lstat(p, &st) == 0 && st.st_size > 0;
+        _cleanup_free_ char *buf = NULL;
+        if (read_file_at(AT_FDCWD, p,
+                         HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4),
+                         &buf) < 0)
+                return 0;
+        size_t n = 0;
+        for (const char *c = buf; *c; c++)
+                n += *c == '\n';
+        return MIN(n, (size_t) HUTCH_VOLUMES_MAX);
 }
 
 /* Each volume the state dir records ("<id> <path>" lines, in mount
  * order), mounted detached, un-mapped, into g. */
 static int volumes_hold(hutch_sandbox *sb, int dfd, gvisor_root *g, hutch_error *err) {
         _cleanup_free_ char *buf = NULL;
+        int k = gvisor_standins(sb);
+        if (k > 0) {
+                /* a copy restored from a checkpoint of a sandbox with volumes */
+                for (g->n_vols = 0; g->n_vols < (size_t) k; g->n_vols++) {
+                        g->vol_fd[g->n_vols] = -1;
+                        snprintf(g->vol_dst[g->n_vols], sizeof g->vol_dst[0], GVISOR_VOL_DIR "/%zu",
+                                 g->n_vols);
+                }
+                return 0;
+        }
         int r = read_file_at(dfd, "volumes",
                              HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4),
                              &buf);
@@ -361,10 +392,20 @@ int gvisor_root_child(const gvisor_root *g, const char **ret_step) {
         if (g->layer_fd >= 0)
                 STEP(umount2("layer", MNT_DETACH), "unmounting the build layer");
         /* the volumes stay: runsc binds them from here */
-        for (size_t i = 0; i < g->n_vols; i++)
-                STEP(sys_move_mount(g->vol_fd[i], "", AT_FDCWD, g->vol_dst[i],
-                                    MOVE_MOUNT_F_EMPTY_PATH),
-                     "attaching a volume");
+        for (size_t i = 0; i < g->n_vols; i++) {
+                if (g->vol_fd[i] >= 0) {
+                        STEP(sys_move_mount(g->vol_fd[i], "", AT_FDCWD, g->vol_dst[i],
+                                            MOVE_MOUNT_F_EMPTY_PATH),
+                             "attaching a volume");
+                        continue;
+                }
+                /* a stand-in: its empty directory, read-only on the host */
+                STEP(mount(g->vol_dst[i], g->vol_dst[i], NULL, MS_BIND, NULL),
+                     "binding a volume's stand-in");
+                STEP(mount(NULL, g->vol_dst[i], NULL,
+                           MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+                     "making a volume's stand-in read-only");
+        }
         STEP(chdir("/"), "leaving the sandbox directory");
         return 0;
 #undef STEP

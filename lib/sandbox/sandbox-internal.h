@@ -106,11 +106,14 @@ uint64_t gvisor_oom_kills(hutch_sandbox *sb);
 uint64_t gvisor_disk_used(hutch_sandbox *sb);
 /* layer_from: a built template's layer (a layer stream), read-only under
  * the writable layer; vols: the volumes to mount (recorded in the state dir
- * first, volume_state_write); image_dir: a checkpoint to restore. */
+ * first, volume_state_write), or NULL with n_vols stand-ins (recorded as
+ * GVISOR_STANDINS_FILE); image_dir: a checkpoint to restore. */
 int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *layer_from,
                  const hutch_volume_mount *vols, size_t n_vols, const char *hostname,
                  uint16_t egress_port, const char *image_dir, int timeout_ms, hutch_error *err);
-int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err);
+/* ret_vol_slots: the volume mounts the checkpointed sandbox had (NULL: not wanted). */
+int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1],
+                  unsigned *ret_vol_slots, hutch_error *err);
 int gvisor_kill_runtime(hutch_sandbox *sb);
 /* gvisor-root.c: runsc's root for an image or built template, stacked by
  * overlayfs on the host in the relay's own mount namespace. */
@@ -137,8 +140,14 @@ int gvisor_root_prepare(hutch_sandbox *sb, const struct hutch_template *tpl, con
  * root, bound by hutch-init at its path (init/layer.c). */
 #define GVISOR_VOL_DIR "vol"
 #define GVISOR_VOL_MOUNT_DIR INITPROTO_GVISOR_VOLUMES
-/* Whether the sandbox mounts volumes (its state dir's "volumes" file). */
-bool sandbox_has_volumes(const hutch_sandbox *sb);
+/* A copy restored from a checkpoint of a sandbox that mounted volumes has,
+ * in their place, as many stand-ins (read-only empty directories): runsc
+ * restores only into the mounts a checkpoint was taken with. Their count
+ * is in this state file. */
+#define GVISOR_STANDINS_FILE "gvstandins"
+int gvisor_standins(const hutch_sandbox *sb);
+/* The volume mounts of runsc's spec: volumes or stand-ins. */
+size_t gvisor_volume_slots(const hutch_sandbox *sb);
 /* At every launch, in the engine: what the relay's child mounts. */
 int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err);
 /* In the relay's child, before runsc starts: system calls only. */

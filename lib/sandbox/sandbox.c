@@ -945,6 +945,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
                 char img[PATH_MAX] = "";
+                unsigned standins = 0;
                 /* a layer stream is a built template's layer: read-only under
                  * the sandbox's writable layer (gvisor-root.c) */
                 if (cfg->layer_from && (r = ctx_ensure_storage(ctx, err)) < 0)
@@ -955,7 +956,19 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                         snprintf(parent, sizeof parent, "%s/gvisor", ctx->data_dir);
                         snprintf(img, sizeof img, "%s/.restore-%s", parent, sb->id);
                         (void) mkdir_p(parent, 0711);
-                        if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, err)) < 0) {
+                        if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, &standins,
+                                               err)) < 0) {
+                                (void) rm_rf_at(AT_FDCWD, img);
+                                goto fail;
+                        }
+                }
+                /* a copy of a sandbox that mounted volumes: as many stand-ins */
+                if (standins > 0) {
+                        char p[PATH_MAX], v[8];
+                        snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
+                        int k = snprintf(v, sizeof v, "%u\n", standins);
+                        if ((r = write_file_atomic(p, v, (size_t) k, 0600)) < 0) {
+                                hutch_error_set(err, r, "writing %s: %s", p, strerror(-r));
                                 (void) rm_rf_at(AT_FDCWD, img);
                                 goto fail;
                         }
@@ -965,7 +978,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 if (cfg->n_volumes > 0 &&
                     (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
                         goto fail;
-                r = gvisor_start(sb, tpl, cfg->layer_from, cfg->volumes, cfg->n_volumes, hostname,
+                r = gvisor_start(sb, tpl, cfg->layer_from, standins ? NULL : cfg->volumes,
+                                 standins ? standins : cfg->n_volumes, hostname,
                                  cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
                                  GVISOR_READY_TIMEOUT_MS, err);
                 if (img[0])

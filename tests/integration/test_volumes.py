@@ -259,14 +259,34 @@ def test_gvisor_volume_api(sandboxed_hutch, tmp_path):
         _, out, _, _ = sd.run(g, "cat /mnt/s/api; echo; stat -c %U /mnt/s/api")
         assert out == b"from-api\nuser\n", out
 
-        # a snapshot or fork would hold the volume's mounts: refused
+        # a snapshot holds no volume: the sandbox goes on with its mount; a
+        # copy has an empty, read-only directory there (runsc restores only
+        # into the mounts a checkpoint was taken with), and mounts nothing
         gid = g["sandboxID"]
+        sd.run(g, "echo in-layer > /home/user/l")
         r = sd.request("POST", f"/sandboxes/{gid}/snapshots", {}, timeout=120)
-        assert r.status == 409 and "mounts volumes" in r.json()["message"], r
-        r = sd.request("POST", f"/sandboxes/{gid}/fork", {"count": 1}, timeout=120)
-        assert r.status == 409, r
+        assert r.status == 201, r
+        snap = r.json()["snapshotID"]
         _, out, _, _ = sd.run(g, "cat /mnt/s/g")
         assert out == b"from-gvisor\n", out
+        copy = sd.create(templateID=snap, timeout=120)
+        end, out, err, _ = sd.run(copy, "cat /home/user/l; ls -A /mnt/s | wc -l; stat -c %u:%a /mnt/s")
+        assert out == b"in-layer\n0\n0:755\n", (out, err)
+        end, out, err, _ = sd.run(copy, "touch /mnt/s/x 2>&1; ls -A /run/hutch/vol/0 | wc -l", user="root")
+        assert b"Read-only file system" in out and out.endswith(b"\n0\n"), (out, err)
+        assert sd.request("GET", f"/sandboxes/{copy['sandboxID']}").json().get("volumeMounts", []) == []
+        # a copy of the copy restores too (the stand-ins go with it)
+        r = sd.request("POST", f"/sandboxes/{copy['sandboxID']}/fork", {"count": 1}, timeout=120)
+        assert r.status == 201, r
+        (entry,) = r.json()
+        fork = entry["sandbox"]
+        sd.created[fork["sandboxID"]] = sd.key
+        _, out, _, _ = sd.run(fork, "cat /home/user/l; ls -A /mnt/s | wc -l")
+        assert out == b"in-layer\n0\n", out
+        assert sd.kill(copy["sandboxID"]).status == 204
+        # and volumeMounts on a create from a gvisor snapshot are refused
+        r = sd.request("POST", "/v2/sandboxes", {"templateID": snap, "volumeMounts": mounts}, timeout=120)
+        assert r.status >= 400 and "cannot mount volumes" in r.body.decode(), r
 
         # pause is a checkpoint (the runtime stops, its mounts go), resume
         # a restore that mounts the volume again; an open file survives
