@@ -226,6 +226,33 @@ void gvisor_root_done(gvisor_root *g) {
         *g = (gvisor_root) { .layer_fd = -1 };
 }
 
+void gvisor_volumes_hold(hutch_sandbox *sb) {
+        _cleanup_close_ int dfd = open(sb->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        _cleanup_free_ char *buf = NULL;
+        if (dfd < 0 ||
+            read_file_at(dfd, "volumes",
+                         HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4),
+                         &buf) < 0)
+                return;
+        size_t i = 0;
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line && i < HUTCH_VOLUMES_MAX;
+             line = strtok_r(NULL, "\n", &save), i++) {
+                char *sp = strchr(line, ' ');
+                if (!sp || sb->vol_loop[i] >= 0)
+                        continue;
+                *sp = 0;
+                int mnt = -1;
+                hutch_error e = { 0 };
+                if (volume_hold_loop(sb->ctx, line, &mnt, &sb->vol_loop[i], &e) >= 0)
+                        safe_close(mnt);
+        }
+}
+
+void gvisor_volumes_release(hutch_sandbox *sb) {
+        for (size_t i = 0; i < HUTCH_VOLUMES_MAX; i++)
+                sb->vol_loop[i] = safe_close(sb->vol_loop[i]);
+}
+
 int gvisor_standins(const hutch_sandbox *sb) {
         char p[PATH_MAX], buf[8] = "";
         snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
@@ -281,7 +308,12 @@ static int volumes_hold(hutch_sandbox *sb, int dfd, gvisor_root *g, hutch_error 
                         return hutch_error_set(err, -EBADMSG, "%s/volumes is damaged", sb->dir);
                 *sp = 0;
                 hutch_error e = { 0 };
-                if ((r = hutch_volume_hold(sb->ctx, line, &g->vol_fd[g->n_vols], &e)) < 0)
+                int *loop = &sb->vol_loop[g->n_vols];
+                if (*loop >= 0)
+                        r = volume_mount_loop(line, *loop, &g->vol_fd[g->n_vols], &e);
+                else
+                        r = volume_hold_loop(sb->ctx, line, &g->vol_fd[g->n_vols], loop, &e);
+                if (r < 0)
                         return hutch_error_set(err, r, "the volume mounted at %s: %s%s", sp + 1,
                                                e.msg,
                                                r == -ENOENT ? " (the volume was deleted)" : "");

@@ -78,6 +78,11 @@ struct hutch_sandbox {
         bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
         uint32_t gpu_ids[HUTCH_GPUS_MAX]; /* gpu.c: reserved in run_dir/gpus, ascending */
         size_t n_gpus;
+        /* gvisor: each volume's loop device, held from the first launch
+         * this process made to the sandbox's end, so that a relaunch (the
+         * restore after a checkpoint, a resume) finds a volume deleted
+         * meanwhile as the ns backend's mounts keep it (-1: not held) */
+        int vol_loop[HUTCH_VOLUMES_MAX];
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
@@ -146,6 +151,10 @@ int gvisor_root_prepare(hutch_sandbox *sb, const struct hutch_template *tpl, con
  * is in this state file. */
 #define GVISOR_STANDINS_FILE "gvstandins"
 int gvisor_standins(const hutch_sandbox *sb);
+/* Take vol_loop for each volume the state dir records (a sandbox this
+ * process adopts); close what it holds. */
+void gvisor_volumes_hold(hutch_sandbox *sb);
+void gvisor_volumes_release(hutch_sandbox *sb);
 /* The volume mounts of runsc's spec: volumes or stand-ins. */
 size_t gvisor_volume_slots(const hutch_sandbox *sb);
 /* At every launch, in the engine: what the relay's child mounts. */
@@ -192,6 +201,13 @@ int loop_attach(int img_fd, int *ret_loop_fd);
  * detached mount of the volume's one file system (one loop device per
  * image, found again by the image's inode), id-mapped into userns_fd. */
 int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd, hutch_error *err);
+/* hutch_volume_hold, and the volume's loop device, opened: while that
+ * stays open the device keeps its image (LO_FLAGS_AUTOCLEAR waits for the
+ * last opener), deleted or not, with no mount of it left (a gvisor
+ * sandbox's runtime between a checkpoint and its restore). */
+int volume_hold_loop(hutch_ctx *ctx, const char *id, int *ret_fd, int *ret_loop_fd, hutch_error *err);
+/* A detached mount of the file system on a loop device held so. */
+int volume_mount_loop(const char *id, int loop_fd, int *ret_fd, hutch_error *err);
 /* Record the sandbox's mounts in its directory (file "volumes"). */
 int volume_state_write(const char *sandbox_dir, const hutch_volume_mount *v, size_t n, hutch_error *err);
 

@@ -314,6 +314,8 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
         sb->busy_fd = -1;
         sb->uid_slot = UINT32_MAX;
         sb->next_id = 1;
+        for (size_t i = 0; i < HUTCH_VOLUMES_MAX; i++)
+                sb->vol_loop[i] = -1;
         sb->rxbuf = malloc(INITPROTO_MAX_FRAME);
         sb->tx = malloc(sizeof *sb->tx);
         if (!sb->rxbuf || !sb->tx) {
@@ -474,6 +476,7 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->is_parent && !init_reaped && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
+        gvisor_volumes_release(sb);
         /* not before the create gave it an id: the scratch path of an
          * empty id is DATA_DIR/gvisor/ itself, every sandbox's */
         if (sb->backend == HUTCH_BACKEND_GVISOR && sb->id[0]) {
@@ -1323,6 +1326,11 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 if (r < 0)
                         goto fail;
         }
+        /* a volume deleted from now on stays for its next launch, as for a
+         * sandbox this process created (best effort: one deleted already
+         * is found missing then, and the launch says so) */
+        if (sb->backend == HUTCH_BACKEND_GVISOR && (connect_init || sb->suspended))
+                gvisor_volumes_hold(sb);
         *ret = sb;
         return 0;
 fail:
@@ -1417,6 +1425,7 @@ hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
         sandbox_busy_release(sb);
         safe_close(sb->conn);
         safe_close(sb->init_pidfd);
+        gvisor_volumes_release(sb);
         cgroup_free(sb->cg);
         initconn_events_free(sb);
         free(sb->rxbuf);
