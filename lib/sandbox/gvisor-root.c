@@ -319,6 +319,7 @@ static int volumes_hold(hutch_sandbox *sb, int dfd, gvisor_root *g, hutch_error 
                                                r == -ENOENT ? " (the volume was deleted)" : "");
                 snprintf(g->vol_dst[g->n_vols], sizeof g->vol_dst[0], GVISOR_VOL_DIR "/%zu",
                          g->n_vols);
+                snprintf(g->vol_path[g->n_vols], sizeof g->vol_path[0], "%s", sp + 1);
                 g->n_vols++;
         }
         return 0;
@@ -394,6 +395,43 @@ int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err) {
         return 1;
 }
 
+/* Whether path, inside the root at rootfd, crosses a symlink or a file
+ * where it exists: hutch-init makes the mount point in the writable layer,
+ * over this same root, and refuses that (init/layer.c), but its error has
+ * no way out, so it is checked here first, where the create's error can
+ * say it. */
+static int mount_point_check(int rootfd, const char *path) {
+        char comp[HUTCH_VOLUME_PATH_MAX + 1];
+        int dfd = fcntl(rootfd, F_DUPFD_CLOEXEC, 3);
+        if (dfd < 0)
+                return -errno;
+        int r = 0;
+        for (const char *p = path; *p;) {
+                while (*p == '/')
+                        p++;
+                if (!*p)
+                        break;
+                const char *e = strchrnul(p, '/');
+                size_t len = (size_t) (e - p);
+                if (len >= sizeof comp) {
+                        r = -ENAMETOOLONG;
+                        break;
+                }
+                memcpy(comp, p, len);
+                comp[len] = 0;
+                int next = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (next < 0) {
+                        r = errno == ENOENT ? 0 : -errno; /* made in the layer */
+                        break;
+                }
+                close(dfd);
+                dfd = next;
+                p = e;
+        }
+        close(dfd);
+        return r;
+}
+
 /* In the relay's child, before runsc: raw system calls on what the parent
  * prepared, nothing that allocates. */
 int gvisor_root_child(const gvisor_root *g, const char **ret_step) {
@@ -423,6 +461,22 @@ int gvisor_root_child(const gvisor_root *g, const char **ret_step) {
                 STEP(umount2(g->dst[i], MNT_DETACH), "unmounting a layer's bind");
         if (g->layer_fd >= 0)
                 STEP(umount2("layer", MNT_DETACH), "unmounting the build layer");
+        if (g->n_vols > 0) {
+                int rootfd = open("root", O_PATH | O_DIRECTORY | O_CLOEXEC);
+                STEP(rootfd, "opening the root");
+                for (size_t i = 0; i < g->n_vols; i++) {
+                        int k = g->vol_path[i][0] ? mount_point_check(rootfd, g->vol_path[i]) : 0;
+                        if (k < 0) {
+                                close(rootfd);
+                                errno = -k;
+                                STEP(-1,
+                                     k == -ELOOP || k == -ENOTDIR
+                                             ? "a volume's mount path crosses a symlink or a file"
+                                             : "checking a volume's mount path");
+                        }
+                }
+                close(rootfd);
+        }
         /* the volumes stay: runsc binds them from here */
         for (size_t i = 0; i < g->n_vols; i++) {
                 if (g->vol_fd[i] >= 0) {

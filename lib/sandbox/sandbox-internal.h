@@ -133,6 +133,7 @@ typedef struct gvisor_root {
         size_t n_vols;
         int vol_fd[HUTCH_VOLUMES_MAX];      /* each volume's file system, detached */
         char vol_dst[HUTCH_VOLUMES_MAX][8]; /* where they go in the sandbox dir: "vol/0".. */
+        char vol_path[HUTCH_VOLUMES_MAX][HUTCH_VOLUME_PATH_MAX + 1]; /* inside ("": a stand-in) */
 } gvisor_root;
 /* At create: the root's pieces in the sandbox dir (mount points, the build
  * layer's image from layer_from, the list of layers, the volumes' mount

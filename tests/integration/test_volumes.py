@@ -200,6 +200,9 @@ def test_gvisor_volume_cli(sandboxed_hutch, tmp_path):
     # runsc would have to make a mount point in the host's /usr
     cp = _hutch(data, "run", *GV, "--volume", "work:/usr/x", "--", "true")
     assert cp.returncode == 125 and b"binds read-only from the host" in cp.stderr, cp.stderr
+    # the host template's /bin is a link to usr/bin: no volume over what it points at
+    cp = _hutch(data, "run", *GV, "--volume", "work:/bin/x", "--", "true")
+    assert cp.returncode == 125 and b"crosses a symlink or a file" in cp.stderr, cp.stderr
     cp = _hutch(data, "run", *GV, "--volume", "missing:/m", "--", "true")
     assert cp.returncode == 125 and b"volume 'missing' not found" in cp.stderr, cp.stderr
 
