@@ -616,13 +616,19 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 return hutch_error_set(err, -EOPNOTSUPP, "snapshot %s is of a %s sandbox; it cannot start a %s one",
                                        snap.id, checkpoint ? "gvisor" : "namespace (ns)", hutch_backend_name(backend));
         }
-        if (mounts && backend == HUTCH_BACKEND_GVISOR) {
+        /* runsc restores a checkpoint into the mounts it was taken with only
+         * (the engine refuses it too; here it is a 409, before anything) */
+        if (snap.id[0] && checkpoint && mounts) {
+                *ret_status = 409;
                 json_decref(egress_spec);
                 json_decref(mounts);
                 if (layer_from[0] && !borrowed)
                         unlink(layer_from);
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "volume mounts are not supported on the gvisor backend (docs/volumes.md)");
+                return hutch_error_set(
+                        err, -EOPNOTSUPP,
+                        "snapshot %s is of a gvisor sandbox: a sandbox restored from it cannot "
+                        "mount volumes (docs/volumes.md)",
+                        snap.id);
         }
         /* GPUs: refused before anything is written when they cannot be had
          * now, so that such a create changes nothing (a `hutch run` that

@@ -122,7 +122,7 @@ void guest_report_disk(uint64_t used);
 /* Under gVisor (layer.c): build the sandbox's root (the read-only template
  * under an overlay whose upper is the sized tmpfs the engine mounted), enter
  * it, drop CAP_SYS_ADMIN; then report the layer's usage once a second. */
-int layer_setup(void);
+int layer_setup(char *const *vol_paths, size_t n_vols);
 int layer_watch_setup(void);
 void layer_watch_restored(void);
 /* Enforce a memory limit of limit bytes from inside a gVisor sandbox

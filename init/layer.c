@@ -15,6 +15,11 @@
  *     upper/work above, at LAYER_DIR/root;
  *  3. binds the root's other mounts (/proc, /dev, /dev/pts, /dev/shm,
  *     /sys, the template's read-only binds) into it, in mount order;
+ *  3b. binds each volume (runsc's bind of it at INITPROTO_GVISOR_VOLUMES/<i>,
+ *     lib/sandbox/gvisor-root.c) at its path, the mount point made in the
+ *     writable layer where missing, no component of it a symlink (a
+ *     template's /mnt -> /proc must not put a volume over /proc), as the
+ *     namespace backend does (lib/sandbox/child.c);
  *  4. chroots into it (the sentry refuses pivot_root for a container's
  *     root mount, which has no parent) and drops CAP_SYS_ADMIN from every
  *     set and the bounding set, so that no process of the sandbox ever
@@ -69,7 +74,8 @@ static int bind_mounts(void) {
                 if (!dev || !dir)
                         continue;
                 unescape_octal(dir);
-                if (dir[0] != '/' || streq(dir, "/") || under(dir, LAYER_DIR) || streq(dir, INITPROTO_GVISOR_INIT))
+                if (dir[0] != '/' || streq(dir, "/") || under(dir, LAYER_DIR) ||
+                    streq(dir, INITPROTO_GVISOR_INIT) || under(dir, INITPROTO_GVISOR_VOLUMES))
                         continue;
                 char target[PATH_MAX];
                 if (snprintf(target, sizeof target, "%s%s", LAYER_ROOT, dir) >= (int) sizeof target) {
@@ -83,6 +89,70 @@ static int bind_mounts(void) {
         }
         fclose(f);
         return r;
+}
+
+/* The mount point of a volume at path (absolute, clean: the engine
+ * checked it) in the new root, made as root 0755 where missing; every
+ * component entered without following a symlink. Nothing else runs in
+ * the sandbox yet, so the checked path is the path mounted on. */
+static int volume_mount_point(const char *path, char *target, size_t n) {
+        if (snprintf(target, n, "%s%s", LAYER_ROOT, path) >= (int) n)
+                return -ENAMETOOLONG;
+        int dfd = open(LAYER_ROOT, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return negative_errno();
+        char comp[PATH_MAX];
+        int r = 0;
+        for (const char *p = path; r == 0 && *p;) {
+                while (*p == '/')
+                        p++;
+                if (!*p)
+                        break;
+                const char *e = strchrnul(p, '/');
+                size_t len = (size_t) (e - p);
+                if (len >= sizeof comp) {
+                        r = -ENAMETOOLONG;
+                        break;
+                }
+                memcpy(comp, p, len);
+                comp[len] = 0;
+                if (mkdirat(dfd, comp, 0755) < 0 && errno != EEXIST) {
+                        r = negative_errno();
+                        break;
+                }
+                int next = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (next < 0)
+                        r = negative_errno();
+                else {
+                        close(dfd);
+                        dfd = next;
+                }
+                p = e;
+        }
+        close(dfd);
+        return r;
+}
+
+static int bind_volumes(char *const *paths, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                char src[64], target[PATH_MAX];
+                snprintf(src, sizeof src, INITPROTO_GVISOR_VOLUMES "/%zu", i);
+                int r = volume_mount_point(paths[i], target, sizeof target);
+                if (r < 0) {
+                        fprintf(stderr, "hutch-init: the mount point of the volume at %s: %s%s\n",
+                                paths[i], strerror(-r),
+                                r == -ELOOP || r == -ENOTDIR ? " (it crosses a symlink or a file)"
+                                                             : "");
+                        return r;
+                }
+                if (mount(src, target, NULL, MS_BIND, NULL) < 0) {
+                        r = negative_errno();
+                        fprintf(stderr, "hutch-init: binding the volume at %s: %s\n", paths[i],
+                                strerror(-r));
+                        return r;
+                }
+        }
+        return 0;
 }
 
 /* Out of the effective, permitted and inheritable sets, and the bounding
@@ -126,7 +196,7 @@ static void preload_compat(void) {
         close(fd);
 }
 
-int layer_setup(void) {
+int layer_setup(char *const *vol_paths, size_t n_vols) {
         int r;
         /* runsc's /tmp (not there: nothing to do) */
         if (umount2("/tmp", MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
@@ -137,7 +207,7 @@ int layer_setup(void) {
         if (mount("overlay", LAYER_ROOT, "overlay", 0,
                   "lowerdir=/,upperdir=" LAYER_DIR "/upper,workdir=" LAYER_DIR "/work") < 0)
                 return negative_errno();
-        if ((r = bind_mounts()) < 0)
+        if ((r = bind_mounts()) < 0 || (r = bind_volumes(vol_paths, n_vols)) < 0)
                 return r;
         if (chdir(LAYER_ROOT) < 0 || chroot(".") < 0 || chdir("/") < 0)
                 return negative_errno();

@@ -48,6 +48,9 @@ static uint16_t gvisor_egress_port;
 /* and the sandbox's memory limit, enforced from inside (memwatch.c) */
 static uint64_t gvisor_memory_limit;
 static bool gvisor_layer;
+/* --gvisor-guest ... layer PATH...: the volumes init binds (layer.c) */
+static char *const *gvisor_vol_paths;
+static size_t gvisor_n_vols;
 static unsigned n_clients; /* accepted ones; the creator is not counted */
 
 static char token[INITPROTO_MAX_STRING + 1];
@@ -819,7 +822,7 @@ static int setup(void) {
                 ensure_stdio();
                 /* the root with its sized writable layer, before anything
                  * else runs (layer.c) */
-                if (gvisor_layer && (r = layer_setup()) < 0) {
+                if (gvisor_layer && (r = layer_setup(gvisor_vol_paths, gvisor_n_vols)) < 0) {
                         fprintf(stderr, "hutch-init: building the writable layer: %s\n", strerror(-r));
                         return r;
                 }
@@ -932,6 +935,15 @@ int main(int argc, char **argv) {
                                 return EXIT_FAILURE;
                         }
                         gvisor_layer = true;
+                        /* then the volumes' paths, volume i's at argv[5 + i] */
+                        gvisor_vol_paths = argv + 5;
+                        gvisor_n_vols = (size_t) (argc - 5);
+                        for (size_t i = 0; i < gvisor_n_vols; i++)
+                                if (gvisor_vol_paths[i][0] != '/' || gvisor_n_vols > 8) {
+                                        fprintf(stderr, "hutch-init: bad volume path '%s'\n",
+                                                gvisor_vol_paths[i]);
+                                        return EXIT_FAILURE;
+                                }
                 }
                 gvisor = true;
                 gvisor_egress_port = (uint16_t) port;

@@ -26,6 +26,16 @@
  * template's root-owned /usr: a file of uid 1000 in the image is 1000
  * inside, with no id mapping.
  *
+ * A sandbox that mounts volumes (docs/volumes.md) always has a stacked
+ * root, the host template's too (lower = its rootfs): gvtop/root holds the
+ * volumes' mount points in runsc's root, /run/hutch/vol/0.. (runsc's root
+ * is read-only and the gofer must not make a directory in a template).
+ * Each volume's ext4, un-mapped (on-disk ids are the ids inside, which
+ * this gofer presents as they are, as for the layers), is attached at
+ * vol/<i> of the sandbox dir in the relay's namespace, and runsc's spec
+ * binds it from there; hutch-init binds it to its path inside
+ * (init/layer.c). Those mounts stay while runsc runs.
+ *
  * The mounts live in the relay's mount namespace only, a slave of the
  * host's (nothing propagates back), and the binds the overlay was made
  * from are unmounted again once it holds its own clones of them: the
@@ -110,10 +120,48 @@ static int write_top(int dfd) {
                           (size_t) (hutch_gvisor_compat_end - hutch_gvisor_compat_start), 0644);
 }
 
+/* The volumes' mount points: GVISOR_VOL_MOUNT_DIR/<i> in runsc's root (gvtop,
+ * root's, like the rest of it) and vol/<i> in the sandbox dir, below vol/,
+ * root's alone (0700): the relay, once it runs as the sandbox's host uid,
+ * cannot reach a volume's host mount through it. An empty vol/<i> is what
+ * a stand-in shows (0755, root's, as a mount point the ns backend makes). */
+static int write_volume_points(int dfd, size_t n) {
+        int r;
+        if (n == 0)
+                return 0;
+        if ((r = mkdir_mode(dfd, GVTOP GVISOR_VOL_MOUNT_DIR, 0755)) < 0 ||
+            (r = mkdir_mode(dfd, GVISOR_VOL_DIR, 0700)) < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                char a[64], b[16];
+                snprintf(a, sizeof a, GVTOP GVISOR_VOL_MOUNT_DIR "/%zu", i);
+                snprintf(b, sizeof b, GVISOR_VOL_DIR "/%zu", i);
+                if ((r = mkdir_mode(dfd, a, 0755)) < 0 || (r = mkdir_mode(dfd, b, 0755)) < 0)
+                        return r;
+        }
+        return 0;
+}
+
 int gvisor_root_prepare(hutch_sandbox *sb, const hutch_template *tpl, const char *layer_from,
-                        hutch_error *err) {
-        if (!tpl->n_layers && !layer_from)
+                        const hutch_volume_mount *vols, size_t n_vols, hutch_error *err) {
+        if (!tpl->n_layers && !layer_from && !n_vols)
                 return 0; /* the host template: runsc serves its rootfs itself */
+        if (n_vols > HUTCH_VOLUMES_MAX)
+                return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox",
+                                       HUTCH_VOLUMES_MAX);
+        /* runsc would have to make a mount point below a template's bind
+         * of a host directory (read-only, and the host's) */
+        for (size_t i = 0; vols && i < n_vols; i++)
+                for (size_t j = 0; j < tpl->n_binds; j++) {
+                        size_t k = strlen(tpl->binds[j]);
+                        if (strncmp(vols[i].path, tpl->binds[j], k) == 0 &&
+                            (vols[i].path[k] == '/' || vols[i].path[k] == 0))
+                                return hutch_error_set(
+                                        err, -EINVAL,
+                                        "volume mount path '%s' is inside '%s', which template '%s' "
+                                        "binds read-only from the host",
+                                        vols[i].path, tpl->binds[j], tpl->name);
+                }
         if (tpl->n_layers > HUTCH_MAX_LAYERS)
                 return hutch_error_set(err, -E2BIG, "template '%s' has more than %d layers",
                                        tpl->name, HUTCH_MAX_LAYERS);
@@ -121,6 +169,8 @@ int gvisor_root_prepare(hutch_sandbox *sb, const hutch_template *tpl, const char
         if (dfd < 0)
                 return hutch_error_set(err, -errno, "opening %s: %m", sb->dir);
         int r = write_top(dfd);
+        if (r >= 0)
+                r = write_volume_points(dfd, n_vols);
         if (r < 0)
                 return hutch_error_set(err, r, "preparing the root's mount points: %s", strerror(-r));
         for (size_t i = 0; i < tpl->n_layers; i++) {
@@ -171,7 +221,108 @@ void gvisor_root_done(gvisor_root *g) {
         free(g->dst);
         free(g->opts);
         g->layer_fd = safe_close(g->layer_fd);
+        for (size_t i = 0; i < g->n_vols; i++)
+                safe_close(g->vol_fd[i]);
         *g = (gvisor_root) { .layer_fd = -1 };
+}
+
+void gvisor_volumes_hold(hutch_sandbox *sb) {
+        _cleanup_close_ int dfd = open(sb->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        _cleanup_free_ char *buf = NULL;
+        if (dfd < 0 ||
+            read_file_at(dfd, "volumes",
+                         HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4),
+                         &buf) < 0)
+                return;
+        size_t i = 0;
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line && i < HUTCH_VOLUMES_MAX;
+             line = strtok_r(NULL, "\n", &save), i++) {
+                char *sp = strchr(line, ' ');
+                if (!sp || sb->vol_loop[i] >= 0)
+                        continue;
+                *sp = 0;
+                int mnt = -1;
+                hutch_error e = { 0 };
+                if (volume_hold_loop(sb->ctx, line, &mnt, &sb->vol_loop[i], &e) >= 0)
+                        safe_close(mnt);
+        }
+}
+
+void gvisor_volumes_release(hutch_sandbox *sb) {
+        for (size_t i = 0; i < HUTCH_VOLUMES_MAX; i++)
+                sb->vol_loop[i] = safe_close(sb->vol_loop[i]);
+}
+
+int gvisor_standins(const hutch_sandbox *sb) {
+        char p[PATH_MAX], buf[8] = "";
+        snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
+        _cleanup_close_ int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
+                return 0;
+        int k = atoi(buf);
+        return k > 0 && k <= HUTCH_VOLUMES_MAX ? k : 0;
+}
+
+size_t gvisor_volume_slots(const hutch_sandbox *sb) {
+        int k = gvisor_standins(sb);
+        if (k > 0)
+                return (size_t) k;
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/volumes", sb->dir);
+        _cleanup_free_ char *buf = NULL;
+        if (read_file_at(AT_FDCWD, p,
+                         HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4),
+                         &buf) < 0)
+                return 0;
+        size_t n = 0;
+        for (const char *c = buf; *c; c++)
+                n += *c == '\n';
+        return MIN(n, (size_t) HUTCH_VOLUMES_MAX);
+}
+
+/* Each volume the state dir records ("<id> <path>" lines, in mount
+ * order), mounted detached, un-mapped, into g. */
+static int volumes_hold(hutch_sandbox *sb, int dfd, gvisor_root *g, hutch_error *err) {
+        _cleanup_free_ char *buf = NULL;
+        int k = gvisor_standins(sb);
+        if (k > 0) {
+                /* a copy restored from a checkpoint of a sandbox with volumes */
+                for (g->n_vols = 0; g->n_vols < (size_t) k; g->n_vols++) {
+                        g->vol_fd[g->n_vols] = -1;
+                        snprintf(g->vol_dst[g->n_vols], sizeof g->vol_dst[0], GVISOR_VOL_DIR "/%zu",
+                                 g->n_vols);
+                }
+                return 0;
+        }
+        int r = read_file_at(dfd, "volumes",
+                             HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_ID_LEN + HUTCH_VOLUME_PATH_MAX + 4),
+                             &buf);
+        if (r == -ENOENT)
+                return 0;
+        if (r < 0)
+                return hutch_error_set(err, r, "reading %s/volumes: %s", sb->dir, strerror(-r));
+        for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
+             line = strtok_r(NULL, "\n", &save)) {
+                char *sp = strchr(line, ' ');
+                if (!sp || g->n_vols >= HUTCH_VOLUMES_MAX)
+                        return hutch_error_set(err, -EBADMSG, "%s/volumes is damaged", sb->dir);
+                *sp = 0;
+                hutch_error e = { 0 };
+                int *loop = &sb->vol_loop[g->n_vols];
+                if (*loop >= 0)
+                        r = volume_mount_loop(line, *loop, &g->vol_fd[g->n_vols], &e);
+                else
+                        r = volume_hold_loop(sb->ctx, line, &g->vol_fd[g->n_vols], loop, &e);
+                if (r < 0)
+                        return hutch_error_set(err, r, "the volume mounted at %s: %s%s", sp + 1,
+                                               e.msg,
+                                               r == -ENOENT ? " (the volume was deleted)" : "");
+                snprintf(g->vol_dst[g->n_vols], sizeof g->vol_dst[0], GVISOR_VOL_DIR "/%zu",
+                         g->n_vols);
+                snprintf(g->vol_path[g->n_vols], sizeof g->vol_path[0], "%s", sp + 1);
+                g->n_vols++;
+        }
+        return 0;
 }
 
 static void cat(char *buf, size_t n, const char *s) {
@@ -236,8 +387,49 @@ int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err) {
                 gvisor_root_done(&g);
                 return r;
         }
+        if ((r = volumes_hold(sb, dfd, &g, err)) < 0) {
+                gvisor_root_done(&g);
+                return r;
+        }
         *ret = g;
         return 1;
+}
+
+/* Whether path, inside the root at rootfd, crosses a symlink or a file
+ * where it exists: hutch-init makes the mount point in the writable layer,
+ * over this same root, and refuses that (init/layer.c), but its error has
+ * no way out, so it is checked here first, where the create's error can
+ * say it. */
+static int mount_point_check(int rootfd, const char *path) {
+        char comp[HUTCH_VOLUME_PATH_MAX + 1];
+        int dfd = fcntl(rootfd, F_DUPFD_CLOEXEC, 3);
+        if (dfd < 0)
+                return -errno;
+        int r = 0;
+        for (const char *p = path; *p;) {
+                while (*p == '/')
+                        p++;
+                if (!*p)
+                        break;
+                const char *e = strchrnul(p, '/');
+                size_t len = (size_t) (e - p);
+                if (len >= sizeof comp) {
+                        r = -ENAMETOOLONG;
+                        break;
+                }
+                memcpy(comp, p, len);
+                comp[len] = 0;
+                int next = openat(dfd, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (next < 0) {
+                        r = errno == ENOENT ? 0 : -errno; /* made in the layer */
+                        break;
+                }
+                close(dfd);
+                dfd = next;
+                p = e;
+        }
+        close(dfd);
+        return r;
 }
 
 /* In the relay's child, before runsc: raw system calls on what the parent
@@ -269,6 +461,37 @@ int gvisor_root_child(const gvisor_root *g, const char **ret_step) {
                 STEP(umount2(g->dst[i], MNT_DETACH), "unmounting a layer's bind");
         if (g->layer_fd >= 0)
                 STEP(umount2("layer", MNT_DETACH), "unmounting the build layer");
+        if (g->n_vols > 0) {
+                int rootfd = open("root", O_PATH | O_DIRECTORY | O_CLOEXEC);
+                STEP(rootfd, "opening the root");
+                for (size_t i = 0; i < g->n_vols; i++) {
+                        int k = g->vol_path[i][0] ? mount_point_check(rootfd, g->vol_path[i]) : 0;
+                        if (k < 0) {
+                                close(rootfd);
+                                errno = -k;
+                                STEP(-1,
+                                     k == -ELOOP || k == -ENOTDIR
+                                             ? "a volume's mount path crosses a symlink or a file"
+                                             : "checking a volume's mount path");
+                        }
+                }
+                close(rootfd);
+        }
+        /* the volumes stay: runsc binds them from here */
+        for (size_t i = 0; i < g->n_vols; i++) {
+                if (g->vol_fd[i] >= 0) {
+                        STEP(sys_move_mount(g->vol_fd[i], "", AT_FDCWD, g->vol_dst[i],
+                                            MOVE_MOUNT_F_EMPTY_PATH),
+                             "attaching a volume");
+                        continue;
+                }
+                /* a stand-in: its empty directory, read-only on the host */
+                STEP(mount(g->vol_dst[i], g->vol_dst[i], NULL, MS_BIND, NULL),
+                     "binding a volume's stand-in");
+                STEP(mount(NULL, g->vol_dst[i], NULL,
+                           MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL),
+                     "making a volume's stand-in read-only");
+        }
         STEP(chdir("/"), "leaving the sandbox directory");
         return 0;
 #undef STEP

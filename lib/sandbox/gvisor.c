@@ -160,8 +160,8 @@ static void jcaps(jbuf *b) {
 }
 
 static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *root,
-                      const char *hostname, const char *init_path, uint16_t egress_port,
-                      hutch_error *err) {
+                      const hutch_volume_mount *vols, size_t n_vols, const char *hostname,
+                      const char *init_path, uint16_t egress_port, hutch_error *err) {
         jbuf b = { 0 };
         char num[64];
         jput(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,\"user\":{\"uid\":0,\"gid\":0},\"args\":[");
@@ -170,6 +170,12 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         snprintf(num, sizeof num, "\"%u\",\"%" PRIu64 "\",\"layer\"", (unsigned) egress_port,
                  sb->limits.memory_bytes);
         jput(&b, num);
+        /* then the volumes' paths: init binds volume i there from
+         * INITPROTO_GVISOR_VOLUMES/<i> (init/layer.c) */
+        for (size_t i = 0; vols && i < n_vols; i++) {
+                jput(&b, ",");
+                jstr(&b, vols[i].path);
+        }
         jput(&b, "],\"env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"");
         if (getenv("HUTCH_INIT_DEBUG"))
                 jput(&b, ",\"HUTCH_INIT_DEBUG=1\"");
@@ -213,6 +219,15 @@ static int write_spec(hutch_sandbox *sb, const hutch_template *tpl, const char *
         snprintf(layer_size, sizeof layer_size, "size=%" PRIu64, sb->limits.disk_bytes);
         const char *const layer_opts[] = { "nosuid", "nodev", "mode=0755", layer_size, NULL };
         jmount(&b, INITPROTO_GVISOR_LAYER, "tmpfs", "tmpfs", layer_opts);
+        /* the volumes, attached in the relay's namespace (gvisor-root.c) */
+        static const char *const vol_opts[] = { "rbind", "nosuid", "nodev", NULL };
+        static const char *const standin_opts[] = { "rbind", "ro", "nosuid", "nodev", NULL };
+        for (size_t i = 0; i < n_vols; i++) {
+                char src[PATH_MAX], dst[64];
+                snprintf(src, sizeof src, "%s/" GVISOR_VOL_DIR "/%zu", sb->dir, i);
+                snprintf(dst, sizeof dst, INITPROTO_GVISOR_VOLUMES "/%zu", i);
+                jmount(&b, dst, "bind", src, vols ? vol_opts : standin_opts);
+        }
         jput(&b, "],\"linux\":{\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},"
                  "{\"type\":\"mount\"},{\"type\":\"network\"}]}}\n");
         if (b.oom) {
@@ -465,8 +480,8 @@ static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_m
 }
 
 int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *layer_from,
-                 const char *hostname, uint16_t egress_port, const char *image_dir, int timeout_ms,
-                 hutch_error *err) {
+                 const hutch_volume_mount *vols, size_t n_vols, const char *hostname,
+                 uint16_t egress_port, const char *image_dir, int timeout_ms, hutch_error *err) {
         hutch_ctx *ctx = sb->ctx;
         char init_path[PATH_MAX], scratch[PATH_MAX], p[PATH_MAX];
         int r;
@@ -481,11 +496,11 @@ int gvisor_start(hutch_sandbox *sb, const hutch_template *tpl, const char *layer
         if (mkdir(p, 0700) < 0)
                 return hutch_error_set(err, -errno, "creating %s: %m", p);
         /* an image or built template: the layers stacked at <dir>/root */
-        if ((r = gvisor_root_prepare(sb, tpl, layer_from, err)) < 0)
+        if ((r = gvisor_root_prepare(sb, tpl, layer_from, vols, n_vols, err)) < 0)
                 return r;
         snprintf(p, sizeof p, "%s/root", sb->dir);
-        if ((r = write_spec(sb, tpl, r > 0 ? p : tpl->rootfs, hostname, init_path, egress_port,
-                            err)) < 0)
+        if ((r = write_spec(sb, tpl, r > 0 ? p : tpl->rootfs, vols, n_vols, hostname, init_path,
+                            egress_port, err)) < 0)
                 return r;
         /* The relay's scratch space (whole files on their way out) on the
          * data dir's disk, owned by the relay's uid. */
@@ -573,6 +588,9 @@ int hutch_gvisor_probe(hutch_ctx *ctx, char *ret_info, size_t n, hutch_error *er
  * sandbox's mounts do not match today's spec, so it cannot be restored */
 #define CKPT_MAGIC_V1 "HUTCHGV1"
 #define CKPT_MAX_FILES 64
+/* hutch's own entry in the stream (not runsc's): the count of volume
+ * mounts the sandbox had, in decimal */
+#define CKPT_VOLUMES "hutch-volumes"
 
 static int runsc_wait(pid_t pid, int timeout_ms) {
         int pfd = sys_pidfd_open(pid, 0);
@@ -749,6 +767,20 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
                         total += sz;
                         nf++;
                 }
+                /* the volume mounts runsc will want at a restore (a copy
+                 * gets read-only stand-ins: a snapshot holds no volume) */
+                size_t slots = gvisor_volume_slots(sb);
+                if (r >= 0 && slots > 0) {
+                        char v[8];
+                        uint16_t nl = (uint16_t) strlen(CKPT_VOLUMES);
+                        uint64_t sz = (uint64_t) snprintf(v, sizeof v, "%zu", slots);
+                        if (fd_write_all(out_fd, &nl, 2) < 0 ||
+                            fd_write_all(out_fd, CKPT_VOLUMES, nl) < 0 ||
+                            fd_write_all(out_fd, &sz, 8) < 0 ||
+                            fd_write_all(out_fd, v, (size_t) sz) < 0)
+                                r = -EIO;
+                        nf++;
+                }
                 if (r >= 0 && pwrite(out_fd, &nf, 4, count_at) != 4)
                         r = -EIO;
                 if (r < 0)
@@ -826,7 +858,7 @@ int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_
 static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
         char dir[PATH_MAX], token[HUTCH_TOKEN_LEN + 1];
         snprintf(dir, sizeof dir, "%s/gvisor/.resume-%s", sb->ctx->data_dir, sb->id);
-        int r = gvisor_unpack(stream_path, dir, token, err);
+        int r = gvisor_unpack(stream_path, dir, token, NULL, err);
         if (r >= 0 && !streq(token, sb->token))
                 r = hutch_error_set(err, -EBADMSG, "the checkpoint is not sandbox %s's", sb->id);
         if (r >= 0) {
@@ -870,7 +902,10 @@ bool hutch_stream_is_checkpoint(const char *path) {
 
 /* Unpack a checkpoint stream into dir (created here, root only), and the
  * token its init holds into ret_token. */
-int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err) {
+int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1],
+                  unsigned *ret_vol_slots, hutch_error *err) {
+        if (ret_vol_slots)
+                *ret_vol_slots = 0;
         _cleanup_close_ int in = open(stream, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (in < 0)
                 return hutch_error_set(err, -errno, "opening the checkpoint: %m");
@@ -906,6 +941,16 @@ int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKE
                     fd_read_full(in, &sz, 8) != 8)
                         return hutch_error_set(err, -EBADMSG, "a damaged gvisor checkpoint");
                 name[nl] = 0;
+                if (streq(name, CKPT_VOLUMES)) {
+                        char v[8] = "";
+                        if (sz == 0 || sz >= sizeof v ||
+                            fd_read_full(in, v, (size_t) sz) != (ssize_t) sz || atoi(v) <= 0 ||
+                            atoi(v) > HUTCH_VOLUMES_MAX)
+                                return hutch_error_set(err, -EBADMSG, "a damaged gvisor checkpoint");
+                        if (ret_vol_slots)
+                                *ret_vol_slots = (unsigned) atoi(v);
+                        continue;
+                }
                 for (size_t k = 0; k < nl; k++)
                         if (!((name[k] >= 'a' && name[k] <= 'z') || (name[k] >= 'A' && name[k] <= 'Z') ||
                               (name[k] >= '0' && name[k] <= '9') || name[k] == '.' || name[k] == '_' || name[k] == '-') ||

@@ -43,6 +43,8 @@
  * (init/layer.c); the host template carries both as mount points. */
 #define INITPROTO_GVISOR_INIT "/run/hutch/init"
 #define INITPROTO_GVISOR_LAYER "/run/hutch/layer"
+/* volume i is bound here in runsc's root, then at its path (init/layer.c) */
+#define INITPROTO_GVISOR_VOLUMES "/run/hutch/vol"
 /* The statx/fstatat shim (init/gvisor-compat.c) in the host template; under
  * gVisor hutch-init names it in /etc/ld.so.preload. */
 #define INITPROTO_GVISOR_COMPAT "/run/hutch/gvisor-compat.so"

@@ -81,6 +81,11 @@ struct hutch_sandbox {
         size_t n_gpus;
         bool frozen;       /* its cgroup is frozen (hutch_sandbox_freeze, or found so at attach):
                               init cannot answer, so no request is sent to it (initconn_call) */
+        /* gvisor: each volume's loop device, held from the first launch
+         * this process made to the sandbox's end, so that a relaunch (the
+         * restore after a checkpoint, a resume) finds a volume deleted
+         * meanwhile as the ns backend's mounts keep it (-1: not held) */
+        int vol_loop[HUTCH_VOLUMES_MAX];
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
@@ -108,11 +113,15 @@ int gvisor_scratch_path(const hutch_ctx *ctx, const char *id, char *buf, size_t 
 uint64_t gvisor_oom_kills(hutch_sandbox *sb);
 uint64_t gvisor_disk_used(hutch_sandbox *sb);
 /* layer_from: a built template's layer (a layer stream), read-only under
- * the writable layer; image_dir: a checkpoint to restore. */
+ * the writable layer; vols: the volumes to mount (recorded in the state dir
+ * first, volume_state_write), or NULL with n_vols stand-ins (recorded as
+ * GVISOR_STANDINS_FILE); image_dir: a checkpoint to restore. */
 int gvisor_start(hutch_sandbox *sb, const struct hutch_template *tpl, const char *layer_from,
-                 const char *hostname, uint16_t egress_port, const char *image_dir, int timeout_ms,
-                 hutch_error *err);
-int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1], hutch_error *err);
+                 const hutch_volume_mount *vols, size_t n_vols, const char *hostname,
+                 uint16_t egress_port, const char *image_dir, int timeout_ms, hutch_error *err);
+/* ret_vol_slots: the volume mounts the checkpointed sandbox had (NULL: not wanted). */
+int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKEN_LEN + 1],
+                  unsigned *ret_vol_slots, hutch_error *err);
 int gvisor_kill_runtime(hutch_sandbox *sb);
 /* gvisor-root.c: runsc's root for an image or built template, stacked by
  * overlayfs on the host in the relay's own mount namespace. */
@@ -124,12 +133,34 @@ typedef struct gvisor_root {
         char **src;     /* host dirs: the template's top layer, then its image layers, top first */
         char (*dst)[8]; /* their mount points: "lower", "l0".. */
         char *opts;     /* the overlay's mount options */
+        size_t n_vols;
+        int vol_fd[HUTCH_VOLUMES_MAX];      /* each volume's file system, detached */
+        char vol_dst[HUTCH_VOLUMES_MAX][8]; /* where they go in the sandbox dir: "vol/0".. */
+        char vol_path[HUTCH_VOLUMES_MAX][HUTCH_VOLUME_PATH_MAX + 1]; /* inside ("": a stand-in) */
 } gvisor_root;
 /* At create: the root's pieces in the sandbox dir (mount points, the build
- * layer's image from layer_from, the list of layers). 1: stacked (runsc's
- * root is <dir>/root), 0: the host template as it is. */
+ * layer's image from layer_from, the list of layers, the volumes' mount
+ * points). 1: stacked (runsc's root is <dir>/root), 0: the host template
+ * as it is. */
 int gvisor_root_prepare(hutch_sandbox *sb, const struct hutch_template *tpl, const char *layer_from,
-                        hutch_error *err);
+                        const hutch_volume_mount *vols, size_t n_vols, hutch_error *err);
+/* Volume i: attached at GVISOR_VOL_DIR/<i> of the sandbox dir in the
+ * relay's namespace, bound by runsc at GVISOR_VOL_MOUNT_DIR/<i> of its
+ * root, bound by hutch-init at its path (init/layer.c). */
+#define GVISOR_VOL_DIR "vol"
+#define GVISOR_VOL_MOUNT_DIR INITPROTO_GVISOR_VOLUMES
+/* A copy restored from a checkpoint of a sandbox that mounted volumes has,
+ * in their place, as many stand-ins (read-only empty directories): runsc
+ * restores only into the mounts a checkpoint was taken with. Their count
+ * is in this state file. */
+#define GVISOR_STANDINS_FILE "gvstandins"
+int gvisor_standins(const hutch_sandbox *sb);
+/* Take vol_loop for each volume the state dir records (a sandbox this
+ * process adopts); close what it holds. */
+void gvisor_volumes_hold(hutch_sandbox *sb);
+void gvisor_volumes_release(hutch_sandbox *sb);
+/* The volume mounts of runsc's spec: volumes or stand-ins. */
+size_t gvisor_volume_slots(const hutch_sandbox *sb);
 /* At every launch, in the engine: what the relay's child mounts. */
 int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err);
 /* In the relay's child, before runsc starts: system calls only. */
@@ -180,6 +211,13 @@ int loop_attach(int img_fd, int *ret_loop_fd);
  * detached mount of the volume's one file system (one loop device per
  * image, found again by the image's inode), id-mapped into userns_fd. */
 int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd, hutch_error *err);
+/* hutch_volume_hold, and the volume's loop device, opened: while that
+ * stays open the device keeps its image (LO_FLAGS_AUTOCLEAR waits for the
+ * last opener), deleted or not, with no mount of it left (a gvisor
+ * sandbox's runtime between a checkpoint and its restore). */
+int volume_hold_loop(hutch_ctx *ctx, const char *id, int *ret_fd, int *ret_loop_fd, hutch_error *err);
+/* A detached mount of the file system on a loop device held so. */
+int volume_mount_loop(const char *id, int loop_fd, int *ret_fd, hutch_error *err);
 /* Record the sandbox's mounts in its directory (file "volumes"). */
 int volume_state_write(const char *sandbox_dir, const hutch_volume_mount *v, size_t n, hutch_error *err);
 

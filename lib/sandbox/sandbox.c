@@ -317,6 +317,8 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
         sb->busy_fd = -1;
         sb->uid_slot = UINT32_MAX;
         sb->next_id = 1;
+        for (size_t i = 0; i < HUTCH_VOLUMES_MAX; i++)
+                sb->vol_loop[i] = -1;
         sb->rxbuf = malloc(INITPROTO_MAX_FRAME);
         sb->tx = malloc(sizeof *sb->tx);
         if (!sb->rxbuf || !sb->tx) {
@@ -477,7 +479,10 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->is_parent && !init_reaped && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
+        gvisor_volumes_release(sb);
+        /* not before the create gave it an id: the scratch path of an
+         * empty id is DATA_DIR/gvisor/ itself, every sandbox's */
+        if (sb->backend == HUTCH_BACKEND_GVISOR && sb->id[0]) {
                 char scratch[PATH_MAX];
                 if (gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch) == 0) {
                         k = rm_rf_at(AT_FDCWD, scratch);
@@ -591,10 +596,12 @@ static int volumes_check(const hutch_sandbox_config *cfg, hutch_error *err) {
                 return 0;
         if (cfg->n_volumes > HUTCH_VOLUMES_MAX || !cfg->volumes)
                 return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox", HUTCH_VOLUMES_MAX);
-        if (cfg->backend == HUTCH_BACKEND_GVISOR)
+        /* runsc restores a checkpoint into the mounts it was taken with
+         * only, and a snapshot never holds a volume */
+        if (cfg->backend == HUTCH_BACKEND_GVISOR && cfg->checkpoint_from)
                 return hutch_error_set(err, -EOPNOTSUPP,
-                                       "volumes are not supported on the gvisor backend (docs/volumes.md): use the "
-                                       "ns backend for sandboxes that mount volumes");
+                                       "a gvisor sandbox restored from a snapshot cannot mount volumes "
+                                       "(docs/volumes.md)");
         for (size_t i = 0; i < cfg->n_volumes; i++) {
                 const hutch_volume_mount *v = &cfg->volumes[i];
                 if (!hutch_volume_id_valid(v->volume))
@@ -948,6 +955,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
         if (sb->backend == HUTCH_BACKEND_GVISOR) {
                 char img[PATH_MAX] = "";
+                unsigned standins = 0;
                 /* a layer stream is a built template's layer: read-only under
                  * the sandbox's writable layer (gvisor-root.c) */
                 if (cfg->layer_from && (r = ctx_ensure_storage(ctx, err)) < 0)
@@ -958,12 +966,30 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                         snprintf(parent, sizeof parent, "%s/gvisor", ctx->data_dir);
                         snprintf(img, sizeof img, "%s/.restore-%s", parent, sb->id);
                         (void) mkdir_p(parent, 0711);
-                        if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, err)) < 0) {
+                        if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, &standins,
+                                               err)) < 0) {
                                 (void) rm_rf_at(AT_FDCWD, img);
                                 goto fail;
                         }
                 }
-                r = gvisor_start(sb, tpl, cfg->layer_from, hostname,
+                /* a copy of a sandbox that mounted volumes: as many stand-ins */
+                if (standins > 0) {
+                        char p[PATH_MAX], v[8];
+                        snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
+                        int k = snprintf(v, sizeof v, "%u\n", standins);
+                        if ((r = write_file_atomic(p, v, (size_t) k, 0600)) < 0) {
+                                hutch_error_set(err, r, "writing %s: %s", p, strerror(-r));
+                                (void) rm_rf_at(AT_FDCWD, img);
+                                goto fail;
+                        }
+                }
+                /* recorded first: every launch (a resume too) mounts them
+                 * again from the list (gvisor-root.c) */
+                if (cfg->n_volumes > 0 &&
+                    (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
+                        goto fail;
+                r = gvisor_start(sb, tpl, cfg->layer_from, standins ? NULL : cfg->volumes,
+                                 standins ? standins : cfg->n_volumes, hostname,
                                  cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
                                  GVISOR_READY_TIMEOUT_MS, err);
                 if (img[0])
@@ -1308,6 +1334,11 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 if (r < 0)
                         goto fail;
         }
+        /* a volume deleted from now on stays for its next launch, as for a
+         * sandbox this process created (best effort: one deleted already
+         * is found missing then, and the launch says so) */
+        if (sb->backend == HUTCH_BACKEND_GVISOR && (connect_init || sb->suspended))
+                gvisor_volumes_hold(sb);
         *ret = sb;
         return 0;
 fail:
@@ -1402,6 +1433,7 @@ hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
         sandbox_busy_release(sb);
         safe_close(sb->conn);
         safe_close(sb->init_pidfd);
+        gvisor_volumes_release(sb);
         cgroup_free(sb->cg);
         initconn_events_free(sb);
         free(sb->rxbuf);

@@ -113,7 +113,8 @@ static int volumes_lock(hutch_ctx *ctx, hutch_error *err) {
         return lfd;
 }
 
-static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err);
+static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, int *ret_loop_fd,
+                               hutch_error *err);
 
 int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_error *err) {
         if (!hutch_volume_id_valid(id))
@@ -171,7 +172,7 @@ int hutch_volume_create(hutch_ctx *ctx, const char *id, uint64_t bytes, hutch_er
         }
         /* mkfs's lost+found is no file of the user's */
         _cleanup_close_ int mnt = -1;
-        if ((r = volume_mount_locked(ctx, id, &mnt, err)) < 0) {
+        if ((r = volume_mount_locked(ctx, id, &mnt, NULL, err)) < 0) {
                 unlink(img);
                 return r;
         }
@@ -213,8 +214,31 @@ static int loop_find(dev_t dev, ino_t ino, int *ret_fd) {
         return found;
 }
 
-/* A detached mount of the volume's one file system (lock held by the caller). */
-static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *err) {
+/* A detached mount of the file system on the loop device n (the volume's
+ * one superblock while another mount holds it). */
+static int volume_mount_dev(const char *id, int n, int *ret_fd, hutch_error *err) {
+        char dev[64];
+        snprintf(dev, sizeof dev, "/dev/loop%d", n);
+        _cleanup_close_ int fsfd = sys_fsopen("ext4", FSOPEN_CLOEXEC);
+        /* noinit_itable: the kernel would otherwise zero every inode
+         * table in the background, filling the sparse image (1.6 GiB for
+         * 100 GiB); its holes read as zeros already */
+        if (fsfd < 0 || sys_fsconfig(fsfd, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
+            sys_fsconfig(fsfd, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0 ||
+            sys_fsconfig(fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+                return hutch_error_set(err, -errno, "volume %s: mounting its file system (%s): %m",
+                                       id, dev);
+        int mnt = sys_fsmount(fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+        if (mnt < 0)
+                return hutch_error_set(err, -errno, "volume %s: fsmount: %m", id);
+        *ret_fd = mnt;
+        return 0;
+}
+
+/* A detached mount of the volume's one file system (lock held by the
+ * caller); with ret_loop_fd, the loop device too, opened. */
+static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, int *ret_loop_fd,
+                               hutch_error *err) {
         char img[PATH_MAX];
         int r = image_path(ctx, id, img, sizeof img);
         if (r < 0)
@@ -234,22 +258,25 @@ static int volume_mount_locked(hutch_ctx *ctx, const char *id, int *ret_fd, hutc
         if (n < 0)
                 return hutch_error_set(err, n, "volume %s: attaching its image to a loop device: %s",
                                        id, strerror(-n));
-        char dev[64];
-        snprintf(dev, sizeof dev, "/dev/loop%d", n);
-        _cleanup_close_ int fsfd = sys_fsopen("ext4", FSOPEN_CLOEXEC);
-        /* noinit_itable: the kernel would otherwise zero every inode
-         * table in the background, filling the sparse image (1.6 GiB for
-         * 100 GiB); its holes read as zeros already */
-        if (fsfd < 0 || sys_fsconfig(fsfd, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
-            sys_fsconfig(fsfd, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0 ||
-            sys_fsconfig(fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-                return hutch_error_set(err, -errno, "volume %s: mounting its file system (%s): %m",
-                                       id, dev);
-        int mnt = sys_fsmount(fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-        if (mnt < 0)
-                return hutch_error_set(err, -errno, "volume %s: fsmount: %m", id);
-        *ret_fd = mnt;
+        if ((r = volume_mount_dev(id, n, ret_fd, err)) < 0)
+                return r;
+        if (ret_loop_fd)
+                *ret_loop_fd = TAKE_FD(loopfd);
         return 0;
+}
+
+int volume_hold_loop(hutch_ctx *ctx, const char *id, int *ret_fd, int *ret_loop_fd, hutch_error *err) {
+        _cleanup_close_ int lfd = volumes_lock(ctx, err);
+        if (lfd < 0)
+                return lfd;
+        return volume_mount_locked(ctx, id, ret_fd, ret_loop_fd, err);
+}
+
+int volume_mount_loop(const char *id, int loop_fd, int *ret_fd, hutch_error *err) {
+        struct stat st;
+        if (fstat(loop_fd, &st) < 0 || !S_ISBLK(st.st_mode))
+                return hutch_error_set(err, -EBADF, "volume %s: its loop device is gone", id);
+        return volume_mount_dev(id, (int) minor(st.st_rdev), ret_fd, err);
 }
 
 int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *ret_fd,
@@ -258,7 +285,7 @@ int volume_mount_idmapped(hutch_ctx *ctx, const char *id, int userns_fd, int *re
         if (lfd < 0)
                 return lfd;
         _cleanup_close_ int mnt = -1;
-        int r = volume_mount_locked(ctx, id, &mnt, err);
+        int r = volume_mount_locked(ctx, id, &mnt, NULL, err);
         if (r < 0)
                 return r;
         struct mount_attr attr = {
@@ -275,7 +302,7 @@ int hutch_volume_hold(hutch_ctx *ctx, const char *id, int *ret_fd, hutch_error *
         _cleanup_close_ int lfd = volumes_lock(ctx, err);
         if (lfd < 0)
                 return lfd;
-        return volume_mount_locked(ctx, id, ret_fd, err);
+        return volume_mount_locked(ctx, id, ret_fd, NULL, err);
 }
 
 int hutch_volume_remove(hutch_ctx *ctx, const char *id, hutch_error *err) {

@@ -411,7 +411,17 @@ def test_gvisor_runs_an_image_template(sandboxed_hutch, env, tmp_path, base_laye
     assert tree_digest(data / "layers", data / "templates") == before
     p = hutch(sandboxed_hutch, e, *gv, "--", "sh", "-c", "cat /app/hello; test -e /bin/cat && echo CAT")
     assert p.stdout == b"hi\nCAT\n"
+    # a volume in an image template's sandbox: its mount point made below
+    # the image's /app (which keeps its owner); the volume's root is
+    # `user`'s (1000), not the image user's, as on ns
+    hutch(sandboxed_hutch, e, "volume", "create", "iv", "--size", "8M")
+    p = hutch(sandboxed_hutch, e, *gv, "--user", "root", "--volume", "iv:/app/data", "--", "sh", "-c",
+              "echo v > /app/data/f && chown 1234:1234 /app/data/f; stat -c '%u' /app /app/data /app/data/f")
+    assert p.stdout == b"1234\n1000\n1234\n", (p.stdout, p.stderr)
     assert tree_digest(data / "layers", data / "templates") == before
+    # (an ns sandbox of the image sees the same ids)
+    p = hutch(sandboxed_hutch, e, "run", "--template", "bb", "--volume", "iv:/v", "--", "stat", "-c", "%u", "/v/f")
+    assert p.stdout == b"1234\n", (p.stdout, p.stderr)
 
 
 @needs_runsc

@@ -57,9 +57,11 @@ static const char *stream(const char *name, const char *magic, uint32_t token_le
         return p;
 }
 
+static unsigned vol_slots;
+
 static int unpack(const char *stream_path, char *token, hutch_error *err) {
         (void) rm_rf_at(AT_FDCWD, path_of("out"));
-        return gvisor_unpack(stream_path, path_of("out"), token, err);
+        return gvisor_unpack(stream_path, path_of("out"), token, &vol_slots, err);
 }
 
 int main(void) {
@@ -81,6 +83,17 @@ int main(void) {
            "with its files' bytes");
         ok(read_file_at(AT_FDCWD, path_of("out/pages.bin"), 64, &pages) >= 0 && streq(pages, "12345"),
            "every one of them");
+
+        ok(vol_slots == 0, "a sandbox without volumes had no volume mounts");
+
+        /* hutch's own entry: the volume mounts a copy needs stand-ins for */
+        static const char *const vols[] = { "checkpoint.img", "state", "hutch-volumes", "3", NULL };
+        ok(unpack(stream("vols", "HUTCHGV2", 32, tok, 2, vols), got, &err) == 0 && vol_slots == 3,
+           "the volume count is read: %s", err.msg);
+        ok(access(path_of("out/hutch-volumes"), F_OK) < 0, "and is no file runsc sees");
+        static const char *const badvols[] = { "hutch-volumes", "9", NULL };
+        ok(unpack(stream("badvols", "HUTCHGV2", 32, tok, 1, badvols), got, &err) == -EBADMSG,
+           "more volume mounts than a sandbox may have is refused");
 
         /* a checkpoint of an older hutch (runsc's own overlay, before the
          * sized layer): routed to the gvisor backend, refused with why */
