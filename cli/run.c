@@ -338,6 +338,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return 0;
 }
 
+#ifndef HUTCH_CLI_LEAN
 /* --volume names to ids (volume.c). */
 static int resolve_volumes(run_opts *o) {
         int r = cli_volume_resolve((const char *const *) o->vol_names, o->n_vols, o->vol_ids);
@@ -437,6 +438,21 @@ static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
         *ret_proxy = px;
         return 0;
 }
+#else
+/* The lean `hutch` (cli/meson.build) links neither the egress proxy
+ * (OpenSSL) nor the store (SQLite): verb_run hands a run with --net or
+ * --volume to hutch-full before either is reached. */
+static int resolve_volumes(run_opts *o) {
+        return -EOPNOTSUPP;
+}
+static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
+        return -EOPNOTSUPP;
+}
+#define egress_proxy_env(port, vars) 0
+#define egress_proxy_fd(proxy) (-1)
+#define egress_proxy_dispatch(proxy) ((void) (proxy))
+#define egress_proxy_free(proxy) ((void) (proxy))
+#endif
 
 static void default_env(run_opts *o) {
         const char *home = o->uid == 0 ? "/root" : o->uid == 1000 ? "/home/user" : "/";
@@ -554,6 +570,16 @@ int verb_run(int argc, char **argv) {
                         free(o.env[i]);
                 return r > 0 ? 0 : EXIT_USAGE;
         }
+#ifdef HUTCH_CLI_LEAN
+        if (o.net || o.n_vols > 0) {
+                /* the arguments as they came (parse_args cut NAME:PATH) */
+                for (size_t i = 0; i < o.n_vols; i++)
+                        o.vol_names[i][strlen(o.vol_names[i])] = ':';
+                for (size_t i = 0; i < o.n_env; i++)
+                        free(o.env[i]);
+                return cli_exec_full();
+        }
+#endif
         if (template_defaults(&o) < 0) {
                 for (size_t i = 0; i < o.n_env; i++)
                         free(o.env[i]);
