@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 
 #include "cli/cli.h"
@@ -615,6 +617,12 @@ int verb_run(int argc, char **argv) {
         if (o.net && net_start(&o, sb, &proxy) < 0)
                 goto out;
 
+        /* Our stdin is /dev/null (scripts, CI, `< /dev/null`): the
+         * command's is /dev/null too, rather than a pipe that init makes
+         * and that we close at once, one round trip each. */
+        struct stat in_st;
+        bool stdin_null = !o.tty && fstat(STDIN_FILENO, &in_st) == 0 && S_ISCHR(in_st.st_mode) &&
+                          in_st.st_rdev == makedev(1, 3);
         const char *cwd = o.workdir          ? o.workdir
                           : o.tpl_workdir    ? o.tpl_workdir
                           : o.uid == 1000    ? "/home/user"
@@ -626,7 +634,7 @@ int verb_run(int argc, char **argv) {
                 .cwd = cwd,
                 .uid = o.uid,
                 .gid = o.gid,
-                .stdin_mode = o.tty ? HUTCH_STDIN_NULL : HUTCH_STDIN_PIPE,
+                .stdin_mode = o.tty || stdin_null ? HUTCH_STDIN_NULL : HUTCH_STDIN_PIPE,
                 .pty = o.tty,
         };
         if (o.tty)
@@ -683,7 +691,7 @@ int verb_run(int argc, char **argv) {
          * never blocks the output streams (no deadlock with `cat`). */
         static char inbuf[65536];
         size_t in_len = 0, in_off = 0;
-        bool stdin_done = false;
+        bool stdin_done = stdin_null;
         hutch_exit ex = { 0 };
         bool exited = false, timed_out = false, killed_outside = false;
         int signals_seen = 0, first_signal = 0;
@@ -865,7 +873,9 @@ done:;
         cli_tty_restore();
         log_debug("command ended at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
         hutch_stats st = { 0 };
-        (void) hutch_sandbox_stats(sb, &st, NULL);
+        /* read only for --json: six cgroup files per run otherwise unused */
+        if (o.json)
+                (void) hutch_sandbox_stats(sb, &st, NULL);
         bool oom = st.oom_kills > 0;
         /* End the sandbox before draining: background processes that kept
          * writing would otherwise keep us here (past --timeout, forever). */

@@ -78,6 +78,7 @@ struct hutch_sandbox {
         bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
         uint32_t gpu_ids[HUTCH_GPUS_MAX]; /* gpu.c: reserved in run_dir/gpus, ascending */
         size_t n_gpus;
+        bool gpus_unasked; /* created by this handle without GPUs: none to release */
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own
