@@ -622,7 +622,7 @@ int verb_run(int argc, char **argv) {
          * and that we close at once, one round trip each. */
         struct stat in_st;
         bool stdin_null = !o.tty && fstat(STDIN_FILENO, &in_st) == 0 && S_ISCHR(in_st.st_mode) &&
-                          in_st.st_rdev == makedev(1, 3);
+                in_st.st_rdev == makedev(1, 3);
         const char *cwd = o.workdir          ? o.workdir
                           : o.tpl_workdir    ? o.tpl_workdir
                           : o.uid == 1000    ? "/home/user"
