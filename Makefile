@@ -168,8 +168,9 @@ fuzz: deps-test
 	done; \
 	exit $$rc
 
-# `make install [PREFIX=/usr/local] [DESTDIR=]`: the binary (hutch-init is
-# embedded in it), the man page, bash and zsh completion, the docs, and the
+# `make install [PREFIX=/usr/local] [DESTDIR=]`: the binaries (hutch and
+# hutch-full, which hutch execs for every verb but a plain run; hutch-init is
+# embedded in both), the man page, bash and zsh completion, the docs, and the
 # systemd unit (ExecStart follows PREFIX). Then: systemctl daemon-reload &&
 # systemctl enable --now hutch.
 PREFIX ?= /usr/local
@@ -177,6 +178,8 @@ SYSTEMD_UNIT_DIR ?= /etc/systemd/system
 INSTALL_BIN ?= build/hutch
 install: build
 	install -D -m 0755 $(INSTALL_BIN) $(DESTDIR)$(PREFIX)/bin/hutch
+	@# every verb but a plain `run`: exec'd by hutch from its own directory
+	install -D -m 0755 $(dir $(realpath $(INSTALL_BIN)))hutch-full $(DESTDIR)$(PREFIX)/bin/hutch-full
 	install -D -m 0644 docs/man/hutch.1 $(DESTDIR)$(PREFIX)/share/man/man1/hutch.1
 	install -D -m 0644 deploy/completion/hutch.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/hutch
 	install -D -m 0644 deploy/completion/_hutch $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_hutch
@@ -188,7 +191,7 @@ install: build
 	@echo "installed; start it with: systemctl daemon-reload && systemctl enable --now hutch"
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/hutch $(DESTDIR)$(PREFIX)/share/man/man1/hutch.1 \
+	rm -f $(DESTDIR)$(PREFIX)/bin/hutch $(DESTDIR)$(PREFIX)/bin/hutch-full $(DESTDIR)$(PREFIX)/share/man/man1/hutch.1 \
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/hutch \
 		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_hutch $(DESTDIR)$(SYSTEMD_UNIT_DIR)/hutch.service
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/hutch

@@ -56,6 +56,14 @@ int verb_usage(int argc, char **argv);
 int verb_router(int argc, char **argv);
 int verb_node(int argc, char **argv);
 
+/* The lean `hutch` (main.c, run.c built with HUTCH_CLI_LEAN) serves `run`
+ * linked against libhutch alone, so that the dynamic loader has a handful of
+ * libraries to map rather than 48; every other verb, and a run with --net or
+ * --volume, execs hutch-full (the whole CLI, next to it) with main()'s
+ * arguments. Returns only on failure, with EXIT_HUTCH. */
+extern char **cli_argv;
+int cli_exec_full(void);
+
 /* Open the library context with the global options; prints the error. */
 int cli_ctx(hutch_ctx **ret);
 /* After getopt_long() (opterr = 0, an optstring that starts with ':')

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "config.h"
@@ -55,7 +58,25 @@ int cli_getopt_error(const char *verb, int c, char **argv) {
         return EXIT_USAGE;
 }
 
+char **cli_argv;
+
+int cli_exec_full(void) {
+        char exe[PATH_MAX];
+        ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - sizeof "hutch-full");
+        char *slash = k > 0 ? memrchr(exe, '/', (size_t) k) : NULL;
+        if (!slash) {
+                log_error("cannot find hutch-full: /proc/self/exe: %m");
+                return EXIT_HUTCH;
+        }
+        /* next to this binary, as built (build/cli/) and as installed */
+        strcpy(slash + 1, "hutch-full");
+        execv(exe, cli_argv);
+        log_error("%s: %m (hutch-full is installed next to hutch)", exe);
+        return EXIT_HUTCH;
+}
+
 int main(int argc, char **argv) {
+        cli_argv = argv;
         if (argc < 2) {
                 usage(stderr);
                 return EXIT_USAGE;
@@ -63,6 +84,14 @@ int main(int argc, char **argv) {
         const char *verb = argv[1];
         if (streq(verb, "run"))
                 return verb_run(argc - 1, argv + 1);
+#ifdef HUTCH_CLI_LEAN
+        if (!streq(verb, "version") && !streq(verb, "--version") && !streq(verb, "help") &&
+            !streq(verb, "--help") && !streq(verb, "-h"))
+                return cli_exec_full();
+#else
+        /* exec'd by the lean hutch: keep the name that ps, pgrep and the
+         * leak checks know */
+        (void) prctl(PR_SET_NAME, "hutch");
         if (streq(verb, "doctor"))
                 return verb_doctor(argc - 1, argv + 1);
         if (streq(verb, "ps"))
@@ -91,6 +120,7 @@ int main(int argc, char **argv) {
                 return verb_node(argc - 1, argv + 1);
         if (streq(verb, "gc"))
                 return verb_gc(argc - 1, argv + 1);
+#endif
         if (streq(verb, "version") || streq(verb, "--version")) {
                 if (argc > 2) {
                         log_error("unknown argument '%s' (usage: hutch version)", argv[2]);

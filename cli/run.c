@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 
 #include "cli/cli.h"
@@ -338,6 +340,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return 0;
 }
 
+#ifndef HUTCH_CLI_LEAN
 /* --volume names to ids (volume.c). */
 static int resolve_volumes(run_opts *o) {
         int r = cli_volume_resolve((const char *const *) o->vol_names, o->n_vols, o->vol_ids);
@@ -437,6 +440,21 @@ static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
         *ret_proxy = px;
         return 0;
 }
+#else
+/* The lean `hutch` (cli/meson.build) links neither the egress proxy
+ * (OpenSSL) nor the store (SQLite): verb_run hands a run with --net or
+ * --volume to hutch-full before either is reached. */
+static int resolve_volumes(run_opts *o) {
+        return -EOPNOTSUPP;
+}
+static int net_start(run_opts *o, hutch_sandbox *sb, egress_proxy **ret_proxy) {
+        return -EOPNOTSUPP;
+}
+#define egress_proxy_env(port, vars) 0
+#define egress_proxy_fd(proxy) (-1)
+#define egress_proxy_dispatch(proxy) ((void) (proxy))
+#define egress_proxy_free(proxy) ((void) (proxy))
+#endif
 
 static void default_env(run_opts *o) {
         const char *home = o->uid == 0 ? "/root" : o->uid == 1000 ? "/home/user" : "/";
@@ -554,6 +572,16 @@ int verb_run(int argc, char **argv) {
                         free(o.env[i]);
                 return r > 0 ? 0 : EXIT_USAGE;
         }
+#ifdef HUTCH_CLI_LEAN
+        if (o.net || o.n_vols > 0) {
+                /* the arguments as they came (parse_args cut NAME:PATH) */
+                for (size_t i = 0; i < o.n_vols; i++)
+                        o.vol_names[i][strlen(o.vol_names[i])] = ':';
+                for (size_t i = 0; i < o.n_env; i++)
+                        free(o.env[i]);
+                return cli_exec_full();
+        }
+#endif
         if (template_defaults(&o) < 0) {
                 for (size_t i = 0; i < o.n_env; i++)
                         free(o.env[i]);
@@ -589,6 +617,12 @@ int verb_run(int argc, char **argv) {
         if (o.net && net_start(&o, sb, &proxy) < 0)
                 goto out;
 
+        /* Our stdin is /dev/null (scripts, CI, `< /dev/null`): the
+         * command's is /dev/null too, rather than a pipe that init makes
+         * and that we close at once, one round trip each. */
+        struct stat in_st;
+        bool stdin_null = !o.tty && fstat(STDIN_FILENO, &in_st) == 0 && S_ISCHR(in_st.st_mode) &&
+                in_st.st_rdev == makedev(1, 3);
         const char *cwd = o.workdir          ? o.workdir
                           : o.tpl_workdir    ? o.tpl_workdir
                           : o.uid == 1000    ? "/home/user"
@@ -600,7 +634,7 @@ int verb_run(int argc, char **argv) {
                 .cwd = cwd,
                 .uid = o.uid,
                 .gid = o.gid,
-                .stdin_mode = o.tty ? HUTCH_STDIN_NULL : HUTCH_STDIN_PIPE,
+                .stdin_mode = o.tty || stdin_null ? HUTCH_STDIN_NULL : HUTCH_STDIN_PIPE,
                 .pty = o.tty,
         };
         if (o.tty)
@@ -657,7 +691,7 @@ int verb_run(int argc, char **argv) {
          * never blocks the output streams (no deadlock with `cat`). */
         static char inbuf[65536];
         size_t in_len = 0, in_off = 0;
-        bool stdin_done = false;
+        bool stdin_done = stdin_null;
         hutch_exit ex = { 0 };
         bool exited = false, timed_out = false, killed_outside = false;
         int signals_seen = 0, first_signal = 0;
@@ -839,7 +873,9 @@ done:;
         cli_tty_restore();
         log_debug("command ended at %.3f ms", (double) (clock_ns(CLOCK_MONOTONIC) - t0) / 1e6);
         hutch_stats st = { 0 };
-        (void) hutch_sandbox_stats(sb, &st, NULL);
+        /* read only for --json: six cgroup files per run otherwise unused */
+        if (o.json)
+                (void) hutch_sandbox_stats(sb, &st, NULL);
         bool oom = st.oom_kills > 0;
         /* End the sandbox before draining: background processes that kept
          * writing would otherwise keep us here (past --timeout, forever). */

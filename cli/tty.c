@@ -54,6 +54,19 @@ void cli_tty_size(uint16_t *rows, uint16_t *cols) {
         }
 }
 
+/* a volume's name (volume.c, run.c's --volume): here, so that the lean
+ * `hutch` checks it without linking volume.c's store */
+bool cli_volume_name_valid(const char *s) {
+        size_t n = strlen(s);
+        if (n == 0 || n > 128)
+                return false;
+        for (const char *p = s; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                      (*p >= '0' && *p <= '9') || *p == '_' || *p == '-'))
+                        return false;
+        return true;
+}
+
 bool cli_env_name_valid(const char *kv) {
         const char *eq = strchr(kv, '=');
         if (!eq || eq == kv || (kv[0] >= '0' && kv[0] <= '9'))

@@ -35,17 +35,6 @@ static void volume_usage(FILE *f) {
               f);
 }
 
-bool cli_volume_name_valid(const char *s) {
-        size_t n = strlen(s);
-        if (n == 0 || n > 128)
-                return false;
-        for (const char *p = s; *p; p++)
-                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-                      (*p >= '0' && *p <= '9') || *p == '_' || *p == '-'))
-                        return false;
-        return true;
-}
-
 int cli_volume_new_id(char out[HUTCH_VOLUME_ID_LEN + 1]) {
         uint8_t b[16];
         if (getrandom(b, sizeof b, 0) != (ssize_t) sizeof b)

@@ -86,6 +86,7 @@ struct hutch_sandbox {
          * restore after a checkpoint, a resume) finds a volume deleted
          * meanwhile as the ns backend's mounts keep it (-1: not held) */
         int vol_loop[HUTCH_VOLUMES_MAX];
+        bool gpus_unasked; /* created by this handle without GPUs: none to release */
 };
 
 /* The gvisor backend's share of the sandbox's cgroup limits: runsc's own

@@ -511,8 +511,11 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
                         r = hutch_error_set(err, k, "removing %s: %s", sb->dir, strerror(-k));
         }
         /* The GPUs, once every process that could hold them is gone (the
-         * cgroup is empty): by the sandbox's id, whatever its state says */
-        gpu_release(ctx, sb->id);
+         * cgroup is empty): by the sandbox's id, whatever its state says,
+         * unless this handle created the sandbox without asking for any
+         * (then nothing was reserved, and the shared lock is not taken) */
+        if (!sb->gpus_unasked)
+                gpu_release(ctx, sb->id);
         sb->n_gpus = 0;
         /* Last: the uid range may only be reused once nothing of ours is left. */
         if (sb->uid_slot != UINT32_MAX) {
@@ -853,6 +856,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         if ((r = hutch_gpu_spec_check(cfg->gpus, err)) < 0)
                 goto fail;
         bool want_gpus = r > 0;
+        sb->gpus_unasked = !want_gpus;
         if (want_gpus && sb->backend == HUTCH_BACKEND_GVISOR) {
                 /* runsc passes GPUs through only with its nvproxy (runsc
                  * --nvproxy, gVisor 2023 and later), which hutch does not
