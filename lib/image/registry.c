@@ -303,6 +303,7 @@ struct registry_client {
         char *blob_dir;
         unsigned parallel;
         char *user, *pass; /* credentials for host, or NULL */
+        bool given;        /* they are a build's own, not `hutch template login`'s */
         char *authz;       /* "Authorization: ..." once a challenge was answered */
         bool sent_creds;   /* the current authz came from the credentials */
         char *last_challenge;
@@ -361,7 +362,13 @@ int registry_client_new(const char *host, const char *repository, const registry
         c->parallel = o->parallel ? MIN(o->parallel, REGISTRY_MAX_PARALLEL)
                                   : REGISTRY_DEFAULT_PARALLEL;
         snprintf(c->base, sizeof c->base, "%s://%s", c->insecure ? "http" : "https", host);
-        if (o->auth_path) {
+        if (o->user && o->pass) {
+                c->user = strdup(o->user);
+                c->pass = strdup(o->pass);
+                c->given = true;
+                if (!c->user || !c->pass)
+                        return hutch_error_set(err, -ENOMEM, "out of memory");
+        } else if (o->auth_path) {
                 int r = registry_auth_get(o->auth_path, host, &c->user, &c->pass, err);
                 /* Docker Hub's credentials are stored under the name users write */
                 if (r == 0 && streq(host, "registry-1.docker.io"))
@@ -639,6 +646,11 @@ static int authenticate(registry_client *c, const char *www_auth, hutch_error *e
         if (resp.code != 200) {
                 long code = resp.code;
                 http_resp_clear(&resp);
+                if ((code == 401 || code == 403) && c->given)
+                        return hutch_error_set(err, -EACCES,
+                                               "the token server of %s refused the build's "
+                                               "credentials (HTTP %ld)",
+                                               c->host, code);
                 if ((code == 401 || code == 403) && c->user)
                         return hutch_error_set(
                                 err, -EACCES,
@@ -675,6 +687,10 @@ static int authenticate(registry_client *c, const char *www_auth, hutch_error *e
 }
 
 static int access_denied(registry_client *c, long code, const char *what, hutch_error *err) {
+        if (c->sent_creds && c->given)
+                return hutch_error_set(err, -EACCES,
+                                       "%s refused %s with the build's credentials (HTTP %ld)",
+                                       c->host, what, code);
         if (c->sent_creds)
                 return hutch_error_set(
                         err, -EACCES,

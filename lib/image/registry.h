@@ -62,7 +62,11 @@ typedef struct registry_client registry_client;
 
 typedef struct registry_client_opts {
         const registries_conf *conf; /* insecure and ca entries; may be NULL */
-        const char *auth_path;       /* NULL: no credentials */
+        const char *auth_path;       /* NULL: no stored credentials */
+        /* a build's own credentials (fromImageRegistry): used in place of
+         * auth_path's, for this client only; the client keeps a copy that
+         * it wipes when freed */
+        const char *user, *pass;
         const char *ca_file;         /* an extra CA bundle for every host, or NULL */
         const char *blob_dir;        /* the cache, DATA_DIR/images/blobs/sha256 */
         unsigned parallel;           /* concurrent blob downloads (0: default) */
