@@ -1069,7 +1069,7 @@ static json_t *job_image_base(server *srv, int64_t team, const char *ref) {
                 /* an image template with a team is what a build's own
                  * credentials pulled: a build without them never starts on
                  * it (the registry is asked), whatever its team */
-                if (t->team) {
+                if (t->team && (t->team != team || streq(t->kind ?: "", "image"))) {
                         template_free(t);
                         continue;
                 }
