@@ -1031,6 +1031,7 @@ static int pull_base(builder *b, json_t *base) {
                 .ca_file = json_string_value(json_object_get(pj, "ca")),
                 .configured_only = json_is_true(json_object_get(pj, "configuredOnly")),
                 .team = json_integer_value(json_object_get(b->job, "teamID")),
+                .aws_region = json_string_value(json_object_get(base, "awsRegion")),
         };
         /* in memory for the pull only, wiped after */
         static char cred[BUILD_CRED_USER_MAX + 1 + BUILD_CRED_PASS_MAX + 2];

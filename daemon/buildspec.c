@@ -441,11 +441,11 @@ int build_cred_parse(json_t *body, build_cred *ret, char *why, size_t whylen) {
                                  "us-east-1)");
                         return -EINVAL;
                 }
+                /* the builder exchanges them for ECR's basic credentials */
                 c.type = BUILD_CRED_AWS;
                 snprintf(c.region, sizeof c.region, "%s", rg);
-                /* not kept: the builder does not speak to ECR (docs/templates.md) */
-                *ret = c;
-                return 0;
+                c.user = strdup(id);
+                c.pass = strdup(sk);
         } else {
                 snprintf(why, whylen,
                          "fromImageRegistry: type must be \"registry\", \"aws\" or \"gcp\"");

@@ -57,7 +57,7 @@ typedef enum build_cred_type {
 
 typedef struct build_cred {
         build_cred_type type;
-        char *user, *pass; /* registry, gcp; malloc'ed, wiped by build_cred_clear() */
+        char *user, *pass; /* malloc'ed, wiped by build_cred_clear(); aws: key id, secret */
         char region[33];   /* aws */
 } build_cred;
 

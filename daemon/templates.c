@@ -1253,23 +1253,14 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
                 json_decref(spec);
                 return http_reply_error(c, 429, "%u builds are running; try again later", running);
         }
-        if (cred.type == BUILD_CRED_AWS)
-                /* ECR wants a token from its GetAuthorizationToken, which
-                 * this builder does not ask for: a clear failure of the
-                 * build, not a pull without the credentials */
-                json_object_set_new(
-                        spec, "base",
-                        json_pack("{s:s, s:s}", "kind", "missing", "message",
-                                  "fromImageRegistry: type aws (Amazon ECR) is not supported by "
-                                  "this hutch; the operator can store an ECR token with `hutch "
-                                  "template login --username AWS HOST` (aws ecr get-login-password)"));
-        else if (cred.user)
+        if (cred.user)
                 /* always pulled: the registry checks the credentials, and
                  * layers the store has are not downloaded again */
                 json_object_set_new(spec, "base",
-                                    json_pack("{s:s, s:O, s:b}", "kind", "pull", "image",
+                                    json_pack("{s:s, s:O, s:b, s:s?}", "kind", "pull", "image",
                                               json_object_get(spec, "fromImage"), "credentials",
-                                              true));
+                                              true, "awsRegion",
+                                              cred.type == BUILD_CRED_AWS ? cred.region : NULL));
         else
                 json_object_set_new(spec, "base", job_base(srv, req->team, spec, why, sizeof why));
         json_object_set_new(spec, "templateID", json_string(t.id));

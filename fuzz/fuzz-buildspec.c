@@ -69,8 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 }
                 /* fromImageRegistry: bounded, and a user basic auth can carry */
                 build_cred c;
-                if (build_cred_parse(j, &c, why, sizeof why) == 0 && c.type != BUILD_CRED_AWS &&
-                    c.type != BUILD_CRED_NONE) {
+                if (build_cred_parse(j, &c, why, sizeof why) == 0 && c.type != BUILD_CRED_NONE) {
                         if (!c.user || !c.pass || !*c.user || strchr(c.user, ':') ||
                             strlen(c.user) > BUILD_CRED_USER_MAX ||
                             strlen(c.pass) > BUILD_CRED_PASS_MAX ||

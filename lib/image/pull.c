@@ -511,6 +511,13 @@ static bool retry_elsewhere(int r) {
                 r == -ETIMEDOUT || r == -EIO || r == -EBUSY;
 }
 
+static void freep_secret(char **p) {
+        if (*p) {
+                explicit_bzero(*p, strlen(*p));
+                free(*p);
+        }
+}
+
 int image_pull(const char *data_dir, const char *ref, const char *name, const image_pull_opts *opts,
                const image_progress *p, image_pull_result *ret, hutch_error *err) {
         static const image_pull_opts no_opts = { 0 };
@@ -616,6 +623,27 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                                                ref);
                 }
         }
+        /* ECR: the access key goes to ECR's API in the registry's region,
+         * and only for a registry that is ECR's there (after the checks
+         * above: a restricted pull asks nothing of a host the operator did
+         * not list) */
+        _cleanup_free_ char *ecr_user = NULL;
+        _cleanup_(freep_secret) char *ecr_pass = NULL;
+        if (given && opts->aws_region) {
+                if (!registry_ecr_host_valid(cands[0].host, opts->aws_region))
+                        r = hutch_error_set(err, -EPERM,
+                                            "%s is not an Amazon ECR registry of region %s "
+                                            "(ACCOUNT.dkr.ecr.%s.amazonaws.com): the build's AWS "
+                                            "credentials are not sent",
+                                            cands[0].host, opts->aws_region, opts->aws_region);
+                else
+                        r = registry_ecr_login(opts->aws_region, opts->user, opts->pass,
+                                               opts->ca_file, &ecr_user, &ecr_pass, err);
+                if (r < 0) {
+                        image_candidates_free(cands, n_cands);
+                        return r;
+                }
+        }
         pull_ctx x = { .data_dir = data_dir, .p = p, .dl_fd = -1 };
         if (image_blob_dir(data_dir, x.blob_dir, sizeof x.blob_dir) < 0) {
                 image_candidates_free(cands, n_cands);
@@ -629,8 +657,12 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 .ca_file = opts->ca_file,
                 .blob_dir = x.blob_dir,
                 .parallel = opts->parallel,
-                .user = given ? opts->user : NULL,
-                .pass = given ? opts->pass : NULL,
+                .user = ecr_user ? ecr_user
+                        : given  ? opts->user
+                                 : NULL,
+                .pass = ecr_pass ? ecr_pass
+                        : given  ? opts->pass
+                                 : NULL,
         };
 
         /* the manifest: the first candidate that has it */

@@ -32,6 +32,10 @@ typedef struct image_pull_opts {
          * pulled with them is found by a pull without them. */
         const char *user, *pass;
         int64_t team;
+        /* user and pass are an AWS access key for this region: exchanged
+         * for ECR's basic credentials (registry_ecr_login()), for a
+         * reference whose registry is ECR's in that region only */
+        const char *aws_region;
 } image_pull_opts;
 
 typedef struct image_pull_result {

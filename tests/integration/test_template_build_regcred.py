@@ -215,12 +215,18 @@ def test_build_credentials(sandboxed_hutch, registry, tmp_path):
                                     {"type": "gcp", "serviceAccountJson": json.dumps(wrong_key)}})
         assert st["status"] == "error" and "the build's credentials (HTTP 401)" in st["reason"]["message"], st
 
-        # aws: a well-formed object, and a clear failure of the build
-        st = build(sd, "awscreds", {"fromImage": ref, "steps": [], "fromImageRegistry":
-                                    {"type": "aws", "awsAccessKeyId": "AKIAEXAMPLE",
-                                     "awsSecretAccessKey": PASSWORD, "awsRegion": "us-east-1"}})
+        # aws: the key goes to ECR only, for an ECR registry of its region
+        # (no network here: the exchange itself is not reached)
+        aws = {"type": "aws", "awsAccessKeyId": "AKIAEXAMPLE", "awsSecretAccessKey": PASSWORD,
+               "awsRegion": "us-east-1"}
+        st = build(sd, "awscreds", {"fromImage": ref, "steps": [], "fromImageRegistry": aws})
         seen.append(json.dumps(st).encode())
-        assert st["status"] == "error" and "type aws" in st["reason"]["message"], st
+        assert st["status"] == "error" and "is not an Amazon ECR registry of region us-east-1" in \
+            st["reason"]["message"], st
+        st = build(sd, "awsunlisted", {"fromImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/app:1",
+                                       "steps": [], "fromImageRegistry": aws})
+        seen.append(json.dumps(st).encode())
+        assert st["status"] == "error" and "does not list" in st["reason"]["message"], st
 
         # another team, the same reference: nothing of team 1's pull serves it
         st = build(sd, "stolen", {"fromImage": ref, "steps": [step]}, key=other)
