@@ -992,18 +992,59 @@ static json_t *image_base(const char *data_dir, const char *name, const char *re
  * registries-conf, registry-ca, and only the registries the file names, for
  * the reference is a client's); `hutch template build FILE` is the
  * operator's own and pulls as `hutch template pull` does. */
+/* The build's own registry credentials, which the daemon wrote to this
+ * process's stdin ("user\0password"; daemon/templates.c cred_pipe()): read
+ * whole into buf, stdin then becomes /dev/null. 0, or -EINVAL. */
+static int cred_read(char *buf, size_t n, const char **ret_user, const char **ret_pass) {
+        size_t len = 0;
+        for (;;) {
+                ssize_t k = read(STDIN_FILENO, buf + len, n - 1 - len);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k <= 0)
+                        break;
+                len += (size_t) k;
+                if (len == n - 1)
+                        break;
+        }
+        buf[len] = 0;
+        int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (devnull >= 0) {
+                (void) dup2(devnull, STDIN_FILENO);
+                close(devnull);
+        }
+        size_t ul = strnlen(buf, len);
+        if (ul == 0 || ul + 1 >= len || strlen(buf + ul + 1) != len - ul - 1)
+                return -EINVAL;
+        *ret_user = buf;
+        *ret_pass = buf + ul + 1;
+        return 0;
+}
+
 static int pull_base(builder *b, json_t *base) {
         const char *ref = json_string_value(json_object_get(base, "image"));
-        emit(b, "info", "[base] pulling %s", ref);
+        bool given = json_is_true(json_object_get(base, "credentials"));
+        emit(b, "info", "[base] pulling %s%s", ref, given ? " with the build's credentials" : "");
         json_t *pj = json_object_get(b->job, "pull");
         image_pull_opts o = {
                 .conf_path = json_string_value(json_object_get(pj, "conf")),
                 .ca_file = json_string_value(json_object_get(pj, "ca")),
                 .configured_only = json_is_true(json_object_get(pj, "configuredOnly")),
+                .team = json_integer_value(json_object_get(b->job, "teamID")),
+                .aws_region = json_string_value(json_object_get(base, "awsRegion")),
         };
+        /* in memory for the pull only, wiped after */
+        static char cred[BUILD_CRED_USER_MAX + 1 + BUILD_CRED_PASS_MAX + 2];
+        if (given && cred_read(cred, sizeof cred, &o.user, &o.pass) < 0) {
+                explicit_bzero(cred, sizeof cred);
+                emit(b, "error",
+                     "fromImage '%s': the build's credentials did not reach the builder", ref);
+                return -EINVAL;
+        }
         image_pull_result res = { 0 };
         hutch_error err = { 0 };
         int r = image_pull(b->data_dir, ref, NULL, &o, NULL, &res, &err);
+        explicit_bzero(cred, sizeof cred);
         if (r < 0) {
                 emit(b, "error", "fromImage '%s': the pull failed: %s", ref, err.msg);
                 return r;
@@ -1017,9 +1058,9 @@ static int pull_base(builder *b, json_t *base) {
                                          "cli"));
         else {
                 /* for the daemon's audit trail (template.pull) */
-                json_t *pj2 = json_pack("{s:{s:s, s:s?, s:s, s:I}}", "pulled", "ref", ref, "source", res.source,
-                                        "image", res.name, "bytes_downloaded",
-                                        (json_int_t) res.bytes_downloaded);
+                json_t *pj2 = json_pack("{s:{s:s, s:s?, s:s, s:I, s:b}}", "pulled", "ref", ref,
+                                        "source", res.source, "image", res.name, "bytes_downloaded",
+                                        (json_int_t) res.bytes_downloaded, "credentials", given);
                 char *s = pj2 ? json_dumps(pj2, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
                 json_decref(pj2);
                 if (s) {
@@ -1029,6 +1070,11 @@ static int pull_base(builder *b, json_t *base) {
                 free(s);
         }
         json_t *ib = image_base(b->data_dir, res.name, ref);
+        /* a pull with the build's credentials writes a new version of the
+         * team's template each time: the step cache follows the image's
+         * digest instead, so that an unchanged image keeps its cached steps */
+        if (ib && given && res.source)
+                json_object_set_new(ib, "cacheAs", json_string(res.source));
         image_pull_result_clear(&res);
         if (!ib) {
                 emit(b, "error", "fromImage '%s': the pulled template cannot be read", ref);
@@ -1088,7 +1134,8 @@ static int build_run(builder *b, json_t **ret) {
                 /* an image template of this host: its Env, user root, no
                  * workdir; then E2B's hidden step, USER user with sudo */
                 const char *tn = json_string_value(json_object_get(base, "template"));
-                const char *ver = json_string_value(json_object_get(base, "version"));
+                const char *ver = json_string_value(json_object_get(base, "cacheAs"))
+                        ?: json_string_value(json_object_get(base, "version"));
                 snprintf(b->base_template, sizeof b->base_template, "%s", tn ? tn : "");
                 SHA256(key, "hutch-build-2", team, "base", "image", tn, ver);
                 json_t *env = json_object_get(base, "env");

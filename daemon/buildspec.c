@@ -8,6 +8,8 @@
 #include "daemon/buildspec.h"
 #include "util/macro.h"
 
+#include <stdlib.h>
+
 static bool charset_ok(const char *s, bool dot) {
         if (!*s)
                 return false;
@@ -333,4 +335,141 @@ json_t *build_start_parse(json_t *body, char *why, size_t whylen) {
         /* fromImageRegistry's credentials are deliberately not copied: they
          * would travel into the job file and the logs */
         return out;
+}
+
+const char *build_cred_type_name(build_cred_type t) {
+        switch (t) {
+        case BUILD_CRED_REGISTRY:
+                return "registry";
+        case BUILD_CRED_GCP:
+                return "gcp";
+        case BUILD_CRED_AWS:
+                return "aws";
+        default:
+                return "none";
+        }
+}
+
+void build_cred_clear(build_cred *c) {
+        if (c->user) {
+                explicit_bzero(c->user, strlen(c->user));
+                free(c->user);
+        }
+        if (c->pass) {
+                explicit_bzero(c->pass, strlen(c->pass));
+                free(c->pass);
+        }
+        *c = (build_cred) { 0 };
+}
+
+/* A string member of o, 1..max bytes, without NUL (and without ':' or
+ * control characters when user): NULL when it is not. */
+static const char *cred_string(json_t *o, const char *key, size_t max, bool user) {
+        json_t *v = json_object_get(o, key);
+        const char *s = json_string_value(v);
+        size_t n = json_string_length(v);
+        if (!s || n == 0 || n > max || strlen(s) != n)
+                return NULL;
+        for (const char *p = s; user && *p; p++)
+                if ((unsigned char) *p < 0x20 || *p == 0x7f || *p == ':')
+                        return NULL;
+        return s;
+}
+
+int build_cred_parse(json_t *body, build_cred *ret, char *why, size_t whylen) {
+        *ret = (build_cred) { 0 };
+        json_t *o = json_object_get(body, "fromImageRegistry");
+        if (!o || json_is_null(o))
+                return 0;
+        if (!json_is_object(o)) {
+                snprintf(why, whylen, "fromImageRegistry must be an object");
+                return -EINVAL;
+        }
+        const char *img = json_string_value(json_object_get(body, "fromImage"));
+        if (!img || !*img) {
+                snprintf(why, whylen, "fromImageRegistry is only for fromImage");
+                return -EINVAL;
+        }
+        const char *type = json_string_value(json_object_get(o, "type"));
+        build_cred c = { 0 };
+        if (type && streq(type, "registry")) {
+                const char *u = cred_string(o, "username", BUILD_CRED_USER_MAX, true);
+                const char *p = cred_string(o, "password", BUILD_CRED_PASS_MAX, false);
+                if (!u || !p) {
+                        snprintf(why, whylen,
+                                 "fromImageRegistry: type registry needs a username (1 to %d "
+                                 "bytes, no ':' or control characters) and a password (1 to %d "
+                                 "bytes, no NUL)",
+                                 BUILD_CRED_USER_MAX, BUILD_CRED_PASS_MAX);
+                        return -EINVAL;
+                }
+                c.type = BUILD_CRED_REGISTRY;
+                c.user = strdup(u);
+                c.pass = strdup(p);
+        } else if (type && streq(type, "gcp")) {
+                const char *k = cred_string(o, "serviceAccountJson", BUILD_CRED_PASS_MAX, false);
+                json_t *key = k ? json_loads(k, JSON_REJECT_DUPLICATES, NULL) : NULL;
+                static const char *const fields[] = { "type", "client_email", "private_key" };
+                bool ok = json_is_object(key);
+                for (size_t i = 0; ok && i < ELEMENTSOF(fields); i++)
+                        ok = json_string_length(json_object_get(key, fields[i])) > 0;
+                ok = ok && streq(json_string_value(json_object_get(key, "type")), "service_account");
+                json_decref(key);
+                if (!ok) {
+                        snprintf(why, whylen,
+                                 "fromImageRegistry: type gcp needs serviceAccountJson, a service "
+                                 "account key (a JSON object with type \"service_account\", "
+                                 "client_email and private_key) of at most %d bytes",
+                                 BUILD_CRED_PASS_MAX);
+                        return -EINVAL;
+                }
+                /* Google's registries take the key as basic auth */
+                c.type = BUILD_CRED_GCP;
+                c.user = strdup("_json_key");
+                c.pass = strdup(k);
+        } else if (type && streq(type, "aws")) {
+                const char *id = cred_string(o, "awsAccessKeyId", 128, true);
+                const char *sk = cred_string(o, "awsSecretAccessKey", 128, true);
+                const char *rg = cred_string(o, "awsRegion", sizeof c.region - 1, true);
+                bool ok = id && sk && rg;
+                for (const char *p = rg; ok && *p; p++)
+                        ok = (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-';
+                if (!ok) {
+                        snprintf(why, whylen,
+                                 "fromImageRegistry: type aws needs awsAccessKeyId, "
+                                 "awsSecretAccessKey and awsRegion (a region name such as "
+                                 "us-east-1)");
+                        return -EINVAL;
+                }
+                /* the builder exchanges them for ECR's basic credentials */
+                c.type = BUILD_CRED_AWS;
+                snprintf(c.region, sizeof c.region, "%s", rg);
+                c.user = strdup(id);
+                c.pass = strdup(sk);
+        } else {
+                snprintf(why, whylen,
+                         "fromImageRegistry: type must be \"registry\", \"aws\" or \"gcp\"");
+                return -EINVAL;
+        }
+        if (!c.user || !c.pass) {
+                build_cred_clear(&c);
+                snprintf(why, whylen, "out of memory");
+                return -ENOMEM;
+        }
+        *ret = c;
+        return 0;
+}
+
+/* Zero the secrets of body's fromImageRegistry in place: jansson frees its
+ * strings without wiping them. */
+void build_cred_wipe_body(json_t *body) {
+        json_t *o = json_object_get(body, "fromImageRegistry");
+        const char *k;
+        json_t *v;
+        if (!json_is_object(o))
+                return;
+        json_object_foreach(o, k, v) {
+                if (json_is_string(v) && !streq(k, "type"))
+                        explicit_bzero((char *) json_string_value(v), json_string_length(v));
+        }
 }

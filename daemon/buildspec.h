@@ -38,6 +38,37 @@ bool tpl_hash_valid(const char *s); /* 64 lowercase hex */
  * readyCmd?} with no credentials in it, or NULL with why. */
 json_t *build_start_parse(json_t *body, char *why, size_t whylen);
 
+/* fromImageRegistry (docs/templates.md "Credentials"): a build's own
+ * credentials for its fromImage. Bounds: a user name of at most
+ * BUILD_CRED_USER_MAX bytes without ':' or control characters, a password
+ * (or a GCP service account key's JSON) of at most BUILD_CRED_PASS_MAX bytes
+ * without NUL. The gcp type becomes basic auth as user "_json_key" with the
+ * key's JSON as the password, once the JSON is an object with the fields a
+ * service account key has. */
+#define BUILD_CRED_USER_MAX 256
+#define BUILD_CRED_PASS_MAX (16 * 1024)
+
+typedef enum build_cred_type {
+        BUILD_CRED_NONE,
+        BUILD_CRED_REGISTRY,
+        BUILD_CRED_GCP,
+        BUILD_CRED_AWS,
+} build_cred_type;
+
+typedef struct build_cred {
+        build_cred_type type;
+        char *user, *pass; /* malloc'ed, wiped by build_cred_clear(); aws: key id, secret */
+        char region[33];   /* aws */
+} build_cred;
+
+/* body's fromImageRegistry: 0 with ret->type NONE when absent or null, 0
+ * with the credentials, or -EINVAL with why (which never holds a secret's
+ * bytes). Only with fromImage. */
+int build_cred_parse(json_t *body, build_cred *ret, char *why, size_t whylen);
+void build_cred_clear(build_cred *c);
+const char *build_cred_type_name(build_cred_type t);
+void build_cred_wipe_body(json_t *body);
+
 /* The source base of a COPY: the part of src before its first glob
  * character, cut at a '/' ("app" → "app", "app/ **" → "app", "*.txt" → ".").
  * Refuses absolute sources and ".." components. */

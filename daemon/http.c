@@ -370,6 +370,10 @@ static void request_free(request *req) {
                 ingress_request_gone(req->ingress);
         templates_upload_free(req->tpl_upload);
         free(req->created);
+        /* a body may hold a secret (a build's registry credentials, a
+         * secret's value) on any path its handler took, refusals included */
+        if (req->body)
+                explicit_bzero(req->body, req->body_len);
         free(req->body);
         free(req->url);
         free(req);

@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <sys/epoll.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -911,6 +912,8 @@ static void job_line(build_job *j, char *line) {
                                       json_object_get(pulled, "source"), "image",
                                       json_object_get(pulled, "image"), "bytes_downloaded",
                                       json_object_get(pulled, "bytes_downloaded"));
+                if (json_is_true(json_object_get(pulled, "credentials")))
+                        json_object_set_new(d, "credentials", json_true()); /* never their values */
                 metrics_template_pull(j->srv, (int64_t) json_integer_value(json_object_get(pulled, "bytes_downloaded")));
                 tpl_event(j->srv, j->team, "template.pull", d);
                 json_decref(o);
@@ -1063,7 +1066,10 @@ static json_t *job_image_base(server *srv, int64_t team, const char *ref) {
                 hutch_error e = { 0 };
                 if (template_resolve(srv->cfg.data_dir, names[i], &t, &e) < 0)
                         continue;
-                if (t->team && t->team != team) {
+                /* an image template with a team is what a build's own
+                 * credentials pulled: a build without them never starts on
+                 * it (the registry is asked), whatever its team */
+                if (t->team && (t->team != team || streq(t->kind ?: "", "image"))) {
                         template_free(t);
                         continue;
                 }
@@ -1107,13 +1113,44 @@ static json_t *job_base(server *srv, int64_t team, json_t *spec, char *why, size
         return res;
 }
 
-static int job_spawn(server *srv, build_job *j, const char *jobdir) {
-        int pfd[2];
-        if (pipe2(pfd, O_CLOEXEC) < 0)
+/* The build's own registry credentials go to the builder on its stdin
+ * ("user\0password"), never through job.json or its argv: a pipe whose
+ * buffer (64 KiB) holds them whole, written before the builder starts. */
+static int cred_pipe(const build_cred *cred, int *ret_fd) {
+        int cp[2];
+        if (pipe2(cp, O_CLOEXEC | O_NONBLOCK) < 0)
                 return -errno;
+        size_t ul = strlen(cred->user), pl = strlen(cred->pass);
+        struct iovec iov[3] = { { cred->user, ul }, { (char *) "", 1 }, { cred->pass, pl } };
+        ssize_t w = writev(cp[1], iov, 3);
+        int r = w < 0 ? -errno : (size_t) w != ul + 1 + pl ? -EMSGSIZE : 0;
+        close(cp[1]);
+        if (r < 0) {
+                close(cp[0]);
+                return r;
+        }
+        *ret_fd = cp[0];
+        return 0;
+}
+
+static int job_spawn(server *srv, build_job *j, const char *jobdir, const build_cred *cred) {
+        int pfd[2], cfd = -1;
+        if (cred && cred->user) {
+                int r = cred_pipe(cred, &cfd);
+                if (r < 0)
+                        return r;
+        }
+        if (pipe2(pfd, O_CLOEXEC) < 0) {
+                int r = -errno;
+                safe_close(cfd);
+                return r;
+        }
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+        if (cfd >= 0)
+                posix_spawn_file_actions_adddup2(&fa, cfd, STDIN_FILENO);
+        else
+                posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
         posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
         char self[32];
         snprintf(self, sizeof self, "%ld", (long) getpid());
@@ -1123,6 +1160,7 @@ static int job_spawn(server *srv, build_job *j, const char *jobdir) {
         int r = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
         posix_spawn_file_actions_destroy(&fa);
         close(pfd[1]);
+        safe_close(cfd);
         if (r != 0) {
                 close(pfd[0]);
                 return -r;
@@ -1185,7 +1223,20 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
         if (api_parse_body(req, &body) < 0)
                 return MHD_YES;
         json_t *spec = build_start_parse(body, why, sizeof why);
+        _cleanup_(build_cred_clear) build_cred cred = { 0 };
+        bool has_cred = json_object_get(body, "fromImageRegistry") != NULL;
+        int cr = spec ? build_cred_parse(body, &cred, why, sizeof why) : 0;
+        /* the secrets leave the request's buffers now: jansson's copy and
+         * the body as it arrived */
+        if (has_cred) {
+                build_cred_wipe_body(body);
+                explicit_bzero(req->body, req->body_len);
+        }
         json_decref(body);
+        if (spec && cr < 0) {
+                json_decref(spec);
+                spec = NULL;
+        }
         if (!spec)
                 return http_reply_error(c, 400, "%s", why);
         unsigned running = 0;
@@ -1202,7 +1253,16 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
                 json_decref(spec);
                 return http_reply_error(c, 429, "%u builds are running; try again later", running);
         }
-        json_object_set_new(spec, "base", job_base(srv, req->team, spec, why, sizeof why));
+        if (cred.user)
+                /* always pulled: the registry checks the credentials, and
+                 * layers the store has are not downloaded again */
+                json_object_set_new(spec, "base",
+                                    json_pack("{s:s, s:O, s:b, s:s?}", "kind", "pull", "image",
+                                              json_object_get(spec, "fromImage"), "credentials",
+                                              true, "awsRegion",
+                                              cred.type == BUILD_CRED_AWS ? cred.region : NULL));
+        else
+                json_object_set_new(spec, "base", job_base(srv, req->team, spec, why, sizeof why));
         json_object_set_new(spec, "templateID", json_string(t.id));
         json_object_set_new(spec, "teamID", json_integer((json_int_t) req->team));
         json_object_set_new(spec, "buildID", json_string(rt->arg));
@@ -1237,6 +1297,8 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
                 json_object_del(ev, "fromImage");
         if (json_is_null(json_object_get(ev, "fromTemplate")))
                 json_object_del(ev, "fromTemplate");
+        if (cred.type != BUILD_CRED_NONE) /* that they were given, never what */
+                json_object_set_new(ev, "credentials", json_string(build_cred_type_name(cred.type)));
         if (mkdir(jobdir, 0700) < 0 || json_dump_file(spec, jobfile, JSON_COMPACT) < 0) {
                 int e = errno;
                 json_decref(spec);
@@ -1256,7 +1318,7 @@ static enum MHD_Result tpl_build_start(server *srv, request *req, const route *r
         snprintf(j->bid, sizeof j->bid, "%s", rt->arg);
         snprintf(j->tid, sizeof j->tid, "%s", t.id);
         j->out_w.fd = j->pid_w.fd = -1;
-        int r = job_spawn(srv, j, jobdir);
+        int r = job_spawn(srv, j, jobdir, &cred);
         if (r < 0) {
                 json_decref(ev);
                 free(j);

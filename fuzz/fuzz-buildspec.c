@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The template build parsers (daemon/buildspec.c): names and tags, the build
- * start body with its steps, a COPY source's base. The first byte picks
+ * start body with its steps and its fromImageRegistry credentials, a COPY
+ * source's base. The first byte picks
  * the parser, the rest is its input.
  */
 #include <jansson.h>
@@ -66,6 +67,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         if (json_object_get(out, "fromImageRegistry"))
                                 abort();
                 }
+                /* fromImageRegistry: bounded, and a user basic auth can carry */
+                build_cred c;
+                if (build_cred_parse(j, &c, why, sizeof why) == 0 && c.type != BUILD_CRED_NONE) {
+                        if (!c.user || !c.pass || !*c.user || strchr(c.user, ':') ||
+                            strlen(c.user) > BUILD_CRED_USER_MAX ||
+                            strlen(c.pass) > BUILD_CRED_PASS_MAX ||
+                            (c.type == BUILD_CRED_GCP && strcmp(c.user, "_json_key") != 0))
+                                abort();
+                }
+                build_cred_clear(&c);
+                build_cred_wipe_body(j);
                 json_decref(out);
                 json_decref(j);
                 break;

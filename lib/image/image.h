@@ -49,6 +49,11 @@ typedef struct image_progress {
 int image_install(const char *data_dir, const char *name, const char *source,
                   const uint8_t *manifest, size_t len, const char *media_type,
                   image_blob_open_fn open_blob, void *arg, const image_progress *p, hutch_error *err);
+/* The same, the template owned by team (0: every team's). */
+int image_install_team(const char *data_dir, const char *name, int64_t team, const char *source,
+                       const uint8_t *manifest, size_t len, const char *media_type,
+                       image_blob_open_fn open_blob, void *arg, const image_progress *p,
+                       hutch_error *err);
 
 /* Import a `docker save` archive or an OCI image layout (a directory or a
  * tar of one) at path as template name (NULL: from the archive's tag). */

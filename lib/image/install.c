@@ -100,7 +100,7 @@ typedef struct layer_src {
         uint64_t size;           /* UINT64_MAX: unknown */
 } layer_src;
 
-static int install_layers(const char *data_dir, const char *name, const char *source,
+static int install_layers(const char *data_dir, const char *name, int64_t team, const char *source,
                           const image_config *cfg, const layer_src *src, size_t n,
                           image_blob_open_fn open_blob, void *arg, const image_progress *p,
                           hutch_error *err) {
@@ -151,6 +151,7 @@ static int install_layers(const char *data_dir, const char *name, const char *so
         hutch_template_meta meta = {
                 .name = name,
                 .kind = "image",
+                .team = team,
                 .source = source,
                 .layers = cfg->diff_ids,
                 .env = cfg->env,
@@ -168,6 +169,14 @@ static int install_layers(const char *data_dir, const char *name, const char *so
 int image_install(const char *data_dir, const char *name, const char *source, const uint8_t *manifest,
                   size_t len, const char *media_type, image_blob_open_fn open_blob, void *arg,
                   const image_progress *p, hutch_error *err) {
+        return image_install_team(data_dir, name, 0, source, manifest, len, media_type, open_blob,
+                                  arg, p, err);
+}
+
+int image_install_team(const char *data_dir, const char *name, int64_t team, const char *source,
+                       const uint8_t *manifest, size_t len, const char *media_type,
+                       image_blob_open_fn open_blob, void *arg, const image_progress *p,
+                       hutch_error *err) {
         if (template_validate_name(name) < 0 || streq(name, "host") || streq(name, "base"))
                 return hutch_error_set(err, -EINVAL, "invalid template name '%s'", name ? name : "");
         image_manifest m = { 0 }, chosen = { 0 };
@@ -215,7 +224,8 @@ int image_install(const char *data_dir, const char *name, const char *source, co
         for (size_t i = 0; i < im->n_layers; i++)
                 src[i] = (layer_src) { im->layers[i].digest, im->layers[i].digest,
                                        (uint64_t) im->layers[i].size };
-        r = install_layers(data_dir, name, source, &cfg, src, im->n_layers, open_blob, arg, p, err);
+        r = install_layers(data_dir, name, team, source, &cfg, src, im->n_layers, open_blob, arg, p,
+                           err);
 out:
         free(src);
         free(mbuf);
@@ -499,7 +509,7 @@ static int import_docker(import_src *s, const char *json, size_t len, const char
         snprintf(ret_name, rn, "%s", nm);
         char srcdesc[512];
         snprintf(srcdesc, sizeof srcdesc, "%s%s%s", source, tag ? " " : "", tag ? tag : "");
-        r = install_layers(s->data_dir, nm, srcdesc, &cfg, src, n,
+        r = install_layers(s->data_dir, nm, 0, srcdesc, &cfg, src, n,
                            (image_blob_open_fn) path_open_blob, s, p, err);
 out:
         json_decref(j);

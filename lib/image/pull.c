@@ -511,6 +511,13 @@ static bool retry_elsewhere(int r) {
                 r == -ETIMEDOUT || r == -EIO || r == -EBUSY;
 }
 
+static void freep_secret(char **p) {
+        if (*p) {
+                explicit_bzero(*p, strlen(*p));
+                free(*p);
+        }
+}
+
 int image_pull(const char *data_dir, const char *ref, const char *name, const image_pull_opts *opts,
                const image_progress *p, image_pull_result *ret, hutch_error *err) {
         static const image_pull_opts no_opts = { 0 };
@@ -540,6 +547,16 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 tname = NULL;
         if (!tname)
                 return hutch_error_set(err, -ENOMEM, "out of memory");
+        bool given = opts->user && opts->pass;
+        if (given && !name) {
+                /* the team's own template: another team's pull of the same
+                 * reference never finds it, nor replaces it */
+                char *t = NULL;
+                if (asprintf(&t, "%.48s.team%lld", tname, (long long) opts->team) < 0)
+                        return hutch_error_set(err, -ENOMEM, "out of memory");
+                free(tname);
+                tname = t;
+        }
         if (template_validate_name(tname) < 0 || streq(tname, "host") || streq(tname, "base"))
                 return hutch_error_set(
                         err, -EINVAL,
@@ -579,6 +596,54 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 }
                 n_cands = kept;
         }
+        if (given) {
+                /* a build's credentials go to one registry: the reference's
+                 * (a short name's: the first search registry), never to a
+                 * mirror, which would answer without asking for them */
+                size_t kept = 0;
+                for (size_t i = 0; i < n_cands; i++) {
+                        bool keep = !cands[i].mirror &&
+                                (kept == 0 || streq(cands[i].registry, cands[0].registry));
+                        if (keep) {
+                                image_candidate t = cands[kept];
+                                cands[kept++] = cands[i];
+                                cands[i] = t;
+                        }
+                }
+                for (size_t i = kept; i < n_cands; i++) {
+                        free(cands[i].host);
+                        free(cands[i].registry);
+                        free(cands[i].repository);
+                }
+                n_cands = kept;
+                if (n_cands == 0) {
+                        image_candidates_free(cands, n_cands);
+                        return hutch_error_set(err, -EPERM,
+                                               "%s: no registry to send the build's credentials to",
+                                               ref);
+                }
+        }
+        /* ECR: the access key goes to ECR's API in the registry's region,
+         * and only for a registry that is ECR's there (after the checks
+         * above: a restricted pull asks nothing of a host the operator did
+         * not list) */
+        _cleanup_free_ char *ecr_user = NULL;
+        _cleanup_(freep_secret) char *ecr_pass = NULL;
+        if (given && opts->aws_region) {
+                if (!registry_ecr_host_valid(cands[0].host, opts->aws_region))
+                        r = hutch_error_set(err, -EPERM,
+                                            "%s is not an Amazon ECR registry of region %s "
+                                            "(ACCOUNT.dkr.ecr.%s.amazonaws.com): the build's AWS "
+                                            "credentials are not sent",
+                                            cands[0].host, opts->aws_region, opts->aws_region);
+                else
+                        r = registry_ecr_login(opts->aws_region, opts->user, opts->pass,
+                                               opts->ca_file, &ecr_user, &ecr_pass, err);
+                if (r < 0) {
+                        image_candidates_free(cands, n_cands);
+                        return r;
+                }
+        }
         pull_ctx x = { .data_dir = data_dir, .p = p, .dl_fd = -1 };
         if (image_blob_dir(data_dir, x.blob_dir, sizeof x.blob_dir) < 0) {
                 image_candidates_free(cands, n_cands);
@@ -592,6 +657,12 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 .ca_file = opts->ca_file,
                 .blob_dir = x.blob_dir,
                 .parallel = opts->parallel,
+                .user = ecr_user ? ecr_user
+                        : given  ? opts->user
+                                 : NULL,
+                .pass = ecr_pass ? ecr_pass
+                        : given  ? opts->pass
+                                 : NULL,
         };
 
         /* the manifest: the first candidate that has it */
@@ -735,8 +806,8 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         image_progress filtered = { .fn = install_progress, .arg = &x };
         x.cfg = &cfg;
         if (r >= 0)
-                r = image_install(data_dir, tname, source, mbuf, mlen, mtype, open_blob, &x,
-                                  p ? &filtered : NULL, err);
+                r = image_install_team(data_dir, tname, given ? opts->team : 0, source, mbuf, mlen,
+                                       mtype, open_blob, &x, p ? &filtered : NULL, err);
         dl_finish(&x, r < 0);
         image_config_clear(&cfg);
         if (r >= 0 && x.dl_ended && x.dl_r < 0)
@@ -747,6 +818,15 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         for (size_t i = 0; (r >= 0 || r == -EBADMSG) && i < m.n_layers; i++) {
                 char path[4096];
                 if (registry_cache_path(x.blob_dir, m.layers[i].digest, path, sizeof path) == 0 &&
+                    path[0])
+                        unlink(path);
+        }
+        if (given) {
+                /* a config pulled with a build's credentials stays out of
+                 * the cache: a pull without them, whose manifest named its
+                 * digest, would otherwise read it without asking the registry */
+                char path[4096];
+                if (registry_cache_path(x.blob_dir, m.config.digest, path, sizeof path) == 0 &&
                     path[0])
                         unlink(path);
         }

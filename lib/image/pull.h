@@ -24,6 +24,18 @@ typedef struct image_pull_opts {
          * lines): for a reference an API client chose (the daemon sets it),
          * so that it cannot make the host connect where it likes */
         bool configured_only;
+        /* a build's own credentials (fromImageRegistry), or NULL: sent to
+         * the reference's registry only (a short name: the first search
+         * registry; never a mirror), in place of registries.auth's. The
+         * template then belongs to team (its name gets ".team<ID>"), and
+         * the image's config leaves the blob cache, so that nothing
+         * pulled with them is found by a pull without them. */
+        const char *user, *pass;
+        int64_t team;
+        /* user and pass are an AWS access key for this region: exchanged
+         * for ECR's basic credentials (registry_ecr_login()), for a
+         * reference whose registry is ECR's in that region only */
+        const char *aws_region;
 } image_pull_opts;
 
 typedef struct image_pull_result {

@@ -303,6 +303,7 @@ struct registry_client {
         char *blob_dir;
         unsigned parallel;
         char *user, *pass; /* credentials for host, or NULL */
+        bool given;        /* they are a build's own, not `hutch template login`'s */
         char *authz;       /* "Authorization: ..." once a challenge was answered */
         bool sent_creds;   /* the current authz came from the credentials */
         char *last_challenge;
@@ -361,7 +362,13 @@ int registry_client_new(const char *host, const char *repository, const registry
         c->parallel = o->parallel ? MIN(o->parallel, REGISTRY_MAX_PARALLEL)
                                   : REGISTRY_DEFAULT_PARALLEL;
         snprintf(c->base, sizeof c->base, "%s://%s", c->insecure ? "http" : "https", host);
-        if (o->auth_path) {
+        if (o->user && o->pass) {
+                c->user = strdup(o->user);
+                c->pass = strdup(o->pass);
+                c->given = true;
+                if (!c->user || !c->pass)
+                        return hutch_error_set(err, -ENOMEM, "out of memory");
+        } else if (o->auth_path) {
                 int r = registry_auth_get(o->auth_path, host, &c->user, &c->pass, err);
                 /* Docker Hub's credentials are stored under the name users write */
                 if (r == 0 && streq(host, "registry-1.docker.io"))
@@ -639,6 +646,11 @@ static int authenticate(registry_client *c, const char *www_auth, hutch_error *e
         if (resp.code != 200) {
                 long code = resp.code;
                 http_resp_clear(&resp);
+                if ((code == 401 || code == 403) && c->given)
+                        return hutch_error_set(err, -EACCES,
+                                               "the token server of %s refused the build's "
+                                               "credentials (HTTP %ld)",
+                                               c->host, code);
                 if ((code == 401 || code == 403) && c->user)
                         return hutch_error_set(
                                 err, -EACCES,
@@ -675,6 +687,10 @@ static int authenticate(registry_client *c, const char *www_auth, hutch_error *e
 }
 
 static int access_denied(registry_client *c, long code, const char *what, hutch_error *err) {
+        if (c->sent_creds && c->given)
+                return hutch_error_set(err, -EACCES,
+                                       "%s refused %s with the build's credentials (HTTP %ld)",
+                                       c->host, what, code);
         if (c->sent_creds)
                 return hutch_error_set(
                         err, -EACCES,
@@ -1216,5 +1232,115 @@ int registry_fetch_blobs(registry_client *c, const registry_blob *blobs, size_t 
                 *ret_bytes = c->done_bytes;
         if (ret_blobs)
                 *ret_blobs = n_want;
+        return 0;
+}
+
+/* ------------------------------------------------------------- Amazon ECR */
+
+static bool ecr_region_valid(const char *region) {
+        size_t n = strlen(region);
+        if (n == 0 || n > 32)
+                return false;
+        for (const char *p = region; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-'))
+                        return false;
+        return true;
+}
+
+bool registry_ecr_host_valid(const char *host, const char *region) {
+        size_t i = 0;
+        while (host[i] >= '0' && host[i] <= '9')
+                i++;
+        if (i != 12 || !ecr_region_valid(region))
+                return false;
+        char want[128];
+        if ((size_t) snprintf(want, sizeof want, ".dkr.ecr.%s.amazonaws.com", region) >= sizeof want)
+                return false;
+        return streq(host + 12, want);
+}
+
+int registry_ecr_login(const char *region, const char *key_id, const char *secret,
+                       const char *ca_file, char **ret_user, char **ret_pass, hutch_error *err) {
+        if (!ecr_region_valid(region))
+                return hutch_error_set(err, -EINVAL, "invalid AWS region");
+        char url[128], sigv4[96], host[96];
+        snprintf(host, sizeof host, "api.ecr.%s.amazonaws.com", region);
+        snprintf(url, sizeof url, "https://%s/", host);
+        snprintf(sigv4, sizeof sigv4, "aws:amz:%s:ecr", region);
+        /* easy_common() and curl_fail() want a client: one for this host */
+        registry_client c = { .host = host, .ca_file = (char *) ca_file };
+        CURL *e = curl_easy_init();
+        if (!e)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/x-amz-json-1.1");
+        if (h)
+                h = curl_slist_append(
+                        h,
+                        "X-Amz-Target: AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken");
+        http_resp resp = { .max = REGISTRY_MAX_TOKEN_RESPONSE };
+        char errbuf[CURL_ERROR_SIZE] = "";
+        easy_common(&c, e, url, false);
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, "{}");
+        curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4);
+        curl_easy_setopt(e, CURLOPT_USERNAME, key_id);
+        curl_easy_setopt(e, CURLOPT_PASSWORD, secret);
+        curl_easy_setopt(e, CURLOPT_TIMEOUT, 60L);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, resp_write);
+        curl_easy_setopt(e, CURLOPT_WRITEDATA, &resp);
+        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+        CURLcode res = curl_easy_perform(e);
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &resp.code);
+        curl_easy_cleanup(e);
+        curl_slist_free_all(h);
+        int r = 0;
+        if (res != CURLE_OK)
+                r = curl_fail(&c, res, "ECR GetAuthorizationToken", errbuf, err);
+        else if (resp.code == 400 || resp.code == 401 || resp.code == 403)
+                r = hutch_error_set(err, -EACCES, "%s refused the build's AWS credentials (HTTP %ld)",
+                                    host, resp.code);
+        else if (resp.code != 200)
+                r = hutch_error_set(err, -EACCES, "%s answered HTTP %ld", host, resp.code);
+        if (r < 0) {
+                if (resp.body)
+                        explicit_bzero(resp.body, resp.len);
+                http_resp_clear(&resp);
+                return r;
+        }
+        json_t *j = json_loadb((const char *) resp.body, resp.len, 0, NULL);
+        explicit_bzero(resp.body, resp.len);
+        http_resp_clear(&resp);
+        json_t *tv = json_object_get(json_array_get(json_object_get(j, "authorizationData"), 0),
+                                     "authorizationToken");
+        const char *tok = json_string_value(tv);
+        size_t tl = json_string_length(tv);
+        _cleanup_free_ char *raw = tok && tl > 0 && tl % 4 == 0 ? malloc(tl / 4 * 3 + 1) : NULL;
+        int n = raw ? EVP_DecodeBlock((unsigned char *) raw, (const unsigned char *) tok, (int) tl)
+                    : -1;
+        if (tok)
+                explicit_bzero((char *) tok, tl);
+        json_decref(j);
+        if (n > 0) {
+                while (n > 0 && raw[n - 1] == 0) /* the padding EVP_DecodeBlock keeps */
+                        n--;
+                raw[n] = 0;
+        }
+        char *colon = n > 0 ? strchr(raw, ':') : NULL;
+        if (!colon || colon == raw || !colon[1]) {
+                if (raw)
+                        explicit_bzero(raw, tl / 4 * 3 + 1);
+                return hutch_error_set(err, -EPROTO, "%s sent no usable authorization token", host);
+        }
+        *colon = 0;
+        char *u = strdup(raw), *p = strdup(colon + 1);
+        explicit_bzero(raw, tl / 4 * 3 + 1);
+        if (!u || !p) {
+                free(u);
+                free_secret(p);
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        }
+        *ret_user = u;
+        *ret_pass = p;
         return 0;
 }

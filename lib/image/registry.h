@@ -56,13 +56,34 @@ int registry_auth_get(const char *auth_path, const char *host, char **ret_user, 
 int registry_auth_set(const char *auth_path, const char *host, const char *user, const char *pass,
                       hutch_error *err);
 
+/* ---- Amazon ECR (a build's fromImageRegistry of type aws)
+ *
+ * ECR takes basic auth as user AWS with a password from its
+ * GetAuthorizationToken call (a SigV4-signed POST to
+ * https://api.ecr.REGION.amazonaws.com/, which libcurl signs), valid 12 h.
+ * The key is sent to that endpoint only, and only for a registry host
+ * ACCOUNT.dkr.ecr.REGION.amazonaws.com of the same region. Not verified
+ * against AWS itself. */
+
+/* host is ACCOUNT(12 digits).dkr.ecr.REGION.amazonaws.com */
+bool registry_ecr_host_valid(const char *host, const char *region);
+/* The registry's basic credentials for the key: *ret_user ("AWS") and
+ * *ret_pass, malloc'ed (wipe the password). -EACCES refused, -EPROTO an
+ * answer without a token, network errors as the client's. */
+int registry_ecr_login(const char *region, const char *key_id, const char *secret,
+                       const char *ca_file, char **ret_user, char **ret_pass, hutch_error *err);
+
 /* ---- the client */
 
 typedef struct registry_client registry_client;
 
 typedef struct registry_client_opts {
         const registries_conf *conf; /* insecure and ca entries; may be NULL */
-        const char *auth_path;       /* NULL: no credentials */
+        const char *auth_path;       /* NULL: no stored credentials */
+        /* a build's own credentials (fromImageRegistry): used in place of
+         * auth_path's, for this client only; the client keeps a copy that
+         * it wipes when freed */
+        const char *user, *pass;
         const char *ca_file;         /* an extra CA bundle for every host, or NULL */
         const char *blob_dir;        /* the cache, DATA_DIR/images/blobs/sha256 */
         unsigned parallel;           /* concurrent blob downloads (0: default) */

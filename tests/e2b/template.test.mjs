@@ -5,7 +5,7 @@
 // a failing step, exists, tags; then Sandbox.create(name) from the result.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { execFileSync, spawn } from 'node:child_process'
 import { Sandbox, Template, BuildError } from 'e2b'
@@ -237,6 +237,74 @@ test('fromImage: an image template of this host (imported) is the base; its Env 
   await assert.rejects(
     Template.build(Template().fromImage('127.0.0.1:9/elsewhere/img:1').runCmd('true'), uniqueTag('unlisted')),
     (e) => e instanceof BuildError && /does not list .*refused/.test(e.message),
+  )
+})
+
+// fromImage(ref, {username, password}): the SDK's fromImageRegistry, a
+// build's own credentials, against a docker-registry with htpasswd auth on the
+// host's loopback (docs/templates.md "Credentials")
+test('fromImage with credentials: a private image is pulled with them; wrong ones fail the build without the password', async (t) => {
+  const dir = mkdtempSync(join(env.tmp, 'regcred-'))
+  t.after(() => rmSync(dir, { recursive: true, force: true }))
+  for (const tool of ['docker-registry', 'skopeo', 'htpasswd']) {
+    try { execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' }) } catch { t.skip(`needs ${tool}`); return }
+  }
+  const password = `pw-${Math.random().toString(36).slice(2)}${Date.now()}`
+  const wrong = `wrong-${Math.random().toString(36).slice(2)}`
+  writeFileSync(join(dir, 'htpasswd'), execFileSync('htpasswd', ['-Bbn', 'alice', password]))
+  const port = execFileSync('node', ['-e', 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})']).toString().trim()
+  const reg = `127.0.0.1:${port}`
+  writeFileSync(join(dir, 'reg.yml'), `version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: ${dir}/store\n` +
+    `http:\n  addr: ${reg}\nauth:\n  htpasswd:\n    realm: hutch-sdk\n    path: ${dir}/htpasswd\n`)
+  const srv = spawn('docker-registry', ['serve', join(dir, 'reg.yml')], { stdio: 'ignore' })
+  t.after(() => srv.kill())
+  const here = new URL('.', import.meta.url).pathname
+  execFileSync('python3', [join(here, '..', 'helpers', 'busybox_image.py'), join(dir, 'bb.tar')])
+  for (let i = 0; ; i++) {
+    try {
+      execFileSync('skopeo', ['copy', '--dest-tls-verify=false', '--dest-creds', `alice:${password}`,
+        `docker-archive:${join(dir, 'bb.tar')}`, `docker://${reg}/private/bb:1`], { stdio: 'ignore' })
+      break
+    } catch (e) { if (i > 50) throw e; await sleep(200) }
+  }
+  // the daemon's pulls are restricted: the operator lists the registry
+  const conf = join(env.dataDir, 'registries.conf')
+  let before = null
+  try { before = readFileSync(conf, 'utf8') } catch {}
+  writeFileSync(conf, `${before ?? ''}\ninsecure ${reg}\nallow ${reg}\n`)
+  t.after(() => (before === null ? rmSync(conf, { force: true }) : writeFileSync(conf, before)))
+
+  const ref = `${reg}/private/bb:1`
+  const name = uniqueTag('regcred')
+  const logs = []
+  const tpl = Template().fromImage(ref, { username: 'alice', password }).runCmd('echo "$IMAGE_VAR" > /home/user/var; env > /home/user/buildenv')
+  await Template.build(tpl, name, { onBuildLogs: (l) => logs.push(l.message) }).catch((e) => {
+    throw new Error(`${e.message}\n${logs.join('\n')}`)
+  })
+  assert.ok(logs.some((m) => m.includes("with the build's credentials")), logs.join('\n'))
+  assert.ok(!logs.join('\n').includes(password))
+  const sbx = await Sandbox.create(name)
+  t.after(() => sbx.kill().catch(() => {}))
+  assert.equal((await sbx.commands.run('cat /home/user/var; ls /bin/busybox')).stdout, 'from-the-image\n/bin/busybox\n')
+  // the build step's environment had no credentials
+  const buildenv = (await sbx.commands.run('cat /home/user/buildenv')).stdout
+  assert.match(buildenv, /IMAGE_VAR=from-the-image/)
+  assert.ok(!buildenv.includes(password) && !buildenv.includes('alice'), buildenv)
+
+  // wrong credentials: a BuildError that names the registry's refusal, not the password
+  await assert.rejects(
+    Template.build(Template().fromImage(ref, { username: 'alice', password: wrong }).runCmd('true'), uniqueTag('regwrong')),
+    (e) => e instanceof BuildError && /refused .*the build's credentials \(HTTP 401\)/.test(e.message) && !e.message.includes(wrong),
+  )
+  // none: the registry's 401, though this host pulled the image a moment ago
+  await assert.rejects(
+    Template.build(Template().fromImage(ref).runCmd('true'), uniqueTag('regnone')),
+    (e) => e instanceof BuildError && /401/.test(e.message),
+  )
+  // aws: the key goes to ECR's API only for an ECR registry of its region
+  await assert.rejects(
+    Template.build(Template().fromAWSRegistry(ref, { accessKeyId: 'AKIAEXAMPLE', secretAccessKey: wrong, region: 'us-east-1' }).runCmd('true'), uniqueTag('regaws')),
+    (e) => e instanceof BuildError && /is not an Amazon ECR registry of region us-east-1/.test(e.message) && !e.message.includes(wrong),
   )
 })
 

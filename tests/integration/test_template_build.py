@@ -244,8 +244,9 @@ def test_a_flood_of_output_is_cut(sandboxed_hutch, tmp_path):
 
 
 def test_registry_credentials_never_land(sandboxed_hutch, tmp_path):
-    """fromImageRegistry's secrets are dropped at the request: not in the
-    job, the log, the database or any file of the data dir."""
+    """fromImageRegistry's secrets never land: not in the job, the log, the
+    database or any file of the data dir, also when the pull is refused
+    (test_template_build_regcred.py pulls with them)."""
     tmp_path.chmod(0o755)
     data = tmp_path / "data"
     sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])

@@ -242,5 +242,21 @@ int main(void) {
                 unlink(path);
                 rmdir(dir);
         }
+        /* the registries a build's AWS key may be exchanged for */
+        ok(registry_ecr_host_valid("123456789012.dkr.ecr.us-east-1.amazonaws.com", "us-east-1"),
+           "ECR host of its region");
+        static const char *const not_ecr[][2] = {
+                { "123456789012.dkr.ecr.us-east-1.amazonaws.com", "eu-west-1" },
+                { "12345678901.dkr.ecr.us-east-1.amazonaws.com", "us-east-1" },
+                { "123456789012.dkr.ecr.us-east-1.amazonaws.com.evil", "us-east-1" },
+                { "123456789012.dkr.ecr.us-east-1.amazonaws.com:443", "us-east-1" },
+                { "x123456789012.dkr.ecr.us-east-1.amazonaws.com", "us-east-1" },
+                { "123456789012.dkr.ecr.us-east-1.amazonaws.com", "" },
+                { "123456789012.dkr.ecr..amazonaws.com", "" },
+                { "127.0.0.1:5000", "us-east-1" },
+        };
+        for (size_t i = 0; i < sizeof not_ecr / sizeof not_ecr[0]; i++)
+                ok(!registry_ecr_host_valid(not_ecr[i][0], not_ecr[i][1]), "not ECR: %s for '%s'",
+                   not_ecr[i][0], not_ecr[i][1]);
         return tap_done();
 }
