@@ -43,6 +43,45 @@ int layer_path(const char *data_dir, const char *digest, char *buf, size_t n) {
         return 0;
 }
 
+static int teams_path(const char *data_dir, const char *diff_id, char *buf, size_t n) {
+        if (!layer_digest_valid(diff_id))
+                return -EINVAL;
+        return (size_t) snprintf(buf, n, "%s/layers/sha256/%s.teams", data_dir, diff_id + 7) >= n ? -ENAMETOOLONG : 0;
+}
+
+int layer_private_allows(const char *data_dir, const char *diff_id, int64_t team) {
+        char p[PATH_MAX];
+        int r = teams_path(data_dir, diff_id, p, sizeof p);
+        if (r < 0)
+                return r;
+        FILE *f = fopen(p, "re");
+        if (!f)
+                return errno == ENOENT ? 1 : -errno;
+        char line[32];
+        bool listed = false;
+        while (!listed && team > 0 && fgets(line, sizeof line, f))
+                listed = strtoll(line, NULL, 10) == team;
+        fclose(f);
+        return listed ? 1 : 0;
+}
+
+int layer_private_grant(const char *data_dir, const char *diff_id, int64_t team) {
+        char p[PATH_MAX];
+        int r = teams_path(data_dir, diff_id, p, sizeof p);
+        if (r < 0)
+                return r;
+        if (team <= 0)
+                return unlink(p) < 0 && errno != ENOENT ? -errno : 0;
+        if (layer_private_allows(data_dir, diff_id, team) == 1 && access(p, F_OK) == 0)
+                return 0;
+        _cleanup_close_ int fd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return -errno;
+        char line[32];
+        int n = snprintf(line, sizeof line, "%lld\n", (long long) team);
+        return write(fd, line, (size_t) n) == n ? 0 : -EIO;
+}
+
 int layer_mark_done(int sfd, const char *hex) {
         char name[80];
         snprintf(name, sizeof name, "%s.done", hex);
@@ -232,6 +271,17 @@ int layer_gc(const char *data_dir, char *const *keep, size_t n_keep, hutch_error
                 bool tmp = startswith(nm, ".tmp-") || startswith(nm, ".trash-");
                 size_t l = strlen(nm);
                 if (!tmp) {
+                        if (l == 64 + 6 && streq(nm + 64, ".teams")) {
+                                /* its layer's list: goes when the layer is gone */
+                                char dir[65];
+                                struct stat st;
+                                memcpy(dir, nm, 64);
+                                dir[64] = 0;
+                                if (hex_name_valid(dir) && fstatat(dirfd(d), dir, &st, AT_SYMLINK_NOFOLLOW) < 0 &&
+                                    errno == ENOENT)
+                                        (void) unlinkat(dirfd(d), nm, 0);
+                                continue;
+                        }
                         if (l == 64 + 5 && streq(nm + 64, ".done"))
                                 memcpy(hex, nm, 64);
                         else if (l == 64)
@@ -261,6 +311,11 @@ int layer_gc(const char *data_dir, char *const *keep, size_t n_keep, hutch_error
                 if (k < 0) {
                         r = hutch_error_set(err, k, "removing layer %s: %s", nm, strerror(-k));
                         break;
+                }
+                if (hex[0]) { /* the list of teams that had it goes with it */
+                        char teams[80];
+                        snprintf(teams, sizeof teams, "%s.teams", hex);
+                        (void) unlinkat(dirfd(d), teams, 0);
                 }
                 removed++;
         }

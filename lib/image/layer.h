@@ -46,6 +46,24 @@ int layer_path(const char *data_dir, const char *digest, char *buf, size_t n);
 int layer_unpack(const char *data_dir, int fd, const char *blob_digest, const char *diff_id,
                  uint64_t blob_size, hutch_error *err);
 
+/* Whether the stream read from fd (plain, gzip or zstd) uncompresses to
+ * diff_id, with the same bounds as an unpack, writing nothing: a pull's
+ * proof that it has a layer the store already holds. 0, or -EBADMSG. */
+int layer_verify(int fd, const char *diff_id, hutch_error *err);
+
+/* Layers that a pull with a build's own registry credentials brought into
+ * the store are the property of the teams that proved they have them: the
+ * store keeps `<hex>.teams` (a team id a line) beside the layer. A pull by
+ * another team, or by nobody's credentials, must then download the layer's
+ * blob and verify it (layer_verify) before it may use the copy in the
+ * store, so knowing a private layer's diff_id is not enough to read it.
+ * layer_private_allows: 1 when the layer is public (no list) or lists
+ * team (0: no team: only a public layer); 0 when a proof is needed. */
+int layer_private_allows(const char *data_dir, const char *diff_id, int64_t team);
+/* team proved it has the layer: listed (team > 0), or the list removed
+ * (team 0: a pull without a build's credentials got it, so anyone can). */
+int layer_private_grant(const char *data_dir, const char *diff_id, int64_t team);
+
 /* Put the directory tree at dirfd (overlay upper format, ids shifted by
  * uid_shift: on-disk uid uid_shift+k becomes k) into the layer store as a
  * new layer; returns its digest "sha256:<hex>" of a canonical tar of it

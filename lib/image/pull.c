@@ -63,6 +63,10 @@ typedef struct pull_ctx {
         /* the layers unpack_all put into the store (image_install then finds them) */
         const image_config *cfg;
         bool *unpacked;
+        /* layers the store has but this pull must prove it has too (another
+         * team's private ones: layer_private_allows), and for whom */
+        bool *verify;
+        int64_t team;
 } pull_ctx;
 
 /* What the downloader child tells the pull: progress (dropped when the pipe
@@ -307,8 +311,10 @@ static int unpack_start(pull_ctx *x, const image_manifest *m, const image_config
                  * (NULL): it still checks the uncompressed stream against the
                  * config's diff_id, which the config's checked digest binds, so
                  * a blob a crash damaged in the (unsynced) cache fails there. */
-                int k = layer_unpack(x->data_dir, blob, NULL, cfg->diff_ids[i],
-                                     (uint64_t) m->layers[i].size, &e);
+                int k = x->verify && x->verify[i]
+                        ? layer_verify(blob, cfg->diff_ids[i], &e)
+                        : layer_unpack(x->data_dir, blob, NULL, cfg->diff_ids[i],
+                                       (uint64_t) m->layers[i].size, &e);
                 int32_t code = k < 0 ? k : 0;
                 struct iovec iov[2] = { { &code, sizeof code }, { e.msg, strlen(e.msg) } };
                 ssize_t wr = writev(p[1], iov, 2);
@@ -340,6 +346,10 @@ static int unpack_reap(pull_ctx *x, const image_manifest *m, const image_config 
         if (code < 0)
                 return hutch_error_set(err, code, "%s", msg);
         x->unpacked[job->layer] = true;
+        if (x->verify && x->verify[job->layer] &&
+            (code = layer_private_grant(x->data_dir, cfg->diff_ids[job->layer], x->team)) < 0)
+                return hutch_error_set(err, code, "layer %s: recording who has it: %s", cfg->diff_ids[job->layer],
+                                       strerror(-code));
         /* its compressed copy is not needed any more: gone now, while other
          * layers still unpack, rather than all at the end */
         char path[4096];
@@ -774,7 +784,10 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
         if (r >= 0 && hold < 0)
                 r = hold;
         _cleanup_free_ size_t *need = calloc(m.n_layers + 1, sizeof *need);
-        if (r >= 0 && (!(want = calloc(m.n_layers + 1, sizeof *want)) || !need))
+        _cleanup_free_ bool *verify = calloc(m.n_layers + 1, sizeof *verify);
+        x.verify = verify;
+        x.team = given ? opts->team : 0;
+        if (r >= 0 && (!(want = calloc(m.n_layers + 1, sizeof *want)) || !need || !verify))
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
         for (size_t i = 0; r >= 0 && i < m.n_layers; i++) {
                 char lp[4096];
@@ -785,8 +798,21 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                         break;
                 }
                 if (lp[0]) {
-                        present++;
-                        continue;
+                        k = layer_private_allows(data_dir, cfg.diff_ids[i], x.team);
+                        if (k < 0) {
+                                r = hutch_error_set(err, k, "layer %s: %s", cfg.diff_ids[i], strerror(-k));
+                                break;
+                        }
+                        if (k == 1) {
+                                present++;
+                                continue;
+                        }
+                        /* private to other teams: downloaded and verified, never taken on trust */
+                        x.verify[i] = true;
+                } else if (x.team > 0 && (k = layer_private_grant(data_dir, cfg.diff_ids[i], x.team)) < 0) {
+                        /* listed before it exists, so it is never public for a moment */
+                        r = hutch_error_set(err, k, "layer %s: %s", cfg.diff_ids[i], strerror(-k));
+                        break;
                 }
                 if (foreign(m.layers[i].media_type))
                         continue; /* image_install refuses it, with the reason */

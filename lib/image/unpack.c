@@ -739,6 +739,29 @@ static int feed_stream(int fd, feeder *f, hutch_error *err) {
         return r;
 }
 
+int layer_verify(int fd, const char *diff_id, hutch_error *err) {
+        if (!layer_digest_valid(diff_id))
+                return hutch_error_set(err, -EINVAL, "invalid layer digest '%.80s'", diff_id ? diff_id : "");
+        EVP_MD_CTX *md = EVP_MD_CTX_new();
+        if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+                EVP_MD_CTX_free(md);
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        }
+        /* hashed, bounded, sent nowhere */
+        feeder f = { .out = -1, .md = md, .child_gone = true };
+        int r = feed_stream(fd, &f, err);
+        char hex[65];
+        if (r >= 0 && (r = sha256_hex_final(md, hex)) < 0)
+                hutch_error_set(err, r, "sha256 failed");
+        if (r >= 0 && !streq(hex, diff_id + 7))
+                r = hutch_error_set(err, -EBADMSG,
+                                    "layer %s: the blob uncompresses to sha256:%s: it is not the layer the "
+                                    "store holds, refused",
+                                    diff_id, hex);
+        EVP_MD_CTX_free(md);
+        return r < 0 ? r : 0;
+}
+
 static int store_dir(const char *data_dir, char *buf, size_t n, hutch_error *err) {
         snprintf(buf, n, "%s/layers", data_dir);
         int r = mkdir_p(buf, 0700);

@@ -268,3 +268,85 @@ def test_build_credentials(sandboxed_hutch, registry, tmp_path):
         b = p.read_bytes()
         for s in secrets_bytes:
             assert s not in b, (p, s)
+
+
+@pytest.fixture(scope="module")
+def open_registry(tmp_path_factory):
+    """A second docker-registry, without auth: where anyone may push."""
+    root = tmp_path_factory.mktemp("openreg")
+    port = free_port()
+    (root / "reg.yml").write_text(
+        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {root / 'store'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n")
+    log = open(root / "registry.log", "w")
+    proc = subprocess.Popen(["docker-registry", "serve", str(root / "reg.yml")], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "docker-registry did not start"
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_private_layer_is_not_had_by_naming_it(sandboxed_hutch, registry, open_registry, tmp_path):
+    """The layer store shares layers by diff_id. A layer that a pull with a
+    build's credentials brought in is listed as that team's: another team's
+    image that merely *names* its diff_id (a forged config, pushed where
+    anyone may) must download its own blob, which does not uncompress to
+    that layer: the pull is refused and nothing of the private layer is
+    reached. The same layer really pulled from a public copy proves itself,
+    and the layer is public from then on."""
+    import ociimage as oi
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0"])
+    sd.start()
+    sd.stop()
+    (data / "registries.conf").write_text(
+        f"insecure {registry}\nallow {registry}\ninsecure {open_registry}\nallow {open_registry}\n")
+    sd.start()
+    try:
+        cp = subprocess.run([str(sandboxed_hutch), "key", "create", "--team", "other", "--data-dir", str(data)],
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert cp.returncode == 0, cp.stderr
+        other = cp.stdout.strip()
+        st = build(sd, "mine", {"fromImage": f"{registry}/private/sh:1", "steps": [], "fromImageRegistry":
+                                {"type": "registry", "username": USER, "password": PASSWORD}})
+        assert st["status"] == "ready", st
+        store = data / "layers" / "sha256"
+        private = [p.name[:64] for p in store.glob("*.teams")]
+        assert private and all((store / h).is_dir() for h in private), list(store.iterdir())
+        secret = private[0]
+
+        # the forgery: a config that names the private diff_id over a blob of other bytes
+        lay = tmp_path / "forged"
+        decoy = oi.make_tar([oi.dir_entry("bin"), oi.file_entry("bin/not-it", b"decoy\n")])
+        oi.write_oci_layout(lay, [decoy], ref="forged:1",
+                            config_override=oi.image_config(["sha256:" + secret]))
+        subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{lay}:forged:1",
+                        f"docker://{open_registry}/forged/sh:1"], check=True, capture_output=True, timeout=120)
+        st = build(sd, "stolen", {"fromImage": f"{open_registry}/forged/sh:1", "steps": []}, key=other)
+        assert st["status"] == "error", st
+        assert "not the layer the store holds" in st["reason"]["message"], st
+        r = sd.request("POST", "/v2/sandboxes", {"templateID": "forged-sh-1"}, key=other)
+        assert r.status == 404, r
+        assert (store / f"{secret}.teams").exists()
+
+        # a public copy of the real image: the other team downloads it, it proves
+        # itself, and the layer is nobody's secret any more
+        subprocess.run(["skopeo", "copy", "--src-tls-verify=false", "--src-creds", f"{USER}:{PASSWORD}",
+                        "--dest-tls-verify=false", f"docker://{registry}/private/sh:1",
+                        f"docker://{open_registry}/public/sh:1"], check=True, capture_output=True, timeout=120)
+        st = build(sd, "copied", {"fromImage": f"{open_registry}/public/sh:1", "steps": []}, key=other)
+        assert st["status"] == "ready", st
+        assert not (store / f"{secret}.teams").exists()
+    finally:
+        assert sd.stop() == []
