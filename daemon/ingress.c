@@ -234,7 +234,7 @@ static unsigned connectors_of(const char *sbx_id) {
                 n += u->wfd >= 0 && streq(u->sbx_id, sbx_id);
         for (ingress_conn *ic = live; ic; ic = ic->next)
                 n += (ic->ww.fd >= 0 || ic->parked_wfd >= 0) && streq(ic->sbx_id, sbx_id);
-        return n;
+        return n + ingress_h2_connectors_of(sbx_id);
 }
 
 static void pool_cut(server *srv, const char *sbx_id) {
@@ -1573,6 +1573,18 @@ const char *ingress_mask(sbx *sb) {
 
 int ingress_up_socket(sbx *sb, int *ret_fd) {
         return up_socket(sb, ret_fd);
+}
+
+int ingress_connector(server *srv, sbx *sb, unsigned port, int *ret_rfd, int *ret_wfd) {
+        if (closed_recently(sb->id, port))
+                return -ECONNREFUSED;
+        if (connectors_of(sb->id) >= CONNECTORS_MAX)
+                return -EUSERS;
+        return up_connector(srv, sb, port, ret_rfd, ret_wfd);
+}
+
+void ingress_closed_note(const char *sbx_id, unsigned port) {
+        closed_note(sbx_id, port);
 }
 
 int ingress_check_access(server *srv, request *req, sbx *sb, unsigned port) {

@@ -53,3 +53,10 @@ bool ingress_token_ok(server *srv, sbx *sb, const char *tok);
 const char *ingress_mask(sbx *sb);
 /* a socket in sb's netns, not connected (ns backend) */
 int ingress_up_socket(sbx *sb, int *ret_fd);
+/* gvisor: a fresh connector to port (never a pooled one: those carry
+ * HTTP/1.1), its read and write ends, non-blocking. -ECONNREFUSED: the
+ * port was found closed a moment ago; -EUSERS: the sandbox has as many
+ * connectors as it may (HTTP/1.1 and HTTP/2 together). */
+int ingress_connector(server *srv, sbx *sb, unsigned port, int *ret_rfd, int *ret_wfd);
+/* gvisor: a connector found port closed (answered from memory a while) */
+void ingress_closed_note(const char *sbx_id, unsigned port);

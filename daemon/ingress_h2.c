@@ -9,7 +9,12 @@
  *   HEAD     the preface and the frames up to the first request's header
  *            block (SETTINGS, WINDOW_UPDATE, PRIORITY, PING) are read and
  *            kept; the block is decoded, the port named, access checked.
- *   CONNECT  the upstream socket, made in the sandbox's netns, connects.
+ *   CONNECT  ns: the upstream socket, made in the sandbox's netns,
+ *            connects. gvisor has no such state: the upstream is a
+ *            connector spawned in the sandbox (hutch-init --ingress-connect,
+ *            as HTTP/1.1 ingress uses), whose stdin and stdout are two
+ *            pipes, and the relay begins at once; a connector that exits
+ *            before the sandbox's server sent a byte found the port closed.
  *   RELAY    everything kept goes to the upstream intact, then both ways:
  *            the client's frames are parsed (DATA and the rest stream
  *            through, header blocks are held until whole and decoded so
@@ -87,12 +92,16 @@ typedef struct hbuf {
 typedef struct h2conn {
         server *srv;
         int state;
-        watcher cw, uw; /* client, upstream */
+        watcher cw, uw; /* client, upstream (gvisor: the connector's stdout, read) */
+        watcher ww;     /* gvisor: the connector's stdin, written; fd -1 on ns */
         struct sockaddr_storage addr;
         socklen_t addrlen;
         int64_t deadline_ms; /* SNIFF, HEAD, DRAIN */
         char sbx_id[HUTCH_ID_LEN + 1];
         unsigned port;
+        uint32_t first_stream; /* the first request's: a closed port is answered on it */
+        bool browser;          /* its user-agent: a closed port is answered in HTML */
+        bool u_got;            /* a byte came from the upstream */
         hpack_decoder hp;
         hbuf craw;            /* client bytes read, not yet parsed */
         hbuf to_up;           /* checked client bytes for the upstream */
@@ -110,6 +119,7 @@ typedef struct h2conn {
         uint8_t s_hdr[FRAME_HDR];
         unsigned s_have;
         uint64_t s_left, to_cl_total, to_cl_boundary, to_cl_sent;
+        bool split; /* gvisor: uw and ww are the connector's two pipes */
         bool c_eof, u_eof, closed;
         struct h2conn *next, *prev, *next_zombie;
 } h2conn;
@@ -169,15 +179,15 @@ static void h2_close(h2conn *h) {
         if (h->closed)
                 return;
         h->closed = true;
-        watcher *ws[2] = { &h->cw, &h->uw };
-        for (int i = 0; i < 2; i++)
+        watcher *ws[3] = { &h->cw, &h->uw, &h->ww };
+        for (int i = 0; i < 3; i++)
                 if (ws[i]->fd >= 0) {
                         int fd = ws[i]->fd;
                         loop_del(h->srv, ws[i]);
                         close(fd);
                         ws[i]->fd = -1;
                 }
-        h->cw.cb = h->uw.cb = NULL;
+        h->cw.cb = h->uw.cb = h->ww.cb = NULL;
         if (h->prev)
                 h->prev->next = h->next;
         else if (conns == h)
@@ -242,15 +252,20 @@ static void queue_goaway(h2conn *h, uint32_t last, uint32_t code, const char *de
         queue_frame(h, F_GOAWAY, 0, 0, p, 8 + dl);
 }
 
+static void watcher_close(h2conn *h, watcher *w) {
+        if (w->fd < 0)
+                return;
+        int fd = w->fd;
+        loop_del(h->srv, w);
+        close(fd);
+        w->fd = -1;
+}
+
 static void start_drain(h2conn *h) {
         h->state = S_DRAIN;
         h->deadline_ms = wall_ms() + DRAIN_MS;
-        if (h->uw.fd >= 0) {
-                int fd = h->uw.fd;
-                loop_del(h->srv, &h->uw);
-                close(fd);
-                h->uw.fd = -1;
-        }
+        watcher_close(h, &h->uw);
+        watcher_close(h, &h->ww);
         h2_update(h);
 }
 
@@ -396,6 +411,84 @@ static uint32_t frame_sid(const uint8_t *p) {
 }
 
 static void on_up(server *srv, watcher *w, uint32_t revents);
+static void parse_client(h2conn *h);
+
+/* The port named by the connection's first request refused the connection
+ * (or, on gvisor, the connector found it closed): as HTTP/1.1 answers it. */
+static void answer_closed_port(h2conn *h, uint32_t sid) {
+        if (h->browser) {
+                char html[1024];
+                snprintf(html, sizeof html,
+                         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Closed Port "
+                         "Error</title></head><body><h1>Closed Port Error</h1><p>The sandbox %s is "
+                         "running but there is no service running on port %u.</p></body></html>",
+                         h->sbx_id, h->port);
+                h2_answer(h, sid, 502, "text/html; charset=utf-8", html);
+                return;
+        }
+        h2_answer_json(h, sid, 502,
+                       json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", h->sbx_id, "message",
+                                 "The sandbox is running but port is not open", "port",
+                                 (int) h->port, "code", 502));
+}
+
+/* The upstream is there (connected, or a connector spawned): everything
+ * read so far, preface first, goes intact, then the relay. */
+static void relay_begin(h2conn *h) {
+        h->state = S_RELAY;
+        h->deadline_ms = 0;
+        h->hraw.len = h->hraw.off = 0;
+        if (hb_append(&h->to_up, h->craw.p + h->craw.off, h->head_parsed) < 0) {
+                h2_close(h);
+                return;
+        }
+        h->craw.off += h->head_parsed;
+        h->head_parsed = 0;
+        parse_client(h); /* what came after the first block */
+}
+
+/* gvisor: the sandbox's loopback is inside the sentry; a connector spawned
+ * there (the one HTTP/1.1 ingress uses, never a pooled one: those carry an
+ * HTTP/1.1 connection) joins its stdin and stdout to the port. */
+static void gvisor_upstream(h2conn *h, sbx *sb, uint32_t sid) {
+        int fd, wfd;
+        int r = ingress_connector(h->srv, sb, h->port, &fd, &wfd);
+        if (r == -ECONNREFUSED) {
+                answer_closed_port(h, sid);
+                return;
+        }
+        if (r == -EUSERS) {
+                h2_answer_json(h, sid, 503,
+                               json_pack("{s:s, s:s, s:i}", "sandboxId", sb->id, "message",
+                                         "too many open connections to this sandbox's ports",
+                                         "code", 503));
+                return;
+        }
+        if (r < 0) {
+                h2_answer_json(h, sid, 502,
+                               json_pack("{s:s, s:s, s:i}", "sandboxId", sb->id, "message",
+                                         "The sandbox was not found", "code", 502));
+                return;
+        }
+        h->split = true;
+        h->uw.cb = h->ww.cb = on_up;
+        h->uw.data = h->ww.data = h;
+        if (loop_add(h->srv, &h->uw, fd, EPOLLIN | EPOLLRDHUP) < 0) {
+                h->uw.fd = -1;
+                close(fd);
+                close(wfd);
+                h2_close(h);
+                return;
+        }
+        if (loop_add(h->srv, &h->ww, wfd, EPOLLOUT) < 0) {
+                h->ww.fd = -1;
+                close(wfd);
+                h2_close(h);
+                return;
+        }
+        relay_begin(h);
+        h2_update(h);
+}
 
 /* The first request's block is decoded: route it, check it, connect. */
 static void first_request(h2conn *h, uint32_t sid, const req_fields *f) {
@@ -444,13 +537,11 @@ static void first_request(h2conn *h, uint32_t sid, const req_fields *f) {
                 return;
         }
         json_decref(not_found);
-        if (port == ENVD_PORT || hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR ||
-            ingress_mask(sb)) {
-                const char *why = port == ENVD_PORT ? "envd's port speaks HTTP/1.1 only"
-                        : ingress_mask(sb) ? "maskRequestHost is not applied to HTTP/2 (the relay "
-                                             "does not rewrite :authority); use HTTP/1.1"
-                                           : "HTTP/2 to ports of gvisor sandboxes is not built; "
-                                             "use HTTP/1.1";
+        if (port == ENVD_PORT || ingress_mask(sb)) {
+                const char *why = port == ENVD_PORT
+                        ? "envd's port speaks HTTP/1.1 only"
+                        : "maskRequestHost is not applied to HTTP/2 (the relay does not rewrite "
+                          ":authority); use HTTP/1.1";
                 h2_answer_json(h, sid, 421,
                                json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "message",
                                          why, "port", (int) port, "code", 421));
@@ -458,6 +549,12 @@ static void first_request(h2conn *h, uint32_t sid, const req_fields *f) {
         }
         memcpy(h->sbx_id, sb->id, sizeof h->sbx_id);
         h->port = port;
+        h->first_stream = sid;
+        h->browser = strncmp(f->ua, "Mozilla/", 8) == 0;
+        if (hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR) {
+                gvisor_upstream(h, sb, sid);
+                return;
+        }
         int fd;
         if ((r = ingress_up_socket(sb, &fd)) < 0) {
                 log_warning("sandbox %s: ingress h2 socket: %s", sb->id, strerror(-r));
@@ -471,11 +568,13 @@ static void first_request(h2conn *h, uint32_t sid, const req_fields *f) {
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         if (connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 && errno != EINPROGRESS) {
                 close(fd);
-                goto closed_port;
+                answer_closed_port(h, sid);
+                return;
         }
         h->uw.cb = on_up;
         h->uw.data = h;
         if (loop_add(srv, &h->uw, fd, EPOLLOUT) < 0) {
+                h->uw.fd = -1; /* loop_add set it */
                 close(fd);
                 h2_close(h);
                 return;
@@ -483,22 +582,6 @@ static void first_request(h2conn *h, uint32_t sid, const req_fields *f) {
         h->state = S_CONNECT;
         h->deadline_ms = 0;
         h2_update(h);
-        return;
-closed_port:
-        if (strncmp(f->ua, "Mozilla/", 8) == 0) {
-                char html[1024];
-                snprintf(html, sizeof html,
-                         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Closed Port "
-                         "Error</title></head><body><h1>Closed Port Error</h1><p>The sandbox %s is "
-                         "running but there is no service running on port %u.</p></body></html>",
-                         h->sbx_id, h->port);
-                h2_answer(h, sid, 502, "text/html; charset=utf-8", html);
-                return;
-        }
-        h2_answer_json(h, sid, 502,
-                       json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", h->sbx_id, "message",
-                                 "The sandbox is running but port is not open", "port",
-                                 (int) h->port, "code", 502));
 }
 
 /* A later request's block: it must name the connection's port. */
@@ -691,22 +774,29 @@ static void h2_update(h2conn *h) {
                 ce |= EPOLLOUT;
         if (h->cw.fd >= 0 && h->cw.events != ce)
                 (void) loop_mod(h->srv, &h->cw, ce);
+        bool to_up = h->state == S_RELAY && hb_pending(&h->to_up) > 0;
         if (h->uw.fd >= 0) {
                 uint32_t ue = h->state == S_CONNECT ? EPOLLOUT : EPOLLRDHUP;
                 if (h->state == S_RELAY) {
                         if (!h->u_eof && hb_pending(&h->to_cl) < BUF_CAP)
                                 ue |= EPOLLIN;
-                        if (hb_pending(&h->to_up) > 0)
+                        if (to_up && !h->split)
                                 ue |= EPOLLOUT;
                 }
                 if (h->uw.events != ue)
                         (void) loop_mod(h->srv, &h->uw, ue);
         }
+        if (h->ww.fd >= 0) {
+                uint32_t we = to_up ? EPOLLOUT : 0;
+                if (h->ww.events != we)
+                        (void) loop_mod(h->srv, &h->ww, we);
+        }
 }
 
-static bool flush(int fd, hbuf *b, uint64_t *sent) {
+static bool flush(int fd, hbuf *b, uint64_t *sent, bool is_pipe) {
         while (hb_pending(b) > 0) {
-                ssize_t n = send(fd, b->p + b->off, hb_pending(b), MSG_NOSIGNAL);
+                ssize_t n = is_pipe ? write(fd, b->p + b->off, hb_pending(b))
+                                    : send(fd, b->p + b->off, hb_pending(b), MSG_NOSIGNAL);
                 if (n < 0)
                         return errno == EAGAIN || errno == EINTR;
                 b->off += (size_t) n;
@@ -716,53 +806,75 @@ static bool flush(int fd, hbuf *b, uint64_t *sent) {
         return true;
 }
 
+/* gvisor: the connector stopped reading (or the client's side ended):
+ * what is left for it is dropped; its stdout still says the rest. */
+static void up_write_side_gone(h2conn *h) {
+        watcher_close(h, &h->ww);
+        h->to_up.off = h->to_up.len = 0;
+}
+
+/* The checked client bytes to the upstream. false: the sandbox's server
+ * closed (ns; on gvisor that shows as the connector's stdout ending). */
+static bool up_flush(h2conn *h) {
+        if (h->split) {
+                if (h->ww.fd < 0)
+                        h->to_up.off = h->to_up.len = 0;
+                else if (!flush(h->ww.fd, &h->to_up, NULL, true))
+                        up_write_side_gone(h);
+                return true;
+        }
+        return h->uw.fd < 0 || flush(h->uw.fd, &h->to_up, NULL, false);
+}
+
 /* Both sides done and everything written: the end. */
 static void relay_check_end(h2conn *h) {
         if (h->state == S_RELAY && h->u_eof && hb_pending(&h->to_cl) == 0)
                 h2_close(h);
-        else if (h->state == S_RELAY && h->c_eof && hb_pending(&h->to_up) == 0 && h->uw.fd >= 0)
-                (void) shutdown(h->uw.fd, SHUT_WR);
+        else if (h->state == S_RELAY && h->c_eof && hb_pending(&h->to_up) == 0) {
+                if (h->split)
+                        watcher_close(h, &h->ww); /* the connector shuts its socket's write side */
+                else if (h->uw.fd >= 0)
+                        (void) shutdown(h->uw.fd, SHUT_WR);
+        }
 }
 
 static void on_up(server *srv, watcher *w, uint32_t revents) {
         h2conn *h = w->data;
         if (h->closed)
                 return;
+        if (w == &h->ww) {
+                /* gvisor: the connector's stdin */
+                if (revents & (EPOLLERR | EPOLLHUP))
+                        up_write_side_gone(h);
+                else if (revents & EPOLLOUT) {
+                        (void) up_flush(h);
+                        parse_client(h);
+                        if (h->closed)
+                                return;
+                }
+                if (h->state == S_RELAY)
+                        relay_check_end(h);
+                h2_update(h);
+                return;
+        }
         if (h->state == S_CONNECT) {
                 int soerr = 0;
                 socklen_t sl = sizeof soerr;
                 if (getsockopt(w->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0)
                         soerr = errno;
                 if (soerr) {
-                        int fd = h->uw.fd;
-                        loop_del(srv, &h->uw);
-                        close(fd);
-                        h->uw.fd = -1;
-                        char body[256];
-                        snprintf(body, sizeof body,
-                                 "{\"sandboxId\":\"%s\",\"message\":\"The sandbox is running but "
-                                 "port is not open\",\"port\":%u,\"code\":502}",
-                                 h->sbx_id, h->port);
-                        h2_answer(h, h->last_stream, 502, "application/json", body);
+                        watcher_close(h, &h->uw);
+                        answer_closed_port(h, h->first_stream);
                         return;
                 }
-                /* everything read so far, preface first, goes intact */
-                h->state = S_RELAY;
-                h->hraw.len = h->hraw.off = 0;
-                if (hb_append(&h->to_up, h->craw.p + h->craw.off, h->head_parsed) < 0) {
-                        h2_close(h);
-                        return;
-                }
-                h->craw.off += h->head_parsed;
-                h->head_parsed = 0;
-                parse_client(h); /* what came after the first block */
+                relay_begin(h);
                 if (h->closed || h->state != S_RELAY) {
                         h2_update(h);
                         return;
                 }
         }
-        if (revents & EPOLLOUT) {
-                if (!flush(w->fd, &h->to_up, NULL)) {
+        if ((revents & EPOLLOUT) && !h->split) {
+                if (!up_flush(h)) {
                         h2_goaway(h, E_NO_ERROR, "the sandbox's server closed");
                         return;
                 }
@@ -778,7 +890,7 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
                                 h2_close(h);
                                 return;
                         }
-                        ssize_t n = read(w->fd, h->to_cl.p + h->to_cl.len,
+                        ssize_t n = read(h->uw.fd, h->to_cl.p + h->to_cl.len,
                                          h->to_cl.cap - h->to_cl.len);
                         if (n < 0) {
                                 if (errno == EAGAIN || errno == EINTR)
@@ -790,19 +902,28 @@ static void on_up(server *srv, watcher *w, uint32_t revents) {
                                 h->u_eof = true;
                                 break;
                         }
+                        h->u_got = true;
                         h->to_cl.len += (size_t) n;
                         h->to_cl_total += (uint64_t) n;
                         delimit_upstream(h, h->to_cl.p + h->to_cl.len - n, (size_t) n);
                 }
+                if (h->u_eof && h->split && !h->u_got) {
+                        /* the connector exited without a byte of the
+                         * server's: it found the port closed (init/connect.c) */
+                        ingress_closed_note(h->sbx_id, h->port);
+                        watcher_close(h, &h->uw);
+                        watcher_close(h, &h->ww);
+                        answer_closed_port(h, h->first_stream);
+                        return;
+                }
                 if (h->u_eof && h->uw.fd >= 0) {
                         /* nothing more comes; what the client still sends
                          * has nowhere to go */
-                        int fd = h->uw.fd;
-                        loop_del(srv, &h->uw);
-                        close(fd);
+                        watcher_close(h, &h->uw);
+                        watcher_close(h, &h->ww);
                         h->to_up.off = h->to_up.len = 0;
                 }
-                if (h->cw.fd >= 0 && !flush(h->cw.fd, &h->to_cl, &h->to_cl_sent)) {
+                if (h->cw.fd >= 0 && !flush(h->cw.fd, &h->to_cl, &h->to_cl_sent, false)) {
                         h2_close(h);
                         return;
                 }
@@ -816,7 +937,7 @@ static void on_client(server *srv, watcher *w, uint32_t revents) {
         if (h->closed)
                 return;
         if (revents & EPOLLOUT) {
-                if (!flush(w->fd, &h->to_cl, &h->to_cl_sent)) {
+                if (!flush(w->fd, &h->to_cl, &h->to_cl_sent, false)) {
                         h2_close(h);
                         return;
                 }
@@ -870,8 +991,7 @@ static void on_client(server *srv, watcher *w, uint32_t revents) {
                         h2_close(h);
                         return;
                 }
-                if (h->state == S_RELAY && h->uw.fd >= 0 && hb_pending(&h->to_up) > 0 &&
-                    !flush(h->uw.fd, &h->to_up, NULL)) {
+                if (h->state == S_RELAY && hb_pending(&h->to_up) > 0 && !up_flush(h)) {
                         h2_goaway(h, E_NO_ERROR, "the sandbox's server closed");
                         return;
                 }
@@ -967,7 +1087,7 @@ static void on_accept(server *srv, watcher *w, uint32_t revents) {
                 h->state = S_SNIFF;
                 h->addr = ss;
                 h->addrlen = sl;
-                h->uw.fd = -1;
+                h->uw.fd = h->ww.fd = -1;
                 h->cw.cb = on_sniff;
                 h->cw.data = h;
                 h->deadline_ms = wall_ms() + (int64_t) srv->cfg.unauth_timeout_s * 1000;
@@ -1007,6 +1127,13 @@ void ingress_h2_stop(server *srv) {
                 else
                         h2_close(h);
         }
+}
+
+unsigned ingress_h2_connectors_of(const char *sbx_id) {
+        unsigned n = 0;
+        for (h2conn *h = conns; h; h = h->next)
+                n += h->split && h->uw.fd >= 0 && streq(h->sbx_id, sbx_id);
+        return n;
 }
 
 void ingress_h2_sbx_cut(server *srv, const char *sbx_id) {

@@ -24,5 +24,8 @@ void ingress_h2_stop(server *srv);
 int64_t ingress_h2_tick(server *srv, int64_t now);
 /* Close the HTTP/2 connections to a sandbox that ends or pauses. */
 void ingress_h2_sbx_cut(server *srv, const char *sbx_id);
+/* gvisor: the connectors the HTTP/2 connections to a sandbox hold (they
+ * count towards the sandbox's bound, daemon/ingress.c) */
+unsigned ingress_h2_connectors_of(const char *sbx_id);
 /* After the loop's event batch: free what was closed during it. */
 void ingress_h2_reap(void);

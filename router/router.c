@@ -23,6 +23,7 @@
 #include "egress/chunked.h"
 #include "egress/dns.h"
 #include "egress/proxyreq.h"
+#include "net/hpack.h"
 #include "router/rhttp.h"
 #include "router/router.h"
 #include "util/log.h"
@@ -1968,9 +1969,364 @@ static int serve_one(client *c, proxyreq *rq) {
         }
 }
 
+/* ---------------------------------------------------------------- HTTP/2 */
+
+/* h2c with prior knowledge (docs/scale-out.md "HTTP/2"): the first
+ * request's header block names the sandbox port as an HTTP/1.1 request's
+ * Host or E2b-Sandbox-* headers do; the connection, every byte of it from
+ * the preface on, is then relayed to that sandbox's node, which checks
+ * every stream itself (a later stream that names another sandbox ends the
+ * connection with GOAWAY there, docs/api.md). Bounds as the daemon's. */
+#define H2_PREFACE "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#define H2_PREFACE_LEN 24
+#define H2_FRAME_HDR 9
+#define H2_FRAME_MAX 16384 /* SETTINGS_MAX_FRAME_SIZE: the node has not raised it yet */
+#define H2_BLOCK_MAX 65536
+#define H2_BLOCK_FRAMES_MAX 32
+#define H2_HEAD_FRAMES_MAX 64
+#define H2_HEAD_MAX (H2_PREFACE_LEN + H2_BLOCK_MAX + 4 * H2_FRAME_MAX)
+#define H2_DRAIN_MS 2000
+
+typedef struct h2_fields {
+        char authority[300], host[300], sid[64], sport[16], method[32], path[8192];
+        bool bad;
+} h2_fields;
+
+static void h2_copy(char *dst, size_t cap, bool *bad, const char *v, size_t vl) {
+        if (dst[0] || vl >= cap || memchr(v, 0, vl)) {
+                *bad = true; /* repeated, too long, or a NUL */
+                return;
+        }
+        memcpy(dst, v, vl);
+        dst[vl] = 0;
+}
+
+static int h2_field(void *ud, const char *n, size_t nl, const char *v, size_t vl) {
+        h2_fields *f = ud;
+        for (size_t i = 0; i < nl; i++)
+                if (n[i] >= 'A' && n[i] <= 'Z')
+                        f->bad = true; /* RFC 9113 §8.2.1: lowercase on the wire */
+#define IS(s) (nl == sizeof(s) - 1 && memcmp(n, s, nl) == 0)
+        if (IS(":authority"))
+                h2_copy(f->authority, sizeof f->authority, &f->bad, v, vl);
+        else if (IS("host"))
+                h2_copy(f->host, sizeof f->host, &f->bad, v, vl);
+        else if (IS("e2b-sandbox-id"))
+                h2_copy(f->sid, sizeof f->sid, &f->bad, v, vl);
+        else if (IS("e2b-sandbox-port"))
+                h2_copy(f->sport, sizeof f->sport, &f->bad, v, vl);
+        else if (IS(":method"))
+                h2_copy(f->method, sizeof f->method, &f->bad, v, vl);
+        else if (IS(":path"))
+                h2_copy(f->path, sizeof f->path, &f->bad, v, vl);
+#undef IS
+        return 0;
+}
+
+static void h2_frame(buf *b, uint8_t type, uint8_t flags, uint32_t sid, const void *p, size_t n) {
+        uint8_t h[H2_FRAME_HDR] = { (uint8_t) (n >> 16),
+                                    (uint8_t) (n >> 8),
+                                    (uint8_t) n,
+                                    type,
+                                    flags,
+                                    (uint8_t) (sid >> 24 & 0x7f),
+                                    (uint8_t) (sid >> 16),
+                                    (uint8_t) (sid >> 8),
+                                    (uint8_t) sid };
+        buf_add(b, h, sizeof h);
+        if (n)
+                buf_add(b, p, n);
+}
+
+/* Write what b holds, then shut the write side and read (and drop) the
+ * client's bytes until it closes, a while at most: closing with unread
+ * bytes would send a RST, which can destroy the answer unread. */
+static void h2_send_and_drain(client *c, buf *b) {
+        if (write_all(c->fd, b->p, b->len) == 0) {
+                (void) shutdown(c->fd, SHUT_WR);
+                int64_t end = mono_ms() + H2_DRAIN_MS;
+                char tmp[4096];
+                while (mono_ms() < end &&
+                       read_some(c->fd, tmp, sizeof tmp, (int) (end - mono_ms())) > 0) {
+                }
+        }
+        buf_free(b);
+}
+
+/* No stream to answer on: the server preface (an empty SETTINGS), GOAWAY. */
+static void h2_goaway(client *c, uint32_t code, const char *why) {
+        buf b = { 0 };
+        uint8_t p[8 + 128];
+        size_t dl = strlen(why) < 128 ? strlen(why) : 128;
+        for (int i = 0; i < 4; i++) {
+                p[i] = 0;
+                p[4 + i] = (uint8_t) (code >> (24 - 8 * i));
+        }
+        memcpy(p + 8, why, dl);
+        h2_frame(&b, 4, 0, 0, NULL, 0);
+        h2_frame(&b, 7, 0, 0, p, 8 + dl);
+        h2_send_and_drain(c, &b);
+}
+
+/* The router's own answer to the first request (stream sid), as JSON. */
+static void h2_answer(client *c, uint32_t sid, unsigned status, json_t *body) {
+        char *s = json_dumps(body, JSON_COMPACT);
+        json_decref(body);
+        const char *j = s ? s : "{}";
+        size_t n = strlen(j);
+        uint8_t block[256];
+        char st[8], cl[24];
+        snprintf(st, sizeof st, "%u", status);
+        snprintf(cl, sizeof cl, "%zu", n);
+        size_t bl = 0;
+        ssize_t k = hpack_put_literal(block, sizeof block, ":status", st, strlen(st));
+        bl += k > 0 ? (size_t) k : 0;
+        k = hpack_put_literal(block + bl, sizeof block - bl, "content-type", "application/json",
+                              strlen("application/json"));
+        bl += k > 0 ? (size_t) k : 0;
+        k = hpack_put_literal(block + bl, sizeof block - bl, "content-length", cl, strlen(cl));
+        bl += k > 0 ? (size_t) k : 0;
+        uint8_t ga[8] = { (uint8_t) (sid >> 24 & 0x7f),
+                          (uint8_t) (sid >> 16),
+                          (uint8_t) (sid >> 8),
+                          (uint8_t) sid,
+                          0,
+                          0,
+                          0,
+                          0 };
+        buf b = { 0 };
+        h2_frame(&b, 4, 0, 0, NULL, 0);
+        h2_frame(&b, 1, 0x4, sid, block, bl);
+        h2_frame(&b, 0, 0x1, sid, j, n);
+        h2_frame(&b, 7, 0, 0, ga, sizeof ga);
+        free(s);
+        h2_send_and_drain(c, &b);
+}
+
+/* Both ways until both sides ended (a side's end is passed on as a
+ * shutdown of the other's write side), or either failed. */
+static void h2_tunnel(int cfd, int nfd) {
+        char *tmp = malloc(RELAY_BUF);
+        bool open[2] = { true, true }; /* reading from cfd, from nfd */
+        int fds[2] = { cfd, nfd };
+        while (tmp && (open[0] || open[1])) {
+                struct pollfd p[2] = { { .fd = open[0] ? cfd : -1, .events = POLLIN },
+                                       { .fd = open[1] ? nfd : -1, .events = POLLIN } };
+                if (poll(p, 2, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        break;
+                }
+                bool failed = false;
+                for (int i = 0; i < 2 && !failed; i++) {
+                        if (!p[i].revents)
+                                continue;
+                        ssize_t t = recv(fds[i], tmp, RELAY_BUF, 0);
+                        if (t < 0 && errno == EINTR)
+                                continue;
+                        if (t <= 0) {
+                                open[i] = false;
+                                (void) shutdown(fds[1 - i], SHUT_WR);
+                                failed = t < 0;
+                                continue;
+                        }
+                        failed = write_all(fds[1 - i], tmp, (size_t) t) < 0;
+                }
+                if (failed)
+                        break;
+        }
+        free(tmp);
+}
+
+/* The connection began with the preface (read into c->in). */
+static void serve_h2(client *c) {
+        buf in = { 0 };
+        buf_add(&in, c->in, c->in_len);
+        c->in_len = 0;
+        size_t at = H2_PREFACE_LEN, bl_frames = 0, head_frames = 0;
+        uint32_t hstream = 0;
+        buf block = { 0 };
+        hpack_decoder hp;
+        h2_fields *f = calloc(1, sizeof *f);
+        bool hp_ok = hpack_decoder_init(&hp, 65536) == 0;
+        int64_t deadline = mono_ms() + FIRST_IDLE_MS;
+        if (!f || !hp_ok)
+                goto out;
+        for (;;) {
+                /* whole frames at in[at..] */
+                while (in.len - at >= H2_FRAME_HDR) {
+                        const uint8_t *p = (const uint8_t *) in.p + at;
+                        size_t len = (size_t) p[0] << 16 | (size_t) p[1] << 8 | p[2];
+                        uint8_t type = p[3], flags = p[4];
+                        uint32_t sid = ((uint32_t) p[5] << 24 | (uint32_t) p[6] << 16 |
+                                        (uint32_t) p[7] << 8 | p[8]) &
+                                0x7fffffffu;
+                        if (len > H2_FRAME_MAX) {
+                                h2_goaway(c, 6, "frame too large");
+                                goto out;
+                        }
+                        if (in.len - at < H2_FRAME_HDR + len)
+                                break;
+                        at += H2_FRAME_HDR + len;
+                        if (bl_frames && (type != 9 || sid != hstream)) {
+                                h2_goaway(c, 1, "a header block interrupted");
+                                goto out;
+                        }
+                        if (type != 1 && type != 9) {
+                                if ((type != 4 && type != 8 && type != 2 && type != 6) ||
+                                    ++head_frames > H2_HEAD_FRAMES_MAX) {
+                                        h2_goaway(c, 1, "unexpected frame before the first request");
+                                        goto out;
+                                }
+                                continue;
+                        }
+                        const uint8_t *frag = p + H2_FRAME_HDR;
+                        size_t fl = len;
+                        if (type == 9 && !bl_frames) {
+                                h2_goaway(c, 1, "CONTINUATION without HEADERS");
+                                goto out;
+                        }
+                        if (type == 1) {
+                                size_t pad = 0, off = 0;
+                                if (flags & 0x8) {
+                                        pad = len ? frag[0] : 0;
+                                        off = 1;
+                                }
+                                if (flags & 0x20)
+                                        off += 5;
+                                if (sid == 0 || !(sid & 1) || off + pad > len) {
+                                        h2_goaway(c, 1, "bad HEADERS frame");
+                                        goto out;
+                                }
+                                frag += off;
+                                fl = len - off - pad;
+                                hstream = sid;
+                        }
+                        if (++bl_frames > H2_BLOCK_FRAMES_MAX || block.len + fl > H2_BLOCK_MAX) {
+                                h2_goaway(c, 0xb, "header block too large (CONTINUATION flood)");
+                                goto out;
+                        }
+                        buf_add(&block, frag, fl);
+                        if (!(flags & 0x4))
+                                continue;
+                        int r = hpack_decode(&hp, (const uint8_t *) block.p, block.len, 65536,
+                                             h2_field, f);
+                        if (r < 0) {
+                                h2_goaway(c, r == -E2BIG ? 0xb : 9,
+                                          r == -E2BIG ? "header list too large" : "bad header block");
+                                goto out;
+                        }
+                        goto routed;
+                }
+                if (in.len > H2_HEAD_MAX) {
+                        h2_goaway(c, 0xb, "too much before the first request");
+                        goto out;
+                }
+                char tmp[16384];
+                int to = (int) (deadline - mono_ms());
+                ssize_t k = to > 0 ? read_some(c->fd, tmp, sizeof tmp, to) : -ETIMEDOUT;
+                if (k == -ETIMEDOUT) {
+                        h2_goaway(c, 0, "no request in time");
+                        goto out;
+                }
+                if (k <= 0)
+                        goto out;
+                buf_add(&in, tmp, (size_t) k);
+        }
+routed:;
+        const char *host = f->authority[0] ? f->authority : f->host[0] ? f->host : NULL;
+        rroute rt;
+        if (f->bad) {
+                h2_answer(c, hstream, 400,
+                          json_pack("{s:i, s:s}", "code", 400, "message", "malformed request fields"));
+                goto out;
+        }
+        rroute_decide(f->method[0] ? f->method : "GET", f->path[0] ? f->path : "/", host,
+                      f->sid[0] ? f->sid : NULL, f->sport[0] ? f->sport : NULL, &rt);
+        atomic_fetch_add(&m_requests[rt.kind], 1);
+        node *n = NULL;
+        if (rt.kind == RR_SANDBOX) {
+                n = node_by_id(rt.node);
+                if (!n) {
+                        atomic_fetch_add(&m_no_node, 1);
+                        char msg[200];
+                        snprintf(msg, sizeof msg,
+                                 "sandbox %s: its node %s is not reachable (down, or unknown to this router)",
+                                 rt.id, rt.node);
+                        h2_answer(c, hstream, 502,
+                                  json_pack("{s:s, s:s, s:i}", "sandboxId", rt.id, "message", msg,
+                                            "code", 502));
+                        goto out;
+                }
+        } else if (rt.kind == RR_BAD) {
+                h2_answer(c, hstream, 502,
+                          json_pack("{s:s, s:s, s:i}", "sandboxId", "", "message",
+                                    "The sandbox was not found: not a sandbox id", "code", 502));
+                goto out;
+        } else {
+                /* no sandbox named: any node answers as the daemon does
+                 * (HTTP/2 serves sandbox ports only) */
+                node *up[NODES_MAX];
+                if (nodes_up(up, NODES_MAX) == 0) {
+                        h2_answer(c, hstream, 503,
+                                  json_pack("{s:i, s:s}", "code", 503, "message",
+                                            "no hutch node is up"));
+                        goto out;
+                }
+                n = up[0];
+        }
+        int nfd = dial(n);
+        if (nfd < 0) {
+                node_mark_down(n, strerror(-nfd));
+                atomic_fetch_add(&n->failures, 1);
+                char msg[200];
+                snprintf(msg, sizeof msg, "sandbox %s: its node %s did not answer (%s)", rt.id,
+                         n->id, strerror(-nfd));
+                h2_answer(c, hstream, 502,
+                          json_pack("{s:s, s:s, s:i}", "sandboxId", rt.id, "message", msg, "code",
+                                    502));
+                goto out;
+        }
+        atomic_fetch_add(&n->forwarded, 1);
+        /* everything read, the preface first, goes to the node intact */
+        if (write_all(nfd, in.p, in.len) == 0) {
+                buf_free(&in);
+                h2_tunnel(c->fd, nfd);
+        }
+        close(nfd);
+out:
+        if (hp_ok)
+                hpack_decoder_done(&hp);
+        free(f);
+        buf_free(&block);
+        buf_free(&in);
+}
+
+/* A new connection: whether it opens with the HTTP/2 preface. 1: it does,
+ * 0: not (what was read stays in c->in for serve_one), -1: closed. */
+static int sniff_h2(client *c) {
+        int64_t deadline = mono_ms() + FIRST_IDLE_MS;
+        while (c->in_len < H2_PREFACE_LEN) {
+                int to = (int) (deadline - mono_ms());
+                if (to <= 0)
+                        return -1;
+                ssize_t k = read_some(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, to);
+                if (k <= 0)
+                        return -1;
+                c->in_len += (size_t) k;
+                size_t cmp = c->in_len < H2_PREFACE_LEN ? c->in_len : H2_PREFACE_LEN;
+                if (memcmp(c->in, H2_PREFACE, cmp) != 0)
+                        return 0;
+        }
+        return 1;
+}
+
 static void *client_thread(void *arg) {
         client *c = arg;
-        proxyreq *rq = malloc(sizeof *rq);
+        int h2 = sniff_h2(c);
+        if (h2 > 0)
+                serve_h2(c);
+        proxyreq *rq = h2 == 0 ? malloc(sizeof *rq) : NULL;
         while (rq) {
                 int r = serve_one(c, rq);
                 if (r < 0 || c->close_after)

@@ -10,6 +10,7 @@ python3-h2 (the host template's /usr has it). Paths:
 
 Every request's :authority and path are appended to the log file (argv[2]).
 """
+import select
 import socket
 import sys
 import threading
@@ -101,16 +102,19 @@ class Conn:
         else:
             self.h2.initiate_connection()
             self.send_out()
-        self.sock.settimeout(0.1)
+        # blocking sends (a timeout on the socket would cut a sendall to a
+        # slow reader, such as gvisor's connector); the timers' 0.1 s
+        # tick comes from select
+        self.sock.settimeout(None)
         while True:
             now = time.monotonic()
             for due, sid in [t for t in self.timers if t[0] <= now]:
                 self.timers.remove((due, sid))
                 self.respond(sid, 200, b"slow done")
+            if not select.select([self.sock], [], [], 0.1)[0]:
+                continue
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
-                continue
             except OSError:
                 return
             if not data:

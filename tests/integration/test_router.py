@@ -485,3 +485,126 @@ def test_a_team_limit_holds_across_the_nodes(cluster):
     finally:
         for c, sid in made:
             c.kill(sid)
+
+
+# ------------------------------------------------------------ HTTP/2
+
+H2_SERVER = Path(__file__).resolve().parent.parent / "helpers" / "h2_server.py"
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _h2_frame(ftype, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", sid) + payload
+
+
+def _h2_frames(s: socket.socket, timeout: float = 10, buf: bytes = b"") -> list:
+    """Frames (buf's, then what comes) until the other side closes: (type,
+    flags, stream, payload)."""
+    out = []
+    s.settimeout(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            b = s.recv(65536)
+        except (socket.timeout, ConnectionResetError):
+            break
+        if not b:
+            break
+        buf += b
+    while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+        n = int.from_bytes(buf[:3], "big")
+        out.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7fffffff, buf[9:9 + n]))
+        buf = buf[9 + n:]
+    return out
+
+
+def test_router_forwards_h2c_prior_knowledge(cluster):
+    """h2c with prior knowledge through the router: the first request's
+    :authority (<port>-<id>.<domain>) or e2b-sandbox-id and -port pick the
+    node, as Host and E2b-Sandbox-* do for HTTP/1.1, and the connection is
+    relayed to it whole; what the router cannot route is answered in
+    HTTP/2; a later stream that names a sandbox of another node is refused
+    by the node (GOAWAY) before either sandbox sees it; HTTP/1.1 on the same
+    port is as before."""
+    import hpack
+
+    for i in (1, 2):
+        cluster.add_node(i)
+    _, port = cluster.start_router()
+    rc = cluster.client(port)
+    by_node: dict[str, dict] = {}
+    for _ in range(10):
+        sb = rc.create()
+        by_node.setdefault(sb["sandboxID"][:4], sb)
+        if len(by_node) == 2:
+            break
+    assert set(by_node) == {"nd01", "nd02"}, by_node
+    for sb in by_node.values():
+        assert rc.upload(sb, "/tmp/h2s.py", H2_SERVER.read_bytes()).status == 200
+        end, _, err, _ = rc.run(sb, "(setsid python3 /tmp/h2s.py 8000 /tmp/h2.log >/dev/null 2>/tmp/h2.err &)")
+        assert end.get("exitCode", 0) == 0, err
+
+    def curl(host, *args, mode="--http2-prior-knowledge"):
+        return subprocess.run(["curl", "-sS", "--max-time", "20", mode, "-o", "-", "-w",
+                               "\n%{http_code} %{http_version}", "-H", f"Host: {host}", *args,
+                               f"http://127.0.0.1:{port}/hello"], capture_output=True, timeout=60)
+
+    def h2log(sb):
+        _, out, _, _ = rc.run(sb, "cat /tmp/h2.log 2>/dev/null; : > /tmp/h2.log")
+        return out.decode()
+
+    for sb in by_node.values():
+        host = f"8000-{sb['sandboxID']}.sbx.hutch.test"
+        wait_until(lambda: curl(host).stdout.endswith(b"\n200 2"), 20, "the sandbox's h2 server")
+        out = curl(host).stdout.decode()
+        assert out.startswith(f"hello h2 {host}"), out
+        r = curl("router.hutch.test", "-H", f"E2b-Sandbox-Id: {sb['sandboxID']}", "-H", "E2b-Sandbox-Port: 8000")
+        assert r.stdout.decode().endswith("\n200 2"), r
+        assert curl(host, mode="--http1.1").stdout.decode().endswith("\n200 1.1")
+
+    # a node no router knows: HTTP/2's answer, the data plane's body
+    r = curl("8000-zzzzaaaaaaaaaaaaaaaa.sbx.hutch.test")
+    out = r.stdout.decode()
+    assert out.endswith("\n502 2") and "zzzz" in out, (out, r.stderr)
+
+    # a second stream that names the other node's sandbox
+    a, b = by_node["nd01"], by_node["nd02"]
+    h2log(a)
+    h2log(b)
+    enc = hpack.Encoder()
+
+    def req(sid, sb, path):
+        block = enc.encode([(":method", "GET"), (":scheme", "http"), (":path", path),
+                            (":authority", f"8000-{sb['sandboxID']}.sbx.hutch.test")])
+        return _h2_frame(1, 0x5, sid, block)
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(H2_PREFACE + _h2_frame(4, 0, 0) + req(1, a, "/hello"))
+    # stream 1 answered (its DATA with END_STREAM) before stream 3 goes
+    seen = b""
+    deadline = time.monotonic() + 20
+    while b"hello h2" not in seen:
+        assert time.monotonic() < deadline, seen
+        seen += s.recv(65536)
+    s.sendall(req(3, b, "/hello?other"))
+    fr = _h2_frames(s, buf=seen)
+    s.close()
+    ga = [f for f in fr if f[0] == 7]
+    assert ga and struct.unpack(">II", ga[-1][3][:8]) == (1, 1), fr
+    assert not [f for f in fr if f[2] == 3], fr
+    assert "other" not in h2log(a) and h2log(b) == ""
+
+    # hostile first requests end at the router with GOAWAY, no node involved
+    for bad in (_h2_frame(0, 1, 1, b"x"), _h2_frame(1, 0x5, 1, b"\x00" * 20000),
+                _h2_frame(1, 0x5, 1, b"\xff\x10")):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            s.sendall(H2_PREFACE + _h2_frame(4, 0, 0) + bad)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        fr = _h2_frames(s)
+        s.close()
+        ga = [f for f in fr if f[0] == 7]
+        assert ga and struct.unpack(">I", ga[-1][3][4:8])[0] != 0, fr
+        assert not [f for f in fr if f[0] in (0, 1)], fr
+    assert _health(port).get("nodesUp") == 2
