@@ -172,13 +172,13 @@ int verb_usage(int argc, char **argv) {
         /* the storage ledger: volumes and snapshots, one line each */
         json_t *srows = json_object_get(json_object_get(rep, "storage"), "rows");
         if (json_array_size(srows) > 0) {
-                printf("\n%-9s %-38s %-20s %14s %12s %s\n", "STORAGE", "ID", "NAME", "KIB-S", "PEAK-KIB",
+                printf("\n%-10s %-38s %-20s %14s %12s %s\n", "STORAGE", "ID", "NAME", "KIB-S", "PEAK-KIB",
                        "ENDED");
                 int64_t tk = 0, tp = 0;
                 json_array_foreach(srows, i, row) {
                         int64_t kib_s = geti(row, "kib_ms") / 1000, peak = geti(row, "bytes_peak") >> 10;
                         const char *ended = json_string_value(json_object_get(row, "endedAt"));
-                        printf("%-9s %-38s %-20s %14lld %12lld %s\n",
+                        printf("%-10s %-38s %-20s %14lld %12lld %s\n",
                                json_string_value(json_object_get(row, "kind")),
                                json_string_value(json_object_get(row, "id")),
                                json_string_value(json_object_get(row, "name")), (long long) kib_s,
@@ -186,7 +186,7 @@ int verb_usage(int argc, char **argv) {
                         tk += kib_s;
                         tp = MAX(tp, peak);
                 }
-                printf("%-9s %-38s %-20s %14lld %12lld\n", "TOTAL", "", "", (long long) tk, (long long) tp);
+                printf("%-10s %-38s %-20s %14lld %12lld\n", "TOTAL", "", "", (long long) tk, (long long) tp);
         }
         json_decref(rep);
         return 0;

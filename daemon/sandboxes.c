@@ -1024,7 +1024,7 @@ void save_sandbox_extra(server *srv, sbx *sb) {
  * runtime is gone, its memory freed. */
 #define PAUSE_IMAGE_MAX (1ull << 42)
 
-static void pause_image_path(server *srv, const char *id, char *buf, size_t n) {
+void sbx_pause_image_path(server *srv, const char *id, char *buf, size_t n) {
         snprintf(buf, n, "%s/paused/%s.seal", srv->cfg.data_dir, id);
 }
 
@@ -1034,13 +1034,13 @@ static void pause_context(const sbx *sb, char *buf, size_t n) {
 
 static void pause_image_remove(server *srv, const char *id) {
         char path[PATH_MAX];
-        pause_image_path(srv, id, path, sizeof path);
+        sbx_pause_image_path(srv, id, path, sizeof path);
         (void) unlink(path);
 }
 
 int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err) {
         char path[PATH_MAX], ctx[160], why[256] = "";
-        pause_image_path(srv, sb->id, path, sizeof path);
+        sbx_pause_image_path(srv, sb->id, path, sizeof path);
         pause_context(sb, ctx, sizeof ctx);
         int in = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (in < 0)
@@ -1087,7 +1087,7 @@ static int pause_to_disk(server *srv, sbx *sb, hutch_error *err) {
         /* what ran through the old relay is gone with it */
         sbx_detach_all(srv, sb);
         egress_sbx_stop(srv, sb);
-        pause_image_path(srv, sb->id, final, sizeof final);
+        sbx_pause_image_path(srv, sb->id, final, sizeof final);
         char ctx[160], why[256] = "";
         pause_context(sb, ctx, sizeof ctx);
         r = sealed_file_write(srv, lfd, final, ctx, NULL, why, sizeof why);
@@ -1143,6 +1143,7 @@ int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
         if (r < 0)
                 return r;
         sb->paused = true;
+        usage_storage_changed(srv); /* a gvisor checkpoint on disk is billed from now */
         /* open streams end without an end frame: the SDK reports a timeout */
         sbx_cut_streams(srv, sb);
         for (stream *st = srv->streams; st; st = st->next)
@@ -1223,6 +1224,7 @@ int sbx_resume(server *srv, sbx *sb, bool cold, hutch_error *err) {
         if (r < 0)
                 return r;
         sb->paused = false;
+        usage_storage_changed(srv); /* its checkpoint's row closes */
         if (cold || sb->cold_resume) {
                 if (sb->procs_pending)
                         sb->procs_pending = false; /* nothing to find again: it is all killed */

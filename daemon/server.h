@@ -433,6 +433,8 @@ int sbx_readopt_all(server *srv);
 int64_t sbx_timers(server *srv, int64_t now); /* runs what is due; returns the next due time or -1 */
 void sbx_sample(server *srv, sbx *sb, int64_t now);
 int sbx_live_count(server *srv, int64_t team);
+/* Where a gvisor sandbox paused to disk keeps its sealed checkpoint. */
+void sbx_pause_image_path(server *srv, const char *id, char *buf, size_t n);
 void sbx_token_derive(server *srv, const char *id, const char *nonce, char ret[64]);
 json_t *sbx_to_json(sbx *sb, bool detail);
 void sbx_free_all(server *srv);

@@ -147,14 +147,24 @@ void usage_sandbox_end(server *srv, const sbx *sb) {
 
 /* A volume's bytes on the host's disk: its sparse image's allocated
  * blocks (what the team's files, and ext4's own metadata, really take). */
-static int64_t volume_bytes(void *arg, const char *id) {
+static int64_t object_bytes(void *arg, const char *kind, const char *id) {
         server *srv = arg;
         char p[PATH_MAX];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/volumes/%s.img", srv->cfg.data_dir, id);
-        if (stat(p, &st) < 0)
+        if (streq(kind, "volume")) {
+                struct stat st;
+                snprintf(p, sizeof p, "%s/volumes/%s.img", srv->cfg.data_dir, id);
+                if (stat(p, &st) < 0)
+                        return -1;
+                return (int64_t) st.st_blocks * 512;
+        }
+        /* a paused sandbox: billed only while its memory and layer are a
+         * checkpoint on disk (gvisor); an ns pause keeps them in RAM */
+        sbx *sb = sbx_find(srv, id);
+        if (!sb || !sb->paused || !sb->h || !hutch_sandbox_is_suspended(sb->h))
                 return -1;
-        return (int64_t) st.st_blocks * 512;
+        sbx_pause_image_path(srv, id, p, sizeof p);
+        struct stat st;
+        return stat(p, &st) < 0 ? -1 : (int64_t) st.st_blocks * 512;
 }
 
 void usage_storage_changed(server *srv) {
@@ -170,7 +180,7 @@ static void storage_tick(server *srv, struct daemon_usage *u, int64_t now) {
         u->next_storage_ms = now + (int64_t) srv->cfg.metrics_interval_s * 1000;
         hutch_error err = { 0 };
         int64_t t0 = clock_ns(CLOCK_MONOTONIC);
-        if (meter_storage_sample(srv->store, now, volume_bytes, srv, &err) < 0) {
+        if (meter_storage_sample(srv->store, now, object_bytes, srv, &err) < 0) {
                 log_debug("usage: storage: %s (trying again)", err.msg);
                 u->next_storage_ms = now + USAGE_FLUSH_MS;
         } else
@@ -313,7 +323,7 @@ static json_t *storage_counters_json(int64_t kib_ms, int64_t bytes_peak) {
 
 typedef struct storage_report {
         json_t *rows;
-        int64_t kib_ms[2], peak[2]; /* [0] volumes, [1] snapshots */
+        int64_t kib_ms[3], peak[3]; /* [0] volumes, [1] snapshots, [2] paused sandboxes' checkpoints */
 } storage_report;
 
 static int storage_add(void *arg, const meter_storage *r) {
@@ -332,7 +342,7 @@ static int storage_add(void *arg, const meter_storage *r) {
         json_object_set_new(o, "endedAt", r->ended_ms ? json_string(b) : json_null());
         if (json_array_append_new(x->rows, o) < 0)
                 return -ENOMEM;
-        int k = streq(r->kind, "volume") ? 0 : 1;
+        int k = streq(r->kind, "volume") ? 0 : streq(r->kind, "snapshot") ? 1 : 2;
         x->kib_ms[k] += r->kib_ms;
         x->peak[k] = MAX(x->peak[k], r->bytes_peak);
         return 0;
@@ -346,9 +356,10 @@ static json_t *storage_report_json(hutch_store *st, int64_t team, int64_t since_
                 json_decref(x.rows);
                 return NULL;
         }
-        return json_pack("{s:o, s:{s:o, s:o}}", "rows", x.rows, "total", "volumes",
+        return json_pack("{s:o, s:{s:o, s:o, s:o}}", "rows", x.rows, "total", "volumes",
                          storage_counters_json(x.kib_ms[0], x.peak[0]), "snapshots",
-                         storage_counters_json(x.kib_ms[1], x.peak[1]));
+                         storage_counters_json(x.kib_ms[1], x.peak[1]), "checkpoints",
+                         storage_counters_json(x.kib_ms[2], x.peak[2]));
 }
 
 json_t *usage_report(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,

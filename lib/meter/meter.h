@@ -77,15 +77,20 @@ typedef struct meter_storage {
         int64_t kib_ms; /* KiB·ms: ÷ 1024² ÷ 3.6e6 for GiB-hours */
 } meter_storage;
 
-/* Samples every live volume and snapshot at now in one transaction: a row
- * is opened for a new one (integrated from its creation), advanced with
- * the bytes it holds now, and closed at now for one that is gone. A
- * volume's bytes come from volume_bytes (its image's allocated blocks; < 0:
- * keep the last value); a snapshot's from its row in the store. A row is
- * written only when its bytes change (or it opens or closes). Returns the
- * number of rows closed. */
-int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(void *arg, const char *id),
-                         void *arg, hutch_error *err);
+/* Samples every live volume and snapshot, and every paused sandbox's
+ * checkpoint, at now in one transaction: a row is opened for a new one
+ * (integrated from its creation; a checkpoint from now), advanced with the
+ * bytes it holds now, and closed at now for one that is gone. A volume's
+ * and a checkpoint's bytes come from object_bytes(arg, kind, id) (< 0: a
+ * volume keeps its last value; a paused sandbox without a checkpoint on
+ * disk, an ns one whose memory stays in RAM, has no row); a snapshot's from
+ * its row in the store. A sandbox paused again reopens its checkpoint row
+ * (one row a sandbox, its paused time summed). A row is written only when
+ * its bytes change (or it opens or closes). Returns the number of rows
+ * closed. */
+int meter_storage_sample(hutch_store *st, int64_t now,
+                         int64_t (*object_bytes)(void *arg, const char *kind, const char *id), void *arg,
+                         hutch_error *err);
 /* Rows of a team (-1: all) that overlap [since, until) (0: open), by start;
  * an open row's kib_ms runs to now_ms at its last bytes (rows are written
  * only when their bytes change). */

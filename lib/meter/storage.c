@@ -12,13 +12,17 @@
 #define SCOLS "kind, object_id, team_id, name, started_ms, ended_ms, updated_ms, bytes, bytes_peak, kib_ms"
 
 
-static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void *arg, const char *id),
-                          void *arg, hutch_error *err) {
+static int sample_objects(sqlite3 *db, int64_t now,
+                          int64_t (*object_bytes)(void *arg, const char *kind, const char *id), void *arg,
+                          hutch_error *err) {
         _cleanup_(meter_finalizep) sqlite3_stmt *q = NULL, *up = NULL;
         if (sqlite3_prepare_v2(db,
                                "SELECT 'volume', id, team_id, name, created_ms, 0 FROM volumes"
                                " WHERE deleting_ms = 0"
-                               " UNION ALL SELECT 'snapshot', id, team_id, name, created_ms, bytes FROM snapshots",
+                               " UNION ALL SELECT 'snapshot', id, team_id, name, created_ms, bytes FROM snapshots"
+                               /* state 2: paused; a checkpoint row runs from its first sample */
+                               " UNION ALL SELECT 'checkpoint', id, team_id, alias, ?1, 0 FROM sandboxes"
+                               " WHERE state = 2",
                                -1, &q, NULL) != SQLITE_OK)
                 return meter_fail(db, err, "reading volumes and snapshots");
         /* a new row is integrated from the object's creation (a sample
@@ -30,8 +34,12 @@ static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void
                     " VALUES (?1, ?2, ?3, ?4, ?5, 0, max(?5, ?6), max(?7, 0), max(?7, 0),"
                     "  max(0, ?6 - ?5) * (max(?7, 0) / 1024))"
                     " ON CONFLICT (kind, object_id) DO UPDATE SET"
-                    "  kib_ms = kib_ms + max(0, ?6 - updated_ms) * (bytes / 1024),"
+                    /* a closed checkpoint row reopens: the sandbox is paused
+                     * again, and the time it ran in between costs nothing */
+                    "  kib_ms = kib_ms + CASE WHEN ended_ms = 0 THEN max(0, ?6 - updated_ms) * (bytes / 1024)"
+                    "   ELSE 0 END,"
                     "  updated_ms = max(updated_ms, ?6),"
+                    "  ended_ms = 0,"
                     "  bytes = ?7,"
                     "  bytes_peak = max(bytes_peak, ?7),"
                     "  name = ?4"
@@ -39,17 +47,21 @@ static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void
                      * time at the same bytes is added when it is read (and
                      * here, at the next change), so an idle volume or a
                      * snapshot costs no database write a sample */
-                    " WHERE ended_ms = 0 AND ?7 >= 0 AND (bytes != ?7 OR name != ?4)",
+                    " WHERE ?7 >= 0 AND ((ended_ms = 0 AND (bytes != ?7 OR name != ?4))"
+                    "  OR (ended_ms != 0 AND kind = 'checkpoint'))",
                     -1, &up, NULL) != SQLITE_OK)
                 return meter_fail(db, err, "writing storage usage");
         int rc;
+        sqlite3_bind_int64(q, 1, now);
         while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
                 char kind[16], id[64];
                 meter_text(q, 0, kind, sizeof kind);
                 meter_text(q, 1, id, sizeof id);
                 int64_t bytes = sqlite3_column_int64(q, 5);
-                if (streq(kind, "volume"))
-                        bytes = volume_bytes ? volume_bytes(arg, id) : -1;
+                if (!streq(kind, "snapshot"))
+                        bytes = object_bytes ? object_bytes(arg, kind, id) : -1;
+                if (bytes < 0 && streq(kind, "checkpoint"))
+                        continue; /* paused with its memory in RAM: no checkpoint to bill */
                 sqlite3_reset(up);
                 sqlite3_bind_text(up, 1, kind, -1, SQLITE_TRANSIENT);
                 sqlite3_bind_text(up, 2, id, -1, SQLITE_TRANSIENT);
@@ -66,12 +78,13 @@ static int sample_objects(sqlite3 *db, int64_t now, int64_t (*volume_bytes)(void
         return 0;
 }
 
-int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(void *arg, const char *id),
-                         void *arg, hutch_error *err) {
+int meter_storage_sample(hutch_store *st, int64_t now,
+                         int64_t (*object_bytes)(void *arg, const char *kind, const char *id), void *arg,
+                         hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
         if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
                 return meter_fail(db, err, "BEGIN");
-        int r = sample_objects(db, now, volume_bytes, arg, err);
+        int r = sample_objects(db, now, object_bytes, arg, err);
         int closed = 0;
         if (r >= 0) {
                 /* gone (deleted, or a volume being deleted): closed at now,
@@ -83,7 +96,10 @@ int meter_storage_sample(hutch_store *st, int64_t now, int64_t (*volume_bytes)(v
                             " updated_ms = max(updated_ms, ?1), ended_ms = max(updated_ms, ?1)"
                             " WHERE ended_ms = 0 AND ((kind = 'volume' AND object_id NOT IN"
                             "  (SELECT id FROM volumes WHERE deleting_ms = 0))"
-                            " OR (kind = 'snapshot' AND object_id NOT IN (SELECT id FROM snapshots)))",
+                            " OR (kind = 'snapshot' AND object_id NOT IN (SELECT id FROM snapshots))"
+                            /* resumed, or ended: its checkpoint is gone */
+                            " OR (kind = 'checkpoint' AND object_id NOT IN"
+                            "  (SELECT id FROM sandboxes WHERE state = 2)))",
                             -1, &s, NULL) != SQLITE_OK)
                         r = meter_fail(db, err, "closing storage usage");
                 else {

@@ -302,6 +302,28 @@ static const char *const migrations[] = {
         "ALTER TABLE usage ADD COLUMN gpus INTEGER NOT NULL DEFAULT 0;"
         "ALTER TABLE usage ADD COLUMN gpu_ms INTEGER NOT NULL DEFAULT 0;"
         "ALTER TABLE usage ADD COLUMN gpu_memory_peak_bytes INTEGER;",
+
+        /* 11: the storage ledger also bills the sealed checkpoint a paused
+         * gvisor sandbox is on disk (kind 'checkpoint', the sandbox's id):
+         * SQLite changes a CHECK only by making the table again */
+        "CREATE TABLE storage_usage_new ("
+        "  kind TEXT NOT NULL CHECK (kind IN ('volume', 'snapshot', 'checkpoint')),"
+        "  object_id TEXT NOT NULL,"
+        "  team_id INTEGER NOT NULL,"
+        "  name TEXT NOT NULL DEFAULT '',"
+        "  started_ms INTEGER NOT NULL,"
+        "  ended_ms INTEGER NOT NULL DEFAULT 0,"
+        "  updated_ms INTEGER NOT NULL,"
+        "  bytes INTEGER NOT NULL DEFAULT 0,"
+        "  bytes_peak INTEGER NOT NULL DEFAULT 0,"
+        "  kib_ms INTEGER NOT NULL DEFAULT 0,"
+        "  PRIMARY KEY (kind, object_id)"
+        ") WITHOUT ROWID;"
+        "INSERT INTO storage_usage_new SELECT kind, object_id, team_id, name, started_ms, ended_ms, updated_ms,"
+        "  bytes, bytes_peak, kib_ms FROM storage_usage;"
+        "DROP TABLE storage_usage;"
+        "ALTER TABLE storage_usage_new RENAME TO storage_usage;"
+        "CREATE INDEX storage_usage_team ON storage_usage(team_id, started_ms);",
 };
 
 int store_schema_version(void) {

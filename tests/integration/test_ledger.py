@@ -18,6 +18,8 @@ import sqlite3
 import subprocess
 import time
 
+import pytest
+
 import hutchtest
 from serveclient import ServeDaemon
 
@@ -242,3 +244,51 @@ def test_storage_ledger_bills_volumes_and_snapshots(sandboxed_hutch, tmp_path):
     assert cp.returncode == 0, cp.stderr
     text = cp.stdout.decode()
     assert "STORAGE" in text and vol["volumeID"] in text and snap in text, text
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/runsc", os.X_OK), reason="runsc is not installed")
+def test_storage_ledger_bills_a_paused_gvisor_sandboxs_checkpoint(sandboxed_hutch, tmp_path):
+    """A gvisor pause writes the sandbox's memory and layer to disk: the
+    storage ledger bills that checkpoint (kind `checkpoint`, the sandbox's
+    id) while it is paused, at the checkpoint's bytes on disk; a resume
+    closes the row, a second pause reopens it without counting the time it
+    ran in between; an ns pause (memory kept in RAM) has no row."""
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--metrics-interval", "1s"])
+    d.start()
+    try:
+        gv = d.create(metadata={"hutch.backend": "gvisor"}, timeout=120)
+        ns = d.create(timeout=120)
+        gid = gv["sandboxID"]
+        for sb in (gv, ns):
+            assert d.request("POST", f"/sandboxes/{sb['sandboxID']}/pause", {}, timeout=120).status == 204
+
+        def row():
+            rows = [x for x in _storage(d)["rows"] if x["kind"] == "checkpoint"]
+            assert all(x["id"] == gid for x in rows), rows   # none for the ns pause
+            return rows[0] if rows else None
+        assert hutchtest.wait_until(lambda: row() is not None and row()["bytes"] > 0, 15), _storage(d)
+        ckpt = (data / "paused" / f"{gid}.seal").stat().st_blocks * 512   # the sealed checkpoint
+        first = row()
+        assert first["endedAt"] is None and abs(first["bytes"] - ckpt) <= ckpt // 10 + 65536, (first, ckpt)
+        time.sleep(2)
+        grown = row()
+        # KiB·ms at the checkpoint's size: about 2 s of it (a sample is up to 1 s late)
+        assert 1000 * (grown["bytes"] // 1024) <= grown["kib_ms"] - first["kib_ms"] <= 4000 * (grown["bytes"] // 1024), \
+            (first, grown)
+        r = d.request("POST", f"/sandboxes/{gid}/connect", {"timeout": 300}, timeout=120)
+        assert r.status == 201, r
+        assert hutchtest.wait_until(lambda: row()["endedAt"] is not None, 15), row()
+        closed = row()
+        time.sleep(2)
+        assert row()["kib_ms"] == closed["kib_ms"], "a running sandbox's checkpoint row grew"
+        # paused again: the same row goes on, without the 2 s it ran
+        assert d.request("POST", f"/sandboxes/{gid}/pause", {}, timeout=120).status == 204
+        assert hutchtest.wait_until(lambda: row()["endedAt"] is None, 15), row()
+        again = row()
+        assert again["kib_ms"] - closed["kib_ms"] < 1500 * (again["bytes"] // 1024), (closed, again)
+        total = _storage(d)["total"]["checkpoints"]
+        assert total["kib_ms"] >= again["kib_ms"] and total["bytes_peak"] == max(x["bytes_peak"] for x in [again]), total
+    finally:
+        d.stop()
