@@ -1971,7 +1971,7 @@ static int serve_one(client *c, proxyreq *rq) {
 
 /* ---------------------------------------------------------------- HTTP/2 */
 
-/* h2c with prior knowledge (docs/scale-out.md "HTTP/2"): the first
+/* h2c with prior knowledge (docs/scale-out.md "What the router does with each request"): the first
  * request's header block names the sandbox port as an HTTP/1.1 request's
  * Host or E2b-Sandbox-* headers do; the connection, every byte of it from
  * the preface on, is then relayed to that sandbox's node, which checks
