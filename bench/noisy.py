@@ -124,10 +124,11 @@ def a_dataplane_loop(d, key_a, a, stop, ops, errors):
         fn()
         ops.setdefault(name, []).append((time.perf_counter() - t) * 1000)
 
-    def fetch(path, headers):
-        """GET with a streaming read (the helpers' client buffers whole bodies)."""
+    def stream(method, path, headers, body=None):
+        """(status, bytes) of a request whose answer is read as it comes and
+        counted, never kept (the helpers' client buffers whole bodies)."""
         c = http.client.HTTPConnection(d.host, d.port, timeout=900)
-        c.request("GET", path, headers=dict(headers))
+        c.request(method, path, body=body, headers=dict(headers))
         r = c.getresponse()
         n = 0
         while True:
@@ -136,7 +137,11 @@ def a_dataplane_loop(d, key_a, a, stop, ops, errors):
                 break
             n += len(chunk)
         c.close()
-        assert r.status == 200 and n == MB << 20, (path, r.status, n)
+        return r.status, n
+
+    def fetch(path, headers):
+        status, n = stream("GET", path, headers)
+        assert status == 200 and n == MB << 20, (path, status, n)
 
     def download():
         fetch(d.files_path("/home/user/blob"), d.envd_headers(a, user="user"))
@@ -151,20 +156,11 @@ def a_dataplane_loop(d, key_a, a, stop, ops, errors):
         """process.Process/Start, its Connect stream read and counted, not
         parsed: the stdout arrives base64 in JSON frames, about 4/3 of it."""
         from serveclient import envelope
-        c = http.client.HTTPConnection(d.host, d.port, timeout=900)
         body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", f"head -c {MB << 20} /home/user/blob"]},
                          "stdin": False})
-        c.request("POST", "/process.Process/Start", body=body,
-                  headers=dict(d.envd_headers(a, user="user", ctype="application/connect+json")))
-        r = c.getresponse()
-        n = 0
-        while True:
-            chunk = r.read(1 << 20)
-            if not chunk:
-                break
-            n += len(chunk)
-        c.close()
-        assert r.status == 200 and n > MB << 20, (r.status, n)
+        status, n = stream("POST", "/process.Process/Start",
+                           d.envd_headers(a, user="user", ctype="application/connect+json"), body)
+        assert status == 200 and n > MB << 20, (status, n)
 
     def ingress():
         fetch("/blob", {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": str(INGRESS_PORT)})

@@ -49,6 +49,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_registry(root: Path, auth: str = "") -> tuple[subprocess.Popen, str]:
+    """docker-registry on the host's loopback, plain HTTP, its store and
+    log under root; auth: the config's auth section, if any."""
+    port = free_port()
+    (root / "reg.yml").write_text(
+        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {root / 'store'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n" + auth)
+    log = open(root / "registry.log", "w")
+    proc = subprocess.Popen(["docker-registry", "serve", str(root / "reg.yml")], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.terminate()
+                proc.wait(10)
+                raise AssertionError("docker-registry did not start")
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """docker-registry on the host's loopback, plain HTTP, htpasswd basic
@@ -58,28 +81,13 @@ def registry(tmp_path_factory):
     ht += subprocess.run(["htpasswd", "-Bbn", "_json_key", GCP_KEY[:72]], capture_output=True, text=True,
                          check=True).stdout
     (root / "htpasswd").write_text(ht)
-    port = free_port()
-    (root / "reg.yml").write_text(
-        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {root / 'store'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-        f"auth:\n  htpasswd:\n    realm: hutch-regcred\n    path: {root / 'htpasswd'}\n")
-    log = open(root / "registry.log", "w")
-    proc = subprocess.Popen(["docker-registry", "serve", str(root / "reg.yml")], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc, addr = start_registry(root, f"auth:\n  htpasswd:\n    realm: hutch-regcred\n    path: {root / 'htpasswd'}\n")
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "docker-registry did not start"
-                time.sleep(0.1)
         layout = umoci_image(root, 1, 0)
         subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", "--dest-creds", f"{USER}:{PASSWORD}",
-                        f"oci:{layout}:multi", f"docker://127.0.0.1:{port}/private/sh:1"],
+                        f"oci:{layout}:multi", f"docker://{addr}/private/sh:1"],
                        check=True, capture_output=True, timeout=120)
-        yield f"127.0.0.1:{port}"
+        yield addr
     finally:
         proc.terminate()
         proc.wait(10)
@@ -274,23 +282,9 @@ def test_build_credentials(sandboxed_hutch, registry, tmp_path):
 def open_registry(tmp_path_factory):
     """A second docker-registry, without auth: where anyone may push."""
     root = tmp_path_factory.mktemp("openreg")
-    port = free_port()
-    (root / "reg.yml").write_text(
-        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {root / 'store'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n")
-    log = open(root / "registry.log", "w")
-    proc = subprocess.Popen(["docker-registry", "serve", str(root / "reg.yml")], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc, addr = start_registry(root)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "docker-registry did not start"
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
+        yield addr
     finally:
         proc.terminate()
         proc.wait(10)
