@@ -25,6 +25,7 @@
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
+#include "util/parse.h"
 
 const char *http_header(struct MHD_Connection *c, const char *name) {
         return MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
@@ -471,13 +472,9 @@ static enum MHD_Result finish_deferred(request *req) {
 static void request_id_set(request *req, struct MHD_Connection *conn) {
         static uint64_t counter;
         const char *h = http_header(conn, "X-Request-Id");
-        size_t n = h ? strlen(h) : 0;
-        bool ok = n > 0 && n < sizeof req->rid;
-        for (size_t i = 0; ok && i < n; i++)
-                ok = (h[i] >= 'a' && h[i] <= 'z') || (h[i] >= 'A' && h[i] <= 'Z') || (h[i] >= '0' && h[i] <= '9') ||
-                     h[i] == '-' || h[i] == '_' || h[i] == '.';
-        if (ok)
-                memcpy(req->rid, h, n + 1);
+        _Static_assert(sizeof req->rid > REQUEST_ID_MAX, "a request id fits its buffer");
+        if (request_id_valid(h))
+                memcpy(req->rid, h, strlen(h) + 1);
         else
                 snprintf(req->rid, sizeof req->rid, "%08x%08llx", (unsigned) getpid(),
                          (unsigned long long) (req->t0_ns ^ ++counter));

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "sandbox/initproto.h"
+#include "util/parse.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -39,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 (void) initproto_field_u64(&f, &v);
                 if (initproto_field_str(&f, str, sizeof str) == 0) {
                         (void) initproto_meta_key_valid(str);
-                        (void) initproto_request_id_ok(str);
+                        (void) request_id_valid(str);
                 }
                 /* A buffer too small for the value must be refused, never overrun. */
                 (void) initproto_field_str(&f, str, f.len > 0 ? f.len : 1);

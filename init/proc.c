@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "util/parse.h"
 
 #define PROC_MAX_LISTENERS 8
 
@@ -40,7 +41,7 @@ typedef struct proc {
         uid_t uid;
         gid_t gid;
         bool pty;
-        char request_id[INITPROTO_MAX_REQUEST_ID + 1]; /* the spawn's, or "" */
+        char request_id[REQUEST_ID_MAX + 1]; /* the spawn's, or "" */
         /* init's own copies; -1 when absent or closed */
         int stdin_fd, stdout_fd, stderr_fd, master_fd;
         /* who gets the EV_EXIT besides ALL_EXITS subscribers: the spawner
@@ -760,7 +761,7 @@ static void proc_spawn(conn *c, const req *r) {
         p->tag = tag ? strdup(tag) : NULL;
         if (!p->argv || !p->envv || !p->cwd || (tag && !p->tag))
                 goto enomem;
-        if (initproto_request_id_ok(rid))
+        if (request_id_valid(rid))
                 strcpy(p->request_id, rid);
 
         k = p->pty ? open_pty(&io, uid, (unsigned) rows, (unsigned) (cols ? cols : 80))

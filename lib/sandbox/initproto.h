@@ -51,21 +51,7 @@
 #define INITPROTO_MAX_FRAME (INITPROTO_HEADER_SIZE + INITPROTO_MAX_PAYLOAD)
 #define INITPROTO_MAX_FDS 4
 #define INITPROTO_MAX_STRING 4096   /* paths, argv items, env items */
-#define INITPROTO_MAX_REQUEST_ID 64
 
-/* T_REQUEST_ID's alphabet and length, checked by whoever sends, keeps or
- * reads one: it ends up in log lines and audit records. */
-static inline bool initproto_request_id_ok(const char *s) {
-        size_t n = 0;
-        for (; s && s[n]; n++) {
-                char c = s[n];
-                if (n >= INITPROTO_MAX_REQUEST_ID ||
-                    !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                      c == '_' || c == '.'))
-                        return false;
-        }
-        return n > 0;
-}
 #define INITPROTO_MAX_ARGS 1024     /* argv and env entries, each */
 /* A staged command line (SPAWN_PART): the kernel's own bounds, one string
  * (MAX_ARG_STRLEN less its NUL) and all of argv and env together (ARG_MAX

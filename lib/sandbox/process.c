@@ -7,6 +7,7 @@
 #include "sandbox/sandbox-internal.h"
 #include "util/error.h"
 #include "util/clock.h"
+#include "util/parse.h"
 
 #define CALL_TIMEOUT_MS 30000
 
@@ -185,7 +186,7 @@ int hutch_sandbox_spawn(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_
                 initproto_put_u64(w, T_PTY_COLS, cfg->pty_cols ? cfg->pty_cols : 80);
         }
         initproto_put_str(w, T_TAG, cfg->tag);
-        if (initproto_request_id_ok(cfg->request_id))
+        if (request_id_valid(cfg->request_id))
                 initproto_put_str(w, T_REQUEST_ID, cfg->request_id);
         if (w->overflow)
                 return hutch_error_set(err, -E2BIG, "command line and environment are too large");
@@ -336,9 +337,9 @@ static int proc_info_from_msg(const initproto_msg *m, hutch_proc_info *pi) {
                         break;
                 case T_REQUEST_ID: {
                         /* what init says: kept only when it is a well-formed id */
-                        char buf[INITPROTO_MAX_REQUEST_ID + 1];
+                        char buf[REQUEST_ID_MAX + 1];
                         if (pi->request_id || initproto_field_str(&f, buf, sizeof buf) < 0 ||
-                            !initproto_request_id_ok(buf))
+                            !request_id_valid(buf))
                                 break;
                         pi->request_id = strdup(buf);
                         if (!pi->request_id)

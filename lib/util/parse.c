@@ -149,3 +149,14 @@ void unescape_octal(char *s) {
         }
         *w = '\0';
 }
+
+bool request_id_valid(const char *s) {
+        size_t n = 0;
+        for (; s && s[n]; n++) {
+                char c = s[n];
+                if (n >= REQUEST_ID_MAX || !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                                             c == '-' || c == '_' || c == '.'))
+                        return false;
+        }
+        return n > 0;
+}

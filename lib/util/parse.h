@@ -1,7 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
+
+/* A request id: 1 to REQUEST_ID_MAX characters of [A-Za-z0-9._-]. The
+ * daemon takes a client's X-Request-Id only in this form, and hutch-init
+ * and the host check it again wherever one crosses into the sandbox and
+ * back: it ends up in log lines and audit records. */
+#define REQUEST_ID_MAX 64
+bool request_id_valid(const char *s);
 
 /* "512M", "1G", "1.5GiB", "4096", "64k": powers of 1024. -EINVAL or -ERANGE. */
 int parse_size(const char *s, uint64_t *ret);
