@@ -1507,6 +1507,19 @@ static int create_forward(client *c, const proxyreq *rq) {
 
 /* ------------------------------------------------ cluster-wide team limit */
 
+/* GET /node asked with the client's own key (X-API-Key, Authorization):
+ * a node answers 401 for a bad one, and its teamSandboxes for that team. */
+static void node_get_with_callers_key(buf *h, const proxyreq *rq, const char *host, size_t host_len) {
+        buf_addf(h, "GET /node HTTP/1.1\r\nHost: %.*s\r\n", (int) host_len, host);
+        const proxyreq_header *k = proxyreq_find_header(rq, "X-API-Key");
+        const proxyreq_header *a = proxyreq_find_header(rq, "Authorization");
+        if (k)
+                buf_addf(h, "X-API-Key: %.*s\r\n", (int) k->value_len, k->value);
+        if (a)
+                buf_addf(h, "Authorization: %.*s\r\n", (int) a->value_len, a->value);
+        buf_add(h, "\r\n", 2);
+}
+
 /* Creates this router has in flight, by the API key they came with (a hash
  * of its headers): a key's creates already sent but not yet answered are
  * not yet in every node's count. */
@@ -1580,15 +1593,7 @@ static int team_limit_refused(client *c, const proxyreq *rq, unsigned in_flight)
         /* the client's Host, as lists are asked (a node reads a sandbox
          * domain's name as ingress: the router's own name is none) */
         const proxyreq_header *hh = proxyreq_find_header(rq, "Host");
-        buf_addf(&h, "GET /node HTTP/1.1\r\nHost: %.*s\r\n", (int) (hh ? hh->value_len : 5),
-                 hh ? hh->value : "hutch");
-        const proxyreq_header *kh = proxyreq_find_header(rq, "X-API-Key");
-        const proxyreq_header *ah = proxyreq_find_header(rq, "Authorization");
-        if (kh)
-                buf_addf(&h, "X-API-Key: %.*s\r\n", (int) kh->value_len, kh->value);
-        if (ah)
-                buf_addf(&h, "Authorization: %.*s\r\n", (int) ah->value_len, ah->value);
-        buf_add(&h, "\r\n", 2);
+        node_get_with_callers_key(&h, rq, hh ? hh->value : "hutch", hh ? hh->value_len : 5);
         fan *f = calloc(k, sizeof *f);
         if (!f) {
                 buf_free(&h);
@@ -1827,14 +1832,7 @@ static int key_refused(client *c, const proxyreq *rq) {
         if (nodes_up(up, NODES_MAX) == 0)
                 return 0;
         buf h = { 0 };
-        buf_addf(&h, "GET /node HTTP/1.1\r\nHost: %s\r\n", up[0]->addr);
-        const proxyreq_header *k = proxyreq_find_header(rq, "X-API-Key");
-        const proxyreq_header *a = proxyreq_find_header(rq, "Authorization");
-        if (k)
-                buf_addf(&h, "X-API-Key: %.*s\r\n", (int) k->value_len, k->value);
-        if (a)
-                buf_addf(&h, "Authorization: %.*s\r\n", (int) a->value_len, a->value);
-        buf_add(&h, "\r\n", 2);
+        node_get_with_callers_key(&h, rq, up[0]->addr, strlen(up[0]->addr));
         reply rp = { 0 };
         int r = exchange(up[0], h.p, h.len, NULL, 0, CALL_TIMEOUT_MS, &rp);
         buf_free(&h);
