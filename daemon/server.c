@@ -685,6 +685,21 @@ int server_run(const server_config *cfg) {
         srv->sig_w.cb = on_signal;
         loop_add(srv, &srv->sig_w, srv->sigfd, EPOLLIN);
 
+        /* Settings that need nothing but themselves are checked before the
+         * port is bound: a client never connects to a daemon that is about
+         * to exit over its own command line. */
+        if (hutch_backend_from_name(srv->cfg.backend) < 0) {
+                log_error("backend must be ns or gvisor, not '%s'", srv->cfg.backend);
+                r = -EINVAL;
+                goto out;
+        }
+        char tb_why[160];
+        if (template_backends_check(srv->cfg.template_backends, tb_why, sizeof tb_why) < 0) {
+                log_error("template-backends: %s", tb_why);
+                r = -EINVAL;
+                goto out;
+        }
+
         /* A refused start changes nothing: the port first (nothing is
          * written before it is ours), then the data dir's lock (nothing in
          * the dir is read or written before it is held). */
@@ -719,17 +734,6 @@ int server_run(const server_config *cfg) {
                 goto out;
         }
 
-        if (hutch_backend_from_name(srv->cfg.backend) < 0) {
-                log_error("backend must be ns or gvisor, not '%s'", srv->cfg.backend);
-                r = -EINVAL;
-                goto out;
-        }
-        char tb_why[160];
-        if (template_backends_check(srv->cfg.template_backends, tb_why, sizeof tb_why) < 0) {
-                log_error("template-backends: %s", tb_why);
-                r = -EINVAL;
-                goto out;
-        }
         hutch_ctx_config cc = { .run_dir = srv->cfg.run_dir, .data_dir = srv->cfg.data_dir,
                                 .runsc = streq(srv->cfg.runsc, "auto") ? NULL : srv->cfg.runsc,
                                 .gvisor_platform = srv->cfg.gvisor_platform,

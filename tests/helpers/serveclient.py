@@ -344,8 +344,8 @@ class ServeDaemon:
                     if r.status == 200:
                         self.key = (self.data_dir / "api-key").read_text().strip()
                         return
-                except OSError:
-                    pass
+                except (OSError, ConnectionClosed):
+                    pass  # not listening yet, or closing on its way out
                 time.sleep(0.1)
             if self.proc.poll() is None:
                 self.proc.kill()
