@@ -136,9 +136,12 @@ def _read_body(rd: _Reader, method: str, status: int, headers: Dict[str, str], o
 class HttpConn:
     """One keep-alive connection. request() writes exact bytes and reads one response."""
 
-    def __init__(self, host: str, port: int, timeout: float = 30):
+    def __init__(self, host: str, port: int, timeout: float = 30, tls=None):
+        """tls: an ssl.SSLContext to speak HTTPS with (its name checked against host)."""
         self.host, self.port = host, port
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname=host)
         self.rd = _Reader(self.sock)
 
     def close(self) -> None:
@@ -302,10 +305,12 @@ class ServeDaemon:
     Tracks the sandboxes it creates (create()) so stop() can DELETE them."""
 
     def __init__(self, hutch_bin: Path, data_dir: Path, extra_args: Iterable[str] = (),
-                 host: str = "127.0.0.1", cmd_prefix: Iterable[str] = ()):
+                 host: str = "127.0.0.1", cmd_prefix: Iterable[str] = (), tls=None):
         """host: the address to listen on and talk to; cmd_prefix: argv put
-        before hutch (e.g. nsenter into a test netns)."""
+        before hutch (e.g. nsenter into a test netns); tls: an ssl.SSLContext
+        when extra_args give --tls-cert."""
         self.host = host
+        self.tls = tls
         self.cmd_prefix = list(cmd_prefix)
         self.hutch_bin = Path(hutch_bin)
         self.data_dir = Path(data_dir)
@@ -318,7 +323,7 @@ class ServeDaemon:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def __iter__(self):
         """`url, api_key, data_dir = daemon`"""
@@ -339,7 +344,7 @@ class ServeDaemon:
                 if self.proc.poll() is not None:
                     break
                 try:
-                    with HttpConn(self.host, self.port, timeout=5) as c:
+                    with HttpConn(self.host, self.port, timeout=5, tls=self.tls) as c:
                         r = c.request("GET", "/health")
                     if r.status == 200:
                         self.key = (self.data_dir / "api-key").read_text().strip()
@@ -368,7 +373,7 @@ class ServeDaemon:
         raise AssertionError("no Threads line")
 
     def conn(self, timeout: float = 30) -> HttpConn:
-        return HttpConn(self.host, self.port, timeout=timeout)
+        return HttpConn(self.host, self.port, timeout=timeout, tls=self.tls)
 
     def request(self, method: str, path: str, body=None, headers=None, key: Optional[str] = None,
                 timeout: float = 30, **kw) -> Response:
