@@ -292,6 +292,35 @@ def multipart(parts: List[Tuple[str, Optional[str], bytes]],
 # The daemon
 # --------------------------------------------------------------------------
 
+def websocket_echo(sock: socket.socket, head_lines: str, payloads: Iterable[bytes]) -> None:
+    """Open a WebSocket on sock (GET /ws with head_lines, "Name: value\\r\\n"
+    each), check the 101 and its Sec-WebSocket-Accept, then send each payload
+    as a masked text frame and check that it comes back (an echo server)."""
+    import os
+    k = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET /ws HTTP/1.1\r\n{head_lines}Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                 f"Sec-WebSocket-Key: {k}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = sock.recv(4096)
+        assert got, buf
+        buf += got
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    accept = base64.b64encode(hashlib.sha1((k + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+    assert accept in head, head
+    for payload in payloads:
+        mask = os.urandom(4)
+        sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask +
+                     bytes(c ^ mask[i % 4] for i, c in enumerate(payload)))
+        while len(buf) < 2 + len(payload):
+            got = sock.recv(4096)
+            assert got, buf
+            buf += got
+        assert buf[:2 + len(payload)] == bytes([0x81, len(payload)]) + payload, buf
+        buf = buf[2 + len(payload):]
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

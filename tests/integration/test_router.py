@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from serveclient import HttpConn, ServeDaemon, envelope, free_port
+from serveclient import HttpConn, ServeDaemon, envelope, free_port, websocket_echo
 
 NAME = "hutch-nodes.hutch.svc.cluster.local"
 
@@ -674,8 +674,6 @@ def test_router_speaks_tls_to_nodes(cluster):
     says why, and never used; --node-tls-name makes the name the
     certificates must carry; HTTP/2 prior knowledge, which a TLS node does
     not serve, is answered by the router."""
-    import base64
-    import hashlib
     import ssl
 
     pki = cluster.tmp / "pki"
@@ -712,24 +710,8 @@ def test_router_speaks_tls_to_nodes(cluster):
     host = f"8000-{sb['sandboxID']}.sbx.hutch.test"
     port_h = {"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "8000"}
     wait_until(lambda: rc.request("GET", "/", key="", headers=port_h).status == 200, 20, "the sandbox's server")
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    k = base64.b64encode(os.urandom(16)).decode()
-    s.sendall(f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-              f"Sec-WebSocket-Key: {k}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        buf += s.recv(4096)
-    head, buf = buf.split(b"\r\n\r\n", 1)
-    assert head.startswith(b"HTTP/1.1 101"), head
-    assert base64.b64encode(hashlib.sha1((k + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()) in head
-    for payload in (b"over tls", b"twice"):
-        mask = os.urandom(4)
-        s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(payload)))
-        while len(buf) < 2 + len(payload):
-            buf += s.recv(4096)
-        assert buf[:2 + len(payload)] == bytes([0x81, len(payload)]) + payload
-        buf = buf[2 + len(payload):]
-    s.close()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        websocket_echo(s, f"Host: {host}\r\n", (b"over tls", b"twice"))
 
     # HTTP/2 prior knowledge: a TLS node has none, the router says so
     r = subprocess.run(["curl", "-sS", "--max-time", "20", "--http2-prior-knowledge", "-o", "-", "-w",
