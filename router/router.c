@@ -408,8 +408,10 @@ static void tls_log(node *n, const char *why) {
 
 /* The TLS handshake on a connected socket, verifying the node's certificate
  * against --node-tls-ca and --node-tls-name (else the host of its address:
- * an IP address SAN for an IP, a DNS name for a name). */
-static int tls_handshake(node *n, nconn *c) {
+ * an IP address SAN for an IP, a DNS name for a name). The node's event
+ * loop answers it, not its kernel as for a connect: it gets as long as the
+ * caller would wait for an answer (timeout_ms), -ETIMEDOUT beyond. */
+static int tls_handshake(node *n, nconn *c, int timeout_ms) {
         c->ssl = SSL_new(tls_ctx);
         if (!c->ssl || SSL_set_fd(c->ssl, c->fd) != 1)
                 return -ENOMEM;
@@ -431,7 +433,7 @@ static int tls_handshake(node *n, nconn *c) {
                        : SSL_set1_host(c->ssl, name) && SSL_set_tlsext_host_name(c->ssl, name);
         if (ok != 1)
                 return -ENOMEM;
-        int64_t end = mono_ms() + (int) cfg->connect_timeout_ms;
+        int64_t end = mono_ms() + timeout_ms;
         for (;;) {
                 ERR_clear_error();
                 int r = SSL_connect(c->ssl);
@@ -443,15 +445,14 @@ static int tls_handshake(node *n, nconn *c) {
                     tls_wait(c, e, left) == 0)
                         continue;
                 c->failed = true;
+                if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE))
+                        return -ETIMEDOUT; /* a busy node, not a bad one */
                 char why[200];
                 long v = SSL_get_verify_result(c->ssl);
                 unsigned long ec = ERR_peek_error();
                 if (v != X509_V_OK)
                         snprintf(why, sizeof why, "its certificate is refused: %s",
                                  X509_verify_cert_error_string(v));
-                else if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
-                        snprintf(why, sizeof why, "no handshake within %u ms",
-                                 cfg->connect_timeout_ms);
                 else if (ec)
                         snprintf(why, sizeof why, "handshake failed: %s",
                                  ERR_reason_error_string(ec) ? ERR_reason_error_string(ec) : "?");
@@ -466,13 +467,14 @@ static int tls_handshake(node *n, nconn *c) {
         return 0;
 }
 
-/* A new connection to node n (TLS with --node-tls-ca). */
-static int nc_dial(node *n, nconn *ret) {
+/* A new connection to node n (TLS with --node-tls-ca: the handshake
+ * within timeout_ms). */
+static int nc_dial(node *n, int timeout_ms, nconn *ret) {
         nconn c = { .fd = dial(n) };
         if (c.fd < 0)
                 return c.fd;
         if (tls_ctx) {
-                int r = tls_handshake(n, &c);
+                int r = tls_handshake(n, &c, timeout_ms);
                 if (r < 0) {
                         nc_close(&c);
                         return r;
@@ -494,9 +496,10 @@ static bool nc_idle_ok(nconn *c) {
         return !nc_pending(c) && tls_read_once(c, &ch, 1, &want) == -EAGAIN;
 }
 
-/* A pooled connection that is still open, else a new one. *ret_reused says
- * which: a reused one may have been closed by the node meanwhile. */
-static int node_conn(node *n, nconn *ret, bool *ret_reused) {
+/* A pooled connection that is still open, else a new one (its TLS
+ * handshake within timeout_ms). *ret_reused says which: a reused one may
+ * have been closed by the node meanwhile. */
+static int node_conn(node *n, int timeout_ms, nconn *ret, bool *ret_reused) {
         int64_t now = mono_ms();
         pthread_mutex_lock(&nodes_mu);
         while (n->n_idle > 0) {
@@ -513,7 +516,7 @@ static int node_conn(node *n, nconn *ret, bool *ret_reused) {
         }
         pthread_mutex_unlock(&nodes_mu);
         *ret_reused = false;
-        return nc_dial(n, ret);
+        return nc_dial(n, timeout_ms, ret);
 }
 
 static void node_conn_put(node *n, nconn *c) {
@@ -591,7 +594,7 @@ static int exchange(node *n, const char *head, size_t head_len, const char *body
         for (int attempt = 0; attempt < 2; attempt++) {
                 bool reused;
                 nconn nc;
-                int r = node_conn(n, &nc, &reused);
+                int r = node_conn(n, timeout_ms, &nc, &reused);
                 if (r < 0)
                         return r;
                 r = nc_write_all(&nc, head, head_len);
@@ -1223,7 +1226,7 @@ static int relay(client *c, const proxyreq *rq, node *n) {
         bool reused = false;
         int r = 0;
         for (int attempt = 0; attempt < 2; attempt++) {
-                r = node_conn(n, &nc, &reused);
+                r = node_conn(n, HEAD_TIMEOUT_MS, &nc, &reused);
                 if (r < 0) {
                         buf_free(&head);
                         return r;
@@ -2561,7 +2564,7 @@ routed:;
                 goto out;
         }
         nconn nc;
-        int dr = nc_dial(n, &nc);
+        int dr = nc_dial(n, HEAD_TIMEOUT_MS, &nc);
         if (dr < 0) {
                 node_mark_down(n, strerror(-dr));
                 atomic_fetch_add(&n->failures, 1);
