@@ -8,7 +8,9 @@
  * second replica would need: replicas run side by side.
  *
  * One thread per client connection (blocking I/O, poll on the two sockets of
- * a stream), one discovery thread that polls every node's GET /node. The
+ * a stream), one discovery thread that polls every node's GET /node. Node
+ * connections are plain HTTP or, with node_tls_ca, TLS that verifies the
+ * node (OpenSSL, non-blocking sockets under the same polls). The
  * parsers of node and client bytes are in rhttp.c (fuzzed) and lib/egress's
  * proxyreq.
  */
