@@ -181,6 +181,8 @@ if ((router_n > 0)); then
 				-addext basicConstraints=critical,CA:FALSE -x509 -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" \
 				-days 2 -out "$tmp/node.pem" >/dev/null 2>&1 || { echo "run.sh: openssl failed" >&2; exit 2; }
 		scheme=https
+		# kill_leftovers asks each node too
+		export NODE_EXTRA_CA_CERTS="$tmp/ca.pem"
 		tls_args=(--tls-cert "$tmp/node.pem" --tls-key "$tmp/node.key")
 		router_tls=(--node-tls-ca "$tmp/ca.pem")
 	fi
