@@ -23,12 +23,18 @@ static void router_usage(FILE *f) {
               "share nothing: run as many as you like (docs/scale-out.md).\n"
               "\n"
               "  --listen HOST:PORT       address of the router (default 127.0.0.1:49980)\n"
-              "  --nodes URL,...          nodes, http://HOST:PORT, comma-separated\n"
+              "  --nodes URL,...          nodes, http://HOST:PORT (https:// with --node-tls-ca),\n"
+              "                           comma-separated\n"
               "  --nodes-dns NAME:PORT    every A record of NAME is a node (a Kubernetes headless\n"
               "                           Service), re-resolved every --poll-interval\n"
               "  --dns IP[:PORT]          nameserver for --nodes-dns (default: /etc/resolv.conf's first)\n"
               "  --key-file FILE          a key every node accepts (\"TEAM KEY\" or \"KEY\" lines: the\n"
               "                           first), used only for the nodes' GET /node\n"
+              "  --node-tls-ca FILE       speak TLS to every node (each serves --tls-cert) and accept\n"
+              "                           only certificates that chain to FILE's (PEM); a node\n"
+              "                           whose certificate fails is down (default: plain HTTP)\n"
+              "  --node-tls-name NAME     the name every node certificate must carry (a DNS SAN);\n"
+              "                           default: the node's address, an IP SAN for an IP\n"
               "  --sample K               nodes sampled per create (default 2)\n"
               "  --poll-interval MS       GET /node of every node this often (default 1000)\n"
               "  --connect-timeout MS     a node that does not accept a connection within this is\n"
@@ -83,7 +89,9 @@ int verb_router(int argc, char **argv) {
                              { "--nodes", cfg.nodes, sizeof cfg.nodes },
                              { "--nodes-dns", cfg.nodes_dns, sizeof cfg.nodes_dns },
                              { "--dns", cfg.dns, sizeof cfg.dns },
-                             { "--key-file", cfg.key_file, sizeof cfg.key_file } };
+                             { "--key-file", cfg.key_file, sizeof cfg.key_file },
+                             { "--node-tls-ca", cfg.node_tls_ca, sizeof cfg.node_tls_ca },
+                             { "--node-tls-name", cfg.node_tls_name, sizeof cfg.node_tls_name } };
                 bool done = false;
                 for (size_t k = 0; k < ELEMENTSOF(strs); k++)
                         if (streq(a, strs[k].name)) {

@@ -20,6 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
 #include "egress/chunked.h"
 #include "egress/dns.h"
 #include "egress/proxyreq.h"
@@ -44,6 +48,17 @@
 
 /* ------------------------------------------------------------------ nodes */
 
+/* A connection to a node: its socket and, with --node-tls-ca, its TLS
+ * session. A TLS connection's socket stays non-blocking: every read and
+ * write goes through nc_*, which wait in poll for what OpenSSL asks
+ * (SSL_ERROR_WANT_READ/WRITE); the bytes OpenSSL has decrypted and not yet
+ * handed out (SSL_pending) count as readable before poll is asked. */
+typedef struct nconn {
+        int fd;
+        SSL *ssl;    /* NULL: plain HTTP */
+        bool failed; /* a TLS error: no close_notify on close */
+} nconn;
+
 typedef struct node {
         char addr[300]; /* HOST:PORT as configured or found */
         struct sockaddr_storage sa;
@@ -56,8 +71,9 @@ typedef struct node {
         int64_t mem_free, sandboxes, pool, sandbox_mem_mb;
         json_t *templates;
         int64_t last_ok_ms;
+        char tls_why[200]; /* the last TLS failure logged (under nodes_mu) */
         /* idle keep-alive connections (under nodes_mu) */
-        int idle_fd[IDLE_PER_NODE];
+        nconn idle[IDLE_PER_NODE];
         int64_t idle_ms[IDLE_PER_NODE];
         unsigned n_idle;
         atomic_uint_fast64_t forwarded, failures;
@@ -68,6 +84,7 @@ static pthread_mutex_t nodes_mu = PTHREAD_MUTEX_INITIALIZER;
 static node *nodes[NODES_MAX];
 static unsigned n_nodes;
 static char node_key[64]; /* the key GET /node is asked with */
+static SSL_CTX *tls_ctx;  /* --node-tls-ca: every node connection is TLS */
 
 static atomic_uint_fast64_t m_requests[RR_SIGNED_FILES + 1], m_create_retries, m_node_errors,
         m_conns, m_conns_open, m_no_node, m_refused, m_team_limit, m_team_snapshot_limit;
@@ -146,9 +163,21 @@ static node *node_add(const char *addr, bool is_static) {
         return n;
 }
 
+static void nc_close(nconn *c) {
+        if (c->ssl) {
+                /* close_notify, best effort (the socket does not block) */
+                if (!c->failed && !(SSL_get_shutdown(c->ssl) & SSL_SENT_SHUTDOWN))
+                        (void) SSL_shutdown(c->ssl);
+                SSL_free(c->ssl);
+        }
+        if (c->fd >= 0)
+                close(c->fd);
+        *c = (nconn) { .fd = -1 };
+}
+
 static void node_drop_idle(node *n) {
         for (unsigned i = 0; i < n->n_idle; i++)
-                close(n->idle_fd[i]);
+                nc_close(&n->idle[i]);
         n->n_idle = 0;
 }
 
@@ -246,51 +275,260 @@ static int dial(node *n) {
                         return r == 0 ? -ETIMEDOUT : -(soerr ? soerr : ECONNREFUSED);
                 }
         }
-        int fl = fcntl(fd, F_GETFL);
-        (void) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+        if (!tls_ctx) {
+                int fl = fcntl(fd, F_GETFL);
+                (void) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+        }
         int one = 1;
         (void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         return fd;
 }
 
-/* A pooled connection that is still open, else a new one. *ret_reused says
- * which: a reused one may have been closed by the node meanwhile. */
-static int node_conn(node *n, bool *ret_reused) {
+/* Wait until the socket can do what OpenSSL asked for (err: its
+ * SSL_ERROR_WANT_*); -ETIMEDOUT after timeout_ms (-1: none). */
+static int tls_wait(nconn *c, int err, int timeout_ms) {
+        struct pollfd p = { .fd = c->fd, .events = err == SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN };
+        for (;;) {
+                int r = poll(&p, 1, timeout_ms);
+                if (r < 0 && errno == EINTR)
+                        continue;
+                if (r < 0)
+                        return -errno;
+                return r == 0 ? -ETIMEDOUT : 0;
+        }
+}
+
+/* One SSL_read: > 0 bytes, 0 at the end (close_notify, or a plain EOF:
+ * SSL_OP_IGNORE_UNEXPECTED_EOF), -EAGAIN when OpenSSL waits for the socket
+ * (*ret_want says for what), -ECONNRESET on a TLS error. */
+static ssize_t tls_read_once(nconn *c, void *buf, size_t n, int *ret_want) {
+        size_t got = 0;
+        ERR_clear_error();
+        if (SSL_read_ex(c->ssl, buf, n, &got) == 1)
+                return (ssize_t) got;
+        int e = SSL_get_error(c->ssl, 0);
+        if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+                *ret_want = e;
+                return -EAGAIN;
+        }
+        if (e == SSL_ERROR_ZERO_RETURN)
+                return 0;
+        c->failed = true;
+        return -ECONNRESET;
+}
+
+/* Like read_some (0: the end, -ETIMEDOUT). */
+static ssize_t nc_read(nconn *c, void *buf, size_t n, int timeout_ms) {
+        if (!c->ssl)
+                return read_some(c->fd, buf, n, timeout_ms);
+        int64_t end = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
+        for (;;) {
+                int want = 0;
+                ssize_t k = tls_read_once(c, buf, n, &want);
+                if (k != -EAGAIN)
+                        return k;
+                int left = end < 0 ? -1 : (int) (end - mono_ms());
+                if (end >= 0 && left <= 0)
+                        return -ETIMEDOUT;
+                int r = tls_wait(c, want, left);
+                if (r < 0)
+                        return r;
+        }
+}
+
+/* A read after poll said the node's socket is readable (or nc_pending):
+ * -EAGAIN when that was no application data yet (a TLS record still
+ * arriving, a session ticket), 0 at the end. */
+static ssize_t nc_read_ready(nconn *c, void *buf, size_t n) {
+        if (!c->ssl) {
+                ssize_t k = recv(c->fd, buf, n, 0);
+                return k >= 0 ? k : errno == EINTR ? -EAGAIN : -errno;
+        }
+        int want = 0;
+        ssize_t k = tls_read_once(c, buf, n, &want);
+        if (k == -EAGAIN && want == SSL_ERROR_WANT_WRITE) {
+                int r = tls_wait(c, want, -1);
+                if (r < 0)
+                        return r;
+        }
+        return k;
+}
+
+/* Decrypted bytes waiting inside OpenSSL: poll would not see them. */
+static bool nc_pending(const nconn *c) {
+        return c->ssl && SSL_pending(c->ssl) > 0;
+}
+
+static int nc_write_all(nconn *c, const void *buf, size_t n) {
+        if (!c->ssl)
+                return write_all(c->fd, buf, n);
+        const char *p = buf;
+        while (n > 0) {
+                size_t w = 0;
+                ERR_clear_error();
+                if (SSL_write_ex(c->ssl, p, n, &w) == 1) {
+                        p += w;
+                        n -= w;
+                        continue;
+                }
+                int e = SSL_get_error(c->ssl, 0);
+                if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+                        c->failed = true;
+                        return -EPIPE;
+                }
+                int r = tls_wait(c, e, -1);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* This side has no more to send (a tunnel's half-close). */
+static void nc_shutdown_write(nconn *c) {
+        if (!c->ssl)
+                (void) shutdown(c->fd, SHUT_WR);
+        else if (!c->failed && !(SSL_get_shutdown(c->ssl) & SSL_SENT_SHUTDOWN))
+                (void) SSL_shutdown(c->ssl);
+}
+
+/* A TLS failure of node n, logged when it differs from the last one logged
+ * (the discovery thread meets it every poll). */
+static void tls_log(node *n, const char *why) {
+        pthread_mutex_lock(&nodes_mu);
+        bool changed = !streq(n->tls_why, why);
+        if (changed)
+                snprintf(n->tls_why, sizeof n->tls_why, "%s", why);
+        pthread_mutex_unlock(&nodes_mu);
+        if (changed && why[0])
+                log_warning("node %s (%s): TLS: %s; the node is not used until it presents a "
+                            "certificate that --node-tls-ca trusts for %s",
+                            n->id[0] ? n->id : "?", n->addr, why,
+                            cfg->node_tls_name[0] ? cfg->node_tls_name : "its address");
+}
+
+/* The TLS handshake on a connected socket, verifying the node's certificate
+ * against --node-tls-ca and --node-tls-name (else the host of its address:
+ * an IP address SAN for an IP, a DNS name for a name). The node's event
+ * loop answers it, not its kernel as for a connect: it gets as long as the
+ * caller would wait for an answer (timeout_ms), -ETIMEDOUT beyond. */
+static int tls_handshake(node *n, nconn *c, int timeout_ms) {
+        c->ssl = SSL_new(tls_ctx);
+        if (!c->ssl || SSL_set_fd(c->ssl, c->fd) != 1)
+                return -ENOMEM;
+        char host[300];
+        snprintf(host, sizeof host, "%s", n->addr);
+        char *colon = strrchr(host, ':');
+        if (colon)
+                *colon = 0;
+        const char *h = host;
+        if (host[0] == '[' && colon && colon[-1] == ']') {
+                colon[-1] = 0;
+                h = host + 1;
+        }
+        const char *name = cfg->node_tls_name[0] ? cfg->node_tls_name : h;
+        unsigned char ip[16];
+        bool is_ip = !cfg->node_tls_name[0] &&
+                (inet_pton(AF_INET, h, ip) == 1 || inet_pton(AF_INET6, h, ip) == 1);
+        int ok = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), h)
+                       : SSL_set1_host(c->ssl, name) && SSL_set_tlsext_host_name(c->ssl, name);
+        if (ok != 1)
+                return -ENOMEM;
+        int64_t end = mono_ms() + timeout_ms;
+        for (;;) {
+                ERR_clear_error();
+                int r = SSL_connect(c->ssl);
+                if (r == 1)
+                        break;
+                int e = SSL_get_error(c->ssl, r);
+                int left = (int) (end - mono_ms());
+                if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) && left > 0 &&
+                    tls_wait(c, e, left) == 0)
+                        continue;
+                c->failed = true;
+                if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE))
+                        return -ETIMEDOUT; /* a busy node, not a bad one */
+                char why[200];
+                long v = SSL_get_verify_result(c->ssl);
+                unsigned long ec = ERR_peek_error();
+                if (v != X509_V_OK)
+                        snprintf(why, sizeof why, "its certificate is refused: %s",
+                                 X509_verify_cert_error_string(v));
+                else if (ec)
+                        snprintf(why, sizeof why, "handshake failed: %s",
+                                 ERR_reason_error_string(ec) ? ERR_reason_error_string(ec) : "?");
+                else
+                        snprintf(why, sizeof why,
+                                 "handshake failed (the node closed: is it "
+                                 "serving plain HTTP?)");
+                tls_log(n, why);
+                return -EPROTO;
+        }
+        tls_log(n, "");
+        return 0;
+}
+
+/* A new connection to node n (TLS with --node-tls-ca: the handshake
+ * within timeout_ms). */
+static int nc_dial(node *n, int timeout_ms, nconn *ret) {
+        nconn c = { .fd = dial(n) };
+        if (c.fd < 0)
+                return c.fd;
+        if (tls_ctx) {
+                int r = tls_handshake(n, &c, timeout_ms);
+                if (r < 0) {
+                        nc_close(&c);
+                        return r;
+                }
+        }
+        *ret = c;
+        return 0;
+}
+
+/* Whether a pooled connection is still fine: open, nothing unasked for. */
+static bool nc_idle_ok(nconn *c) {
+        char ch;
+        if (!c->ssl) {
+                ssize_t k = recv(c->fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+                return k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        }
+        /* (a TLS 1.3 session ticket the node sent is read and kept here) */
+        int want = 0;
+        return !nc_pending(c) && tls_read_once(c, &ch, 1, &want) == -EAGAIN;
+}
+
+/* A pooled connection that is still open, else a new one (its TLS
+ * handshake within timeout_ms). *ret_reused says which: a reused one may
+ * have been closed by the node meanwhile. */
+static int node_conn(node *n, int timeout_ms, nconn *ret, bool *ret_reused) {
         int64_t now = mono_ms();
         pthread_mutex_lock(&nodes_mu);
         while (n->n_idle > 0) {
                 unsigned i = --n->n_idle;
-                int fd = n->idle_fd[i];
-                if (now - n->idle_ms[i] > IDLE_MAX_MS) {
-                        close(fd);
-                        continue;
-                }
-                char c;
-                ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) || k > 0) {
-                        close(fd); /* closed, failed, or bytes nobody asked for */
+                nconn c = n->idle[i];
+                if (now - n->idle_ms[i] > IDLE_MAX_MS || !nc_idle_ok(&c)) {
+                        nc_close(&c); /* old, closed, failed, or bytes nobody asked for */
                         continue;
                 }
                 pthread_mutex_unlock(&nodes_mu);
+                *ret = c;
                 *ret_reused = true;
-                return fd;
+                return 0;
         }
         pthread_mutex_unlock(&nodes_mu);
         *ret_reused = false;
-        return dial(n);
+        return nc_dial(n, timeout_ms, ret);
 }
 
-static void node_conn_put(node *n, int fd) {
+static void node_conn_put(node *n, nconn *c) {
         pthread_mutex_lock(&nodes_mu);
         if (n->n_idle < IDLE_PER_NODE && n->up) {
-                n->idle_fd[n->n_idle] = fd;
+                n->idle[n->n_idle] = *c;
                 n->idle_ms[n->n_idle] = mono_ms();
                 n->n_idle++;
-                fd = -1;
+                *c = (nconn) { .fd = -1 };
         }
         pthread_mutex_unlock(&nodes_mu);
-        if (fd >= 0)
-                close(fd);
+        nc_close(c);
 }
 
 /* ---------------------------------------------------------- buffers */
@@ -355,15 +593,16 @@ static int exchange(node *n, const char *head, size_t head_len, const char *body
                     int timeout_ms, reply *ret) {
         for (int attempt = 0; attempt < 2; attempt++) {
                 bool reused;
-                int fd = node_conn(n, &reused);
-                if (fd < 0)
-                        return fd;
-                int r = write_all(fd, head, head_len);
+                nconn nc;
+                int r = node_conn(n, timeout_ms, &nc, &reused);
+                if (r < 0)
+                        return r;
+                r = nc_write_all(&nc, head, head_len);
                 if (r >= 0 && body_len)
-                        r = write_all(fd, body, body_len);
+                        r = nc_write_all(&nc, body, body_len);
                 rhead *h = malloc(sizeof *h);
                 if (!h) {
-                        close(fd);
+                        nc_close(&nc);
                         return -ENOMEM;
                 }
                 rhead_init(h);
@@ -375,7 +614,7 @@ static int exchange(node *n, const char *head, size_t head_len, const char *body
                 chunked_init(&ck);
                 uint64_t left = 0;
                 while (r >= 0 && !done) {
-                        ssize_t k = read_some(fd, tmp, sizeof tmp, timeout_ms);
+                        ssize_t k = nc_read(&nc, tmp, sizeof tmp, timeout_ms);
                         if (k < 0) {
                                 r = (int) k;
                                 break;
@@ -471,9 +710,9 @@ static int exchange(node *n, const char *head, size_t head_len, const char *body
                         b = out;
                 }
                 if (r >= 0 && done && !h->conn_close && (h->has_content_length || h->chunked))
-                        node_conn_put(n, fd);
+                        node_conn_put(n, &nc);
                 else
-                        close(fd);
+                        nc_close(&nc);
                 if (r < 0 && reused && got == 0) {
                         /* a pooled connection the node had closed: once more, fresh */
                         free(h);
@@ -580,6 +819,8 @@ static void discover(void) {
                         t++;
                 if (startswith(t, "http://"))
                         t += 7;
+                else if (startswith(t, "https://"))
+                        t += 8;
                 t[strcspn(t, "/ ")] = 0;
                 if (*t)
                         node_add(t, true);
@@ -929,6 +1170,49 @@ done:
         return r;
 }
 
+/* A tunnel between the client and a node (an upgrade, an HTTP/2
+ * connection) until it ends. half_close: a side's end is passed on as the
+ * end of the other's write side and the other direction goes on (HTTP/2);
+ * otherwise either side's end ends both (an Upgrade). */
+static void tunnel(int cfd, nconn *nc, bool half_close) {
+        char *tmp = malloc(RELAY_BUF);
+        bool open[2] = { true, true }; /* reading from the client, from the node */
+        while (tmp && (open[0] || open[1])) {
+                bool pending = open[1] && nc_pending(nc);
+                struct pollfd p[2] = { { .fd = open[0] ? cfd : -1, .events = POLLIN },
+                                       { .fd = open[1] ? nc->fd : -1, .events = POLLIN } };
+                if (poll(p, 2, pending ? 0 : -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        break;
+                }
+                if (pending)
+                        p[1].revents |= POLLIN;
+                bool failed = false;
+                if (p[0].revents) {
+                        ssize_t t = recv(cfd, tmp, RELAY_BUF, 0);
+                        if (t == 0 || (t < 0 && errno != EINTR)) {
+                                open[0] = false;
+                                nc_shutdown_write(nc);
+                                failed = t < 0 || !half_close;
+                        } else if (t > 0)
+                                failed = nc_write_all(nc, tmp, (size_t) t) < 0;
+                }
+                if (!failed && p[1].revents) {
+                        ssize_t t = nc_read_ready(nc, tmp, RELAY_BUF);
+                        if (t == 0 || (t < 0 && t != -EAGAIN)) {
+                                open[1] = false;
+                                (void) shutdown(cfd, SHUT_WR);
+                                failed = t < 0 || !half_close;
+                        } else if (t > 0)
+                                failed = write_all(cfd, tmp, (size_t) t) < 0;
+                }
+                if (failed)
+                        break;
+        }
+        free(tmp);
+}
+
 /* Forward one request whose body streams from the client, and its response
  * (streams, 1xx, 101 upgrades) back, to node n. Returns RELAY_OK (the client
  * connection may carry the next request), RELAY_CLOSE, or -errno when
@@ -938,25 +1222,23 @@ static int relay(client *c, const proxyreq *rq, node *n) {
         bool upgrade = uh != NULL;
         buf head = { 0 };
         build_head(&head, rq, -1, upgrade);
-        int nfd = -1;
+        nconn nc = { .fd = -1 };
         bool reused = false;
         int r = 0;
         for (int attempt = 0; attempt < 2; attempt++) {
-                nfd = node_conn(n, &reused);
-                if (nfd < 0) {
+                r = node_conn(n, HEAD_TIMEOUT_MS, &nc, &reused);
+                if (r < 0) {
                         buf_free(&head);
-                        return nfd;
+                        return r;
                 }
-                r = write_all(nfd, head.p, head.len);
+                r = nc_write_all(&nc, head.p, head.len);
                 if (r >= 0 || !reused)
                         break;
-                close(nfd);
-                nfd = -1;
+                nc_close(&nc);
         }
         buf_free(&head);
         if (r < 0) {
-                if (nfd >= 0)
-                        close(nfd);
+                nc_close(&nc);
                 return r;
         }
         atomic_fetch_add(&n->forwarded, 1);
@@ -968,7 +1250,7 @@ static int relay(client *c, const proxyreq *rq, node *n) {
         chunked_init(&rck);
         rhead *h = malloc(sizeof *h);
         if (!h) {
-                close(nfd);
+                nc_close(&nc);
                 return -ENOMEM;
         }
         rhead_init(h);
@@ -980,7 +1262,7 @@ static int relay(client *c, const proxyreq *rq, node *n) {
         char *tmp = malloc(RELAY_BUF);
         if (!tmp) {
                 free(h);
-                close(nfd);
+                nc_close(&nc);
                 return -ENOMEM;
         }
         int result = RELAY_OK;
@@ -1006,18 +1288,19 @@ static int relay(client *c, const proxyreq *rq, node *n) {
         if (!req_done && c->in_len) {
                 size_t used;
                 FEED_REQ(c->in, c->in_len, used);
-                if (write_all(nfd, c->in, used) < 0)
+                if (nc_write_all(&nc, c->in, used) < 0)
                         node_clean = false;
                 memmove(c->in, c->in + used, c->in_len - used);
                 c->in_len -= used;
         }
         bool req_broken = false;
-        /* (not with Expect: 100-continue: the client waits for the node's 100 first) */
+        /* (not with Expect: 100-continue: the client waits for the node's 100
+         * first; not over TLS: the bytes must pass through OpenSSL) */
         if (!req_done && rq->has_content_length && req_left >= SPLICE_MIN &&
-            !proxyreq_find_header(rq, "Expect")) {
+            !proxyreq_find_header(rq, "Expect") && !nc.ssl) {
                 /* a large upload: client → node without a copy. A node that
                  * answers early (413) and closes ends it; its answer is read below */
-                if (splice_body(c->fd, nfd, &req_left) < 0)
+                if (splice_body(c->fd, nc.fd, &req_left) < 0)
                         req_broken = true;
                 req_done = true;
         }
@@ -1025,15 +1308,18 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                 /* with the request sent, the client is still watched for a
                  * hang-up (not for bytes: a pipelined request waits): a stream
                  * whose client left is ended at once, not at its next output */
-                struct pollfd p[2] = { { .fd = nfd, .events = POLLIN },
+                bool pending = nc_pending(&nc);
+                struct pollfd p[2] = { { .fd = nc.fd, .events = POLLIN },
                                        { .fd = c->fd, .events = req_done ? POLLRDHUP : POLLIN } };
-                int pr = poll(p, 2, -1);
+                int pr = poll(p, 2, pending ? 0 : -1);
                 if (pr < 0 && errno == EINTR)
                         continue;
                 if (pr < 0) {
                         result = RELAY_CLOSE;
                         goto out;
                 }
+                if (pending)
+                        p[0].revents |= POLLIN;
                 if (req_done && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
                         node_clean = false;
                         result = RELAY_CLOSE;
@@ -1047,7 +1333,7 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                         }
                         size_t used;
                         FEED_REQ(tmp, (size_t) k, used);
-                        if (write_all(nfd, tmp, used) < 0)
+                        if (nc_write_all(&nc, tmp, used) < 0)
                                 node_clean = false;
                         if ((size_t) k > used) { /* the next request, pipelined */
                                 size_t extra = (size_t) k - used;
@@ -1061,8 +1347,8 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                 }
                 if (!p[0].revents)
                         continue;
-                ssize_t k = recv(nfd, tmp, RELAY_BUF, 0);
-                if (k < 0 && errno == EINTR)
+                ssize_t k = nc_read_ready(&nc, tmp, RELAY_BUF);
+                if (k == -EAGAIN)
                         continue;
                 if (k <= 0) {
                         if (head_done && resp_close_delim) {
@@ -1136,26 +1422,10 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                                         if (off < (size_t) k &&
                                             write_all(c->fd, tmp + off, (size_t) k - off) < 0)
                                                 goto tunnel_end;
-                                        if (c->in_len && write_all(nfd, c->in, c->in_len) < 0)
+                                        if (c->in_len && nc_write_all(&nc, c->in, c->in_len) < 0)
                                                 goto tunnel_end;
                                         c->in_len = 0;
-                                        for (;;) {
-                                                struct pollfd tp[2] = {
-                                                        { .fd = nfd, .events = POLLIN },
-                                                        { .fd = c->fd, .events = POLLIN }
-                                                };
-                                                if (poll(tp, 2, -1) < 0 && errno != EINTR)
-                                                        break;
-                                                int from = tp[0].revents ? 0
-                                                        : tp[1].revents  ? 1
-                                                                         : -1;
-                                                if (from < 0)
-                                                        continue;
-                                                ssize_t t = recv(tp[from].fd, tmp, RELAY_BUF, 0);
-                                                if (t <= 0 ||
-                                                    write_all(tp[1 - from].fd, tmp, (size_t) t) < 0)
-                                                        break;
-                                        }
+                                        tunnel(c->fd, &nc, false);
                                 tunnel_end:
                                         node_clean = false;
                                         result = RELAY_CLOSE;
@@ -1200,9 +1470,9 @@ static int relay(client *c, const proxyreq *rq, node *n) {
                 if (resp_done && off < (size_t) k)
                         node_clean = false; /* bytes after the response: never reuse that connection */
                 if (!resp_done && head_done && h->has_content_length && req_done &&
-                    resp_left >= SPLICE_MIN) {
+                    resp_left >= SPLICE_MIN && !nc.ssl && !nc_pending(&nc)) {
                         /* a large download: node → client without a copy */
-                        if (splice_body(nfd, c->fd, &resp_left) < 0) {
+                        if (splice_body(nc.fd, c->fd, &resp_left) < 0) {
                                 node_clean = false;
                                 result = RELAY_CLOSE;
                                 goto out;
@@ -1225,9 +1495,9 @@ static int relay(client *c, const proxyreq *rq, node *n) {
         }
 out:
         if (result == RELAY_OK && node_clean && head_done)
-                node_conn_put(n, nfd);
+                node_conn_put(n, &nc);
         else
-                close(nfd);
+                nc_close(&nc);
         if (result < 0)
                 atomic_fetch_add(&n->failures, 1);
         free(tmp);
@@ -2147,41 +2417,6 @@ static void h2_answer(client *c, uint32_t sid, unsigned status, json_t *body) {
         h2_send_and_drain(c, &b);
 }
 
-/* Both ways until both sides ended (a side's end is passed on as a
- * shutdown of the other's write side), or either failed. */
-static void h2_tunnel(int cfd, int nfd) {
-        char *tmp = malloc(RELAY_BUF);
-        bool open[2] = { true, true }; /* reading from cfd, from nfd */
-        int fds[2] = { cfd, nfd };
-        while (tmp && (open[0] || open[1])) {
-                struct pollfd p[2] = { { .fd = open[0] ? cfd : -1, .events = POLLIN },
-                                       { .fd = open[1] ? nfd : -1, .events = POLLIN } };
-                if (poll(p, 2, -1) < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        break;
-                }
-                bool failed = false;
-                for (int i = 0; i < 2 && !failed; i++) {
-                        if (!p[i].revents)
-                                continue;
-                        ssize_t t = recv(fds[i], tmp, RELAY_BUF, 0);
-                        if (t < 0 && errno == EINTR)
-                                continue;
-                        if (t <= 0) {
-                                open[i] = false;
-                                (void) shutdown(fds[1 - i], SHUT_WR);
-                                failed = t < 0;
-                                continue;
-                        }
-                        failed = write_all(fds[1 - i], tmp, (size_t) t) < 0;
-                }
-                if (failed)
-                        break;
-        }
-        free(tmp);
-}
-
 /* The connection began with the preface (read into c->in). */
 static void serve_h2(client *c) {
         buf in = { 0 };
@@ -2319,13 +2554,23 @@ routed:;
                 }
                 n = up[0];
         }
-        int nfd = dial(n);
-        if (nfd < 0) {
-                node_mark_down(n, strerror(-nfd));
+        if (tls_ctx) {
+                /* a node serves HTTP/2 only without TLS (docs/api.md) */
+                h2_answer(c, hstream, 502,
+                          json_pack("{s:s, s:s, s:i}", "sandboxId", rt.id, "message",
+                                    "HTTP/2 through a router whose nodes serve TLS is not built: "
+                                    "use HTTP/1.1 (WebSocket and other upgrades work)",
+                                    "code", 502));
+                goto out;
+        }
+        nconn nc;
+        int dr = nc_dial(n, HEAD_TIMEOUT_MS, &nc);
+        if (dr < 0) {
+                node_mark_down(n, strerror(-dr));
                 atomic_fetch_add(&n->failures, 1);
                 char msg[200];
                 snprintf(msg, sizeof msg, "sandbox %s: its node %s did not answer (%s)", rt.id,
-                         n->id, strerror(-nfd));
+                         n->id, strerror(-dr));
                 h2_answer(c, hstream, 502,
                           json_pack("{s:s, s:s, s:i}", "sandboxId", rt.id, "message", msg, "code",
                                     502));
@@ -2333,11 +2578,11 @@ routed:;
         }
         atomic_fetch_add(&n->forwarded, 1);
         /* everything read, the preface first, goes to the node intact */
-        if (write_all(nfd, in.p, in.len) == 0) {
+        if (nc_write_all(&nc, in.p, in.len) == 0) {
                 buf_free(&in);
-                h2_tunnel(c->fd, nfd);
+                tunnel(c->fd, &nc, true);
         }
-        close(nfd);
+        nc_close(&nc);
 out:
         if (hp_ok)
                 hpack_decoder_done(&hp);
@@ -2418,6 +2663,55 @@ static int load_key(const char *path) {
         return r;
 }
 
+/* --node-tls-ca (and --node-tls-name): every node connection is TLS and
+ * must present a certificate that chains to the CA file's certificates. */
+static int tls_setup(void) {
+        if (!cfg->node_tls_ca[0]) {
+                if (cfg->node_tls_name[0]) {
+                        log_error("--node-tls-name is for --node-tls-ca: give the CA too");
+                        return -EINVAL;
+                }
+                if (strstr(cfg->nodes, "https://")) {
+                        log_error("--nodes names https:// nodes: give --node-tls-ca, the CA "
+                                  "their certificates chain to");
+                        return -EINVAL;
+                }
+                return 0;
+        }
+        if (strstr(cfg->nodes, "http://")) {
+                log_error("--nodes names http:// nodes, but with --node-tls-ca every node is "
+                          "spoken to over TLS: write https://");
+                return -EINVAL;
+        }
+        FILE *f = fopen(cfg->node_tls_ca, "re");
+        if (!f) {
+                int r = -errno;
+                log_error("--node-tls-ca %s: %s", cfg->node_tls_ca, strerror(-r));
+                return r;
+        }
+        fclose(f);
+        tls_ctx = SSL_CTX_new(TLS_client_method());
+        if (!tls_ctx)
+                return -ENOMEM;
+        (void) SSL_CTX_set_min_proto_version(tls_ctx, TLS1_2_VERSION);
+        /* a node that closes without close_notify ends a close-delimited
+         * response, as a plain connection's EOF does */
+        SSL_CTX_set_options(tls_ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+        SSL_CTX_set_mode(tls_ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+        SSL_CTX_set_verify(tls_ctx, SSL_VERIFY_PEER, NULL);
+        ERR_clear_error();
+        if (SSL_CTX_load_verify_locations(tls_ctx, cfg->node_tls_ca, NULL) != 1) {
+                unsigned long ec = ERR_peek_error();
+                log_error("--node-tls-ca %s: no PEM certificate could be read from it (%s)",
+                          cfg->node_tls_ca,
+                          ERR_reason_error_string(ec) ? ERR_reason_error_string(ec) : "?");
+                SSL_CTX_free(tls_ctx);
+                tls_ctx = NULL;
+                return -EINVAL;
+        }
+        return 0;
+}
+
 static void *stop_thread(void *arg) {
         int sig = 0;
         if (sigwait(arg, &sig) == 0)
@@ -2441,6 +2735,9 @@ int router_run(const router_config *config) {
                           r == -ENOENT ? "no key in it" : strerror(-r));
                 return r;
         }
+        r = tls_setup();
+        if (r < 0)
+                return r;
         struct sockaddr_storage ss;
         socklen_t sl;
         if (parse_hostport(cfg->listen, &ss, &sl) < 0) {

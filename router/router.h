@@ -8,7 +8,9 @@
  * second replica would need: replicas run side by side.
  *
  * One thread per client connection (blocking I/O, poll on the two sockets of
- * a stream), one discovery thread that polls every node's GET /node. The
+ * a stream), one discovery thread that polls every node's GET /node. Node
+ * connections are plain HTTP or, with node_tls_ca, TLS that verifies the
+ * node (OpenSSL, non-blocking sockets under the same polls). The
  * parsers of node and client bytes are in rhttp.c (fuzzed) and lib/egress's
  * proxyreq.
  */
@@ -22,6 +24,8 @@ typedef struct router_config {
         char nodes_dns[300]; /* NAME:PORT: every A record of NAME is a node */
         char dns[128];       /* nameserver IP[:PORT] for nodes_dns; "": /etc/resolv.conf's first */
         char key_file[1024]; /* "TEAM KEY" (or "KEY") lines; the first key is the one GET /node is asked with */
+        char node_tls_ca[1024]; /* PEM CA bundle: nodes are spoken to over TLS and verified; "": plain HTTP */
+        char node_tls_name[256]; /* the name node certificates must match; "": each node's address (IP SAN) */
         unsigned sample;  /* K: nodes sampled per create */
         unsigned poll_ms; /* GET /node of every node this often; DNS re-resolved as often */
         unsigned connect_timeout_ms;

@@ -10,7 +10,9 @@
 # Env: HUTCH_BIN (default: build/hutch of this checkout), HUTCH_E2B_KEEP=1 keeps
 # the tmp dir, HUTCH_E2B_TEST_TIMEOUT (ms per test, default 180000),
 # HUTCH_E2B_ROUTER=N runs the files through `hutch router` in front of N daemons
-# (default files: HUTCH_E2B_ROUTER_FILES, see below).
+# (default files: HUTCH_E2B_ROUTER_FILES, see below); with HUTCH_E2B_ROUTER_TLS=1
+# the daemons serve TLS (a CA and certificate made here) and the router
+# verifies them (--node-tls-ca).
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -167,18 +169,39 @@ if ((router_n > 0)); then
 	key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
 	echo "default $key" >"$tmp/keys"
 	export HUTCH_E2B_KEYS_FILE="$tmp/keys"
+	scheme=http
+	tls_args=()
+	router_tls=()
+	if [[ "${HUTCH_E2B_ROUTER_TLS:-0}" == 1 ]]; then
+		# one CA, one node certificate for 127.0.0.1 (every node's address here)
+		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/ca.key" \
+			-out "$tmp/ca.pem" -days 2 -subj /CN=hutch-e2b-ca >/dev/null 2>&1 &&
+			openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/node.key" \
+				-subj /CN=hutch-e2b-node -addext subjectAltName=IP:127.0.0.1 \
+				-addext basicConstraints=critical,CA:FALSE -x509 -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" \
+				-days 2 -out "$tmp/node.pem" >/dev/null 2>&1 || { echo "run.sh: openssl failed" >&2; exit 2; }
+		scheme=https
+		# kill_leftovers asks each node too
+		export NODE_EXTRA_CA_CERTS="$tmp/ca.pem"
+		tls_args=(--tls-cert "$tmp/node.pem" --tls-key "$tmp/node.key")
+		router_tls=(--node-tls-ca "$tmp/ca.pem")
+	fi
 	for i in $(seq 1 "$router_n"); do
 		np="$(free_port)"
 		"$bin" serve --listen "127.0.0.1:$np" --data-dir "$tmp/data$i" --run-dir "$tmp/run$i" \
 			--backend "$HUTCH_E2B_BACKEND" --keys-file "$tmp/keys" --node-id "$(printf 'nd%02d' "$i")" \
-			"${disk_args[@]}" >>"$tmp/serve$i.log" 2>&1 &
+			"${disk_args[@]}" "${tls_args[@]}" >>"$tmp/serve$i.log" 2>&1 &
 		extra_pids+=($!)
-		node_urls+=("http://127.0.0.1:$np")
+		node_urls+=("$scheme://127.0.0.1:$np")
 	done
 	for u in "${node_urls[@]}"; do
-		for _ in $(seq 1 300); do curl -sf "$u/health" >/dev/null 2>&1 && break; sleep 0.1; done
+		for _ in $(seq 1 300); do
+			curl -sf ${router_tls:+--cacert "$tmp/ca.pem"} "$u/health" >/dev/null 2>&1 && break
+			sleep 0.1
+		done
 	done
-	router_args=(router --listen "$listen" --nodes "$(IFS=,; echo "${node_urls[*]}")" --key-file "$tmp/keys")
+	router_args=(router --listen "$listen" --nodes "$(IFS=,; echo "${node_urls[*]}")" --key-file "$tmp/keys"
+		"${router_tls[@]}")
 	HUTCH_E2B_ROUTER_ARGS="$(node -e 'console.log(JSON.stringify(process.argv.slice(1)))' -- "${router_args[@]}")"
 	export HUTCH_E2B_ROUTER_ARGS
 	"$bin" "${router_args[@]}" >>"$log" 2>&1 &

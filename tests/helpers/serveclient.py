@@ -136,9 +136,12 @@ def _read_body(rd: _Reader, method: str, status: int, headers: Dict[str, str], o
 class HttpConn:
     """One keep-alive connection. request() writes exact bytes and reads one response."""
 
-    def __init__(self, host: str, port: int, timeout: float = 30):
+    def __init__(self, host: str, port: int, timeout: float = 30, tls=None):
+        """tls: an ssl.SSLContext to speak HTTPS with (its name checked against host)."""
         self.host, self.port = host, port
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname=host)
         self.rd = _Reader(self.sock)
 
     def close(self) -> None:
@@ -289,6 +292,35 @@ def multipart(parts: List[Tuple[str, Optional[str], bytes]],
 # The daemon
 # --------------------------------------------------------------------------
 
+def websocket_echo(sock: socket.socket, head_lines: str, payloads: Iterable[bytes]) -> None:
+    """Open a WebSocket on sock (GET /ws with head_lines, "Name: value\\r\\n"
+    each), check the 101 and its Sec-WebSocket-Accept, then send each payload
+    as a masked text frame and check that it comes back (an echo server)."""
+    import os
+    k = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(f"GET /ws HTTP/1.1\r\n{head_lines}Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                 f"Sec-WebSocket-Key: {k}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = sock.recv(4096)
+        assert got, buf
+        buf += got
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    accept = base64.b64encode(hashlib.sha1((k + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+    assert accept in head, head
+    for payload in payloads:
+        mask = os.urandom(4)
+        sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask +
+                     bytes(c ^ mask[i % 4] for i, c in enumerate(payload)))
+        while len(buf) < 2 + len(payload):
+            got = sock.recv(4096)
+            assert got, buf
+            buf += got
+        assert buf[:2 + len(payload)] == bytes([0x81, len(payload)]) + payload, buf
+        buf = buf[2 + len(payload):]
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -302,10 +334,12 @@ class ServeDaemon:
     Tracks the sandboxes it creates (create()) so stop() can DELETE them."""
 
     def __init__(self, hutch_bin: Path, data_dir: Path, extra_args: Iterable[str] = (),
-                 host: str = "127.0.0.1", cmd_prefix: Iterable[str] = ()):
+                 host: str = "127.0.0.1", cmd_prefix: Iterable[str] = (), tls=None):
         """host: the address to listen on and talk to; cmd_prefix: argv put
-        before hutch (e.g. nsenter into a test netns)."""
+        before hutch (e.g. nsenter into a test netns); tls: an ssl.SSLContext
+        when extra_args give --tls-cert."""
         self.host = host
+        self.tls = tls
         self.cmd_prefix = list(cmd_prefix)
         self.hutch_bin = Path(hutch_bin)
         self.data_dir = Path(data_dir)
@@ -318,7 +352,7 @@ class ServeDaemon:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def __iter__(self):
         """`url, api_key, data_dir = daemon`"""
@@ -339,7 +373,7 @@ class ServeDaemon:
                 if self.proc.poll() is not None:
                     break
                 try:
-                    with HttpConn(self.host, self.port, timeout=5) as c:
+                    with HttpConn(self.host, self.port, timeout=5, tls=self.tls) as c:
                         r = c.request("GET", "/health")
                     if r.status == 200:
                         self.key = (self.data_dir / "api-key").read_text().strip()
@@ -368,7 +402,7 @@ class ServeDaemon:
         raise AssertionError("no Threads line")
 
     def conn(self, timeout: float = 30) -> HttpConn:
-        return HttpConn(self.host, self.port, timeout=timeout)
+        return HttpConn(self.host, self.port, timeout=timeout, tls=self.tls)
 
     def request(self, method: str, path: str, body=None, headers=None, key: Optional[str] = None,
                 timeout: float = 30, **kw) -> Response:

@@ -202,13 +202,11 @@ def test_response_framing_is_the_daemons(world):
 def test_ports_over_tls_and_a_websocket_through_it(sandboxed_hutch, tmp_path):
     """With tls-cert/tls-key the sandbox ports are served over HTTPS on the
     same port, upgrades included (libmicrohttpd relays the TLS side)."""
-    import base64
-    import hashlib
     import http.client
     import json
     import socket
     import ssl
-    from serveclient import free_port
+    from serveclient import free_port, websocket_echo
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                     "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=hutch-test",
@@ -259,22 +257,8 @@ def test_ports_over_tls_and_a_websocket_through_it(sandboxed_hutch, tmp_path):
         port_h = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "8000"}
         assert https("GET", "/", None, port_h) == (200, b"hello from the sandbox\n")
         s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
-        k = base64.b64encode(os.urandom(16)).decode()
-        s.sendall(f"GET /ws HTTP/1.1\r\nHost: 8000-{sid}.sbx.hutch.test\r\nE2b-Sandbox-Id: {sid}\r\n"
-                  f"E2b-Sandbox-Port: 8000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Key: {k}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += s.recv(4096)
-        head, buf = buf.split(b"\r\n\r\n", 1)
-        assert head.startswith(b"HTTP/1.1 101"), head
-        accept = base64.b64encode(hashlib.sha1((k + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
-        assert accept in head, head
-        payload, mask = b"over tls", b"\x01\x02\x03\x04"
-        s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(payload)))
-        while len(buf) < 2 + len(payload):
-            buf += s.recv(4096)
-        assert buf[:2 + len(payload)] == bytes([0x81, len(payload)]) + payload
+        websocket_echo(s, f"Host: 8000-{sid}.sbx.hutch.test\r\nE2b-Sandbox-Id: {sid}\r\n"
+                          f"E2b-Sandbox-Port: 8000\r\n", (b"over tls",))
         s.close()
         assert https("GET", "/", None, port_h)[0] == 200
     finally:

@@ -28,10 +28,10 @@ def _validator():
 def test_manifests_valid():
     r = subprocess.run([sys.executable, str(K8S / "validate.py")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "8 files valid" in r.stdout
+    assert "9 files valid" in r.stdout
     docs = _validator().load(sorted(K8S.glob("*.yaml")))
     kinds = sorted(d["kind"] for _, d in docs)
-    assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "Namespace", "NetworkPolicy", "Secret",
+    assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "Namespace", "NetworkPolicy", "Secret", "Secret",
                      "Service", "Service"]
     ds = next(d for _, d in docs if d["kind"] == "DaemonSet")
     assert ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] is True

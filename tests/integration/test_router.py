@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from serveclient import HttpConn, ServeDaemon, envelope, free_port
+from serveclient import HttpConn, ServeDaemon, envelope, free_port, websocket_echo
 
 NAME = "hutch-nodes.hutch.svc.cluster.local"
 
@@ -116,12 +116,15 @@ class Cluster:
                            if f"10.233.{n}." not in used)
         self.netns: list[str] = []
 
+    def node_addr(self, i: int) -> str:
+        return f"10.233.{self.subnet}.{4 * i + 2}"
+
     def _netns(self, i: int) -> tuple[str, str]:
         """Node i's own network namespace, joined to this one by a veth pair
         on 10.233.S.4i/30: (namespace name, the node's address)."""
         ns = f"{self.ns_prefix}{i}"
         host, peer = f"{self.ns_prefix}{i}r", f"{self.ns_prefix}{i}n"
-        here, there = f"10.233.{self.subnet}.{4 * i + 1}", f"10.233.{self.subnet}.{4 * i + 2}"
+        here, there = f"10.233.{self.subnet}.{4 * i + 1}", self.node_addr(i)
         for argv in (["ip", "netns", "add", ns],
                      ["ip", "link", "add", host, "type", "veth", "peer", "name", peer],
                      ["ip", "link", "set", peer, "netns", ns],
@@ -134,13 +137,15 @@ class Cluster:
         self.netns.append(ns)
         return ns, there
 
-    def add_node(self, i: int) -> ServeDaemon:
+    def add_node(self, i: int, tls_args: tuple = (), tls=None) -> ServeDaemon:
+        """tls_args: --tls-cert/--tls-key; tls: the ssl.SSLContext the test
+        speaks to the node with."""
         nid = f"nd{i:02d}"
         ns, addr = self._netns(i)
         # nsenter, not `ip netns exec` (which remounts /sys and hides the cgroups)
         d = ServeDaemon(self.bin, self.tmp / f"data{i}", host=addr, cmd_prefix=["nsenter", f"--net=/run/netns/{ns}"],
                         extra_args=["--run-dir", str(self.tmp / f"run{i}"), "--node-id", nid,
-                                    "--keys-file", str(self.keys), "--pool-size", "0"])
+                                    "--keys-file", str(self.keys), "--pool-size", "0", *tls_args], tls=tls)
         # ServeDaemon picks a free port per start: pin this cluster's one
         import serveclient
         orig = serveclient.free_port
@@ -154,7 +159,8 @@ class Cluster:
         self.dns.addrs = [n.host for n in self.nodes.values() if n.alive()]
         return d
 
-    def start_router(self, *extra: str) -> tuple[subprocess.Popen, int]:
+    def start_router(self, *extra: str, up: int | None = None) -> tuple[subprocess.Popen, int]:
+        """up: how many nodes the router must see up (default: every live one)."""
         port = free_port()
         log = open(self.tmp / f"router-{port}.log", "ab")
         p = subprocess.Popen([str(self.bin), "router", "--listen", f"127.0.0.1:{port}",
@@ -163,8 +169,12 @@ class Cluster:
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
         self.routers.append(p)
-        wait_until(lambda: _health(port).get("nodesUp") == len([n for n in self.nodes.values() if n.alive()]),
-                   timeout=15, what="the router to see every node up")
+        known = len(self.dns.addrs) if up is not None else None
+        if up is None:
+            up = len([n for n in self.nodes.values() if n.alive()])
+        wait_until(lambda: _health(port).get("nodesUp", 0) == up and
+                   known in (None, _health(port).get("nodesKnown")),
+                   timeout=15, what=f"the router to see {up} node(s) up")
         return p, port
 
     def client(self, port: int) -> ServeDaemon:
@@ -630,3 +640,115 @@ def test_router_forwards_h2c_prior_knowledge(cluster):
         assert ga and struct.unpack(">I", ga[-1][3][4:8])[0] != 0, fr
         assert not [f for f in fr if f[0] in (0, 1)], fr
     assert _health(port).get("nodesUp") == 2
+
+
+# ------------------------------------------------------------ TLS to nodes
+
+def _openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _ca(d: Path, name: str) -> tuple[Path, Path]:
+    cert, key = d / f"{name}.pem", d / f"{name}.key"
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+             "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    return cert, key
+
+
+def _leaf(d: Path, name: str, ca: tuple[Path, Path], san: str) -> tuple[Path, Path]:
+    cert, key = d / f"{name}.pem", d / f"{name}.key"
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+             "-subj", f"/CN={name}", "-addext", f"subjectAltName={san}",
+             "-addext", "basicConstraints=critical,CA:FALSE", "-x509", "-CA", str(ca[0]), "-CAkey", str(ca[1]),
+             "-days", "2", "-out", str(cert))
+    return cert, key
+
+
+def test_router_speaks_tls_to_nodes(cluster):
+    """--node-tls-ca: the router speaks TLS to every node and verifies it.
+    Two nodes with certificates of the router's CA (for their addresses)
+    take creates, a command stream, files both ways (one large enough to be
+    spliced on plain HTTP), a WebSocket through ingress, a kill; a third node
+    whose certificate comes from another CA is down, with a log line that
+    says why, and never used; --node-tls-name makes the name the
+    certificates must carry; HTTP/2 prior knowledge, which a TLS node does
+    not serve, is answered by the router."""
+    import ssl
+
+    pki = cluster.tmp / "pki"
+    pki.mkdir()
+    good, evil = _ca(pki, "ca"), _ca(pki, "other-ca")
+    ctx_good = ssl.create_default_context(cafile=str(good[0]))
+    ctx_evil = ssl.create_default_context(cafile=str(evil[0]))
+    for i, ca, ctx in ((1, good, ctx_good), (2, good, ctx_good), (3, evil, ctx_evil)):
+        cert, key = _leaf(pki, f"node{i}", ca, f"IP:{cluster.node_addr(i)},DNS:{NAME}")
+        cluster.add_node(i, ("--tls-cert", str(cert), "--tls-key", str(key)), tls=ctx)
+    _, port = cluster.start_router("--node-tls-ca", str(good[0]), up=2)
+    rc = cluster.client(port)
+    nodes = {n["address"].split(":")[0]: n for n in _health(port)["nodes"]}
+    assert not nodes[cluster.node_addr(3)]["up"] and nodes[cluster.node_addr(1)]["up"], nodes
+    log = next(cluster.tmp.glob(f"router-{port}.log")).read_text()
+    assert f"({cluster.node_addr(3)}:{cluster.node_port}): TLS: its certificate is refused" in log, log
+
+    made = [rc.create()["sandboxID"] for _ in range(6)]
+    assert {sid[:4] for sid in made} == {"nd01", "nd02"}, made
+    assert cluster.nodes["nd03"].list_ids() == []
+    sb = rc.request("GET", f"/sandboxes/{made[0]}").json()
+    end, out, _, _ = rc.run(sb, "for i in 1 2 3; do echo line$i; sleep 0.1; done")
+    assert end.get("exitCode", 0) == 0 and out == b"line1\nline2\nline3\n", (end, out)
+    data = os.urandom(600_000)
+    assert rc.upload(sb, "/tmp/blob", data).status == 200
+    got = rc.request("GET", rc.files_path("/tmp/blob"), key="", headers=rc.envd_headers(sb))
+    assert got.status == 200 and got.body == data
+
+    # a WebSocket to a sandbox port, through the router and the node's TLS
+    srv = (Path(__file__).resolve().parent.parent / "e2b" / "fixtures" / "ingress_server.py").read_bytes()
+    assert rc.upload(sb, "/tmp/s.py", srv).status == 200
+    end, _, err, _ = rc.run(sb, "(setsid python3 /tmp/s.py 8000 >/dev/null 2>&1 &)")
+    assert end.get("exitCode", 0) == 0, err
+    host = f"8000-{sb['sandboxID']}.sbx.hutch.test"
+    port_h = {"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "8000"}
+    wait_until(lambda: rc.request("GET", "/", key="", headers=port_h).status == 200, 20, "the sandbox's server")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        websocket_echo(s, f"Host: {host}\r\n", (b"over tls", b"twice"))
+
+    # HTTP/2 prior knowledge: a TLS node has none, the router says so
+    r = subprocess.run(["curl", "-sS", "--max-time", "20", "--http2-prior-knowledge", "-o", "-", "-w",
+                        "\n%{http_code} %{http_version}", "-H", f"Host: {host}", f"http://127.0.0.1:{port}/"],
+                       capture_output=True, timeout=60)
+    out = r.stdout.decode()
+    assert out.endswith("\n502 2") and "not built" in out, (out, r.stderr)
+
+    for sid in made:
+        assert rc.kill(sid).status == 204
+    assert rc.request("GET", f"/sandboxes/{made[0]}").status == 404
+
+    # the name the certificates must carry: theirs, then one they lack
+    _, p2 = cluster.start_router("--node-tls-ca", str(good[0]), "--node-tls-name", NAME, up=2)
+    _, p3 = cluster.start_router("--node-tls-ca", str(good[0]), "--node-tls-name", "other.example", up=0)
+    assert _health(p3)["nodesKnown"] == 3
+    log = next(cluster.tmp.glob(f"router-{p3}.log")).read_text()
+    assert "its certificate is refused: hostname mismatch" in log, log
+
+
+def test_router_tls_settings_are_checked_at_start(hutch_bin, tmp_path):
+    """Bad TLS settings stop the router before it listens, saying why."""
+    keys = tmp_path / "keys"
+    keys.write_text("default e2b_" + "a" * 40 + "\n")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+    base = [str(hutch_bin), "router", "--listen", f"127.0.0.1:{free_port()}", "--key-file", str(keys)]
+    for args, says in (
+        (["--nodes", "https://127.0.0.1:1", "--node-tls-ca", str(tmp_path / "missing.pem")],
+         "missing.pem: No such file or directory"),
+        (["--nodes", "https://127.0.0.1:1", "--node-tls-ca", str(garbage)], "no PEM certificate could be read"),
+        (["--nodes", "https://127.0.0.1:1", "--node-tls-ca", str(empty)], "no PEM certificate could be read"),
+        (["--nodes", "http://127.0.0.1:1", "--node-tls-ca", str(garbage)], "write https://"),
+        (["--nodes", "https://127.0.0.1:1"], "give --node-tls-ca"),
+        (["--nodes", "127.0.0.1:1", "--node-tls-name", "x.example"], "--node-tls-name is for --node-tls-ca"),
+    ):
+        r = subprocess.run(base + args, capture_output=True, text=True, timeout=10)
+        assert r.returncode != 0 and says in r.stderr, (args, r.returncode, r.stderr)
