@@ -1507,9 +1507,15 @@ static int file_mode(const char *file, const char *name_arg) {
         }
         const char *from = json_string_value(json_object_get(job, "fromTemplate"));
         json_t *base = NULL;
-        if (streq(from, "base") || streq(from, "host"))
+        if (streq(from, "host") ||
+            (streq(from, "base") && streq(template_base_target(data_dir), "host")))
                 base = json_pack("{s:s, s:s}", "kind", "host", "name", from);
-        else {
+        else if (streq(from, "base")) /* the built base: an image template */
+                base = image_base(data_dir, "base", "base");
+        if (!base && streq(from, "base"))
+                base = json_pack("{s:s, s:s}", "kind", "missing", "message",
+                                 "FROM base: the base template was removed");
+        else if (!base) {
                 /* a template built before, by this CLI or the daemon */
                 store_build_template pt;
                 char pbid[40];

@@ -460,7 +460,10 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         _cleanup_(json_decrefp) json_t *built = NULL; /* a built template's ready build */
         char built_tid[32] = "", built_alias[64] = "", snap_base[64];
         char build_layer[PATH_MAX] = ""; /* a built template's layer under a gvisor checkpoint */
-        if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
+        /* "base": the built base template when there is one (an image
+         * template, by the branch for names below), else the host's */
+        if (streq(cr.template_id, "host") ||
+            (streq(cr.template_id, "base") && streq(template_base_target(srv->cfg.data_dir), "host"))) {
                 template_name = "host";
                 alias = cr.template_id;
         } else if (template_is_interp(cr.template_id)) {
@@ -479,11 +482,12 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                             sizeof snap_base, build_layer, sizeof build_layer) == 0)
                         template_name = snap_base; /* taken from a built template: its base */
                 else if (snap.template_id[0] && !streq(snap.template_id, "host") &&
-                         !streq(snap.template_id, "base") && !snapshot_id_valid(snap.template_id) &&
+                         !snapshot_id_valid(snap.template_id) &&
                          template_validate_name(snap.template_id) == 0)
                         template_name = snap.template_id;
                 alias = cr.template_id;
-        } else if (templates_resolve(srv, team, cr.template_id, built_tid, built_alias, &built, err) == 0) {
+        } else if (templates_resolve(srv, team, cr.template_id, built_tid, built_alias, &built,
+                                     err) == 0) {
                 /* a template the team built (templates.c): its base template
                  * (host, or an image one) under the build's cached layer */
                 const char *base = json_string_value(json_object_get(built, "baseTemplate"));
