@@ -970,15 +970,7 @@ static json_t *image_base(const char *data_dir, const char *name, const char *re
         hutch_error err = { 0 };
         if (template_validate_name(name) < 0 || template_resolve(data_dir, name, &t, &err) < 0)
                 return NULL;
-        json_t *env = json_object();
-        for (char **v = t->env; v && *v; v++) {
-                char *eq = strchr(*v, '=');
-                if (eq && eq != *v) {
-                        *eq = 0;
-                        json_object_set_new(env, *v, json_string(eq + 1));
-                        *eq = '=';
-                }
-        }
+        json_t *env = template_env_json(t);
         json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o}", "kind", "image", "name", ref, "template",
                               name, "version", t->version ? t->version : "", "env", env);
         template_free(t);

@@ -506,15 +506,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 hutch_error e2 = { 0 };
                 if (!streq(template_name, "host") && template_resolve(srv->cfg.data_dir, template_name, &t, &e2) == 0) {
                         /* the image's Env, as for a create from the image itself */
-                        tpl_env = json_object();
-                        for (char **e = t->env; e && *e; e++) {
-                                char *eq = strchr(*e, '=');
-                                if (eq && eq != *e) {
-                                        *eq = 0;
-                                        json_object_set_new(tpl_env, *e, json_string(eq + 1));
-                                        *eq = '=';
-                                }
-                        }
+                        tpl_env = template_env_json(t);
                         template_free(t);
                 }
         } else if (template_validate_name(cr.template_id) == 0) {
@@ -532,15 +524,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                         return hutch_error_set(err, -ENOENT, "template '%s' not found",
                                                cr.template_id);
                 }
-                tpl_env = json_object();
-                for (char **e = t->env; e && *e; e++) {
-                        char *eq = strchr(*e, '=');
-                        if (eq && eq != *e) {
-                                *eq = 0;
-                                json_object_set_new(tpl_env, *e, json_string(eq + 1));
-                                *eq = '=';
-                        }
-                }
+                tpl_env = template_env_json(t);
                 if (t->workdir)
                         snprintf(tpl_workdir, sizeof tpl_workdir, "%s", t->workdir);
                 template_free(t);

@@ -1068,15 +1068,7 @@ static json_t *job_image_template(server *srv, int64_t team, const char *ref, co
                 template_free(t);
                 return NULL;
         }
-        json_t *env = json_object();
-        for (char **v = t->env; v && *v; v++) {
-                char *eq = strchr(*v, '=');
-                if (eq && eq != *v) {
-                        *eq = 0;
-                        json_object_set_new(env, *v, json_string(eq + 1));
-                        *eq = '=';
-                }
-        }
+        json_t *env = template_env_json(t);
         json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s}", "kind", "image", "name", ref,
                               "template", tname, "version", t->version ? t->version : "", "env",
                               env, "workdir", t->workdir ? t->workdir : "");

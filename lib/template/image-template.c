@@ -405,6 +405,20 @@ static int strv_from(json_t *a, char ***ret) {
         return 0;
 }
 
+json_t *template_env_json(const hutch_template *t) {
+        json_t *o = json_object();
+        for (char **e = t->env; o && e && *e; e++) {
+                const char *eq = strchr(*e, '=');
+                if (eq && eq != *e) {
+                        char *k = strndup(*e, (size_t) (eq - *e));
+                        if (k)
+                                json_object_set_new(o, k, json_string(eq + 1));
+                        free(k);
+                }
+        }
+        return o;
+}
+
 static char *str_or_null(json_t *o, const char *k) {
         const char *s = json_string_value(json_object_get(o, k));
         return s && *s ? strdup(s) : NULL;

@@ -90,6 +90,10 @@ int template_remove(const char *data_dir, const char *name, hutch_error *err);
 typedef struct template_users template_users;
 typedef int (*template_users_fn)(void *arg, template_users *ret, hutch_error *err);
 
+/* The template's env ("K=V" each) as a JSON object {K: V} (a new reference). */
+struct json_t;
+struct json_t *template_env_json(const hutch_template *t);
+
 /* What the name "base" means, decided here and nowhere else: the template
  * `hutch template base` built from Debian packages (templates/base, an
  * image template) when there is one, else the host template. Returns
