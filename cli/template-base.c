@@ -792,5 +792,8 @@ int verb_template_base(int argc, char **argv) {
                         printf("base\n");
                 return 0;
         }
+        if (r < 0 && json_out)
+                printf("{\"phase\":\"failed\",\"name\":\"base\",\"message\":\"the build failed: "
+                       "the reason is on stderr; base is as it was\"}\n");
         return r < 0 ? EXIT_HUTCH : 0;
 }
