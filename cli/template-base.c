@@ -79,8 +79,7 @@ static const char *usage_text =
         "`hutch template rm base` removes it: `base` is then the host template again.\n";
 
 static const char *data_dir(void) {
-        const char *d = getenv("HUTCH_DATA_DIR");
-        return d && *d ? d : "/var/lib/hutch";
+        return cli_template_data_dir();
 }
 
 static bool json_out;

@@ -39,9 +39,13 @@ static void usage(FILE *f) {
               f);
 }
 
-static const char *data_dir(void) {
+const char *cli_template_data_dir(void) {
         const char *d = getenv("HUTCH_DATA_DIR");
         return d && *d ? d : "/var/lib/hutch";
+}
+
+static const char *data_dir(void) {
+        return cli_template_data_dir();
 }
 
 /* ---------------------------------------------------------------- progress */
