@@ -1436,6 +1436,13 @@ static int file_mode(const char *file, const char *name_arg) {
                 log_error("--name: %s", why);
                 return EXIT_USAGE;
         }
+        if (streq(nm.alias, "base") || streq(nm.alias, "host")) {
+                /* as the daemon's build API answers (a build named so could
+                 * never be started: those names are the built-in ones) */
+                log_error("--name: '%s' is a built-in template (`hutch template base` builds base)",
+                          nm.alias);
+                return EXIT_USAGE;
+        }
         hutch_store *st = NULL;
         if (server_open_store(data_dir, &st) < 0)
                 return EXIT_HUTCH;

@@ -53,6 +53,10 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
         p = hutch(sandboxed_hutch, e, "template", "base", *args, check=False)
         assert p.returncode == 2 and says.encode() in p.stderr, (args, p.returncode, p.stderr)
     assert not data.exists()
+    # and no other writer may take the name: a build named base is refused
+    (tmp_path / "Buildfile").write_text("FROM base\nRUN true\n")
+    p = hutch(sandboxed_hutch, e, "template", "build", str(tmp_path / "Buildfile"), "--name", "base", check=False)
+    assert p.returncode == 2 and b"is a built-in template" in p.stderr, p.stderr
 
     # before a build, base is the host template: the host's /usr
     in_base(sandboxed_hutch, e, "test -x /usr/bin/python3")
