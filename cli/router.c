@@ -39,7 +39,10 @@ static void router_usage(FILE *f) {
               "                           closed at once (default 16384)\n"
               "  --max-sandboxes-per-team N\n"
               "                           live sandboxes a team may have across all nodes (429\n"
-              "                           beyond; default 0: only each node's own limit)\n",
+              "                           beyond; default 0: only each node's own limit)\n"
+              "  --max-snapshots-per-team N\n"
+              "                           snapshots a team may keep across all nodes (429 at\n"
+              "                           createSnapshot beyond; default 0: only each node's own limit)\n",
               f);
 }
 
@@ -110,6 +113,9 @@ int verb_router(int argc, char **argv) {
                 else if (streq(a, "--max-sandboxes-per-team") &&
                          (r = set_u("max-sandboxes-per-team", v, 0, 1000000, &x)) >= 0)
                         cfg.max_sandboxes_per_team = (unsigned) x;
+                else if (streq(a, "--max-snapshots-per-team") &&
+                         (r = set_u("max-snapshots-per-team", v, 0, 1000000, &x)) >= 0)
+                        cfg.max_snapshots_per_team = (unsigned) x;
                 else {
                         if (r >= 0)
                                 log_error("router: unknown option '%s' (try --help)", a);

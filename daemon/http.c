@@ -22,6 +22,7 @@
 #include "util/clock.h"
 #include "daemon/server.h"
 #include "daemon/templates.h"
+#include "daemon/tls.h"
 #include "util/error.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -747,6 +748,9 @@ int http_bind(server *srv, hutch_error *err) {
                         return hutch_error_set(err, -EINVAL, "tls-cert must be a PEM certificate and tls-key a PEM "
                                                              "private key");
         }
+        r = tls_certs_load(srv, err);
+        if (r < 0)
+                return r;
 
         _cleanup_close_ int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
@@ -777,16 +781,20 @@ int http_start(server *srv, hutch_error *err) {
                 return hutch_error_set(err, -EBADF, "the API socket is not bound");
         /* read by http_bind; MHD copies neither, so they stay until http_stop */
         const char *cert = srv->tls_pem[0], *key = srv->tls_pem[1];
+        void *pick = tls_certs_callback(srv); /* two certificates, chosen by SNI: no PEM given to MHD */
         /* The daemon accepts, not MHD: a connection that opens with the
          * HTTP/2 preface is ingress's (daemon/ingress_h2.c); the rest are
          * handed over with MHD_add_connection, MHD's limits applying. */
         unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE |
-                MHD_USE_NO_LISTEN_SOCKET | (cert ? MHD_USE_TLS : 0);
-        struct MHD_OptionItem tls_opts[] = {
-                { cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *) cert },
-                { MHD_OPTION_HTTPS_MEM_KEY, 0, (void *) key },
-                { MHD_OPTION_END, 0, NULL },
-        };
+                MHD_USE_NO_LISTEN_SOCKET | (cert || pick ? MHD_USE_TLS : 0);
+        struct MHD_OptionItem tls_opts[3] = { { MHD_OPTION_END, 0, NULL } };
+        if (pick) {
+                tls_opts[0] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_CERT_CALLBACK, 0, pick };
+                tls_opts[1] = (struct MHD_OptionItem) { MHD_OPTION_END, 0, NULL };
+        } else if (cert) {
+                tls_opts[0] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_CERT, 0, (void *) cert };
+                tls_opts[1] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_KEY, 0, (void *) key };
+        }
         srv->mhd = MHD_start_daemon(
                 flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY, tls_opts,
                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
@@ -831,6 +839,7 @@ void http_stop(server *srv) {
         srv->listen_fd = safe_close(srv->listen_fd);
         if (!srv->mhd) {
                 tls_pem_free(srv);
+                tls_certs_free(srv);
                 return;
         }
         /* suspended connections must be resumed before MHD can close them */
@@ -845,4 +854,5 @@ void http_stop(server *srv) {
         srv->mhd = NULL;
         ingress_reap(srv);
         tls_pem_free(srv);
+        tls_certs_free(srv);
 }

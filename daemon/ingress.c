@@ -1284,22 +1284,10 @@ int ingress_create_check(json_t *body, char *why, size_t wl) {
 /* The Host the server in the sandbox sees: the client's, or maskRequestHost
  * with ${PORT} replaced by the port (E2B's rule). */
 static int host_value(sbx *sb, struct MHD_Connection *c, unsigned port, char *out, size_t n) {
-        json_t *m = json_object_get(sbx_network_create(sb), "maskRequestHost");
-        const char *mask = json_string_value(m);
-        if (!mask) {
+        if (!ingress_masked_host(sb, port, out, n)) {
                 const char *h = http_header(c, "Host");
                 snprintf(out, n, "%s", h ? h : "localhost");
-                return 0;
         }
-        size_t o = 0;
-        for (const char *p = mask; *p && o + 8 < n;) {
-                if (strncmp(p, "${PORT}", 7) == 0) {
-                        o += (size_t) snprintf(out + o, n - o, "%u", port);
-                        p += 7;
-                } else
-                        out[o++] = *p++;
-        }
-        out[o] = 0;
         return 0;
 }
 
@@ -1567,8 +1555,20 @@ bool ingress_token_ok(server *srv, sbx *sb, const char *tok) {
         return tok && const_time_eq(tok, want);
 }
 
-const char *ingress_mask(sbx *sb) {
-        return json_string_value(json_object_get(sbx_network_create(sb), "maskRequestHost"));
+bool ingress_masked_host(sbx *sb, unsigned port, char *out, size_t n) {
+        const char *mask = json_string_value(json_object_get(sbx_network_create(sb), "maskRequestHost"));
+        if (!mask || n == 0)
+                return false;
+        size_t o = 0;
+        for (const char *p = mask; *p && o + 8 < n;) {
+                if (strncmp(p, "${PORT}", 7) == 0) {
+                        o += (size_t) snprintf(out + o, n - o, "%u", port);
+                        p += 7;
+                } else
+                        out[o++] = *p++;
+        }
+        out[o] = 0;
+        return true;
 }
 
 int ingress_up_socket(sbx *sb, int *ret_fd) {

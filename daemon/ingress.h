@@ -49,8 +49,9 @@ int ingress_create_check(json_t *body, char *why, size_t wl);
 /* For HTTP/2 ingress (daemon/ingress_h2.c), which has no MHD request: */
 /* whether tok is sb's traffic access token (constant time) */
 bool ingress_token_ok(server *srv, sbx *sb, const char *tok);
-/* sb's maskRequestHost, or NULL */
-const char *ingress_mask(sbx *sb);
+/* sb's maskRequestHost for port (${PORT} replaced) into out: true, or
+ * false when sb has none (out untouched) */
+bool ingress_masked_host(sbx *sb, unsigned port, char *out, size_t n);
 /* a socket in sb's netns, not connected (ns backend) */
 int ingress_up_socket(sbx *sb, int *ret_fd);
 /* gvisor: a fresh connector to port (never a pooled one: those carry

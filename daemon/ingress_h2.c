@@ -120,6 +120,15 @@ typedef struct h2conn {
         unsigned s_have;
         uint64_t s_left, to_cl_total, to_cl_boundary, to_cl_sent;
         bool split; /* gvisor: uw and ww are the connector's two pipes */
+        /* maskRequestHost: every header block goes to the upstream
+         * re-encoded (literals without indexing, so the server's HPACK
+         * table stays empty and in step), :authority and host replaced */
+        bool mask;
+        char mask_host[300];
+        uint8_t hflags;         /* the block's HEADERS flags (END_STREAM) */
+        size_t first_block_at;  /* HEAD: where the first block's frames begin in craw */
+        hbuf fields;            /* the block's fields re-encoded, :authority and host left out */
+        hbuf first_block;       /* the first block's frames, masked, for relay_begin */
         bool c_eof, u_eof, closed;
         struct h2conn *next, *prev, *next_zombie;
 } h2conn;
@@ -210,6 +219,8 @@ void ingress_h2_reap(void) {
                 hb_free(&h->to_cl);
                 hb_free(&h->hraw);
                 hb_free(&h->hblock);
+                hb_free(&h->fields);
+                hb_free(&h->first_block);
                 free(h);
         }
 }
@@ -326,6 +337,7 @@ static void h2_answer_json(h2conn *h, uint32_t sid, unsigned status, json_t *j) 
 typedef struct req_fields {
         char authority[256], host[256], sid[HUTCH_ID_LEN + 8], sport[16], token[96], ua[16];
         bool has_authority, has_host, has_sid, has_sport, has_token, bad;
+        hbuf *enc; /* when set: every field but :authority and host, re-encoded */
 } req_fields;
 
 static void copy_field(char *dst, size_t cap, bool *has, bool *bad, const char *v, size_t vl) {
@@ -361,7 +373,54 @@ static int on_field(void *ud, const char *n, size_t nl, const char *v, size_t vl
                 copy_field(f->token, sizeof f->token, &f->has_token, &f->bad, v, vl);
         else if (name_is(n, nl, "user-agent") && vl >= 8 && !f->ua[0])
                 memcpy(f->ua, v, 8);
+        if (f->enc && !name_is(n, nl, ":authority") && !name_is(n, nl, "host")) {
+                /* a literal costs at most 2 × 10 bytes of lengths besides */
+                if (hb_reserve(f->enc, nl + vl + 24) < 0)
+                        return -ENOMEM;
+                ssize_t k = hpack_put_field(f->enc->p + f->enc->len, f->enc->cap - f->enc->len, n, nl, v, vl);
+                if (k < 0)
+                        return -ENOMEM;
+                f->enc->len += (size_t) k;
+        }
         return 0;
+}
+
+/* The block whose fields are in h->fields, for the upstream: :authority
+ * (when the client sent one) first, as a pseudo-field must be, host last,
+ * both maskRequestHost; as HEADERS and CONTINUATION frames of at most the
+ * size every HTTP/2 server takes (16384), END_STREAM as the client set it. */
+static int masked_block(h2conn *h, const req_fields *f, uint32_t sid, hbuf *out) {
+        size_t ml = strlen(h->mask_host);
+        hbuf b = { 0 };
+        uint8_t lit[400];
+        ssize_t k = 0;
+        if (f->has_authority && (k = hpack_put_literal(lit, sizeof lit, ":authority", h->mask_host, ml)) > 0 &&
+            hb_append(&b, lit, (size_t) k) < 0)
+                goto fail;
+        if (hb_append(&b, h->fields.p + h->fields.off, hb_pending(&h->fields)) < 0)
+                goto fail;
+        if (f->has_host && (k = hpack_put_literal(lit, sizeof lit, "host", h->mask_host, ml)) > 0 &&
+            hb_append(&b, lit, (size_t) k) < 0)
+                goto fail;
+        if (k < 0)
+                goto fail;
+        size_t off = 0, n = hb_pending(&b);
+        do {
+                size_t len = n - off < FRAME_MAX_FIRST ? n - off : FRAME_MAX_FIRST;
+                uint8_t hdr[FRAME_HDR];
+                uint8_t flags = off + len == n ? FL_END_HEADERS : 0;
+                if (off == 0)
+                        flags |= h->hflags & FL_END_STREAM;
+                put_frame_hdr(hdr, len, off == 0 ? F_HEADERS : F_CONT, flags, sid);
+                if (hb_append(out, hdr, sizeof hdr) < 0 || hb_append(out, b.p + b.off + off, len) < 0)
+                        goto fail;
+                off += len;
+        } while (off < n);
+        hb_free(&b);
+        return 0;
+fail:
+        hb_free(&b);
+        return -ENOMEM;
 }
 
 /* The port a request names, as api_begin reads an HTTP/1.1 one: the
@@ -438,10 +497,14 @@ static void relay_begin(h2conn *h) {
         h->state = S_RELAY;
         h->deadline_ms = 0;
         h->hraw.len = h->hraw.off = 0;
-        if (hb_append(&h->to_up, h->craw.p + h->craw.off, h->head_parsed) < 0) {
+        /* masked: the first block's frames are replaced by first_block */
+        size_t intact = h->mask ? h->first_block_at : h->head_parsed;
+        if (hb_append(&h->to_up, h->craw.p + h->craw.off, intact) < 0 ||
+            (h->mask && hb_append(&h->to_up, h->first_block.p, h->first_block.len) < 0)) {
                 h2_close(h);
                 return;
         }
+        hb_free(&h->first_block);
         h->craw.off += h->head_parsed;
         h->head_parsed = 0;
         parse_client(h); /* what came after the first block */
@@ -537,14 +600,16 @@ static void first_request(h2conn *h, uint32_t sid, const req_fields *f) {
                 return;
         }
         json_decref(not_found);
-        if (port == ENVD_PORT || ingress_mask(sb)) {
-                const char *why = port == ENVD_PORT
-                        ? "envd's port speaks HTTP/1.1 only"
-                        : "maskRequestHost is not applied to HTTP/2 (the relay does not rewrite "
-                          ":authority); use HTTP/1.1";
+        if (port == ENVD_PORT) {
                 h2_answer_json(h, sid, 421,
                                json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "message",
-                                         why, "port", (int) port, "code", 421));
+                                         "envd's port speaks HTTP/1.1 only", "port", (int) port, "code",
+                                         421));
+                return;
+        }
+        h->mask = ingress_masked_host(sb, port, h->mask_host, sizeof h->mask_host);
+        if (h->mask && masked_block(h, f, sid, &h->first_block) < 0) {
+                h2_close(h);
                 return;
         }
         memcpy(h->sbx_id, sb->id, sizeof h->sbx_id);
@@ -600,6 +665,10 @@ static bool later_request_ok(h2conn *h, const req_fields *f) {
 /* A whole header block is in hblock (its frames in hraw): decode it. */
 static int block_done(h2conn *h) {
         req_fields f = { 0 };
+        /* the first block may have to be masked: known once it is routed */
+        h->fields.off = h->fields.len = 0;
+        if (h->state == S_HEAD || h->mask)
+                f.enc = &h->fields;
         int r = hpack_decode(&h->hp, h->hblock.p, h->hblock.len, LIST_MAX, on_field, &f);
         h->hblock.len = h->hblock.off = 0;
         if (r < 0) {
@@ -627,7 +696,8 @@ static int block_done(h2conn *h) {
                           "a stream named another sandbox port, or lacked the access token");
                 return -1;
         }
-        if (hb_append(&h->to_up, h->hraw.p + h->hraw.off, hb_pending(&h->hraw)) < 0) {
+        if (h->mask ? masked_block(h, &f, h->hstream, &h->to_up) < 0
+                    : hb_append(&h->to_up, h->hraw.p + h->hraw.off, hb_pending(&h->hraw)) < 0) {
                 h2_close(h);
                 return -1;
         }
@@ -684,6 +754,9 @@ static void parse_client(h2conn *h) {
                                         return;
                                 }
                                 h->hstream = sid;
+                                h->hflags = flags;
+                                if (h->state == S_HEAD)
+                                        h->first_block_at = h->head_parsed;
                         }
                         if (++h->hframes > BLOCK_FRAMES_MAX || h->hblock.len + fl > BLOCK_MAX) {
                                 h2_goaway(h, E_CALM, "header block too large (CONTINUATION flood)");

@@ -115,5 +115,12 @@ enum MHD_Result node_info(server *srv, request *req) {
         /* the caller's own team only: what a router needs for a cluster-wide
          * team limit, and nothing of the other teams */
         json_object_set_new(o, "teamSandboxes", json_integer(sbx_live_count(srv, req->team)));
+        int64_t snaps = 0;
+        hutch_error e = { 0 };
+        if (store_snapshot_count(srv->store, req->team, &snaps, &e) < 0) {
+                json_decref(o);
+                return http_reply_error(req->conn, 500, "database: %s", e.msg);
+        }
+        json_object_set_new(o, "teamSnapshots", json_integer(snaps));
         return http_reply_json(req->conn, 200, o);
 }

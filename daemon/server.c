@@ -72,6 +72,8 @@ static const struct cfg_entry {
         { "on-stop", CFG_STR, S(on_stop), 0, 0, "keep", "what a stop (SIGTERM, SIGINT) does to this daemon's sandboxes: keep (they run on; the next start re-adopts them and enforces the timeouts that passed meanwhile) or kill" },
         { "tls-cert", CFG_STR, S(tls_cert), 0, 0, "-", "PEM certificate (chain) of the API: serve HTTPS instead of HTTP ('-': none)" },
         { "tls-key", CFG_STR, S(tls_key), 0, 0, "-", "PEM private key of tls-cert ('-': none)" },
+        { "sandbox-tls-cert", CFG_STR, S(sandbox_tls_cert), 0, 0, "-", "PEM certificate (chain) served instead of tls-cert to TLS clients whose SNI names a sandbox port, <port>-<id>.<sandbox-domain> (e.g. a wildcard for *.<sandbox-domain>); needs tls-cert and sandbox-domain ('-': none, tls-cert serves every name)" },
+        { "sandbox-tls-key", CFG_STR, S(sandbox_tls_key), 0, 0, "-", "PEM private key of sandbox-tls-cert ('-': none)" },
         { "max-connections-per-client", CFG_U64, U(max_connections_per_client), 1, 1000000, "1024", "open HTTP connections from one client address (behind a reverse proxy, every client is the proxy's address)" },
         { "idle-timeout", CFG_SECONDS, U(idle_timeout_s), 1, 86400, "600", "an authenticated connection idle this long is closed" },
         { "unauthenticated-timeout", CFG_SECONDS, U(unauth_timeout_s), 1, 86400, "15", "a connection that has not yet sent an authenticated request is closed when idle this long" },

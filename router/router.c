@@ -70,7 +70,7 @@ static unsigned n_nodes;
 static char node_key[64]; /* the key GET /node is asked with */
 
 static atomic_uint_fast64_t m_requests[RR_SIGNED_FILES + 1], m_create_retries, m_node_errors,
-        m_conns, m_conns_open, m_no_node, m_refused, m_team_limit;
+        m_conns, m_conns_open, m_no_node, m_refused, m_team_limit, m_team_snapshot_limit;
 
 static int64_t mono_ms(void) {
         struct timespec ts;
@@ -1580,15 +1580,28 @@ static void inflight_drop(uint64_t key) {
         pthread_mutex_unlock(&inflight_mu);
 }
 
-/* --max-sandboxes-per-team: every up node's count of the caller's team
- * (GET /node asked with the caller's key answers `teamSandboxes`, its own
- * team's only) plus the caller's other creates in flight here. 1 when the
- * answer was sent (429, or a node's 401 for a bad key), 0 to go on, -errno. */
-static int team_limit_refused(client *c, const proxyreq *rq, unsigned in_flight) {
+/* A cluster-wide limit of what a team holds: the sum of every up node's
+ * count of the caller's team (GET /node asked with the caller's key
+ * answers `field`, its own team's only) plus the caller's others in flight
+ * here must stay under `limit`. */
+typedef struct team_limit {
+        const char *field; /* teamSandboxes, teamSnapshots */
+        const char *what;  /* in the 429's message */
+        uint64_t salt;     /* keeps its in-flight count apart from the other limit's */
+        atomic_uint_fast64_t *refusals;
+} team_limit;
+
+static const team_limit sandbox_limit = { "teamSandboxes", "live sandboxes", 0, &m_team_limit };
+static const team_limit snapshot_limit = { "teamSnapshots", "snapshots", 0x5a17ull, &m_team_snapshot_limit };
+
+/* 1 when the answer was sent (429, or a node's 401 for a bad key), 0 to go
+ * on, -errno. */
+static int team_limit_refused(client *c, const proxyreq *rq, const team_limit *tl, unsigned limit,
+                              unsigned in_flight) {
         node *up[NODES_MAX];
         unsigned k = nodes_up(up, NODES_MAX);
         if (k == 0)
-                return 0; /* create_forward says there is no node */
+                return 0; /* the forward says there is no node */
         buf h = { 0 };
         /* the client's Host, as lists are asked (a node reads a sandbox
          * domain's name as ingress: the router's own name is none) */
@@ -1601,7 +1614,7 @@ static int team_limit_refused(client *c, const proxyreq *rq, unsigned in_flight)
         }
         fan_out(up, k, h.p, h.len, NULL, 0, f);
         buf_free(&h);
-        unsigned long long live = 0;
+        unsigned long long held = 0;
         unsigned counted = 0;
         int r = 0;
         for (unsigned i = 0; i < k; i++) {
@@ -1613,9 +1626,9 @@ static int team_limit_refused(client *c, const proxyreq *rq, unsigned in_flight)
                 }
                 json_t *j = f[i].rp.head->status == 200 ? json_loadb(f[i].rp.body.p, f[i].rp.body.len, 0, NULL)
                                                         : NULL;
-                json_t *v = json_object_get(j, "teamSandboxes");
+                json_t *v = json_object_get(j, tl->field);
                 if (json_is_integer(v) && json_integer_value(v) >= 0) {
-                        live += (unsigned long long) json_integer_value(v);
+                        held += (unsigned long long) json_integer_value(v);
                         counted++;
                 }
                 json_decref(j);
@@ -1623,31 +1636,53 @@ static int team_limit_refused(client *c, const proxyreq *rq, unsigned in_flight)
         for (unsigned i = 0; i < k; i++)
                 reply_free(&f[i].rp);
         free(f);
-        if (r == 0 && live + in_flight >= cfg->max_sandboxes_per_team) {
-                atomic_fetch_add(&m_team_limit, 1);
-                r = send_error(c, 429,
-                               "team has reached its limit of %u live sandboxes across the cluster "
-                               "(%llu on %u node(s)%s)",
-                               cfg->max_sandboxes_per_team, live + in_flight, counted,
+        if (r == 0 && held + in_flight >= limit) {
+                atomic_fetch_add(tl->refusals, 1);
+                r = send_error(c, 429, "team has reached its limit of %u %s across the cluster (%llu on %u node(s)%s)",
+                               limit, tl->what, held + in_flight, counted,
                                in_flight ? ", creates in flight included" : "");
                 r = r < 0 ? r : 1;
         }
         return r;
 }
 
+/* Count the request against tl's limit; 1: answered (refused), 0: go on and
+ * call team_limit_done() after forwarding, -errno. */
+static int team_limit_enter(client *c, const proxyreq *rq, const team_limit *tl, unsigned limit,
+                            uint64_t *ret_key) {
+        *ret_key = caller_key_hash(rq) ^ tl->salt;
+        int r = team_limit_refused(c, rq, tl, limit, inflight_add(*ret_key));
+        if (r == 0)
+                return 0;
+        inflight_drop(*ret_key);
+        if (r > 0) /* answered before its body was read */
+                c->close_after = c->close_after || rq->has_content_length || rq->chunked;
+        return r;
+}
+
 static int handle_create(client *c, const proxyreq *rq) {
         if (!cfg->max_sandboxes_per_team)
                 return create_forward(c, rq);
-        uint64_t key = caller_key_hash(rq);
-        int r = team_limit_refused(c, rq, inflight_add(key));
-        if (r > 0) {
-                /* answered before its body was read */
-                c->close_after = c->close_after || rq->has_content_length || rq->chunked;
-                r = 0;
-        } else if (r == 0)
-                r = create_forward(c, rq);
+        uint64_t key;
+        int r = team_limit_enter(c, rq, &sandbox_limit, cfg->max_sandboxes_per_team, &key);
+        if (r != 0)
+                return r < 0 ? r : 0;
+        r = create_forward(c, rq);
         inflight_drop(key);
         return r;
+}
+
+/* POST /sandboxes/<id>/snapshots (createSnapshot): what
+ * --max-snapshots-per-team counts. */
+static bool is_snapshot_create(const proxyreq *rq, const char *target, const char *id) {
+        size_t il = strlen(id);
+        if (!streq(rq->method, "POST") || !startswith(target, "/sandboxes/"))
+                return false;
+        const char *p = target + strlen("/sandboxes/");
+        if (strncmp(p, id, il) != 0 || !startswith(p + il, "/snapshots"))
+                return false;
+        p += il + strlen("/snapshots");
+        return *p == '\0' || *p == '?';
 }
 
 /* POST/DELETE /secrets…: every node keeps the team's secrets, so each write
@@ -1789,14 +1824,17 @@ static int handle_metrics(client *c) {
                  "# TYPE hutch_router_connections_total counter\nhutch_router_connections_total %llu\n"
                  "# TYPE hutch_router_connections_open gauge\nhutch_router_connections_open %llu\n"
                  "# TYPE hutch_router_connections_refused_total counter\nhutch_router_connections_refused_total %llu\n"
-                 "# TYPE hutch_router_team_limit_refusals_total counter\nhutch_router_team_limit_refusals_total %llu\n",
+                 "# TYPE hutch_router_team_limit_refusals_total counter\nhutch_router_team_limit_refusals_total %llu\n"
+                 "# TYPE hutch_router_team_snapshot_limit_refusals_total counter\n"
+                 "hutch_router_team_snapshot_limit_refusals_total %llu\n",
                  (unsigned long long) atomic_load(&m_create_retries),
                  (unsigned long long) atomic_load(&m_node_errors),
                  (unsigned long long) atomic_load(&m_no_node),
                  (unsigned long long) atomic_load(&m_conns),
                  (unsigned long long) atomic_load(&m_conns_open),
                  (unsigned long long) atomic_load(&m_refused),
-                 (unsigned long long) atomic_load(&m_team_limit));
+                 (unsigned long long) atomic_load(&m_team_limit),
+                 (unsigned long long) atomic_load(&m_team_snapshot_limit));
         buf_addf(&b,
                  "# TYPE hutch_router_node_up gauge\n# TYPE hutch_router_node_sandboxes gauge\n"
                  "# TYPE hutch_router_node_forwarded_total counter\n");
@@ -1930,9 +1968,17 @@ static int serve_one(client *c, proxyreq *rq) {
                                 return r < 0 ? r : 0;
                         return send_error(c, 404, "%s", msg);
                 }
+                uint64_t snap_key = 0;
+                if (cfg->max_snapshots_per_team && is_snapshot_create(rq, target, rt.id)) {
+                        r = team_limit_enter(c, rq, &snapshot_limit, cfg->max_snapshots_per_team, &snap_key);
+                        if (r != 0)
+                                return r < 0 ? r : 0;
+                }
                 r = relay(c, rq, n);
                 if (r == -EAGAIN)
                         r = relay(c, rq, n);
+                if (snap_key)
+                        inflight_drop(snap_key);
                 if (r < 0) {
                         node_mark_down(n, strerror(-r));
                         c->close_after = true;

@@ -28,6 +28,7 @@ typedef struct router_config {
         uint64_t max_body;        /* request bodies the router buffers (creates, secrets writes) */
         unsigned max_connections; /* client connections open at once (a thread each); beyond: closed */
         unsigned max_sandboxes_per_team; /* across every node; 0: only each node's own limit */
+        unsigned max_snapshots_per_team; /* across every node; 0: only each node's own limit */
 } router_config;
 
 void router_config_defaults(router_config *c);

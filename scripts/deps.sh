@@ -15,7 +15,7 @@ set_name=${1:-build}
 build_pkgs=(
         gcc clang meson ninja-build pkg-config
         libseccomp-dev musl-tools e2fsprogs
-        libjansson-dev libmicrohttpd-dev libsqlite3-dev libssl-dev
+        libjansson-dev libmicrohttpd-dev libgnutls28-dev libsqlite3-dev libssl-dev
         libzstd-dev libarchive-dev # hutch template pull/import: layer tarballs
         libcurl4-openssl-dev # hutch template pull: the registry client (HTTPS, parallel downloads)
         libzmq3-dev # hutch-interp speaks ZeroMQ to the Jupyter kernels

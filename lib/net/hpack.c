@@ -230,7 +230,12 @@ ssize_t hpack_put_int(uint8_t *out, size_t cap, uint8_t flags, unsigned prefix_b
 
 ssize_t hpack_put_literal(uint8_t *out, size_t cap, const char *name, const char *value,
                           size_t value_len) {
-        size_t nl = strlen(name), o = 0;
+        return hpack_put_field(out, cap, name, strlen(name), value, value_len);
+}
+
+ssize_t hpack_put_field(uint8_t *out, size_t cap, const char *name, size_t nl, const char *value,
+                        size_t value_len) {
+        size_t o = 0;
         if (cap < 1)
                 return -E2BIG;
         out[o++] = 0x00; /* literal without indexing, new name */

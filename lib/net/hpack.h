@@ -11,8 +11,9 @@
  * a decoded header list over list_max bytes (RFC 9113 §6.5.2's measure:
  * name + value + 32 a field) stops the block with -E2BIG, so a few bytes
  * that index a large entry over and over (an "HPACK bomb") cost nothing.
- * The encoder side is not here: hutch only writes literal fields of its
- * own answers (hpack_put_literal).
+ * The encoder side is not here: hutch only writes literal fields, without
+ * indexing (hpack_put_literal, hpack_put_field): its own answers, and the
+ * blocks ingress re-encodes for maskRequestHost.
  */
 #pragma once
 
@@ -71,3 +72,8 @@ ssize_t hpack_put_int(uint8_t *out, size_t cap, uint8_t flags, unsigned prefix_b
  * for the daemon's own answers. Returns the bytes written, or -E2BIG. */
 ssize_t hpack_put_literal(uint8_t *out, size_t cap, const char *name, const char *value,
                           size_t value_len);
+
+/* The same with a name of name_len bytes (not NUL-terminated): how ingress
+ * re-encodes a client's decoded fields when it must change one. */
+ssize_t hpack_put_field(uint8_t *out, size_t cap, const char *name, size_t name_len, const char *value,
+                        size_t value_len);

@@ -282,3 +282,88 @@ def test_ports_over_tls_and_a_websocket_through_it(sandboxed_hutch, tmp_path):
             https("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": api})
         proc.terminate()
         proc.wait(20)
+
+
+def test_sandbox_domain_certificate_chosen_by_sni(sandboxed_hutch, tmp_path):
+    """--sandbox-tls-cert: a ClientHello whose SNI names a sandbox port,
+    <port>-<id>.<sandbox-domain>, gets that certificate; any other name, or
+    none, gets tls-cert's. Both serve HTTP after the handshake. A pair that
+    does not match, or one the settings cannot use, refuses the start."""
+    import socket
+    import ssl
+    from serveclient import free_port
+
+    def mkcert(name, san):
+        cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                        "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
+                        "-addext", f"subjectAltName={san}"], check=True, capture_output=True)
+        return cert, key
+    api_cert, api_key = mkcert("api", "IP:127.0.0.1,DNS:api.hutch.test")
+    sbx_cert, sbx_key = mkcert("sbx", f"DNS:*.{DOMAIN}")
+    port = free_port()
+    proc = subprocess.Popen([str(sandboxed_hutch), "serve", "--listen", f"127.0.0.1:{port}", "--data-dir",
+                             str(tmp_path / "data"), "--pool-size", "0", "--sandbox-domain", f"{DOMAIN}:{port}",
+                             "--tls-cert", str(api_cert), "--tls-key", str(api_key),
+                             "--sandbox-tls-cert", str(sbx_cert), "--sandbox-tls-key", str(sbx_key)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def hello(sni, cafile):
+        """The certificate served for sni (None: no SNI), verified against
+        cafile, and the answer to a request naming the same host."""
+        ctx = ssl.create_default_context(cafile=str(cafile))
+        ctx.check_hostname = sni is not None
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                             server_hostname=sni) as s:
+            der = s.getpeercert(binary_form=True)
+            s.sendall(f"GET /health HTTP/1.1\r\nHost: {sni or '127.0.0.1'}:{port}\r\nConnection: close\r\n\r\n"
+                      .encode())
+            out = b""
+            while chunk := s.recv(4096):
+                out += chunk
+        return der, out
+
+    der = {p: ssl.PEM_cert_to_DER_cert(p.read_text()) for p in (api_cert, sbx_cert)}
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                got, out = hello(None, api_cert)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not start"
+                time.sleep(0.1)
+        assert got == der[api_cert] and out.startswith(b"HTTP/1.1 200"), out[:200]
+        got, out = hello("api.hutch.test", api_cert)
+        assert got == der[api_cert] and out.startswith(b"HTTP/1.1 200"), out[:200]
+        # a sandbox port's name: the sandbox certificate, and ingress answers
+        # (no such sandbox: E2B's JSON error, not a TLS failure)
+        name = f"8000-{'a' * 4}{'0' * 16}.{DOMAIN.upper()}"
+        got, out = hello(name, sbx_cert)
+        assert got == der[sbx_cert], "the sandbox domain's certificate was not served"
+        assert out.startswith(b"HTTP/1.1 ") and b'"message"' in out, out[:300]
+        # a name under the domain that is not a sandbox port's: the API's
+        ctx = ssl.create_default_context(cafile=str(sbx_cert))
+        with pytest.raises(ssl.SSLCertVerificationError):
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                                 server_hostname=f"www.{DOMAIN}"):
+                pass
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    other_cert, other_key = mkcert("other", f"DNS:*.{DOMAIN}")
+    tls = ["--tls-cert", str(api_cert), "--tls-key", str(api_key)]
+    for i, (args, needle) in enumerate([
+            ([*tls, "--sandbox-domain", DOMAIN, "--sandbox-tls-cert", str(sbx_cert)], "go together"),
+            (["--sandbox-domain", DOMAIN, "--sandbox-tls-cert", str(sbx_cert), "--sandbox-tls-key", str(sbx_key)],
+             "needs tls-cert"),
+            ([*tls, "--sandbox-tls-cert", str(sbx_cert), "--sandbox-tls-key", str(sbx_key)], "needs sandbox-domain"),
+            ([*tls, "--sandbox-domain", DOMAIN, "--sandbox-tls-cert", str(sbx_cert), "--sandbox-tls-key",
+              str(other_key)], "sandbox-tls-cert:"),
+            ([*tls, "--sandbox-domain", DOMAIN, "--sandbox-tls-cert", str(tmp_path / "nosuch.pem"),
+              "--sandbox-tls-key", str(sbx_key)], "nosuch.pem")]):
+        data = tmp_path / f"bad{i}"
+        out = subprocess.run([str(sandboxed_hutch), "serve", "--listen", f"127.0.0.1:{free_port()}", "--data-dir",
+                              str(data), *args], capture_output=True, timeout=30)
+        assert out.returncode != 0 and needle in out.stderr.decode(), (args, out.stderr[-500:])
+        assert not data.exists() or not any(data.iterdir()), list(data.iterdir())

@@ -319,6 +319,58 @@ def test_access_token_required(world):
     assert "second" not in sandbox_log(d, priv)
 
 
+def test_mask_request_host_rewrites_every_block(world):
+    """maskRequestHost over HTTP/2: the sandbox's server sees :authority
+    (and host) masked on every request of a connection, though the client's
+    HPACK encoder indexes them after the first (the relay re-encodes each
+    block as literals, so the server's table stays in step), a block over
+    one frame goes as HEADERS + CONTINUATION, and bodies pass."""
+    d, _, _ = world
+    masked = d.create(timeout=120, network={"maskRequestHost": "localhost:${PORT}"})
+    try:
+        start_server(d, masked)
+        deadline = time.monotonic() + 20
+        while not curl(d, masked, "/hello").stdout.endswith(b"\n200 2"):
+            assert time.monotonic() < deadline, "the server in the sandbox did not start"
+            time.sleep(0.2)
+        sandbox_log(d, masked)
+        # three streams on one connection: the client's encoder indexes
+        # :authority after the first; the third's block (a 20000-byte field)
+        # comes as HEADERS + CONTINUATION and is re-encoded over 16384 bytes
+        enc, auth = hpack.Encoder(), host_of(masked)
+        big = enc.encode([*req_fields(auth, "/echo", "POST"), ("x-big", "b" * 20000)])
+        c = Raw(d)
+        try:
+            c.send(PREFACE + SETTINGS + headers_frame(1, req_fields(auth), enc=enc)
+                   + headers_frame(3, req_fields(auth), enc=enc)
+                   + frame(1, 0, 5, big[:12000]) + frame(9, 0x4, 5, big[12000:])
+                   + frame(0, 0x1, 5, b"0123456789"))
+            body, ended = {}, set()
+            deadline = time.monotonic() + 20
+            while ended != {1, 3, 5}:
+                assert time.monotonic() < deadline, (body, ended, c.buf[:200])
+                while len(c.buf) >= 9 and len(c.buf) >= 9 + int.from_bytes(c.buf[:3], "big"):
+                    n = int.from_bytes(c.buf[:3], "big")
+                    t, fl, sid = c.buf[3], c.buf[4], int.from_bytes(c.buf[5:9], "big") & 0x7fffffff
+                    assert t != 7, f"GOAWAY {c.buf[9:9 + n]!r}"
+                    if t == 0:
+                        body[sid] = body.get(sid, b"") + c.buf[9:9 + n]
+                    if t in (0, 1) and fl & 1:
+                        ended.add(sid)
+                    c.buf = c.buf[9 + n:]
+                if ended != {1, 3, 5}:
+                    b = c.s.recv(65536)
+                    assert b, (body, ended)
+                    c.buf += b
+        finally:
+            c.close()
+        assert body == {1: b"hello h2 localhost:8000", 3: b"hello h2 localhost:8000", 5: b"0123456789"}, body
+        log = sandbox_log(d, masked).split("\n")
+        assert log[:3] == ["localhost:8000 /hello 0", "localhost:8000 /hello 0", "localhost:8000 /echo 10"], log
+    finally:
+        d.kill(masked["sandboxID"])
+
+
 def test_errors_are_http2_answers(world):
     d, pub, _ = world
     # unknown sandbox: E2B's 502 body, as for HTTP/1.1
@@ -338,13 +390,6 @@ def test_errors_are_http2_answers(world):
     # envd's port: HTTP/1.1 only
     r = curl(d, pub, "/health", host=host_of(pub, 49983))
     assert r.stdout.decode().endswith("\n421 2"), r
-    # maskRequestHost cannot be applied without rewriting the client's
-    # HPACK blocks: refused rather than relayed unmasked
-    masked = d.create(timeout=120, network={"maskRequestHost": "localhost:${PORT}"})
-    r = curl(d, masked, "/hello")
-    out = r.stdout.decode()
-    assert out.endswith("\n421 2") and "maskRequestHost" in out, out
-    d.kill(masked["sandboxID"])
     # each answer ends with GOAWAY (no error), after the stream's end
     c = Raw(d)
     c.send(PREFACE + SETTINGS + headers_frame(1, req_fields(host_of(pub, 8001))))

@@ -446,11 +446,11 @@ def test_a_team_limit_holds_across_the_nodes(cluster):
     for i in (1, 2, 3):
         cluster.add_node(i)
     time.sleep(1.5)  # each node re-reads keys-file within 1 s
-    _, port = cluster.start_router("--max-sandboxes-per-team", "4")
+    _, port = cluster.start_router("--max-sandboxes-per-team", "4", "--max-snapshots-per-team", "2")
     rc = cluster.client(port)
     ro = cluster.client(port)
     ro.key = other
-    made = []
+    made, snaps = [], []
     try:
         for _ in range(4):
             r = rc.request("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 120})
@@ -479,12 +479,34 @@ def test_a_team_limit_holds_across_the_nodes(cluster):
         r = rc.request("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 120})
         assert r.status == 201, r
         made.append((rc, r.json()["sandboxID"]))
+        # --max-snapshots-per-team: snapshots on two nodes make the team's
+        # two; a third createSnapshot, on either, is 429 until one is deleted
+        mine = [sid for c, sid in made if c is rc]
+        two = [mine[0], next(sid for sid in mine if sid[:4] != mine[0][:4])]
+        for sid in two:
+            r = rc.request("POST", f"/sandboxes/{sid}/snapshots", {}, timeout=120)
+            assert r.status == 201, r
+            snaps.append((rc, r.json()["snapshotID"]))
+        assert sum(cluster.nodes[n].request("GET", "/node").json()["teamSnapshots"] for n in cluster.nodes) == 2
+        r = rc.request("POST", f"/sandboxes/{two[0]}/snapshots", {}, timeout=120)
+        assert r.status == 429 and "limit of 2 snapshots across the cluster" in r.json()["message"], r
+        osid = next(sid for c, sid in made if c is ro)
+        r = ro.request("POST", f"/sandboxes/{osid}/snapshots", {}, timeout=120)
+        assert r.status == 201, r  # another team's snapshot: its own count
+        snaps.append((ro, r.json()["snapshotID"]))
+        assert rc.request("DELETE", f"/templates/{snaps.pop(0)[1]}").status in (200, 204)
+        r = rc.request("POST", f"/sandboxes/{two[0]}/snapshots", {}, timeout=120)
+        assert r.status == 201, r
+        snaps.append((rc, r.json()["snapshotID"]))
         with HttpConn("127.0.0.1", port) as c:
             m = c.request("GET", "/metrics").body.decode()
         assert "hutch_router_team_limit_refusals_total 1" in m, m
+        assert "hutch_router_team_snapshot_limit_refusals_total 1" in m, m
     finally:
         for c, sid in made:
             c.kill(sid)
+        for c, sn in snaps:
+            c.request("DELETE", f"/templates/{sn}")
 
 
 # ------------------------------------------------------------ HTTP/2
