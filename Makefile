@@ -112,8 +112,18 @@ asan: deps-test
 
 # The daemon with its embedded defaults on 127.0.0.1:49982, state in ./var/hutch
 # (docs/design.md §1). It prints the three E2B_* variables to export. Needs root.
+# First, when the data dir has no built `base` template, it builds one from the
+# host's Debian archive (`hutch template base`, minutes, once; RUN_BASE=0
+# skips it); offline, the build fails and `base` is the host template.
 RUN_DATA_DIR ?= $(CURDIR)/var/hutch
+RUN_BASE ?= 1
 run: build
+	@if [ "$(RUN_BASE)" = 1 ] && [ ! -L "$(RUN_DATA_DIR)/templates/base" ]; then \
+		echo "make run: building the base template from Debian packages (once; RUN_BASE=0 skips)"; \
+		HUTCH_DATA_DIR="$(RUN_DATA_DIR)" build/hutch template base >/dev/null || \
+		echo "make run: no base template could be built (is the Debian mirror reachable?): serving" \
+			"with base = the host template; build/hutch template base retries"; \
+	fi
 	exec build/hutch serve --data-dir $(RUN_DATA_DIR) $(RUN_ARGS)
 
 bench: deps-test build

@@ -500,9 +500,11 @@ static void default_env(run_opts *o) {
  * what the command line says. The host template has none. */
 static int template_defaults(run_opts *o) {
         const char *name = o->sb.template_name;
-        if (!name || !*name || streq(name, "host") || streq(name, "base"))
-                return 0;
         const char *dd = getenv("HUTCH_DATA_DIR");
+        if (!name || !*name || streq(name, "base"))
+                name = template_base_target(dd && *dd ? dd : "/var/lib/hutch");
+        if (streq(name, "host"))
+                return 0;
         hutch_template *t = NULL;
         hutch_error err = { 0 };
         int r = template_resolve(dd && *dd ? dd : "/var/lib/hutch", name, &t, &err);

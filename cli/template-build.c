@@ -970,15 +970,7 @@ static json_t *image_base(const char *data_dir, const char *name, const char *re
         hutch_error err = { 0 };
         if (template_validate_name(name) < 0 || template_resolve(data_dir, name, &t, &err) < 0)
                 return NULL;
-        json_t *env = json_object();
-        for (char **v = t->env; v && *v; v++) {
-                char *eq = strchr(*v, '=');
-                if (eq && eq != *v) {
-                        *eq = 0;
-                        json_object_set_new(env, *v, json_string(eq + 1));
-                        *eq = '=';
-                }
-        }
+        json_t *env = template_env_json(t);
         json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o}", "kind", "image", "name", ref, "template",
                               name, "version", t->version ? t->version : "", "env", env);
         template_free(t);
@@ -1444,6 +1436,13 @@ static int file_mode(const char *file, const char *name_arg) {
                 log_error("--name: %s", why);
                 return EXIT_USAGE;
         }
+        if (streq(nm.alias, "base") || streq(nm.alias, "host")) {
+                /* as the daemon's build API answers (a build named so could
+                 * never be started: those names are the built-in ones) */
+                log_error("--name: '%s' is a built-in template (`hutch template base` builds base)",
+                          nm.alias);
+                return EXIT_USAGE;
+        }
         hutch_store *st = NULL;
         if (server_open_store(data_dir, &st) < 0)
                 return EXIT_HUTCH;
@@ -1507,9 +1506,15 @@ static int file_mode(const char *file, const char *name_arg) {
         }
         const char *from = json_string_value(json_object_get(job, "fromTemplate"));
         json_t *base = NULL;
-        if (streq(from, "base") || streq(from, "host"))
+        if (streq(from, "host") ||
+            (streq(from, "base") && streq(template_base_target(data_dir), "host")))
                 base = json_pack("{s:s, s:s}", "kind", "host", "name", from);
-        else {
+        else if (streq(from, "base")) /* the built base: an image template */
+                base = image_base(data_dir, "base", "base");
+        if (!base && streq(from, "base"))
+                base = json_pack("{s:s, s:s}", "kind", "missing", "message",
+                                 "FROM base: the base template was removed");
+        else if (!base) {
                 /* a template built before, by this CLI or the daemon */
                 store_build_template pt;
                 char pbid[40];

@@ -31,14 +31,21 @@ static void usage(FILE *f) {
               "  prune                                remove template versions and layers nothing uses\n"
               "  build FILE [--name NAME[:TAG]]       build a template from a build file, each step in a\n"
               "                                       sandbox (`hutch template build --help`)\n"
+              "  base [--mirror URL] [--suite SUITE]  build `base` from Debian packages with mmdebstrap\n"
+              "       [--packages LIST] [--force]     (`hutch template base --help`); without it, or\n"
+              "                                       after `rm base`, base is the host template\n"
               "\n"
               "Templates live in $HUTCH_DATA_DIR/templates, layers once in $HUTCH_DATA_DIR/layers.\n",
               f);
 }
 
-static const char *data_dir(void) {
+const char *cli_template_data_dir(void) {
         const char *d = getenv("HUTCH_DATA_DIR");
         return d && *d ? d : "/var/lib/hutch";
+}
+
+static const char *data_dir(void) {
+        return cli_template_data_dir();
 }
 
 /* ---------------------------------------------------------------- progress */
@@ -289,6 +296,8 @@ int verb_template(int argc, char **argv) {
         const char *v = argv[1];
         if (streq(v, "build")) /* cli/template-build.c (owner: build) */
                 return verb_template_build(argc - 1, argv + 1);
+        if (streq(v, "base")) /* cli/template-base.c */
+                return verb_template_base(argc - 1, argv + 1);
         const char *dd = data_dir();
         if (dd[0] != '/' || strlen(dd) > 1024)
                 return log_error("HUTCH_DATA_DIR must be an absolute path of at most 1024 bytes"),

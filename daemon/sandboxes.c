@@ -460,7 +460,10 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         _cleanup_(json_decrefp) json_t *built = NULL; /* a built template's ready build */
         char built_tid[32] = "", built_alias[64] = "", snap_base[64];
         char build_layer[PATH_MAX] = ""; /* a built template's layer under a gvisor checkpoint */
-        if (streq(cr.template_id, "base") || streq(cr.template_id, "host")) {
+        /* "base": the built base template when there is one (an image
+         * template, by the branch for names below), else the host's */
+        if (streq(cr.template_id, "host") ||
+            (streq(cr.template_id, "base") && streq(template_base_target(srv->cfg.data_dir), "host"))) {
                 template_name = "host";
                 alias = cr.template_id;
         } else if (template_is_interp(cr.template_id)) {
@@ -479,11 +482,12 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                             sizeof snap_base, build_layer, sizeof build_layer) == 0)
                         template_name = snap_base; /* taken from a built template: its base */
                 else if (snap.template_id[0] && !streq(snap.template_id, "host") &&
-                         !streq(snap.template_id, "base") && !snapshot_id_valid(snap.template_id) &&
+                         !snapshot_id_valid(snap.template_id) &&
                          template_validate_name(snap.template_id) == 0)
                         template_name = snap.template_id;
                 alias = cr.template_id;
-        } else if (templates_resolve(srv, team, cr.template_id, built_tid, built_alias, &built, err) == 0) {
+        } else if (templates_resolve(srv, team, cr.template_id, built_tid, built_alias, &built,
+                                     err) == 0) {
                 /* a template the team built (templates.c): its base template
                  * (host, or an image one) under the build's cached layer */
                 const char *base = json_string_value(json_object_get(built, "baseTemplate"));
@@ -502,15 +506,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 hutch_error e2 = { 0 };
                 if (!streq(template_name, "host") && template_resolve(srv->cfg.data_dir, template_name, &t, &e2) == 0) {
                         /* the image's Env, as for a create from the image itself */
-                        tpl_env = json_object();
-                        for (char **e = t->env; e && *e; e++) {
-                                char *eq = strchr(*e, '=');
-                                if (eq && eq != *e) {
-                                        *eq = 0;
-                                        json_object_set_new(tpl_env, *e, json_string(eq + 1));
-                                        *eq = '=';
-                                }
-                        }
+                        tpl_env = template_env_json(t);
                         template_free(t);
                 }
         } else if (template_validate_name(cr.template_id) == 0) {
@@ -528,15 +524,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                         return hutch_error_set(err, -ENOENT, "template '%s' not found",
                                                cr.template_id);
                 }
-                tpl_env = json_object();
-                for (char **e = t->env; e && *e; e++) {
-                        char *eq = strchr(*e, '=');
-                        if (eq && eq != *e) {
-                                *eq = 0;
-                                json_object_set_new(tpl_env, *e, json_string(eq + 1));
-                                *eq = '=';
-                        }
-                }
+                tpl_env = template_env_json(t);
                 if (t->workdir)
                         snprintf(tpl_workdir, sizeof tpl_workdir, "%s", t->workdir);
                 template_free(t);

@@ -1054,6 +1054,28 @@ static void image_names(const char *ref, char names[2][64]) {
         }
 }
 
+/* The image template tname of this host as a build's base of kind
+ * "image" (named ref), or NULL when it is not there or not the team's. */
+static json_t *job_image_template(server *srv, int64_t team, const char *ref, const char *tname) {
+        hutch_template *t = NULL;
+        hutch_error e = { 0 };
+        if (template_resolve(srv->cfg.data_dir, tname, &t, &e) < 0)
+                return NULL;
+        /* an image template with a team is what a build's own
+         * credentials pulled: a build without them never starts on
+         * it (the registry is asked), whatever its team */
+        if (t->team && (t->team != team || streq(t->kind ?: "", "image"))) {
+                template_free(t);
+                return NULL;
+        }
+        json_t *env = template_env_json(t);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s}", "kind", "image", "name", ref,
+                              "template", tname, "version", t->version ? t->version : "", "env",
+                              env, "workdir", t->workdir ? t->workdir : "");
+        template_free(t);
+        return o;
+}
+
 /* fromImage: an image template on this host (imported or pulled before). */
 static json_t *job_image_base(server *srv, int64_t team, const char *ref) {
         char names[2][64];
@@ -1062,31 +1084,9 @@ static json_t *job_image_base(server *srv, int64_t team, const char *ref) {
                 if (template_validate_name(names[i]) < 0 || streq(names[i], "host") ||
                     streq(names[i], "base"))
                         continue;
-                hutch_template *t = NULL;
-                hutch_error e = { 0 };
-                if (template_resolve(srv->cfg.data_dir, names[i], &t, &e) < 0)
-                        continue;
-                /* an image template with a team is what a build's own
-                 * credentials pulled: a build without them never starts on
-                 * it (the registry is asked), whatever its team */
-                if (t->team && (t->team != team || streq(t->kind ?: "", "image"))) {
-                        template_free(t);
-                        continue;
-                }
-                json_t *env = json_object();
-                for (char **v = t->env; v && *v; v++) {
-                        char *eq = strchr(*v, '=');
-                        if (eq && eq != *v) {
-                                *eq = 0;
-                                json_object_set_new(env, *v, json_string(eq + 1));
-                                *eq = '=';
-                        }
-                }
-                json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s}", "kind", "image", "name", ref,
-                                      "template", names[i], "version", t->version ? t->version : "",
-                                      "env", env, "workdir", t->workdir ? t->workdir : "");
-                template_free(t);
-                return o;
+                json_t *o = job_image_template(srv, team, ref, names[i]);
+                if (o)
+                        return o;
         }
         /* not here: the builder pulls it (image_pull, off the loop) */
         return json_pack("{s:s, s:s}", "kind", "pull", "image", ref);
@@ -1099,8 +1099,16 @@ static json_t *job_base(server *srv, int64_t team, json_t *spec, char *why, size
         if (!from)
                 return job_image_base(srv, team,
                                       json_string_value(json_object_get(spec, "fromImage")));
-        if (streq(from, "base") || streq(from, "host"))
+        if (streq(from, "host") ||
+            (streq(from, "base") && streq(template_base_target(srv->cfg.data_dir), "host")))
                 return json_pack("{s:s, s:s}", "kind", "host", "name", from);
+        if (streq(from, "base")) { /* the built base: an image template */
+                json_t *o = job_image_template(srv, team, from, "base");
+                if (o)
+                        return o;
+                snprintf(why, whylen, "the base template was removed during the build's start");
+                return json_pack("{s:s, s:s}", "kind", "missing", "message", why);
+        }
         char tid[32], alias[64];
         json_t *res = NULL;
         hutch_error e = { 0 };

@@ -20,6 +20,7 @@ build_pkgs=(
         libcurl4-openssl-dev # hutch template pull: the registry client (HTTPS, parallel downloads)
         libzmq3-dev # hutch-interp speaks ZeroMQ to the Jupyter kernels
         iproute2 ca-certificates python3
+        mmdebstrap # hutch template base (and so `make run`): the base template from Debian packages
 )
 # The code-interpreter template's languages, from the host's /usr
 # (docs/interpreter.md): about 640 MB and a minute of apt on a fresh machine.

@@ -60,6 +60,13 @@ int image_install_team(const char *data_dir, const char *name, int64_t team, con
 int image_import(const char *data_dir, const char *path, const char *name, const image_progress *p,
                  char **ret_name, hutch_error *err);
 
+/* The plain (uncompressed) tar at fd into the layer store, named by its
+ * sha256 (its diff_id, to ret_digest); unpacked like any image layer (the
+ * tar is untrusted). *ret_existed: the store had it already. The caller
+ * holds layer_store_hold() until a template names the layer. */
+int image_tar_layer(const char *data_dir, int fd, char ret_digest[72], bool *ret_existed,
+                    hutch_error *err);
+
 /* The bound on what one layer's stream may expand to (0: the default,
  * LAYER_MAX_EXPANSION); `hutch template` takes it from HUTCH_IMAGE_MAX_BYTES. */
 void image_set_max_expansion(uint64_t bytes);

@@ -593,3 +593,24 @@ out:
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
         return r;
 }
+
+/* ------------------------------------------------------- a plain tar */
+
+int image_tar_layer(const char *data_dir, int fd, char ret_digest[LAYER_DIGEST_MAX],
+                    bool *ret_existed, hutch_error *err) {
+        char hex[65];
+        uint64_t size = 0;
+        int r = image_hash_fd(fd, LAYER_MAX_EXPANSION, hex, &size);
+        if (r < 0)
+                return hutch_error_set(err, r, "reading the layer's tar: %s", strerror(-r));
+        snprintf(ret_digest, LAYER_DIGEST_MAX, "sha256:%s", hex);
+        if (lseek(fd, 0, SEEK_SET) < 0)
+                return hutch_error_set(err, -errno, "reading the layer's tar: %m");
+        /* the tar is checked like any image layer: its digest again while
+         * it streams, and every entry by the unpacker */
+        r = layer_unpack(data_dir, fd, NULL, ret_digest, size, err);
+        if (r < 0)
+                return r;
+        *ret_existed = r == 1;
+        return 0;
+}

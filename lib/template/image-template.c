@@ -405,16 +405,42 @@ static int strv_from(json_t *a, char ***ret) {
         return 0;
 }
 
+json_t *template_env_json(const hutch_template *t) {
+        json_t *o = json_object();
+        for (char **e = t->env; o && e && *e; e++) {
+                const char *eq = strchr(*e, '=');
+                if (eq && eq != *e) {
+                        char *k = strndup(*e, (size_t) (eq - *e));
+                        if (k)
+                                json_object_set_new(o, k, json_string(eq + 1));
+                        free(k);
+                }
+        }
+        return o;
+}
+
 static char *str_or_null(json_t *o, const char *k) {
         const char *s = json_string_value(json_object_get(o, k));
         return s && *s ? strdup(s) : NULL;
 }
+
+static int write_version(const char *data_dir, const hutch_template_meta *meta, hutch_error *err);
 
 int template_write(const char *data_dir, const hutch_template_meta *meta, hutch_error *err) {
         if (!meta || template_validate_name(meta->name) < 0 || streq(meta->name, "host") ||
             streq(meta->name, "base"))
                 return hutch_error_set(err, -EINVAL, "invalid template name '%s'",
                                        meta && meta->name ? meta->name : "");
+        return write_version(data_dir, meta, err);
+}
+
+int template_write_base(const char *data_dir, const hutch_template_meta *meta, hutch_error *err) {
+        if (!meta || !meta->name || !streq(meta->name, "base"))
+                return hutch_error_set(err, -EINVAL, "template_write_base writes 'base' only");
+        return write_version(data_dir, meta, err);
+}
+
+static int write_version(const char *data_dir, const hutch_template_meta *meta, hutch_error *err) {
         size_t n = 0;
         for (char *const *l = meta->layers; l && *l; l++)
                 n++;
@@ -669,8 +695,12 @@ int image_versions_layers(int rootfd, char ***ret, size_t *ret_n) {
 }
 
 int template_remove(const char *data_dir, const char *name, hutch_error *err) {
-        if (!name || streq(name, "host") || streq(name, "base"))
+        if (!name || streq(name, "host"))
                 return hutch_error_set(err, -EPERM, "the host template cannot be removed");
+        if (streq(name, "base") && !template_base_built(data_dir))
+                return hutch_error_set(err, -ENOENT,
+                                       "no base template was built: 'base' is the host template "
+                                       "(`hutch template base` builds one)");
         if (template_validate_name(name) < 0)
                 return hutch_error_set(err, -EINVAL, "invalid template name '%s'", name);
         char tpl_root[PATH_MAX];

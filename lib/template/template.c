@@ -662,9 +662,20 @@ fail:
         return hutch_error_set(err, r, "building the host template in %s: %s", vdir, strerror(-r));
 }
 
+bool template_base_built(const char *data_dir) {
+        char p[PATH_MAX];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/templates/base", data_dir);
+        return lstat(p, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+const char *template_base_target(const char *data_dir) {
+        return template_base_built(data_dir) ? "base" : "host";
+}
+
 int template_resolve(const char *data_dir, const char *name, hutch_template **ret, hutch_error *err) {
         if (!name || !*name || streq(name, "base"))
-                name = "host";
+                name = template_base_target(data_dir);
         if (template_is_interp(name))
                 return template_interp_resolve(data_dir, name, ret, err); /* interp-template.c */
         if (template_validate_name(name) < 0)

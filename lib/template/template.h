@@ -90,7 +90,21 @@ int template_remove(const char *data_dir, const char *name, hutch_error *err);
 typedef struct template_users template_users;
 typedef int (*template_users_fn)(void *arg, template_users *ret, hutch_error *err);
 
-/* Resolve a template by name ("base" is an alias of "host"), building the
+/* The template's env ("K=V" each) as a JSON object {K: V} (a new reference). */
+struct json_t;
+struct json_t *template_env_json(const hutch_template *t);
+
+/* What the name "base" means, decided here and nowhere else: the template
+ * `hutch template base` built from Debian packages (templates/base, an
+ * image template) when there is one, else the host template. Returns
+ * "base" or "host". */
+const char *template_base_target(const char *data_dir);
+bool template_base_built(const char *data_dir);
+/* template_write for the reserved name "base": only `hutch template base`
+ * writes it (every other writer refuses the name). */
+int template_write_base(const char *data_dir, const hutch_template_meta *meta, hutch_error *err);
+
+/* Resolve a template by name ("base": template_base_target()), building the
  * host template on first use or when an input it copies from the host
  * changed. The host template's version stays locked (shared) until
  * template_free(): free it only once the sandbox's state names the version
