@@ -666,7 +666,14 @@ static void child_setup(const child_config *c) {
         cat(opts, sizeof opts, "lower");
         attach_layers(c, image_fds, n_image, opts, sizeof opts);
         cat(opts, sizeof opts, ",upperdir=layer/upper,workdir=layer/work,userxattr");
-        CHECK(c, mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, opts), "mounting the overlay root");
+        /* Not nosuid: set-id programs of the template (an image's sudo, as
+         * the host template's from its /usr) run, as in E2B's sandboxes,
+         * where `user` has passwordless sudo. Their owners are the
+         * sandbox's ids (0..65535, id-mapped into its range), so a set-uid
+         * root file gives the sandbox's root, in its user namespace, with
+         * the bounded capabilities and nothing of the host's
+         * (docs/security.md, "Image layers"). */
+        CHECK(c, mount("overlay", "root", "overlay", MS_NODEV, opts), "mounting the overlay root");
         CHECK(c, chdir("root"), "entering the root");
 
         /* 6. Template binds (/usr ...), id-mapped and read-only. */
