@@ -12,7 +12,9 @@
 # HUTCH_E2B_ROUTER=N runs the files through `hutch router` in front of N daemons
 # (default files: HUTCH_E2B_ROUTER_FILES, see below); with HUTCH_E2B_ROUTER_TLS=1
 # the daemons serve TLS (a CA and certificate made here) and the router
-# verifies them (--node-tls-ca).
+# verifies them (--node-tls-ca). HUTCH_E2B_DATA_DIR=DIR serves from that data
+# dir (kept afterwards) instead of a fresh one: e.g. one where `hutch template
+# base` built the base template, to run the suite on it.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -65,6 +67,10 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/hutch-e2b.XXXXXX")"
 # mktemp makes it 0700; the sandboxes' unprivileged host uids must be able to
 # reach their roots and layers under the data dir
 chmod 0755 "$tmp"
+if [[ -n "${HUTCH_E2B_DATA_DIR:-}" ]]; then
+	mkdir -p "$HUTCH_E2B_DATA_DIR"
+	ln -s "$(realpath "$HUTCH_E2B_DATA_DIR")" "$tmp/data"
+fi
 log="$tmp/serve.log"
 pidfile="$tmp/serve.pid"
 : >"$log"
