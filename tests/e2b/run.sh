@@ -67,9 +67,10 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/hutch-e2b.XXXXXX")"
 # mktemp makes it 0700; the sandboxes' unprivileged host uids must be able to
 # reach their roots and layers under the data dir
 chmod 0755 "$tmp"
+data="$tmp/data"
 if [[ -n "${HUTCH_E2B_DATA_DIR:-}" ]]; then
 	mkdir -p "$HUTCH_E2B_DATA_DIR"
-	ln -s "$(realpath "$HUTCH_E2B_DATA_DIR")" "$tmp/data"
+	data="$(realpath "$HUTCH_E2B_DATA_DIR")" # the daemon opens no path through a symlink
 fi
 log="$tmp/serve.log"
 pidfile="$tmp/serve.pid"
@@ -222,19 +223,19 @@ if ((router_n > 0)); then
 		done
 	fi
 else
-"$bin" serve --listen "$listen" --data-dir "$tmp/data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
+"$bin" serve --listen "$listen" --data-dir "$data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
 	--volume-size "$HUTCH_E2B_VOLUME_SIZE" --sandbox-domain "$HUTCH_E2B_SANDBOX_DOMAIN" "${disk_args[@]}" >>"$log" 2>&1 &
 first_pid=$!
 echo "$first_pid" >"$pidfile"
 
 # first start writes DATA/api-key
 for _ in $(seq 1 300); do
-	[[ -s "$tmp/data/api-key" ]] && break
+	[[ -s "$data/api-key" ]] && break
 	if ! kill -0 "$first_pid" 2>/dev/null; then break; fi
 	sleep 0.1
 done
 key=""
-[[ -s "$tmp/data/api-key" ]] && key="$(tr -d ' \n\r' <"$tmp/data/api-key")"
+[[ -s "$data/api-key" ]] && key="$(tr -d ' \n\r' <"$data/api-key")"
 if [[ -z "$key" ]]; then
 	key="$(sed -n 's/^\(export \)\{0,1\}E2B_API_KEY=["'\'']\{0,1\}\(e2b_[0-9a-f]*\).*/\2/p' "$log" | tail -n 1)"
 fi
@@ -251,7 +252,7 @@ export E2B_SANDBOX_URL="http://$listen"
 export E2B_VOLUME_API_URL="http://$listen"
 export E2B_API_KEY="$key"
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN E2B_VALIDATE_API_KEY
-export HUTCH_DATA_DIR="$tmp/data" HUTCH_RUN_DIR="$tmp/run" HUTCH_SERVE_PID="$first_pid"
+export HUTCH_DATA_DIR="$data" HUTCH_RUN_DIR="$tmp/run" HUTCH_SERVE_PID="$first_pid"
 export HUTCH_SERVE_PIDFILE="$pidfile" HUTCH_SERVE_LOG="$log" HUTCH_LISTEN="$listen" HUTCH_E2B_TMP="$tmp"
 
 if ! timeout 60 node --input-type=module -e '
