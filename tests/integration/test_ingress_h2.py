@@ -42,10 +42,15 @@ BACKENDS = ["ns", pytest.param("gvisor", marks=pytest.mark.skipif(not os.access(
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 
 
-def start_server(d, sb):
+def start_server(d, sb, *curl_args):
+    """The h2 server on PORT of sb, answering (curl_args: e.g. the token)."""
     assert d.upload(sb, "/tmp/h2s.py", SERVER.read_bytes()).status == 200
     end, _, err, _ = d.run(sb, f"(setsid python3 /tmp/h2s.py {PORT} /tmp/h2.log >/dev/null 2>/tmp/h2.err &)")
     assert end.get("exitCode", 0) == 0, err
+    deadline = time.monotonic() + 20
+    while not curl(d, sb, "/hello", *curl_args).stdout.endswith(b"\n200 2"):
+        assert time.monotonic() < deadline, "the server in the sandbox did not start"
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -59,15 +64,9 @@ def world(request, sandboxed_hutch, tmp_path_factory):
         pub = d.create(timeout=120)
         priv = d.create(timeout=120, network={"allowPublicTraffic": False})
         assert priv["trafficAccessToken"], priv
-        for sb in (pub, priv):
-            start_server(d, sb)
         tok = ("-H", f"E2b-Traffic-Access-Token: {priv['trafficAccessToken']}")
         for sb, args in ((pub, ()), (priv, tok)):
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if curl(d, sb, "/hello", *args).stdout.endswith(b"\n200 2"):
-                    break
-                time.sleep(0.2)
+            start_server(d, sb, *args)
         yield d, pub, priv
     finally:
         d.stop()
@@ -329,10 +328,6 @@ def test_mask_request_host_rewrites_every_block(world):
     masked = d.create(timeout=120, network={"maskRequestHost": "localhost:${PORT}"})
     try:
         start_server(d, masked)
-        deadline = time.monotonic() + 20
-        while not curl(d, masked, "/hello").stdout.endswith(b"\n200 2"):
-            assert time.monotonic() < deadline, "the server in the sandbox did not start"
-            time.sleep(0.2)
         sandbox_log(d, masked)
         # three streams on one connection: the client's encoder indexes
         # :authority after the first; the third's block (a 20000-byte field)
@@ -429,10 +424,6 @@ def test_auto_resume(world):
     sb = d.create(timeout=120, lifecycle={"onTimeout": "pause", "autoResume": True})
     try:
         start_server(d, sb)
-        deadline = time.monotonic() + 20
-        while not curl(d, sb, "/hello").stdout.endswith(b"\n200 2"):
-            assert time.monotonic() < deadline, "the server in the sandbox did not come up"
-            time.sleep(0.2)
         r = d.request("POST", f"/sandboxes/{sb['sandboxID']}/pause", {}, timeout=120)
         assert r.status == 204, r
         assert d.request("GET", f"/sandboxes/{sb['sandboxID']}").json()["state"] == "paused"
