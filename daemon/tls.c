@@ -50,9 +50,10 @@ static void pair_free(struct tls_pair *p) {
 
 /* Import a PEM chain and its key, refusing a key that is not the
  * certificate's (GnuTLS checks that when both go into one credential). */
-static int pair_load(struct tls_pair *p, const char *what, const char *cert_pem, const char *key_pem,
-                     hutch_error *err) {
-        gnutls_datum_t cd = { .data = (unsigned char *) cert_pem, .size = (unsigned) strlen(cert_pem) };
+static int pair_load(struct tls_pair *p, const char *what, const char *cert_pem,
+                     const char *key_pem, hutch_error *err) {
+        gnutls_datum_t cd = { .data = (unsigned char *) cert_pem,
+                              .size = (unsigned) strlen(cert_pem) };
         gnutls_datum_t kd = { .data = (unsigned char *) key_pem, .size = (unsigned) strlen(key_pem) };
         gnutls_certificate_credentials_t probe;
         if (gnutls_certificate_allocate_credentials(&probe) < 0)
@@ -60,14 +61,15 @@ static int pair_load(struct tls_pair *p, const char *what, const char *cert_pem,
         int g = gnutls_certificate_set_x509_key_mem2(probe, &cd, &kd, GNUTLS_X509_FMT_PEM, NULL, 0);
         gnutls_certificate_free_credentials(probe);
         if (g < 0)
-                return hutch_error_set(err, -EINVAL, "%s: %s (is the key the certificate's, both PEM?)", what,
+                return hutch_error_set(err, -EINVAL,
+                                       "%s: %s (is the key the certificate's, both PEM?)", what,
                                        gnutls_strerror(g));
         p->n = TLS_CHAIN_MAX;
         g = gnutls_pcert_list_import_x509_raw(p->pcert, &p->n, &cd, GNUTLS_X509_FMT_PEM, 0);
         if (g < 0) {
                 p->n = 0;
-                return hutch_error_set(err, -EINVAL, "%s: %s (at most %d certificates in the chain)", what,
-                                       gnutls_strerror(g), TLS_CHAIN_MAX);
+                return hutch_error_set(err, -EINVAL, "%s: %s (at most %d certificates in the chain)",
+                                       what, gnutls_strerror(g), TLS_CHAIN_MAX);
         }
         if (gnutls_privkey_init(&p->key) < 0)
                 return hutch_error_set(err, -ENOMEM, "%s: out of memory", what);
@@ -78,8 +80,8 @@ static int pair_load(struct tls_pair *p, const char *what, const char *cert_pem,
 }
 
 static int tls_pick(gnutls_session_t session, const gnutls_datum_t *req_ca_dn, int n_req_ca_dn,
-                    const gnutls_pk_algorithm_t *pk_algos, int n_pk_algos, gnutls_pcert_st **ret_pcert,
-                    unsigned *ret_n, gnutls_privkey_t *ret_key) {
+                    const gnutls_pk_algorithm_t *pk_algos, int n_pk_algos,
+                    gnutls_pcert_st **ret_pcert, unsigned *ret_n, gnutls_privkey_t *ret_key) {
         (void) req_ca_dn;
         (void) n_req_ca_dn;
         (void) pk_algos;
@@ -106,25 +108,31 @@ static int tls_pick(gnutls_session_t session, const gnutls_datum_t *req_ca_dn, i
 }
 
 int tls_certs_load(server *srv, hutch_error *err) {
-        bool want_cert = !streq(srv->cfg.sandbox_tls_cert, "-"), want_key = !streq(srv->cfg.sandbox_tls_key, "-");
+        bool want_cert = !streq(srv->cfg.sandbox_tls_cert, "-"),
+             want_key = !streq(srv->cfg.sandbox_tls_key, "-");
         if (want_cert != want_key)
-                return hutch_error_set(err, -EINVAL, "sandbox-tls-cert and sandbox-tls-key go together (one was "
-                                                     "given without the other)");
+                return hutch_error_set(err, -EINVAL,
+                                       "sandbox-tls-cert and sandbox-tls-key go together (one was "
+                                       "given without the other)");
         if (!want_cert)
                 return 0;
         if (!srv->tls_pem[0])
-                return hutch_error_set(err, -EINVAL, "sandbox-tls-cert needs tls-cert and tls-key: the sandbox "
-                                                     "domain's certificate is served on the API's HTTPS port");
+                return hutch_error_set(err, -EINVAL,
+                                       "sandbox-tls-cert needs tls-cert and tls-key: the sandbox "
+                                       "domain's certificate is served on the API's HTTPS port");
         if (!srv->cfg.sandbox_domain[0])
-                return hutch_error_set(err, -EINVAL, "sandbox-tls-cert needs sandbox-domain: it is served to "
-                                                     "clients that name <port>-<id>.<sandbox-domain>");
+                return hutch_error_set(err, -EINVAL,
+                                       "sandbox-tls-cert needs sandbox-domain: it is served to "
+                                       "clients that name <port>-<id>.<sandbox-domain>");
         _cleanup_free_ char *cert = NULL, *key = NULL;
         int r = read_file_at(AT_FDCWD, srv->cfg.sandbox_tls_cert, 1 << 20, &cert);
         if (r < 0)
-                return hutch_error_set(err, r, "sandbox-tls-cert %s: %s", srv->cfg.sandbox_tls_cert, strerror(-r));
+                return hutch_error_set(err, r, "sandbox-tls-cert %s: %s", srv->cfg.sandbox_tls_cert,
+                                       strerror(-r));
         r = read_file_at(AT_FDCWD, srv->cfg.sandbox_tls_key, 1 << 20, &key);
         if (r < 0)
-                return hutch_error_set(err, r, "sandbox-tls-key %s: %s", srv->cfg.sandbox_tls_key, strerror(-r));
+                return hutch_error_set(err, r, "sandbox-tls-key %s: %s", srv->cfg.sandbox_tls_key,
+                                       strerror(-r));
         struct tls_certs *t = calloc(1, sizeof *t);
         if (!t) {
                 explicit_bzero(key, strlen(key));
