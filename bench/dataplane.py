@@ -13,7 +13,6 @@ it: its wall and CPU times are then not comparable). Markdown on stdout.
     BENCH_DP_BASELINE=/path/to/other/hutch bench/dataplane.py   # the same, then that build
 """
 
-import http.client
 import os
 import shutil
 import signal
@@ -26,7 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
-from serveclient import ServeDaemon, envelope  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+
+from noisy import dataplane_ops, proc_cpu_s  # noqa: E402
+from serveclient import ServeDaemon  # noqa: E402
 
 MB = int(os.environ.get("BENCH_DP_MB", "64"))
 REPS = int(os.environ.get("BENCH_DP_REPS", "5"))
@@ -37,11 +39,6 @@ if not BUILD.is_absolute():
 HUTCH = Path(os.environ.get("HUTCH_BIN", BUILD / "hutch"))
 BASELINE = os.environ.get("BENCH_DP_BASELINE", "")
 PORT = 8123
-
-
-def cpu_s(pid):
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_one(hutch):
@@ -56,39 +53,7 @@ def run_one(hutch):
                                 "echo ok", timeout=3600)
         assert o == b"ok\n", end
         d.run(a, f"cd /home/user && (setsid python3 -m http.server {PORT} >/dev/null 2>&1 &) && sleep 1")
-        payload = os.urandom(MB << 20)
-
-        def read_all(method, path, headers, body=None):
-            c = http.client.HTTPConnection(d.host, d.port, timeout=900)
-            c.request(method, path, body=body, headers=dict(headers))
-            r = c.getresponse()
-            n = 0
-            while chunk := r.read(1 << 20):
-                n += len(chunk)
-            c.close()
-            return r.status, n
-
-        def download():
-            st, n = read_all("GET", d.files_path("/home/user/blob"), d.envd_headers(a, user="user"))
-            assert st == 200 and n == MB << 20, (st, n)
-
-        def upload():
-            r = d.upload(a, "/home/user/up.bin", payload, user="user", timeout=900)
-            assert r.status == 200, r
-
-        def stdout():
-            body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", f"head -c {MB << 20} /home/user/blob"]},
-                             "stdin": False})
-            st, n = read_all("POST", "/process.Process/Start",
-                             d.envd_headers(a, user="user", ctype="application/connect+json"), body)
-            assert st == 200 and n > MB << 20, (st, n)
-
-        def ingress():
-            st, n = read_all("GET", "/blob", {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": str(PORT)})
-            assert st == 200 and n == MB << 20, (st, n)
-
-        for name, fn in (("files download", download), ("files upload", upload), ("stdout stream", stdout),
-                         ("ingress GET", ingress)):
+        for name, fn in dataplane_ops(d, a, MB, PORT):
             fn()  # warm
             tracer = None
             if STRACE:
@@ -97,12 +62,12 @@ def run_one(hutch):
                                           stderr=subprocess.DEVNULL)
                 time.sleep(1)
             walls = []
-            c0 = cpu_s(d.proc.pid)
+            c0 = proc_cpu_s(d.proc.pid)
             for _ in range(REPS):
                 t = time.perf_counter()
                 fn()
                 walls.append((time.perf_counter() - t) * 1000)
-            cpu = (cpu_s(d.proc.pid) - c0) * 1000 / REPS
+            cpu = (proc_cpu_s(d.proc.pid) - c0) * 1000 / REPS
             calls = ""
             if tracer:
                 tracer.send_signal(signal.SIGINT)

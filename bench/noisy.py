@@ -115,14 +115,11 @@ def a_loop(d, key_a, a, stop, ops, errors):
             time.sleep(1)
 
 
-def a_dataplane_loop(d, key_a, a, stop, ops, errors):
-    """A's team: downloads, uploads, stdout floods and ingress, over and over."""
+def dataplane_ops(d, a, mb=MB, port=INGRESS_PORT):
+    """[(name, fn)]: the four ways A moves mb MiB through the daemon, each
+    answer read as it comes and counted, never kept. A's sandbox holds
+    /home/user/blob and serves its home on port (bench/dataplane.py too)."""
     import http.client
-
-    def timed(name, fn):
-        t = time.perf_counter()
-        fn()
-        ops.setdefault(name, []).append((time.perf_counter() - t) * 1000)
 
     def stream(method, path, headers, body=None):
         """(status, bytes) of a request whose answer is read as it comes and
@@ -141,12 +138,12 @@ def a_dataplane_loop(d, key_a, a, stop, ops, errors):
 
     def fetch(path, headers):
         status, n = stream("GET", path, headers)
-        assert status == 200 and n == MB << 20, (path, status, n)
+        assert status == 200 and n == mb << 20, (path, status, n)
 
     def download():
         fetch(d.files_path("/home/user/blob"), d.envd_headers(a, user="user"))
 
-    payload = os.urandom(MB << 20)
+    payload = os.urandom(mb << 20)
 
     def upload():
         r = d.upload(a, "/home/user/up.bin", payload, user="user", timeout=900)
@@ -156,17 +153,27 @@ def a_dataplane_loop(d, key_a, a, stop, ops, errors):
         """process.Process/Start, its Connect stream read and counted, not
         parsed: the stdout arrives base64 in JSON frames, about 4/3 of it."""
         from serveclient import envelope
-        body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", f"head -c {MB << 20} /home/user/blob"]},
+        body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", f"head -c {mb << 20} /home/user/blob"]},
                          "stdin": False})
         status, n = stream("POST", "/process.Process/Start",
                            d.envd_headers(a, user="user", ctype="application/connect+json"), body)
-        assert status == 200 and n > MB << 20, (status, n)
+        assert status == 200 and n > mb << 20, (status, n)
 
     def ingress():
-        fetch("/blob", {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": str(INGRESS_PORT)})
+        fetch("/blob", {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": str(port)})
 
-    steps = (("files download", download), ("files upload", upload), ("stdout stream", stdout_flood),
-             ("ingress GET", ingress))
+    return [("files download", download), ("files upload", upload), ("stdout stream", stdout_flood),
+            ("ingress GET", ingress)]
+
+
+def a_dataplane_loop(d, key_a, a, stop, ops, errors):
+    """A's team: downloads, uploads, stdout floods and ingress, over and over."""
+    def timed(name, fn):
+        t = time.perf_counter()
+        fn()
+        ops.setdefault(name, []).append((time.perf_counter() - t) * 1000)
+
+    steps = dataplane_ops(d, a)
     while not stop.is_set():
         for name, fn in steps:
             if stop.is_set():
