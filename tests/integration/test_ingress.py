@@ -338,4 +338,3 @@ def test_ports_over_tls_and_a_websocket_through_it(sandboxed_hutch, tmp_path):
             https("DELETE", f"/sandboxes/{sid}", headers={"X-API-KEY": api})
         proc.terminate()
         proc.wait(20)
-
