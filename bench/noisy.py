@@ -20,8 +20,8 @@ kill. After each of B's calls a GET /health, which touches no sandbox:
 how soon the daemon's loop answers, apart from what B's own processes
 wait for on a busy host. Reported: p50 / p99 / max (ms) of both, idle and
 under load, the ratio of the p99s (issue target for commands.run: at most
-2), how long A's operations took, and how often the daemon logged its loop
-busy for more than 250 ms.
+2), how long A's operations took, the daemon's own CPU time while A's loop
+ran, and how often the daemon logged its loop busy for more than 250 ms.
 
 BENCH_NOISY_LOAD=dataplane: A's team moves data through the daemon instead
 (issue #16's "the proxy's per-sandbox work is bounded the same way"), over
@@ -115,14 +115,11 @@ def a_loop(d, key_a, a, stop, ops, errors):
             time.sleep(1)
 
 
-def a_dataplane_loop(d, key_a, a, stop, ops, errors):
-    """A's team: downloads, uploads, stdout floods and ingress, over and over."""
+def dataplane_ops(d, a, mb=MB, port=INGRESS_PORT):
+    """[(name, fn)]: the four ways A moves mb MiB through the daemon, each
+    answer read as it comes and counted, never kept. A's sandbox holds
+    /home/user/blob and serves its home on port (bench/dataplane.py too)."""
     import http.client
-
-    def timed(name, fn):
-        t = time.perf_counter()
-        fn()
-        ops.setdefault(name, []).append((time.perf_counter() - t) * 1000)
 
     def stream(method, path, headers, body=None):
         """(status, bytes) of a request whose answer is read as it comes and
@@ -141,12 +138,12 @@ def a_dataplane_loop(d, key_a, a, stop, ops, errors):
 
     def fetch(path, headers):
         status, n = stream("GET", path, headers)
-        assert status == 200 and n == MB << 20, (path, status, n)
+        assert status == 200 and n == mb << 20, (path, status, n)
 
     def download():
         fetch(d.files_path("/home/user/blob"), d.envd_headers(a, user="user"))
 
-    payload = os.urandom(MB << 20)
+    payload = os.urandom(mb << 20)
 
     def upload():
         r = d.upload(a, "/home/user/up.bin", payload, user="user", timeout=900)
@@ -156,17 +153,27 @@ def a_dataplane_loop(d, key_a, a, stop, ops, errors):
         """process.Process/Start, its Connect stream read and counted, not
         parsed: the stdout arrives base64 in JSON frames, about 4/3 of it."""
         from serveclient import envelope
-        body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", f"head -c {MB << 20} /home/user/blob"]},
+        body = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", f"head -c {mb << 20} /home/user/blob"]},
                          "stdin": False})
         status, n = stream("POST", "/process.Process/Start",
                            d.envd_headers(a, user="user", ctype="application/connect+json"), body)
-        assert status == 200 and n > MB << 20, (status, n)
+        assert status == 200 and n > mb << 20, (status, n)
 
     def ingress():
-        fetch("/blob", {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": str(INGRESS_PORT)})
+        fetch("/blob", {"E2b-Sandbox-Id": a["sandboxID"], "E2b-Sandbox-Port": str(port)})
 
-    steps = (("files download", download), ("files upload", upload), ("stdout stream", stdout_flood),
-             ("ingress GET", ingress))
+    return [("files download", download), ("files upload", upload), ("stdout stream", stdout_flood),
+            ("ingress GET", ingress)]
+
+
+def a_dataplane_loop(d, key_a, a, stop, ops, errors):
+    """A's team: downloads, uploads, stdout floods and ingress, over and over."""
+    def timed(name, fn):
+        t = time.perf_counter()
+        fn()
+        ops.setdefault(name, []).append((time.perf_counter() - t) * 1000)
+
+    steps = dataplane_ops(d, a)
     while not stop.is_set():
         for name, fn in steps:
             if stop.is_set():
@@ -219,25 +226,34 @@ def run_one(hutch):
         th = mp.Process(target=child, daemon=True)
         log(f"B under A's {LOAD} loop: {LOAD_S:.0f} s")
         mark = len(d.log_tail(1 << 30))
+        cpu0 = proc_cpu_s(d.proc.pid)
         th.start()
         load, load_h = [], []
         t_end = time.monotonic() + LOAD_S
         while time.monotonic() < t_end:
             load.append(b_call(d, b))
             load_h.append(health_call(d))
+        cpu = proc_cpu_s(d.proc.pid) - cpu0
         stop.set()
         got = results.get(timeout=1800)
         ops.update(got[0])
         errors.extend(got[1])
         th.join(60)
         busy = re.findall(r"the loop was busy for (\d+) ms", d.log_tail(1 << 30)[mark:])
-        return idle, load, idle_h, load_h, ops, errors, busy
+        return idle, load, idle_h, load_h, ops, errors, busy, cpu
     finally:
         d.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(title, idle, load, idle_h, load_h, ops, errors, busy):
+def proc_cpu_s(pid):
+    """user + system CPU seconds of one process (the daemon's loop is its
+    one thread; its workers are processes of their own)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report(title, idle, load, idle_h, load_h, ops, errors, busy, cpu):
     print(f"#### {title}\n")
     print("| | calls | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|")
     for name, v in (("B's commands.run('true'), idle", idle), ("B's commands.run('true'), during A's loop", load),
@@ -248,6 +264,7 @@ def report(title, idle, load, idle_h, load_h, ops, errors, busy):
     print("| A's operation | n | p50 ms | max ms |\n|---|---|---|---|")
     for k, v in ops.items():
         print(f"| {k} | {len(v)} | {pct(v, 50):.0f} | {max(v):.0f} |")
+    print(f"\nthe daemon's CPU while A's loop ran: {cpu:.1f} s in {LOAD_S:.0f} s")
     print(f"\nloop busy > 250 ms (daemon log): {len(busy)} time(s)"
           + (f", longest {max(map(int, busy))} ms" if busy else ""))
     if errors:

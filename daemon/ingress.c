@@ -50,6 +50,7 @@
 #include "util/log.h"
 
 #define BUF_CAP (256 * 1024)                   /* per direction */
+#define UPGRADED_TURN (1024 * 1024)            /* read per direction per call, upgraded */
 #define GVISOR_INIT_PATH INITPROTO_GVISOR_INIT /* hutch-init inside a gvisor sandbox */
 
 enum {
@@ -839,11 +840,17 @@ static void upgraded_finish_if_done(ingress_conn *ic) {
 
 static void upgraded_pump(ingress_conn *ic) {
         char buf[65536];
+        /* At most UPGRADED_TURN bytes each way per call: a fast pair of
+         * ends would otherwise keep this loop, and everyone behind it,
+         * here for as long as they talk. The watches are level-triggered:
+         * what is left is taken in the next loop turn. */
+        size_t budget = UPGRADED_TURN;
         /* client → upstream */
         for (;;) {
-                if (!ic->c_eof && ib_pending(&ic->out) < BUF_CAP) {
-                        ssize_t n = recv(ic->cw.fd, buf, sizeof buf, 0);
+                if (!ic->c_eof && ib_pending(&ic->out) < BUF_CAP && budget > 0) {
+                        ssize_t n = recv(ic->cw.fd, buf, MIN(sizeof buf, budget), 0);
                         if (n > 0) {
+                                budget -= (size_t) n;
                                 if (ib_append(&ic->out, buf, (size_t) n) < 0)
                                         goto broken;
                         } else if (n == 0)
@@ -874,10 +881,12 @@ static void upgraded_pump(ingress_conn *ic) {
                         (void) shutdown(ic->uw.fd, SHUT_WR);
         }
         /* upstream → client */
+        budget = UPGRADED_TURN;
         for (;;) {
-                if (!ic->up_eof && ib_pending(&ic->in) < BUF_CAP) {
-                        ssize_t n = read(ic->uw.fd, buf, sizeof buf);
+                if (!ic->up_eof && ib_pending(&ic->in) < BUF_CAP && budget > 0) {
+                        ssize_t n = read(ic->uw.fd, buf, MIN(sizeof buf, budget));
                         if (n > 0) {
+                                budget -= (size_t) n;
                                 if (ib_append(&ic->in, buf, (size_t) n) < 0)
                                         goto broken;
                         } else if (n == 0)

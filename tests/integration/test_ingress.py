@@ -163,6 +163,62 @@ def test_pipelined_requests_stay_apart(world):
         assert head.count(b"\r\nHost: ") == 1 and b"e2b-sandbox" not in head.lower(), h
 
 
+ECHO_101 = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(4)
+while True:
+    c, _ = s.accept(); buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += c.recv(4096)
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+    c.sendall(buf.split(b"\r\n\r\n", 1)[1])
+    while True:
+        b = c.recv(1 << 16)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+"""
+
+
+def test_upgraded_connection_carries_megabytes_both_ways(world):
+    """An upgraded connection is relayed a bounded slice per loop turn
+    (daemon/ingress.c, UPGRADED_TURN) and the rest in later turns: 6 MiB,
+    several slices, go to the sandbox and come back whole and in order."""
+    import threading
+    d, sb = world
+    assert d.upload(sb, "/tmp/echo101.py", ECHO_101.encode()).status == 200
+    end, _, err, _ = d.run(sb, "(setsid python3 /tmp/echo101.py 8001 >/dev/null 2>&1 &)")
+    assert end.get("exitCode", 0) == 0, err
+    blob = os.urandom(6 << 20)
+    req = (f"GET /up HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {sb['sandboxID']}\r\nE2b-Sandbox-Port: 8001\r\n"
+           "Upgrade: echo\r\nConnection: Upgrade\r\n\r\n").encode()
+    for _ in range(150):
+        c = HttpConn(d.host, d.port, timeout=30)
+        c.sock.sendall(req)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            got = c.sock.recv(4096)
+            assert got, head
+            head += got
+        if head.startswith(b"HTTP/1.1 101"):
+            break
+        c.close()
+        time.sleep(0.1)   # the server in the sandbox is not listening yet: 502, try again
+    assert head.startswith(b"HTTP/1.1 101"), head
+    with c:
+        back = bytearray(head.split(b"\r\n\r\n", 1)[1])
+        sender = threading.Thread(target=c.sock.sendall, args=(blob,))
+        sender.start()
+        while len(back) < len(blob):
+            got = c.sock.recv(1 << 20)
+            assert got, len(back)
+            back += got
+        sender.join(30)
+    assert bytes(back) == blob
+
+
 @pytest.mark.parametrize("path", ["/two-cl", "/cl-te", "/bare-lf", "/fold", "/nul", "/garbage"])
 def test_bad_responses_are_502_and_the_connection_stays_in_step(world, path):
     d, sb = world

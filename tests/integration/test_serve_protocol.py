@@ -1751,6 +1751,16 @@ def test_api_over_tls_with_the_operators_certificate(sandboxed_hutch, tmp_path):
                           "X-Access-Token": sb["envdAccessToken"], "Content-Type": "application/connect+json",
                           "Connect-Protocol-Version": "1"})
         assert st == 200 and stdout_of(parse_frames(body)) == b"over tls\n", body
+        # a file down over TLS (no sendfile there: the daemon reads it in
+        # slices), larger than one slice and not a multiple of it
+        blob = os.urandom(600 * 1024 + 7)
+        env = {"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "49983",
+               "X-Access-Token": sb["envdAccessToken"], "Authorization": basic_auth("user")}
+        st, body = https("POST", "/files?path=/home/user/tls.bin", blob,
+                         {**env, "Content-Type": "application/octet-stream"})
+        assert st == 200, (st, body)
+        st, body = https("GET", "/files?path=/home/user/tls.bin", headers=env)
+        assert st == 200 and body == blob, (st, len(body))
         # plain HTTP on the TLS port: no HTTP answer
         with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
