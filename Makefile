@@ -136,6 +136,7 @@ bench: deps-test build
 	HUTCH_BUILD_DIR=build bench/images.sh | tee build/bench-images.md
 	HUTCH_BIN=build/hutch $(PYTHON) bench/fairness.py | tee build/bench-fairness.md
 	HUTCH_BUILD_DIR=build $(PYTHON) bench/noisy.py | tee build/bench-noisy.md
+	HUTCH_BUILD_DIR=build $(PYTHON) bench/apicreate.py | tee build/bench-apicreate.md
 	HUTCH_BUILD_DIR=build $(PYTHON) bench/dataplane.py | tee build/bench-dataplane.md
 
 # Sources we own: everything tracked or not, minus build output and vendored trees.
