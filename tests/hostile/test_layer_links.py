@@ -48,6 +48,7 @@ def test_a_planted_run_link_never_reaches_the_host(sandboxed_hutch, tmp_path):
         r = d.request("POST", "/v2/sandboxes", {"templateID": r.json()["snapshotID"]})
         assert r.status == 201, r
         sb2 = r.json()
+        d.created[sb2["sandboxID"]] = d.key  # made by a raw request: stop() deletes it too
         end, out, err, _ = d.run(sb2, f"cat {target}/own; test -s {target}/hutch/boot_id && echo has-id; "
                                       "cat /proc/sys/kernel/random/boot_id | wc -c", user="root")
         assert out == b"mine\nhas-id\n37\n", (out, err)
