@@ -321,16 +321,6 @@ static int enter_build_ns(const char *work, int ready, int go) {
         return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
 }
 
-static int write_idmap(pid_t pid, const char *file) {
-        char p[64], line[64];
-        snprintf(p, sizeof p, "/proc/%d/%s", (int) pid, file);
-        int n = snprintf(line, sizeof line, "0 %u 65536\n", BASE_BUILD_UID_BASE);
-        _cleanup_close_ int fd = open(p, O_WRONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        return write(fd, line, (size_t) n) == n ? 0 : -errno;
-}
-
 /* Run argv in a process group of its own, stdout and stderr to out (-1:
  * ours); with work, in the build's namespaces (enter_build_ns). A signal
  * to us ends the group: ^C on a terminal reached it already, a SIGTERM to
@@ -372,7 +362,7 @@ static int spawn(char *const argv[], char *const envp[], int out, const char *wo
                         ;
                 int r = 0;
                 if (k == 1 &&
-                    ((r = write_idmap(pid, "uid_map")) < 0 || (r = write_idmap(pid, "gid_map")) < 0))
+                    ((r = idmap_write(pid, "uid_map", BASE_BUILD_UID_BASE, 65536)) < 0 || (r = idmap_write(pid, "gid_map", BASE_BUILD_UID_BASE, 65536)) < 0))
                         log_error("writing the build's id maps: %s", strerror(-r));
                 c = r == 0 && k == 1 ? 1 : 0;
                 (void) !write(go[1], &c, 1);

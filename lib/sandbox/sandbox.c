@@ -528,18 +528,6 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
 
 /* --------------------------------------------------------------- create */
 
-static int write_idmap(pid_t pid, const char *file, uid_t base) {
-        char path[64], line[64];
-        snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
-        int n = snprintf(line, sizeof line, "0 %u %u\n", (unsigned) base, HUTCH_IDMAP_SIZE);
-        _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        if (write(fd, line, (size_t) n) != n)
-                return -errno;
-        return 0;
-}
-
 /* A detached, id-mapped (and optionally read-only) copy of a host tree,
  * ready for the child to attach with move_mount(). Only the parent can do
  * this: MOUNT_ATTR_IDMAP needs CAP_SYS_ADMIN over the file system's owner. */
@@ -1104,9 +1092,9 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         size_t n_bind_fds = 0;
         const char *step = NULL;
         r = 0;
-        if ((r = write_idmap(pid, "uid_map", sb->uid_base)) < 0)
+        if ((r = idmap_write(pid, "uid_map", sb->uid_base, HUTCH_IDMAP_SIZE)) < 0)
                 step = "writing uid_map";
-        if (r >= 0 && (r = write_idmap(pid, "gid_map", sb->uid_base)) < 0)
+        if (r >= 0 && (r = idmap_write(pid, "gid_map", sb->uid_base, HUTCH_IDMAP_SIZE)) < 0)
                 step = "writing gid_map";
         if (r >= 0) {
                 char p[64];

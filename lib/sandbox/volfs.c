@@ -524,16 +524,6 @@ static int wait_readable(int fd, int timeout_ms) {
         return k == 0 ? -ETIMEDOUT : 0;
 }
 
-static int write_map(pid_t pid, const char *file, uid_t base) {
-        char path[64], line[64];
-        snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
-        int n = snprintf(line, sizeof line, "0 %u %u\n", (unsigned) base, HUTCH_IDMAP_SIZE);
-        _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        return write(fd, line, (size_t) n) == n ? 0 : -errno;
-}
-
 hutch_volfs *hutch_volfs_close(hutch_volfs *v) {
         if (!v)
                 return NULL;
@@ -600,8 +590,8 @@ int hutch_volfs_open(hutch_ctx *ctx, const char *id, hutch_volfs **ret, hutch_er
                 r = r < 0 ? r : -EPROTO;
         if (r >= 0) {
                 step = "writing its id maps";
-                if ((r = write_map(pid, "uid_map", base)) >= 0)
-                        r = write_map(pid, "gid_map", base);
+                if ((r = idmap_write(pid, "uid_map", base, HUTCH_IDMAP_SIZE)) >= 0)
+                        r = idmap_write(pid, "gid_map", base, HUTCH_IDMAP_SIZE);
         }
         if (r >= 0) {
                 char p[64];

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -172,4 +173,11 @@ int write_file_at(int dirfd, const char *path, const char *s) {
         if (fd < 0)
                 return -errno;
         return fd_write_all(fd, s, strlen(s));
+}
+
+int idmap_write(pid_t pid, const char *file, unsigned base, unsigned count) {
+        char path[64], line[64];
+        snprintf(path, sizeof path, "/proc/%d/%s", (int) pid, file);
+        snprintf(line, sizeof line, "0 %u %u\n", base, count);
+        return write_file_at(AT_FDCWD, path, line);
 }

@@ -30,3 +30,6 @@ void close_untrusted(int fd);
 int read_file_at(int dirfd, const char *path, size_t max, char **ret);
 /* Write a string to an existing file (cgroupfs, /proc). */
 int write_file_at(int dirfd, const char *path, const char *s);
+/* /proc/PID/FILE (uid_map or gid_map): ids 0..count-1 of the process's user
+ * namespace are host ids base.. (one line, written once). */
+int idmap_write(pid_t pid, const char *file, unsigned base, unsigned count);
