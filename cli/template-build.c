@@ -1506,8 +1506,7 @@ static int file_mode(const char *file, const char *name_arg) {
         }
         const char *from = json_string_value(json_object_get(job, "fromTemplate"));
         json_t *base = NULL;
-        if (streq(from, "host") ||
-            (streq(from, "base") && streq(template_base_target(data_dir), "host")))
+        if (template_names_host(data_dir, from))
                 base = json_pack("{s:s, s:s}", "kind", "host", "name", from);
         else if (streq(from, "base")) /* the built base: an image template */
                 base = image_base(data_dir, "base", "base");

@@ -462,8 +462,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
         char build_layer[PATH_MAX] = ""; /* a built template's layer under a gvisor checkpoint */
         /* "base": the built base template when there is one (an image
          * template, by the branch for names below), else the host's */
-        if (streq(cr.template_id, "host") ||
-            (streq(cr.template_id, "base") && streq(template_base_target(srv->cfg.data_dir), "host"))) {
+        if (template_names_host(srv->cfg.data_dir, cr.template_id)) {
                 template_name = "host";
                 alias = cr.template_id;
         } else if (template_is_interp(cr.template_id)) {

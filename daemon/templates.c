@@ -1099,8 +1099,7 @@ static json_t *job_base(server *srv, int64_t team, json_t *spec, char *why, size
         if (!from)
                 return job_image_base(srv, team,
                                       json_string_value(json_object_get(spec, "fromImage")));
-        if (streq(from, "host") ||
-            (streq(from, "base") && streq(template_base_target(srv->cfg.data_dir), "host")))
+        if (template_names_host(srv->cfg.data_dir, from))
                 return json_pack("{s:s, s:s}", "kind", "host", "name", from);
         if (streq(from, "base")) { /* the built base: an image template */
                 json_t *o = job_image_template(srv, team, from, "base");

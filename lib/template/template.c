@@ -673,6 +673,10 @@ const char *template_base_target(const char *data_dir) {
         return template_base_built(data_dir) ? "base" : "host";
 }
 
+bool template_names_host(const char *data_dir, const char *name) {
+        return streq(name, "host") || (streq(name, "base") && !template_base_built(data_dir));
+}
+
 int template_resolve(const char *data_dir, const char *name, hutch_template **ret, hutch_error *err) {
         if (!name || !*name || streq(name, "base"))
                 name = template_base_target(data_dir);

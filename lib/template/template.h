@@ -100,6 +100,9 @@ struct json_t *template_env_json(const hutch_template *t);
  * "base" or "host". */
 const char *template_base_target(const char *data_dir);
 bool template_base_built(const char *data_dir);
+/* Whether name is the host template: "host", or "base" while no base is
+ * built. */
+bool template_names_host(const char *data_dir, const char *name);
 /* template_write for the reserved name "base": only `hutch template base`
  * writes it (every other writer refuses the name). */
 int template_write_base(const char *data_dir, const hutch_template_meta *meta, hutch_error *err);
