@@ -725,6 +725,15 @@ int http_listen_parse(const char *listen, struct sockaddr_storage *ss, unsigned 
         return 0;
 }
 
+static void tls_pem_free(server *srv) {
+        for (int i = 0; i < 2; i++) {
+                if (srv->tls_pem[i])
+                        explicit_bzero(srv->tls_pem[i], strlen(srv->tls_pem[i]));
+                free(srv->tls_pem[i]);
+                srv->tls_pem[i] = NULL;
+        }
+}
+
 int http_bind(server *srv, hutch_error *err) {
         struct sockaddr_storage ss;
         socklen_t sslen;
@@ -751,6 +760,8 @@ int http_bind(server *srv, hutch_error *err) {
         r = tls_certs_load(srv, err);
         if (r < 0)
                 return r;
+        if (srv->tls_certs)
+                tls_pem_free(srv); /* the keys live in GnuTLS's objects now: no PEM copy stays */
 
         _cleanup_close_ int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
@@ -831,15 +842,6 @@ int http_start(server *srv, hutch_error *err) {
                 return hutch_error_set(err, r, "epoll: %s", strerror(-r));
         srv->listen_fd = -1;
         return 0;
-}
-
-static void tls_pem_free(server *srv) {
-        for (int i = 0; i < 2; i++) {
-                if (srv->tls_pem[i])
-                        explicit_bzero(srv->tls_pem[i], strlen(srv->tls_pem[i]));
-                free(srv->tls_pem[i]);
-                srv->tls_pem[i] = NULL;
-        }
 }
 
 void http_stop(server *srv) {

@@ -145,17 +145,9 @@ int tls_certs_load(server *srv, hutch_error *err) {
                 r = pair_load(&t->pair[1], "sandbox-tls-cert", cert, key, err);
         explicit_bzero(key, strlen(key));
         srv->tls_certs = t;
-        if (r < 0) {
+        if (r < 0)
                 tls_certs_free(srv);
-                return r;
-        }
-        /* the keys live in GnuTLS's objects now: no PEM copy stays */
-        for (int i = 0; i < 2; i++) {
-                explicit_bzero(srv->tls_pem[i], strlen(srv->tls_pem[i]));
-                free(srv->tls_pem[i]);
-                srv->tls_pem[i] = NULL;
-        }
-        return 0;
+        return r < 0 ? r : 0;
 }
 
 void *tls_certs_callback(server *srv) {

@@ -5,8 +5,8 @@
 #include "util/error.h"
 
 /* sandbox-tls-cert/-key: load the sandbox domain's certificate beside the
- * API's (srv->tls_pem, read before) and take both into GnuTLS objects, the
- * PEM copies wiped. 0 without a sandbox certificate (srv->tls_certs stays
+ * API's (srv->tls_pem, read before) and take both into GnuTLS objects
+ * (srv->tls_certs; the caller then wipes the PEM copies). 0 without a sandbox certificate (srv->tls_certs stays
  * NULL: libmicrohttpd serves tls_pem as before); -errno with err set for a
  * missing, unreadable or mismatched pair, or one without tls-cert or
  * sandbox-domain. */
