@@ -177,6 +177,18 @@ static int hb_append(hbuf *b, const void *p, size_t n) {
         return 0;
 }
 
+/* A literal field without indexing (RFC 7541 §6.2.2), appended to b. */
+static int hb_put_field(hbuf *b, const char *n, size_t nl, const char *v, size_t vl) {
+        /* besides name and value: a byte, and two lengths of at most 10 */
+        if (hb_reserve(b, nl + vl + 24) < 0)
+                return -ENOMEM;
+        ssize_t k = hpack_put_field(b->p + b->len, b->cap - b->len, n, nl, v, vl);
+        if (k < 0)
+                return -ENOMEM;
+        b->len += (size_t) k;
+        return 0;
+}
+
 static void hb_free(hbuf *b) {
         free(b->p);
         *b = (hbuf) { 0 };
@@ -373,15 +385,8 @@ static int on_field(void *ud, const char *n, size_t nl, const char *v, size_t vl
                 copy_field(f->token, sizeof f->token, &f->has_token, &f->bad, v, vl);
         else if (name_is(n, nl, "user-agent") && vl >= 8 && !f->ua[0])
                 memcpy(f->ua, v, 8);
-        if (f->enc && !name_is(n, nl, ":authority") && !name_is(n, nl, "host")) {
-                /* a literal costs at most 2 × 10 bytes of lengths besides */
-                if (hb_reserve(f->enc, nl + vl + 24) < 0)
-                        return -ENOMEM;
-                ssize_t k = hpack_put_field(f->enc->p + f->enc->len, f->enc->cap - f->enc->len, n, nl, v, vl);
-                if (k < 0)
-                        return -ENOMEM;
-                f->enc->len += (size_t) k;
-        }
+        if (f->enc && !name_is(n, nl, ":authority") && !name_is(n, nl, "host"))
+                return hb_put_field(f->enc, n, nl, v, vl);
         return 0;
 }
 
@@ -392,35 +397,28 @@ static int on_field(void *ud, const char *n, size_t nl, const char *v, size_t vl
 static int masked_block(h2conn *h, const req_fields *f, uint32_t sid, hbuf *out) {
         size_t ml = strlen(h->mask_host);
         hbuf b = { 0 };
-        uint8_t lit[400];
-        ssize_t k = 0;
-        if (f->has_authority && (k = hpack_put_literal(lit, sizeof lit, ":authority", h->mask_host, ml)) > 0 &&
-            hb_append(&b, lit, (size_t) k) < 0)
-                goto fail;
-        if (hb_append(&b, h->fields.p + h->fields.off, hb_pending(&h->fields)) < 0)
-                goto fail;
-        if (f->has_host && (k = hpack_put_literal(lit, sizeof lit, "host", h->mask_host, ml)) > 0 &&
-            hb_append(&b, lit, (size_t) k) < 0)
-                goto fail;
-        if (k < 0)
-                goto fail;
+        int r = f->has_authority ? hb_put_field(&b, ":authority", strlen(":authority"), h->mask_host, ml) : 0;
+        if (r >= 0)
+                r = hb_append(&b, h->fields.p + h->fields.off, hb_pending(&h->fields));
+        if (r >= 0 && f->has_host)
+                r = hb_put_field(&b, "host", strlen("host"), h->mask_host, ml);
         size_t off = 0, n = hb_pending(&b);
-        do {
+        while (r >= 0) {
                 size_t len = n - off < FRAME_MAX_FIRST ? n - off : FRAME_MAX_FIRST;
                 uint8_t hdr[FRAME_HDR];
                 uint8_t flags = off + len == n ? FL_END_HEADERS : 0;
                 if (off == 0)
                         flags |= h->hflags & FL_END_STREAM;
                 put_frame_hdr(hdr, len, off == 0 ? F_HEADERS : F_CONT, flags, sid);
-                if (hb_append(out, hdr, sizeof hdr) < 0 || hb_append(out, b.p + b.off + off, len) < 0)
-                        goto fail;
+                r = hb_append(out, hdr, sizeof hdr);
+                if (r >= 0)
+                        r = hb_append(out, b.p + b.off + off, len);
                 off += len;
-        } while (off < n);
+                if (off == n)
+                        break;
+        }
         hb_free(&b);
-        return 0;
-fail:
-        hb_free(&b);
-        return -ENOMEM;
+        return r < 0 ? -ENOMEM : 0;
 }
 
 /* The port a request names, as api_begin reads an HTTP/1.1 one: the
