@@ -310,7 +310,7 @@ enum MHD_Result files_get(server *srv, request *req, sbx *sb) {
                 resp = gzip_response(fd);
                 if (resp)
                         MHD_add_response_header(resp, "Content-Encoding", "gzip");
-        } else if (!streq(srv->cfg.tls_cert, "-"))
+        } else if (server_tls_on(srv))
                 resp = MHD_create_response_from_callback((uint64_t) st.st_size, 256 * 1024, fd_read,
                                                          (void *) (intptr_t) fd, fd_free);
         else

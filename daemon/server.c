@@ -500,7 +500,7 @@ static void notify_systemd(const char *state) {
                 log_warning("telling systemd '%s': %m", state);
 }
 
-static bool tls_on(const server *srv) {
+bool server_tls_on(const server *srv) {
         return !streq(srv->cfg.tls_cert, "-");
 }
 
@@ -510,7 +510,7 @@ static bool tls_on(const server *srv) {
 static void warn_cleartext(const server *srv) {
         struct sockaddr_storage ss;
         unsigned len;
-        if (tls_on(srv) || http_listen_parse(srv->cfg.listen, &ss, &len, NULL) < 0)
+        if (server_tls_on(srv) || http_listen_parse(srv->cfg.listen, &ss, &len, NULL) < 0)
                 return;
         bool loopback = ss.ss_family == AF_INET
                                 ? (ntohl(((struct sockaddr_in *) &ss)->sin_addr.s_addr) >> 24) == 127
@@ -531,7 +531,7 @@ static void print_env(server *srv) {
                 fclose(f);
                 key[strcspn(key, "\r\n")] = 0;
         }
-        const char *scheme = tls_on(srv) ? "https" : "http";
+        const char *scheme = server_tls_on(srv) ? "https" : "http";
         if (streq(srv->cfg.log_format, "json")) {
                 /* one object per line, and no key in a log that may be shipped */
                 log_info("listening on %s://%s (E2B_API_URL and E2B_SANDBOX_URL; the first API key is in %s)", scheme,
@@ -783,7 +783,7 @@ int server_run(const server_config *cfg) {
         {
                 char st[256];
                 snprintf(st, sizeof st, "READY=1\nMAINPID=%ld\nSTATUS=serving on %s://%s", (long) getpid(),
-                         tls_on(srv) ? "https" : "http", srv->cfg.listen);
+                         server_tls_on(srv) ? "https" : "http", srv->cfg.listen);
                 notify_systemd(st);
         }
 

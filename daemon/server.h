@@ -111,6 +111,8 @@ typedef struct server server;
  * the registries-conf and registry-ca settings. */
 struct image_pull_opts;
 void server_pull_opts(const server *srv, struct image_pull_opts *ret);
+/* tls-cert is set: the API port speaks HTTPS only. */
+bool server_tls_on(const server *srv);
 typedef struct sbx sbx;
 typedef struct proc proc;
 typedef struct stream stream;
