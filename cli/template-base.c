@@ -362,7 +362,8 @@ static int spawn(char *const argv[], char *const envp[], int out, const char *wo
                         ;
                 int r = 0;
                 if (k == 1 &&
-                    ((r = idmap_write(pid, "uid_map", BASE_BUILD_UID_BASE, 65536)) < 0 || (r = idmap_write(pid, "gid_map", BASE_BUILD_UID_BASE, 65536)) < 0))
+                    ((r = idmap_write(pid, "uid_map", BASE_BUILD_UID_BASE, 65536)) < 0 ||
+                     (r = idmap_write(pid, "gid_map", BASE_BUILD_UID_BASE, 65536)) < 0))
                         log_error("writing the build's id maps: %s", strerror(-r));
                 c = r == 0 && k == 1 ? 1 : 0;
                 (void) !write(go[1], &c, 1);

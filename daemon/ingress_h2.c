@@ -397,7 +397,9 @@ static int on_field(void *ud, const char *n, size_t nl, const char *v, size_t vl
 static int masked_block(h2conn *h, const req_fields *f, uint32_t sid, hbuf *out) {
         size_t ml = strlen(h->mask_host);
         hbuf b = { 0 };
-        int r = f->has_authority ? hb_put_field(&b, ":authority", strlen(":authority"), h->mask_host, ml) : 0;
+        int r = f->has_authority
+                ? hb_put_field(&b, ":authority", strlen(":authority"), h->mask_host, ml)
+                : 0;
         if (r >= 0)
                 r = hb_append(&b, h->fields.p + h->fields.off, hb_pending(&h->fields));
         if (r >= 0 && f->has_host)

@@ -782,8 +782,8 @@ int server_run(const server_config *cfg) {
         warn_cleartext(srv);
         {
                 char st[256];
-                snprintf(st, sizeof st, "READY=1\nMAINPID=%ld\nSTATUS=serving on %s://%s", (long) getpid(),
-                         server_tls_on(srv) ? "https" : "http", srv->cfg.listen);
+                snprintf(st, sizeof st, "READY=1\nMAINPID=%ld\nSTATUS=serving on %s://%s",
+                         (long) getpid(), server_tls_on(srv) ? "https" : "http", srv->cfg.listen);
                 notify_systemd(st);
         }
 
