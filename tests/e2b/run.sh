@@ -135,6 +135,12 @@ cleanup() {
 		tail -n 150 "$log" >&2
 		for f in "$tmp"/serve[0-9]*.log; do [[ -f "$f" ]] && { echo "----- tail of $f -----" >&2; tail -n 60 "$f" >&2; }; done
 		echo "----- end of serve log -----" >&2
+		# the failures again, after the logs, where a reader of the output's
+		# tail (a CI summary) sees them
+		if [[ -f "$tmp/node.out" ]] && grep -q '^✖ failing tests:' "$tmp/node.out"; then
+			echo "----- the failing tests again -----" >&2
+			sed -n '/^✖ failing tests:/,$p' "$tmp/node.out" | head -n 120 >&2
+		fi
 	fi
 	# Never delete a tree with a mount point under it (a sandbox root may have
 	# host directories bind-mounted into it).
@@ -285,6 +291,6 @@ for a in "${node_args[@]}"; do [[ "$a" == --test-reporter* ]] && reporter=(); do
 cd "$here" || exit 2
 node --test "${reporter[@]}" --test-concurrency=1 --test-force-exit \
 	--test-timeout="${HUTCH_E2B_TEST_TIMEOUT:-180000}" \
-	"${node_args[@]}" "${files[@]}"
-status=$?
+	"${node_args[@]}" "${files[@]}" 2>&1 | tee "$tmp/node.out"
+status=${PIPESTATUS[0]}
 exit
