@@ -6,9 +6,10 @@
  * `base` (kind "debian"), which template_base_target() then prefers over
  * the host template; `hutch template rm base` falls back to the host.
  *
- *   1. the suite's InRelease (apt-helper, the host's apt transports): its
- *      Date is SOURCE_DATE_EPOCH, its hash part of the build's key; a base
- *      built from the same key is up to date (nothing to do)
+ *   1. each suite's InRelease (the release, and its -updates and -security
+ *      where the host's apt reads them; apt-helper, the host's transports):
+ *      the newest Date is SOURCE_DATE_EPOCH, their hashes part of the
+ *      build's key; a base built from the same key is up to date
  *   2. mmdebstrap --mode=unshare --format=tar in a child that is root of a
  *      user namespace of its own, mapped to the 65536 host ids at
  *      BASE_BUILD_UID_BASE (no sandbox's, not the unpacker's): the archive's
@@ -65,12 +66,17 @@ static const char *const default_packages[] = {
 };
 
 static const char *usage_text =
-        "usage: hutch template base [--mirror URL] [--suite SUITE] [--packages LIST] [--json] [--force]\n"
+        "usage: hutch template base [--mirror URL] [--suite SUITE] [--security-mirror URL] [--no-updates]\n"
+        "                           [--packages LIST] [--json] [--force]\n"
         "\n"
         "Builds the `base` template from Debian packages with mmdebstrap (variant minbase, plus\n"
         "LIST, plus sudo) and a `user` (uid 1000, /home/user) with passwordless sudo.\n"
         "  --mirror URL      the archive (default: the host's apt source for the suite)\n"
         "  --suite SUITE     default: the host's release (VERSION_CODENAME)\n"
+        "  --security-mirror URL  the archive of SUITE-security (default: the host's apt source\n"
+        "                    for it; without one and without this flag, no security suite)\n"
+        "  --no-updates      the main suite alone: no SUITE-updates, no SUITE-security (by default\n"
+        "                    each is read when the host's apt has it, SUITE-updates from --mirror)\n"
         "  --packages LIST   comma- or space-separated package names, in place of the default set:\n"
         "                    bash coreutils python3 python3-pip python3-venv nodejs npm git curl\n"
         "                    ca-certificates sudo build-essential\n"
@@ -286,11 +292,31 @@ static bool host_mirror_list(const char *path, const char *suite, char *buf, siz
         return found;
 }
 
-static void host_mirror(const char *suite, char *buf, size_t n) {
-        if (host_mirror_deb822("/etc/apt/sources.list.d/debian.sources", suite, buf, n) ||
-            host_mirror_list("/etc/apt/sources.list", suite, buf, n))
-                return;
-        snprintf(buf, n, "http://deb.debian.org/debian");
+/* Whether the host's apt has a deb source for suite: its URL to buf. */
+static bool host_mirror(const char *suite, char *buf, size_t n) {
+        return host_mirror_deb822("/etc/apt/sources.list.d/debian.sources", suite, buf, n) ||
+               host_mirror_list("/etc/apt/sources.list", suite, buf, n);
+}
+
+/* The archives a build reads: the main suite first, then SUITE-updates and
+ * SUITE-security where there are such. */
+#define BASE_MAX_SOURCES 3
+typedef struct archive {
+        char url[600];
+        char suite[80];
+} archive;
+
+typedef struct sources {
+        archive v[BASE_MAX_SOURCES];
+        size_t n;
+} sources;
+
+static void sources_add(sources *s, const char *url, const char *suite) {
+        if (s->n < BASE_MAX_SOURCES) {
+                snprintf(s->v[s->n].url, sizeof s->v[s->n].url, "%s", url);
+                snprintf(s->v[s->n].suite, sizeof s->v[s->n].suite, "%s", suite);
+                s->n++;
+        }
 }
 
 /* ------------------------------------------------------------ processes */
@@ -449,14 +475,16 @@ static int run_logged(const build *b, char *const argv[], char *const envp[], co
  * not verified here: mmdebstrap's apt verifies what the build uses. */
 static int release_info(const build *b, const char *mirror, const char *suite, int64_t *ret_epoch,
                         char ret_date[64], char ret_hex[65]) {
-        char url[1024], path[PATH_MAX + 16];
+        char url[1024], path[PATH_MAX + 96];
         snprintf(url, sizeof url, "%s%sdists/%s/InRelease", mirror,
                  mirror[strlen(mirror) - 1] == '/' ? "" : "/", suite);
-        snprintf(path, sizeof path, "%s/InRelease", b->dir);
+        snprintf(path, sizeof path, "%s/InRelease.%s", b->dir, suite);
         char *argv[] = { (char *) "/usr/lib/apt/apt-helper", (char *) "download-file", url, path,
                          NULL };
         char *envp[] = { (char *) "PATH=/usr/sbin:/usr/bin:/sbin:/bin", (char *) "LC_ALL=C", NULL };
-        int r = run_logged(b, argv, envp, NULL, "downloading the suite's InRelease");
+        char what[160];
+        snprintf(what, sizeof what, "downloading %s's InRelease", suite);
+        int r = run_logged(b, argv, envp, NULL, what);
         if (r < 0)
                 return r;
         FILE *f = fopen(path, "re");
@@ -519,13 +547,35 @@ static void current_source(char *buf, size_t n) {
         template_info_free(v, k);
 }
 
-static int build_base(build *b, const char *mirror, const char *suite, pkgs *p, bool force) {
+static int build_base(build *b, const sources *src, pkgs *p, bool force) {
+        const char *mirror = src->v[0].url, *suite = src->v[0].suite;
         int64_t epoch = 0;
-        char date[64] = "", release_hex[65] = "", key[65], version[128] = "";
-        stage("release", "Debian %s from %s: reading the suite's Release", suite, mirror);
-        int r = release_info(b, mirror, suite, &epoch, date, release_hex);
-        if (r < 0)
-                return r;
+        char date[64] = "", date0[64] = "", release_hex[65] = "", key[65], version[128] = "";
+        /* the other suites: their Release hashes join the key, the newest
+         * Date of all is SOURCE_DATE_EPOCH */
+        char extra[BASE_MAX_SOURCES * 800] = "", extra_src[BASE_MAX_SOURCES * 700] = "";
+        int r = 0;
+        for (size_t i = 0; i < src->n; i++) {
+                int64_t e = 0;
+                char d[64] = "", h[65] = "";
+                stage("release", "Debian %s from %s: reading the suite's Release", src->v[i].suite,
+                      src->v[i].url);
+                if ((r = release_info(b, src->v[i].url, src->v[i].suite, &e, d, h)) < 0)
+                        return r;
+                if (i == 0) {
+                        memcpy(release_hex, h, sizeof h);
+                        memcpy(date0, d, sizeof d);
+                } else {
+                        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "%s %s %s\n",
+                                 src->v[i].url, src->v[i].suite, h);
+                        snprintf(extra_src + strlen(extra_src), sizeof extra_src - strlen(extra_src),
+                                 "; + %s from %s (Release %s)", src->v[i].suite, src->v[i].url, d);
+                }
+                if (i == 0 || e > epoch) {
+                        epoch = e;
+                        memcpy(date, d, sizeof d);
+                }
+        }
         /* mmdebstrap's version is an input too */
         {
                 char *argv[] = { (char *) "/usr/bin/mmdebstrap", (char *) "--version", NULL };
@@ -543,13 +593,19 @@ static int build_base(build *b, const char *mirror, const char *suite, pkgs *p, 
         for (size_t i = 0; i < p->n; i++)
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? "," : "",
                          p->v[i]);
-        char inputs[sizeof list + 2048];
-        snprintf(inputs, sizeof inputs, "%s\n%s\n%s\n%s\n%s\n%s\n", BASE_RECIPE, mirror, suite,
-                 list, release_hex, version);
+        /* a build of the main suite alone has the key it always had */
+        char inputs[sizeof list + sizeof extra + 2048];
+        snprintf(inputs, sizeof inputs, "%s\n%s\n%s\n%s\n%s\n%s\n%s", BASE_RECIPE, mirror, suite,
+                 list, release_hex, version, extra);
         hex_of(inputs, key);
-        char source[sizeof list + 1024];
-        snprintf(source, sizeof source, "debian %s from %s (Release %s; %s; packages %s) key %.64s",
-                 suite, mirror, date, version, list, key);
+        char source[sizeof list + sizeof extra_src + 1024];
+        if (src->n == 1)
+                snprintf(source, sizeof source, "debian %s from %s (Release %s; %s; packages %s) key %.64s",
+                         suite, mirror, date, version, list, key);
+        else
+                snprintf(source, sizeof source,
+                         "debian %s from %s (Release %s)%s (dated %s; %s; packages %s) key %.64s", suite,
+                         mirror, date0, extra_src, date, version, list, key);
         char have[sizeof source + 64];
         current_source(have, sizeof have);
         if (!force && streq(have, source)) {
@@ -578,7 +634,17 @@ static int build_base(build *b, const char *mirror, const char *suite, pkgs *p, 
                          (char *) "--skip=output/dev",
                          /* the tree is a tar a minute later: no fsync per file */
                          (char *) "--dpkgopt=force-unsafe-io", include, (char *) hook,
-                         (char *) suite, (char *) "/tmp/base.tar", (char *) mirror, NULL };
+                         (char *) suite, (char *) "/tmp/base.tar", (char *) mirror,
+                         /* SUITE-updates, SUITE-security: whole deb lines */
+                         NULL, NULL, NULL };
+        char lines[BASE_MAX_SOURCES][800];
+        size_t argc0 = 0;
+        while (argv[argc0])
+                argc0++;
+        for (size_t i = 1; i < src->n; i++) {
+                snprintf(lines[i], sizeof lines[i], "deb %s %s main", src->v[i].url, src->v[i].suite);
+                argv[argc0++] = lines[i];
+        }
         const char *term = getenv("TERM");
         char termv[128];
         snprintf(termv, sizeof termv, "TERM=%s", term && *term ? term : "dumb");
@@ -638,8 +704,8 @@ static int build_base(build *b, const char *mirror, const char *suite, pkgs *p, 
         stage("layer", "layer %s (%s)", digest,
               existed ? "the store had it: the same bytes as an earlier build" : "new");
         cli_audit_note(data_dir(), "template.base",
-                       json_pack("{s:s, s:s, s:s, s:s, s:s}", "suite", suite, "mirror", mirror,
-                                 "layer", digest, "key", key, "by", "cli"));
+                       json_pack("{s:s, s:s, s:s, s:s, s:s, s:i}", "suite", suite, "mirror", mirror,
+                                 "layer", digest, "key", key, "by", "cli", "suites", (int) src->n));
         if (json_out)
                 printf("{\"phase\":\"built\",\"name\":\"base\",\"layer\":\"%s\",\"key\":\"%s\"}\n",
                        digest, key);
@@ -651,20 +717,26 @@ static int build_base(build *b, const char *mirror, const char *suite, pkgs *p, 
 int verb_template_base(int argc, char **argv) {
         static const struct option opts[] = { { "mirror", required_argument, NULL, 'm' },
                                               { "suite", required_argument, NULL, 's' },
+                                              { "security-mirror", required_argument, NULL, 'S' },
+                                              { "no-updates", no_argument, NULL, 'n' },
                                               { "packages", required_argument, NULL, 'p' },
                                               { "json", no_argument, NULL, 'j' },
                                               { "force", no_argument, NULL, 'f' },
                                               { "help", no_argument, NULL, 'h' },
                                               {} };
-        const char *mirror = NULL, *suite = NULL, *list = NULL;
-        bool force = false;
+        const char *mirror = NULL, *suite = NULL, *list = NULL, *sec_mirror = NULL;
+        bool force = false, no_updates = false;
         int c;
         json_out = false;
         opterr = 0;
         optind = 1;
-        while ((c = getopt_long(argc, argv, ":m:s:p:jfh", opts, NULL)) != -1) {
+        while ((c = getopt_long(argc, argv, ":m:s:S:np:jfh", opts, NULL)) != -1) {
                 if (c == 'm')
                         mirror = optarg;
+                else if (c == 'S')
+                        sec_mirror = optarg;
+                else if (c == 'n')
+                        no_updates = true;
                 else if (c == 's')
                         suite = optarg;
                 else if (c == 'p')
@@ -688,6 +760,15 @@ int verb_template_base(int argc, char **argv) {
                                  "quotes, at most 512 bytes)",
                                  mirror),
                        EXIT_USAGE;
+        if (sec_mirror && !mirror_valid(sec_mirror))
+                return log_error("--security-mirror '%.200s' is not an http:// or https:// URL (printable, no "
+                                 "spaces or quotes, at most 512 bytes)",
+                                 sec_mirror),
+                       EXIT_USAGE;
+        if (sec_mirror && no_updates)
+                return log_error("--security-mirror and --no-updates: the second says to read no security "
+                                 "suite; give one of them"),
+                       EXIT_USAGE;
         if (suite && !suite_valid(suite))
                 return log_error("--suite '%.80s' is not a suite name (a-z, 0-9, then - and .; at most 64)",
                                  suite),
@@ -706,7 +787,7 @@ int verb_template_base(int argc, char **argv) {
                 return EXIT_USAGE;
         }
         qsort(p.v, p.n, sizeof p.v[0], cmp_str);
-        char codename[65], host_url[600];
+        char codename[65];
         if (!suite) {
                 if (host_codename(codename, sizeof codename) < 0 || !suite_valid(codename)) {
                         pkgs_free(&p);
@@ -716,9 +797,22 @@ int verb_template_base(int argc, char **argv) {
                 }
                 suite = codename;
         }
-        if (!mirror) {
-                host_mirror(suite, host_url, sizeof host_url);
-                mirror = host_url;
+        /* the main suite from --mirror, or the host's source of it, or
+         * Debian's; SUITE-updates and SUITE-security where the host's apt
+         * reads them (updates from --mirror when given, security from
+         * --security-mirror), unless --no-updates */
+        sources src = { .n = 0 };
+        char url[600], name[80];
+        if (!mirror && !host_mirror(suite, url, sizeof url))
+                snprintf(url, sizeof url, "http://deb.debian.org/debian");
+        sources_add(&src, mirror ? mirror : url, suite);
+        if (!no_updates) {
+                snprintf(name, sizeof name, "%s-updates", suite);
+                if (host_mirror(name, url, sizeof url))
+                        sources_add(&src, mirror ? mirror : url, name);
+                snprintf(name, sizeof name, "%s-security", suite);
+                if (sec_mirror || host_mirror(name, url, sizeof url))
+                        sources_add(&src, sec_mirror ? sec_mirror : url, name);
         }
         const char *dd = data_dir();
         if (dd[0] != '/' || strlen(dd) > 1024) {
@@ -766,7 +860,7 @@ int verb_template_base(int argc, char **argv) {
         const int sigs[3] = { SIGINT, SIGTERM, SIGHUP };
         for (int i = 0; i < 3; i++)
                 sigaction(sigs[i], &sa, &old[i]);
-        r = build_base(&b, mirror, suite, &p, force);
+        r = build_base(&b, &src, &p, force);
         (void) rm_rf_at(AT_FDCWD, b.dir);
         for (int i = 0; i < 3; i++)
                 sigaction(sigs[i], &old[i], NULL);

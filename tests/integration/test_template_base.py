@@ -30,6 +30,24 @@ def hutch(hutch_bin, env, *args, timeout=600, check=True):
     return p
 
 
+def codename():
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip('"')
+    raise AssertionError("/etc/os-release has no VERSION_CODENAME")
+
+
+def host_extra_suites():
+    """The host's apt suites SUITE-updates and SUITE-security, the ones a
+    default build reads besides SUITE."""
+    text = ""
+    for f in [Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")]:
+        if f.exists():
+            text += "\n".join(ln for ln in f.read_text().splitlines() if not ln.lstrip().startswith("#")) + "\n"
+    words = set(text.split())
+    return [s for s in (f"{codename()}-updates", f"{codename()}-security") if s in words]
+
+
 def in_base(hutch_bin, env, script, *opts):
     return hutch(hutch_bin, env, "run", "--template", "base", *opts, "--", "/bin/sh", "-c", script)
 
@@ -46,6 +64,8 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
         (["--mirror", "ftp://deb.debian.org/debian"], "is not an http:// or https:// URL"),
         (["--mirror", "http://x/ y"], "is not an http:// or https:// URL"),
         (["--packages", "hello,Bad_Name"], "is not a Debian package name"),
+        (["--security-mirror", "file:///srv/debian-security"], "is not an http:// or https:// URL"),
+        (["--security-mirror", "http://deb.debian.org/debian-security", "--no-updates"], "give one of them"),
         (["--packages", " , "], "the list is empty"),
         (["--no-such-flag"], "unknown option"),
         (["stray"], "unexpected argument"),
@@ -69,6 +89,14 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
     layer = events[-1]["layer"]
     tj = json.loads((data / "templates" / "base" / "template.json").read_text())
     assert tj["kind"] == "debian" and tj["layers"] == [layer] and "packages hello,sudo" in tj["source"], tj
+    # SUITE-updates and SUITE-security are read where the host's apt reads
+    # them: their Releases are in the source, their lines in the base's apt
+    extra = host_extra_suites()
+    for suite in extra:
+        assert f"+ {suite} from http" in tj["source"], (suite, tj["source"])
+    apt_lines = [ln.split() for ln in in_base(sandboxed_hutch, e, "cat /etc/apt/sources.list").stdout.decode().splitlines()
+                 if ln.startswith("deb ")]
+    assert sorted(ln[2] for ln in apt_lines) == sorted([codename()] + extra), apt_lines
     # nothing of the build is left beside the data
     assert not (data / ".base-build").exists()
     ls = json.loads(hutch(sandboxed_hutch, e, "template", "ls", "--json").stdout)
