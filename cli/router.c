@@ -35,6 +35,10 @@ static void router_usage(FILE *f) {
               "                           whose certificate fails is down (default: plain HTTP)\n"
               "  --node-tls-name NAME     the name every node certificate must carry (a DNS SAN);\n"
               "                           default: the node's address, an IP SAN for an IP\n"
+              "  --node-tls-cert FILE     with --node-tls-key: the router's client certificate (PEM\n"
+              "                           chain), shown to every node; nodes with tls-client-ca\n"
+              "                           (mutual TLS) refuse a router without one they trust\n"
+              "  --node-tls-key FILE      the private key of --node-tls-cert (PEM)\n"
               "  --sample K               nodes sampled per create (default 2)\n"
               "  --poll-interval MS       GET /node of every node this often (default 1000)\n"
               "  --connect-timeout MS     a node that does not accept a connection within this is\n"
@@ -91,7 +95,9 @@ int verb_router(int argc, char **argv) {
                              { "--dns", cfg.dns, sizeof cfg.dns },
                              { "--key-file", cfg.key_file, sizeof cfg.key_file },
                              { "--node-tls-ca", cfg.node_tls_ca, sizeof cfg.node_tls_ca },
-                             { "--node-tls-name", cfg.node_tls_name, sizeof cfg.node_tls_name } };
+                             { "--node-tls-name", cfg.node_tls_name, sizeof cfg.node_tls_name },
+                             { "--node-tls-cert", cfg.node_tls_cert, sizeof cfg.node_tls_cert },
+                             { "--node-tls-key", cfg.node_tls_key, sizeof cfg.node_tls_key } };
                 bool done = false;
                 for (size_t k = 0; k < ELEMENTSOF(strs); k++)
                         if (streq(a, strs[k].name)) {

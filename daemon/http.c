@@ -41,6 +41,8 @@ const char *http_query(struct MHD_Connection *c, const char *name) {
  * relays the target as the client wrote it). */
 typedef struct conn_ctx {
         char *raw_uri;
+        signed char client_cert; /* tls-client-ca: 0 not checked yet, 1 verified, -1 refused */
+        char client_why[160];    /* why it was refused */
 } conn_ctx;
 
 static conn_ctx *conn_ctx_of(struct MHD_Connection *c) {
@@ -508,6 +510,36 @@ static enum MHD_Result request_begin(server *srv, request *req) {
         return r;
 }
 
+/* tls-client-ca: a request but GET /health (a load balancer's or the
+ * kubelet's probe, which carry no client certificate) on a connection whose
+ * client did not present a verified certificate is refused, with why. The
+ * verdict is the connection's: one check per handshake. */
+static bool client_cert_refused(server *srv, struct MHD_Connection *conn, const char *method,
+                                const char *url, char *why, size_t n) {
+        if (!srv->tls_client_ca_pem || (streq(method, "GET") && streq(url, "/health")))
+                return false;
+        conn_ctx *x = conn_ctx_of(conn);
+        if (x && x->client_cert == 1)
+                return false;
+        char reason[sizeof x->client_why] = "";
+        if (x && x->client_cert == -1)
+                snprintf(reason, sizeof reason, "%s", x->client_why);
+        else {
+                bool ok = tls_client_verified(conn, reason, sizeof reason);
+                if (x) {
+                        x->client_cert = ok ? 1 : -1;
+                        snprintf(x->client_why, sizeof x->client_why, "%s", reason);
+                }
+                if (ok)
+                        return false;
+                log_info("a client was refused by tls-client-ca: %s", reason);
+        }
+        snprintf(why, n,
+                 "this server requires a client certificate signed by its tls-client-ca (mutual TLS): %s",
+                 reason);
+        return true;
+}
+
 /* Log lines written while a request is served carry its id. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size,
@@ -545,17 +577,23 @@ static enum MHD_Result on_request_inner(void *cls, struct MHD_Connection *conn, 
                 }
                 *con_cls = req;
                 const char *why = "a control byte (such as %00) in the URL path";
-                if (bad_path || request_ambiguous(conn, &why)) {
+                int status = 400;
+                char cert_why[256];
+                if (client_cert_refused(srv, conn, method, url, cert_why, sizeof cert_why)) {
+                        why = cert_why;
+                        status = 403;
+                }
+                if (status != 400 || bad_path || request_ambiguous(conn, &why)) {
                         req->responded = true;
                         struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
-                        json_t *body = json_pack("{s:i, s:s}", "code", 400, "message", why);
+                        json_t *body = json_pack("{s:i, s:s}", "code", status, "message", why);
                         char *txt = json_dumps(body, JSON_COMPACT);
                         json_decref(body);
                         MHD_destroy_response(resp);
                         resp = MHD_create_response_from_buffer(strlen(txt), txt, MHD_RESPMEM_MUST_FREE);
                         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
                         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-                        enum MHD_Result r = MHD_queue_response(conn, 400, resp);
+                        enum MHD_Result r = MHD_queue_response(conn, (unsigned) status, resp);
                         MHD_destroy_response(resp);
                         return r;
                 }
@@ -757,6 +795,21 @@ int http_bind(server *srv, hutch_error *err) {
                         return hutch_error_set(err, -EINVAL, "tls-cert must be a PEM certificate and tls-key a PEM "
                                                              "private key");
         }
+        if (!streq(srv->cfg.tls_client_ca, "-")) {
+                if (!want_cert)
+                        return hutch_error_set(
+                                err, -EINVAL,
+                                "tls-client-ca needs tls-cert and tls-key: client certificates "
+                                "are asked for in the API's TLS handshake");
+                r = read_file_at(AT_FDCWD, srv->cfg.tls_client_ca, 1 << 20, &srv->tls_client_ca_pem);
+                if (r < 0)
+                        return hutch_error_set(err, r, "tls-client-ca %s: %s",
+                                               srv->cfg.tls_client_ca, strerror(-r));
+                if (!strstr(srv->tls_client_ca_pem, "-----BEGIN CERTIFICATE-----"))
+                        return hutch_error_set(err, -EINVAL,
+                                               "tls-client-ca %s holds no PEM certificate",
+                                               srv->cfg.tls_client_ca);
+        }
         r = tls_certs_load(srv, err);
         if (r < 0)
                 return r;
@@ -798,14 +851,22 @@ int http_start(server *srv, hutch_error *err) {
          * handed over with MHD_add_connection, MHD's limits applying. */
         unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE |
                 MHD_USE_NO_LISTEN_SOCKET | (cert || pick ? MHD_USE_TLS : 0);
-        struct MHD_OptionItem tls_opts[3] = { { MHD_OPTION_END, 0, NULL } };
+        struct MHD_OptionItem tls_opts[4] = { { MHD_OPTION_END, 0, NULL } };
+        size_t k = 0;
         if (pick) {
-                tls_opts[0] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_CERT_CALLBACK, 0, pick };
-                tls_opts[1] = (struct MHD_OptionItem) { MHD_OPTION_END, 0, NULL };
+                tls_opts[k++] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_CERT_CALLBACK, 0, pick };
         } else if (cert) {
-                tls_opts[0] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_CERT, 0, (void *) cert };
-                tls_opts[1] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_KEY, 0, (void *) key };
+                tls_opts[k++] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_CERT, 0,
+                                                          (void *) cert };
+                tls_opts[k++] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_KEY, 0, (void *) key };
         }
+        /* tls-client-ca: libmicrohttpd asks every client for a certificate
+         * and GnuTLS verifies it against this list; a request without a
+         * verified one is refused (client_cert_refused) */
+        if (srv->tls_client_ca_pem)
+                tls_opts[k++] = (struct MHD_OptionItem) { MHD_OPTION_HTTPS_MEM_TRUST, 0,
+                                                          srv->tls_client_ca_pem };
+        tls_opts[k] = (struct MHD_OptionItem) { MHD_OPTION_END, 0, NULL };
         srv->mhd = MHD_start_daemon(
                 flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_ARRAY, tls_opts,
                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
@@ -849,6 +910,8 @@ void http_stop(server *srv) {
         if (!srv->mhd) {
                 tls_pem_free(srv);
                 tls_certs_free(srv);
+                free(srv->tls_client_ca_pem);
+                srv->tls_client_ca_pem = NULL;
                 return;
         }
         /* suspended connections must be resumed before MHD can close them */
@@ -864,4 +927,6 @@ void http_stop(server *srv) {
         ingress_reap(srv);
         tls_pem_free(srv);
         tls_certs_free(srv);
+        free(srv->tls_client_ca_pem);
+        srv->tls_client_ca_pem = NULL;
 }

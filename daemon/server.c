@@ -74,6 +74,7 @@ static const struct cfg_entry {
         { "tls-key", CFG_STR, S(tls_key), 0, 0, "-", "PEM private key of tls-cert ('-': none)" },
         { "sandbox-tls-cert", CFG_STR, S(sandbox_tls_cert), 0, 0, "-", "PEM certificate (chain) served instead of tls-cert to TLS clients whose SNI names a sandbox port, <port>-<id>.<sandbox-domain> (e.g. a wildcard for *.<sandbox-domain>); needs tls-cert and sandbox-domain ('-': none, tls-cert serves every name)" },
         { "sandbox-tls-key", CFG_STR, S(sandbox_tls_key), 0, 0, "-", "PEM private key of sandbox-tls-cert ('-': none)" },
+        { "tls-client-ca", CFG_STR, S(tls_client_ca), 0, 0, "-", "PEM CA bundle: mutual TLS, every request but GET /health must come with a client certificate that chains to it, valid now and for TLS clients (e.g. hutch router --node-tls-cert); needs tls-cert ('-': none)" },
         { "max-connections-per-client", CFG_U64, U(max_connections_per_client), 1, 1000000, "1024", "open HTTP connections from one client address (behind a reverse proxy, every client is the proxy's address)" },
         { "idle-timeout", CFG_SECONDS, U(idle_timeout_s), 1, 86400, "600", "an authenticated connection idle this long is closed" },
         { "unauthenticated-timeout", CFG_SECONDS, U(unauth_timeout_s), 1, 86400, "15", "a connection that has not yet sent an authenticated request is closed when idle this long" },

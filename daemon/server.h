@@ -40,6 +40,7 @@ typedef struct server_config {
         char tls_key[1024];
         char sandbox_tls_cert[1024]; /* PEM paths, "-" = none: served by SNI for the sandbox domain */
         char sandbox_tls_key[1024];
+        char tls_client_ca[1024]; /* PEM CA bundle, "-" = none: every API request but /health needs a client cert it signed */
         char data_dir[1024];
         char run_dir[1024];
         uint64_t default_timeout_s;  /* sandbox lifetime when create sends none */
@@ -258,6 +259,7 @@ struct server {
         int listen_fd;           /* bound at start, ingress_h2's once http_start ran */
         int lock_fd;             /* DATA_DIR/serve.lock, held for the daemon's life */
         char *tls_pem[2];        /* tls-cert, tls-key: MHD reads them for its whole life */
+        char *tls_client_ca_pem; /* tls-client-ca, for MHD's trust list, for its whole life */
         struct tls_certs *tls_certs; /* both pairs in GnuTLS, when sandbox-tls-cert is set (daemon/tls.c) */
         watcher mhd_w;
         hutch_ctx *ctx;

@@ -16,6 +16,7 @@
 #include <gnutls/abstract.h>
 #include <gnutls/gnutls.h>
 #include <gnutls/x509.h>
+#include <microhttpd.h>
 
 #include "daemon/ingress_http.h"
 #include "daemon/server.h"
@@ -165,4 +166,42 @@ void tls_certs_free(server *srv) {
                 pair_free(&t->pair[i]);
         free(t);
         srv->tls_certs = NULL;
+}
+
+/* Whether the client of conn presented a certificate (chain) that GnuTLS
+ * verifies against tls-client-ca, which libmicrohttpd was given as its
+ * trust list: signed by it, valid now, and, when it names purposes, one
+ * for TLS clients. Why not to why. */
+bool tls_client_verified(struct MHD_Connection *conn, char *why, size_t n) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
+                conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+        gnutls_session_t session = ci ? (gnutls_session_t) ci->tls_session : NULL;
+        if (!session) {
+                snprintf(why, n, "the connection is not TLS");
+                return false;
+        }
+        unsigned k = 0;
+        if (!gnutls_certificate_get_peers(session, &k) || k == 0) {
+                snprintf(why, n, "no client certificate was presented");
+                return false;
+        }
+        gnutls_typed_vdata_st purpose = { .type = GNUTLS_DT_KEY_PURPOSE_OID,
+                                          .data = (unsigned char *) GNUTLS_KP_TLS_WWW_CLIENT };
+        unsigned status = 0;
+        int g = gnutls_certificate_verify_peers(session, &purpose, 1, &status);
+        if (g < 0) {
+                snprintf(why, n, "its certificate could not be verified: %s", gnutls_strerror(g));
+                return false;
+        }
+        if (status) {
+                gnutls_datum_t out = { 0 };
+                if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &out, 0) ==
+                    0) {
+                        snprintf(why, n, "its certificate is refused: %s", (const char *) out.data);
+                        gnutls_free(out.data);
+                } else
+                        snprintf(why, n, "its certificate is refused (status %#x)", status);
+                return false;
+        }
+        return true;
 }

@@ -18,3 +18,10 @@ int tls_certs_load(server *srv, hutch_error *err);
 void *tls_certs_callback(server *srv);
 
 void tls_certs_free(server *srv);
+
+struct MHD_Connection;
+
+/* tls-client-ca: whether conn's client presented a certificate that chains
+ * to it, valid now and, when it names purposes, for TLS clients; why not
+ * to why. */
+bool tls_client_verified(struct MHD_Connection *conn, char *why, size_t n);

@@ -72,6 +72,7 @@ typedef struct node {
         json_t *templates;
         int64_t last_ok_ms;
         char tls_why[200]; /* the last TLS failure logged (under nodes_mu) */
+        char poll_why[400]; /* the last refusal of GET /node logged (under nodes_mu) */
         /* idle keep-alive connections (under nodes_mu) */
         nconn idle[IDLE_PER_NODE];
         int64_t idle_ms[IDLE_PER_NODE];
@@ -878,11 +879,28 @@ static void *poll_one(void *arg) {
                 j = json_loadb(rp.body.p, rp.body.len, 0, NULL);
         const char *id = j ? json_string_value(json_object_get(j, "nodeID")) : NULL;
         if (!id || strlen(id) != ROUTER_NODE_ID_LEN) {
-                char why[160];
+                char why[400];
                 if (r < 0)
                         snprintf(why, sizeof why, "%s", strerror(-r));
-                else
-                        snprintf(why, sizeof why, "GET /node answered %u", rp.head->status);
+                else {
+                        /* a node that answers but refuses (a key it does not
+                         * take, tls-client-ca without our certificate): its
+                         * reason, logged when it changes, even for a node that
+                         * was never up */
+                        json_t *e = json_loadb(rp.body.p, rp.body.len, 0, NULL);
+                        const char *m = json_string_value(json_object_get(e, "message"));
+                        snprintf(why, sizeof why, "GET /node answered %u%s%.300s", rp.head->status,
+                                 m ? ": " : "", m ? m : "");
+                        json_decref(e);
+                        pthread_mutex_lock(&nodes_mu);
+                        bool changed = !streq(n->poll_why, why);
+                        if (changed)
+                                snprintf(n->poll_why, sizeof n->poll_why, "%s", why);
+                        pthread_mutex_unlock(&nodes_mu);
+                        if (changed && !n->up)
+                                log_warning("node %s (%s): not used: %s", n->id[0] ? n->id : "?",
+                                            n->addr, why);
+                }
                 node_mark_down(n, why);
                 atomic_fetch_add(&m_node_errors, 1);
         } else {
@@ -893,6 +911,7 @@ static void *poll_one(void *arg) {
                 memcpy(n->id, id, ROUTER_NODE_ID_LEN + 1);
                 n->up = true;
                 n->polled = true;
+                n->poll_why[0] = 0;
                 n->draining = json_is_true(json_object_get(j, "draining"));
                 n->mem_free = json_integer_value(json_object_get(j, "memFreeBytes"));
                 n->sandboxes = json_integer_value(json_object_get(j, "sandboxes"));
@@ -2666,9 +2685,14 @@ static int load_key(const char *path) {
 /* --node-tls-ca (and --node-tls-name): every node connection is TLS and
  * must present a certificate that chains to the CA file's certificates. */
 static int tls_setup(void) {
+        if (!cfg->node_tls_cert[0] != !cfg->node_tls_key[0]) {
+                log_error("--node-tls-cert and --node-tls-key go together (one was given without the other)");
+                return -EINVAL;
+        }
         if (!cfg->node_tls_ca[0]) {
-                if (cfg->node_tls_name[0]) {
-                        log_error("--node-tls-name is for --node-tls-ca: give the CA too");
+                if (cfg->node_tls_name[0] || cfg->node_tls_cert[0]) {
+                        log_error("%s is for --node-tls-ca: give the CA too",
+                                  cfg->node_tls_name[0] ? "--node-tls-name" : "--node-tls-cert");
                         return -EINVAL;
                 }
                 if (strstr(cfg->nodes, "https://")) {
@@ -2708,6 +2732,32 @@ static int tls_setup(void) {
                 SSL_CTX_free(tls_ctx);
                 tls_ctx = NULL;
                 return -EINVAL;
+        }
+        /* mutual TLS: the router's own certificate, for nodes that ask */
+        if (cfg->node_tls_cert[0]) {
+                const char *what = "--node-tls-cert";
+                ERR_clear_error();
+                bool ok = SSL_CTX_use_certificate_chain_file(tls_ctx, cfg->node_tls_cert) == 1;
+                if (ok) {
+                        what = "--node-tls-key";
+                        ok = SSL_CTX_use_PrivateKey_file(tls_ctx, cfg->node_tls_key,
+                                                         SSL_FILETYPE_PEM) == 1;
+                }
+                if (ok) {
+                        what = "--node-tls-key (not the key of --node-tls-cert)";
+                        ok = SSL_CTX_check_private_key(tls_ctx) == 1;
+                }
+                if (!ok) {
+                        unsigned long ec = ERR_peek_error();
+                        log_error("%s %s: %s", what,
+                                  strncmp(what, "--node-tls-cert", 15) == 0 ? cfg->node_tls_cert
+                                                                            : cfg->node_tls_key,
+                                  ERR_reason_error_string(ec) ? ERR_reason_error_string(ec)
+                                                              : "cannot be read");
+                        SSL_CTX_free(tls_ctx);
+                        tls_ctx = NULL;
+                        return -EINVAL;
+                }
         }
         return 0;
 }

@@ -26,6 +26,8 @@ typedef struct router_config {
         char key_file[1024]; /* "TEAM KEY" (or "KEY") lines; the first key is the one GET /node is asked with */
         char node_tls_ca[1024]; /* PEM CA bundle: nodes are spoken to over TLS and verified; "": plain HTTP */
         char node_tls_name[256]; /* the name node certificates must match; "": each node's address (IP SAN) */
+        char node_tls_cert[1024]; /* PEM chain shown to nodes (their tls-client-ca: mutual TLS); "": none */
+        char node_tls_key[1024]; /* its private key */
         unsigned sample;  /* K: nodes sampled per create */
         unsigned poll_ms; /* GET /node of every node this often; DNS re-resolved as often */
         unsigned connect_timeout_ms;

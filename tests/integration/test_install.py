@@ -59,7 +59,7 @@ def test_bash_completion(installed):
         COMP_WORDS=(hutch ru); COMP_CWORD=1; _hutch; echo "${{COMPREPLY[@]}}"
         PATH={installed / "usr/local/bin"}:$PATH
         COMP_WORDS=(hutch run --mem); COMP_CWORD=2; _hutch; echo "${{COMPREPLY[@]}}"
-        COMP_WORDS=(hutch serve --tls-c); COMP_CWORD=2; _hutch; echo "${{COMPREPLY[@]}}"'''],
+        COMP_WORDS=(hutch serve --tls-ce); COMP_CWORD=2; _hutch; echo "${{COMPREPLY[@]}}"'''],
                          capture_output=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.decode().split("\n")[:3] == ["run", "--memory", "--tls-cert"], out.stdout

@@ -19,6 +19,7 @@ change reaches the nodes within seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -736,6 +737,90 @@ def test_router_speaks_tls_to_nodes(cluster):
     assert "its certificate is refused: hostname mismatch" in log, log
 
 
+def test_router_and_nodes_mutual_tls(cluster):
+    """tls-client-ca on a node and --node-tls-cert on the router: mutual TLS.
+    A node asks every client for a certificate and answers every request but
+    GET /health with E2B's 403 unless the certificate chains to its CA, is
+    valid and is for TLS clients; a router without one finds the node down,
+    a router with one uses it (a create, a command, a kill)."""
+    import ssl
+
+    pki = cluster.tmp / "pki"
+    pki.mkdir()
+    ca, other = _ca(pki, "ca"), _ca(pki, "other-ca")
+    cert, key = _leaf(pki, "node1", ca, f"IP:{cluster.node_addr(1)}")
+    rcert, rkey = _leaf(pki, "router", ca, "DNS:hutch-router")
+    # a client certificate needs the TLS client purpose when it names purposes
+    server_only = pki / "server-only.pem"
+    server_only_key = pki / "server-only.key"
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(server_only_key),
+             "-subj", "/CN=server-only", "-addext", "extendedKeyUsage=serverAuth",
+             "-addext", "basicConstraints=critical,CA:FALSE", "-x509", "-CA", str(ca[0]), "-CAkey", str(ca[1]),
+             "-days", "2", "-out", str(server_only))
+    stranger = _leaf(pki, "stranger", other, "DNS:stranger")
+
+    def ctx_with(chain=None):
+        c = ssl.create_default_context(cafile=str(ca[0]))
+        if chain:
+            c.load_cert_chain(str(chain[0]), str(chain[1]))
+        return c
+
+    node = cluster.add_node(1, ("--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(ca[0])),
+                            tls=ctx_with((rcert, rkey)))
+    # straight to the node: the test's own client certificate works
+    assert node.request("GET", "/sandboxes").status == 200
+    # without one, or with a refused one: 403 in E2B's error shape, /health open
+    from serveclient import HttpConn
+    for chain, says in ((None, "no client certificate was presented"),
+                        (stranger, "its certificate is refused"),
+                        ((server_only, server_only_key), "its certificate is refused")):
+        with HttpConn(node.host, node.port, timeout=10, tls=ctx_with(chain)) as c:
+            assert c.request("GET", "/health").status == 200
+            r = c.request("GET", "/sandboxes", headers={"X-API-Key": cluster.key})
+        assert r.status == 403, (chain, r.status, r.body)
+        body = json.loads(r.body)
+        assert body["code"] == 403 and says in body["message"] and "tls-client-ca" in body["message"], body
+
+    # a router that shows no certificate: the node is down, and says why
+    _, p0 = cluster.start_router("--node-tls-ca", str(ca[0]), up=0)
+    log0 = cluster.tmp / f"router-{p0}.log"
+    deadline = time.monotonic() + 15
+    while "GET /node answered 403" not in log0.read_text():
+        assert time.monotonic() < deadline, f"the router did not log the node's refusal: {log0.read_text()}"
+        time.sleep(0.1)
+    assert _health(p0)["nodesKnown"] == 1
+    # one that shows its own: the node is up and used
+    _, port = cluster.start_router("--node-tls-ca", str(ca[0]), "--node-tls-cert", str(rcert),
+                                   "--node-tls-key", str(rkey), up=1)
+    rc = cluster.client(port)
+    sid = rc.create()["sandboxID"]
+    sb = rc.request("GET", f"/sandboxes/{sid}").json()
+    end, out, _, _ = rc.run(sb, "echo over mutual tls")
+    assert end.get("exitCode", 0) == 0 and out == b"over mutual tls\n", (end, out)
+    assert rc.kill(sid).status == 204
+
+
+def test_node_tls_client_ca_is_checked_at_start(hutch_bin, tmp_path):
+    """tls-client-ca needs tls-cert and a CA file with a certificate in it."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ca = _ca(pki, "ca")
+    cert, key = _leaf(pki, "node", ca, "IP:127.0.0.1")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    for args, says in (
+        (["--tls-client-ca", str(ca[0])], "tls-client-ca needs tls-cert"),
+        (["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(tmp_path / "missing.pem")],
+         "missing.pem: No such file or directory"),
+        (["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(garbage)], "holds no PEM certificate"),
+    ):
+        r = subprocess.run([str(hutch_bin), "serve", "--listen", f"127.0.0.1:{free_port()}", "--data-dir",
+                            str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"), *args],
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode != 0 and says in r.stderr, (args, r.returncode, r.stderr)
+        assert not (tmp_path / "data").exists(), "a refused start wrote its data dir"
+
+
 def test_router_tls_settings_are_checked_at_start(hutch_bin, tmp_path):
     """Bad TLS settings stop the router before it listens, saying why."""
     keys = tmp_path / "keys"
@@ -745,6 +830,7 @@ def test_router_tls_settings_are_checked_at_start(hutch_bin, tmp_path):
     empty = tmp_path / "empty.pem"
     empty.write_text("")
     base = [str(hutch_bin), "router", "--listen", f"127.0.0.1:{free_port()}", "--key-file", str(keys)]
+    ca = _ca(tmp_path, "ca")[0]
     for args, says in (
         (["--nodes", "https://127.0.0.1:1", "--node-tls-ca", str(tmp_path / "missing.pem")],
          "missing.pem: No such file or directory"),
@@ -753,6 +839,12 @@ def test_router_tls_settings_are_checked_at_start(hutch_bin, tmp_path):
         (["--nodes", "http://127.0.0.1:1", "--node-tls-ca", str(garbage)], "write https://"),
         (["--nodes", "https://127.0.0.1:1"], "give --node-tls-ca"),
         (["--nodes", "127.0.0.1:1", "--node-tls-name", "x.example"], "--node-tls-name is for --node-tls-ca"),
+        (["--nodes", "127.0.0.1:1", "--node-tls-cert", str(garbage), "--node-tls-key", str(garbage)],
+         "--node-tls-cert is for --node-tls-ca"),
+        (["--nodes", "https://127.0.0.1:1", "--node-tls-ca", str(ca), "--node-tls-cert", str(garbage)],
+         "go together"),
+        (["--nodes", "https://127.0.0.1:1", "--node-tls-ca", str(ca), "--node-tls-cert", str(garbage),
+          "--node-tls-key", str(garbage)], f"--node-tls-cert {garbage}"),
     ):
         r = subprocess.run(base + args, capture_output=True, text=True, timeout=10)
         assert r.returncode != 0 and says in r.stderr, (args, r.returncode, r.stderr)
