@@ -156,6 +156,8 @@ int egress_setup(server *srv) {
 void egress_teardown(server *srv) {
         for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
                 sb->egress = NULL; /* closed with the proxy below */
+        for (sbx *sb = srv->pool; sb; sb = sb->next)
+                sb->egress = NULL;
         if (srv->egress_w.fd >= 0)
                 loop_del(srv, &srv->egress_w);
         srv->egress = egress_proxy_free(srv->egress);
@@ -322,6 +324,57 @@ int egress_sbx_start(server *srv, sbx *sb) {
         return r;
 }
 
+/* A pooled sandbox's listener, bound when it joins the pool so that its
+ * create needs no setns: until then it refuses everything (what a create
+ * with its internet access off would get), and the create's own policy
+ * replaces that at the claim (egress_sbx_claim). */
+int egress_sbx_pool_open(server *srv, sbx *sb) {
+        if (sb->egress)
+                return 0;
+        char why[256];
+        egress_policy *p = NULL;
+        int r = egress_policy_from_e2b(0, NULL, 0, NULL, 0, &p, why, sizeof why);
+        if (r < 0) {
+                log_warning("warm pool: sandbox %s: its closed egress policy: %s", sb->id, why);
+                return r;
+        }
+        egress_policy_set_ceiling(p, srv->egress_ceiling);
+        if ((r = site_open(srv, sb, p)) < 0)
+                return r;
+        hutch_error e = { 0 };
+        if ((r = hutch_sandbox_set_network(sb->h, true, &e)) < 0) {
+                log_warning("warm pool: sandbox %s: opening its way to the egress proxy: %s",
+                            sb->id, e.msg);
+                egress_sbx_stop(srv, sb);
+        }
+        return r;
+}
+
+int egress_sbx_claim(server *srv, sbx *sb) {
+        if (!sb->egress)
+                return egress_sbx_start(srv, sb); /* the pool could not open it */
+        json_t *spec = spec_get(sb);
+        egress_policy *p = NULL;
+        if (spec) {
+                char why[256];
+                int r = policy_from_spec(srv, spec, &p, why, sizeof why);
+                if (r < 0) {
+                        log_error("sandbox %s: network spec: %s", sb->id, why);
+                        return r;
+                }
+        }
+        if (!p) {
+                /* network off: no listener, and (gvisor) no way to one */
+                hutch_error e = { 0 };
+                egress_sbx_stop(srv, sb);
+                (void) hutch_sandbox_set_network(sb->h, false, &e);
+                return 0;
+        }
+        (void) egress_site_set_policy(sb->egress, p); /* nothing connected while it waited */
+        egress_sbx_refresh_inject(srv, sb);
+        return 0;
+}
+
 void egress_sbx_refresh_inject(server *srv, sbx *sb) {
         if (!sb->egress)
                 return;
@@ -377,7 +430,10 @@ void egress_sbx_env(server *srv, sbx *sb, json_t *env) {
                 json_object_set_new(env, "CURL_CA_BUNDLE", json_string(SBX_CA_BUNDLE));
                 json_object_set_new(env, "NODE_EXTRA_CA_CERTS", json_string(SBX_CA_FILE));
         }
-        if (!sb->egress)
+        /* a pooled sandbox's listener refuses everything until its claim:
+         * what starts in it then (an interpreter's kernels) gets no proxy,
+         * as before the pool opened one */
+        if (!sb->egress || sb->pooled)
                 return;
         char vars[8][64];
         int n = egress_proxy_env((uint16_t) srv->cfg.egress_port, vars);

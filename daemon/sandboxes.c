@@ -241,6 +241,7 @@ static void sbx_release(sbx *sb);
  * have no row, so after a crash this file is how the next start knows
  * them as its own (and not `hutch run`'s) and removes them. */
 static void pool_save(server *srv) {
+        srv->pool_dirty = false;
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/pool-ids", srv->cfg.data_dir);
         size_t cap = (size_t) (srv->n_pool + 1) * (HUTCH_ID_LEN + 1) + 1, n = 0;
@@ -297,9 +298,10 @@ static sbx *pool_take(server *srv, bool interp) {
                 sb->next = NULL;
                 sb->pooled = false;
                 srv->n_pool--;
-                /* pool-ids is rewritten once its row exists (sbx_create): a
-                 * crash in between leaves the id listed, and the next start
-                 * finds the row or removes the sandbox */
+                /* pool-ids is rewritten at the end of the loop's turn
+                 * (sbx_pool_sync), after the create's row is committed and
+                 * its 201 written: a crash before leaves the id listed, and
+                 * the next start finds the row or removes the sandbox */
                 srv->pool_dirty = true;
                 return sb;
         }
@@ -348,6 +350,10 @@ void sbx_pool_fill(server *srv) {
                 (void) hutch_sandbox_destroy(sb->h, &e2);
                 sb->h = hutch_sandbox_unref(sb->h);
         }
+        /* its proxy's listener now, bound in its netns, rather than at the
+         * claim on the create's path (a failure leaves that to the claim) */
+        if (r >= 0 && egress_sbx_pool_open(srv, sb) < 0)
+                log_warning("warm pool: sandbox %s: its egress listener waits for its claim", sb->id);
         if (r < 0) {
                 log_warning("warm pool: creating a sandbox failed (%s); trying again in 10 s", err.msg);
                 srv->pool = sb->next;
@@ -356,6 +362,11 @@ void sbx_pool_fill(server *srv) {
                 pool_save(srv);
                 srv->pool_backoff_ms = wall_ms() + 10000;
         }
+}
+
+void sbx_pool_sync(server *srv) {
+        if (srv->pool_dirty)
+                pool_save(srv);
 }
 
 void sbx_pool_destroy(server *srv) {
@@ -442,6 +453,45 @@ const char *template_backend(const char *setting, const char *template_name) {
 
 static void tpl_env_free(json_t **j) {
         json_decref(*j);
+}
+
+/* A create's sandbox.create event and its ledger row, in one transaction;
+ * for a warm sandbox the caller's, which holds its row too. On failure
+ * nothing of it is written. */
+static int sbx_create_record(server *srv, sbx *sb, uint64_t timeout_s, hutch_error *err) {
+        int r = store_begin(srv->store, err);
+        if (r < 0)
+                return r;
+        char detail[128];
+        snprintf(detail, sizeof detail, "{\"template\":\"%s\",\"timeout\":%llu}", sb->template_id,
+                 (unsigned long long) timeout_s);
+        r = store_event_add(srv->store, sb->team_id, sb->id, "sandbox.create", detail, err);
+        if (r >= 0)
+                usage_sandbox_start(srv, sb); /* a failed write is retried by the next flush */
+        if (r >= 0)
+                r = store_commit(srv->store, err);
+        else
+                store_rollback(srv->store);
+        if (r < 0)
+                usage_sandbox_forget(srv, sb);
+        return r;
+}
+
+/* A warm sandbox whose create failed before it was answered: nobody may
+ * get it now that its id is spoken for. The create's transaction is rolled
+ * back (no row, no event, no ledger row); the sandbox is destroyed and
+ * released at the next turn, as an epoll batch may still hold an event for
+ * it; pool-ids is rewritten without it. */
+static void warm_discard(server *srv, sbx *sb) {
+        store_rollback(srv->store);
+        usage_sandbox_forget(srv, sb);
+        hutch_error e2 = { 0 };
+        egress_sbx_stop(srv, sb);
+        loop_del(srv, &sb->w);
+        (void) hutch_sandbox_destroy(sb->h, &e2);
+        sb->dead = true;
+        sbx_link(srv, sb);
+        pool_save(srv);
 }
 
 int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret_status, hutch_error *err) {
@@ -716,29 +766,32 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
          * no client knows of, which the next start removes (readopt_one) */
         row.unanswered = true;
 
+        /* A warm one exists already, and pool-ids (rewritten at the end of
+         * this turn) still names it: its row, its sandbox.create event and
+         * its ledger row are one transaction, and a crash before the commit
+         * leaves a listed id without a row, which the next start removes
+         * (sbx_pool_cleanup_previous). */
+        bool warm = sb->h != NULL;
+        r = warm ? store_begin(srv->store, err) : 0;
         /* The row comes first: a crash between here and the engine leaves a
          * row whose sandbox is missing (ended at the next start), never a
          * sandbox that no row owns. */
-        r = store_sandbox_insert(srv->store, &row, err);
+        if (r >= 0)
+                r = store_sandbox_insert(srv->store, &row, err);
         store_sandbox_clear(&row);
+        if (r >= 0 && warm)
+                r = sbx_create_record(srv, sb, timeout_s, err);
+        if (r >= 0 && warm)
+                r = store_commit(srv->store, err);
         if (r < 0) {
                 *ret_status = 500;
-                if (sb->h) {
-                        /* a warm one: nobody may get it now that its id is
-                         * spoken for; released at the next turn, as an epoll
-                         * batch may still hold an event for it */
-                        hutch_error e2 = { 0 };
-                        loop_del(srv, &sb->w);
-                        (void) hutch_sandbox_destroy(sb->h, &e2);
-                        sb->dead = true;
-                        sbx_link(srv, sb);
-                        srv->pool_dirty = false;
-                        pool_save(srv);
+                if (warm) {
+                        warm_discard(srv, sb);
                         return r;
                 }
                 goto fail;
         }
-        if (sb->h)
+        if (warm)
                 goto ready;
         r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL,
                              build_layer[0] ? build_layer : NULL, layer_image, srv->fork_image_base, checkpoint, err);
@@ -761,10 +814,17 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 (void) store_sandbox_end(srv->store, sb->id, wall_ms(), "create failed", &e2);
                 goto fail;
         }
+        {
+                /* its event and ledger row: one more transaction (best
+                 * effort, as they were one by one: the row is what matters) */
+                hutch_error e2 = { 0 };
+                if (sbx_create_record(srv, sb, timeout_s, &e2) < 0)
+                        log_warning("sandbox %s: recording its create: %s", sb->id, e2.msg);
+        }
 ready:
         sb->next_sample_ms = wall_ms();
         sbx_link(srv, sb);
-        if ((r = egress_sbx_start(srv, sb)) < 0) {
+        if ((r = warm ? egress_sbx_claim(srv, sb) : egress_sbx_start(srv, sb)) < 0) {
                 /* its row and sandbox exist: end both the usual way */
                 *ret_status = 500;
                 hutch_error_set(err, r, "cannot open the sandbox's egress proxy: %s", strerror(-r));
@@ -774,19 +834,11 @@ ready:
         /* restored from a memory checkpoint: its processes run; find them */
         if (checkpoint)
                 proc_readopt(srv, sb);
-        if (srv->pool_dirty) {
-                srv->pool_dirty = false;
-                pool_save(srv);
-        }
-        {
-                hutch_error e2 = { 0 };
-                char detail[128];
-                snprintf(detail, sizeof detail, "{\"template\":\"%s\",\"timeout\":%llu}", sb->template_id,
-                         (unsigned long long) timeout_s);
-                (void) store_event_add(srv->store, team, sb->id, "sandbox.create", detail, &e2);
-                audit_sandbox_created(srv, sb);
-                usage_sandbox_start(srv, sb);
-        }
+        metrics_sandbox_created(srv);
+        audit_sandbox_created(srv, sb);
+        /* pool-ids is rewritten at the end of the turn, after the 201 has
+         * been written (server.c): until then it names this sandbox, whose
+         * row the next start finds */
         *ret = sb;
         return 0;
 fail:
@@ -1260,6 +1312,7 @@ void sbx_write_abort(server *srv, const char *sbx_id, hutch_fs_write *w) {
 }
 
 static void sbx_release(sbx *sb) {
+        egress_sbx_stop(sb->srv, sb); /* a pooled one's listener (a claimed one's is closed already) */
         for (size_t i = 0; i < sb->n_pending_aborts; i++)
                 hutch_fs_write_abort(sb->pending_aborts[i]);
         free(sb->pending_aborts);

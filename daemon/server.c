@@ -829,6 +829,9 @@ int server_run(const server_config *cfg) {
                         if (sbx_pool_short(srv) && wall_ms() >= srv->pool_backoff_ms)
                                 next = wall_ms(); /* go on filling without sleeping */
                 }
+                /* pool-ids, when a claim changed the pool and no fill
+                 * rewrote it: after the turn's answers were written */
+                sbx_pool_sync(srv);
                 int64_t hk = housekeeping(srv, wall_ms());
                 if (next < 0 || hk < next)
                         next = hk;

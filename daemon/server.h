@@ -473,6 +473,7 @@ int sealed_file_write(server *srv, int plain_fd, const char *final, const char *
 int sbx_pause_image_read(server *srv, sbx *sb, int out_fd, hutch_error *err);
 void sbx_pool_fill(server *srv);
 bool sbx_pool_short(server *srv); /* fewer warm sandboxes than the settings ask */
+void sbx_pool_sync(server *srv);  /* pool-ids rewritten if a claim changed the pool */
 /* Template start and ready commands (daemon/startcmd.c): answer a create
  * whose template has a start command once its ready command exits 0 (the
  * connection waits suspended); the ready command's exits, the retries and
@@ -547,6 +548,11 @@ void egress_teardown(server *srv);
  * network.allowOut/denyOut), validated; -EINVAL etc. with why. */
 int egress_spec_from_create(server *srv, json_t *body, json_t **ret, char *why, size_t wl);
 int egress_sbx_start(server *srv, sbx *sb); /* open its proxy if its network is on */
+/* A pooled sandbox's proxy listener, opened refusing everything when it
+ * joins the pool; its claim sets the create's policy on it (or closes it
+ * when the create's network is off), or opens one if the pool could not. */
+int egress_sbx_pool_open(server *srv, sbx *sb);
+int egress_sbx_claim(server *srv, sbx *sb);
 void egress_sbx_stop(server *srv, sbx *sb);
 void egress_sbx_env(server *srv, sbx *sb, json_t *env); /* HTTP_PROXY and friends */
 /* E2B's SandboxDetail.network, and allowInternetAccess (bool or null). */

@@ -40,7 +40,9 @@ static struct daemon_usage *U(server *srv) {
 
 /* The sandbox's row: in memory, else the database's (a re-adopted
  * sandbox: its counters go on from there), else a new one. */
-static live *live_get(server *srv, const sbx *sb) {
+/* lookup false: a sandbox just created, whose row cannot exist yet (ids
+ * are never reused), so the database is not read for it */
+static live *live_find(server *srv, const sbx *sb, bool lookup) {
         struct daemon_usage *u = U(srv);
         if (!u || sb->pooled)
                 return NULL;
@@ -51,7 +53,7 @@ static live *live_get(server *srv, const sbx *sb) {
         if (!l)
                 return NULL;
         hutch_error err = { 0 };
-        if (meter_get(srv->store, sb->id, &l->row, &err) < 0) {
+        if (!lookup || meter_get(srv->store, sb->id, &l->row, &err) < 0) {
                 meter_row *r = &l->row;
                 snprintf(r->sandbox_id, sizeof r->sandbox_id, "%s", sb->id);
                 r->team = sb->team_id;
@@ -67,6 +69,20 @@ static live *live_get(server *srv, const sbx *sb) {
         l->next = u->rows;
         u->rows = l;
         return l;
+}
+
+static live *live_get(server *srv, const sbx *sb) {
+        return live_find(srv, sb, true);
+}
+
+static void live_free(server *srv, live *l) {
+        struct daemon_usage *u = srv->usage;
+        for (live **pp = &u->rows; *pp; pp = &(*pp)->next)
+                if (*pp == l) {
+                        *pp = l->next;
+                        free(l);
+                        break;
+                }
 }
 
 /* Counters up to now: the kernel's are absolute, the integral runs from
@@ -98,8 +114,7 @@ static void advance(live *l, const hutch_stats *s, int64_t now) {
 }
 
 void usage_sandbox_start(server *srv, const sbx *sb) {
-        metrics_sandbox_created(srv);
-        live *l = live_get(srv, sb);
+        live *l = live_find(srv, sb, false);
         if (!l)
                 return;
         hutch_error err = { 0 };
@@ -136,12 +151,15 @@ void usage_sandbox_end(server *srv, const sbx *sb) {
         if (meter_put(srv->store, &l->row, &err) < 0)
                 log_warning("usage: sandbox %s: %s (its row is closed at the next start)", sb->id,
                             err.msg);
-        struct daemon_usage *u = srv->usage;
-        for (live **pp = &u->rows; *pp; pp = &(*pp)->next)
-                if (*pp == l) {
-                        *pp = l->next;
-                        free(l);
-                        break;
+        live_free(srv, l);
+}
+
+void usage_sandbox_forget(server *srv, const sbx *sb) {
+        struct daemon_usage *u = U(srv);
+        for (live *l = u ? u->rows : NULL; l; l = l->next)
+                if (streq(l->row.sandbox_id, sb->id)) {
+                        live_free(srv, l);
+                        return;
                 }
 }
 

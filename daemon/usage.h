@@ -11,7 +11,11 @@
 
 #include "daemon/server.h"
 
+/* A sandbox just created: its row written (into the create's transaction,
+ * when one is open); a failure is retried by the next flush. */
 void usage_sandbox_start(server *srv, const sbx *sb);
+/* The create's transaction was rolled back: its row is forgotten unwritten. */
+void usage_sandbox_forget(server *srv, const sbx *sb);
 void usage_sample(server *srv, const sbx *sb, const hutch_stats *s, int64_t now);
 void usage_proc_started(server *srv, const sbx *sb);
 /* Before the kill: the final counters, the row closed and written at once. */

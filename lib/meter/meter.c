@@ -54,24 +54,33 @@ int meter_get(hutch_store *st, const char *sandbox_id, meter_row *ret, hutch_err
         return 0;
 }
 
+/* the egress columns: sums over the sandbox's egress records (an index
+ * range: egress_log_sandbox) */
+static const char meter_put_sql[] = "INSERT OR REPLACE INTO usage (" COLS
+                                    ") SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
+                                    " ?11, ?12, ?13, ?14, ?15, ?16,"
+                                    " coalesce(sum(allowed = 1), 0), coalesce(sum(allowed = 0), 0),"
+                                    " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_out END), 0),"
+                                    " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_in END), 0),"
+                                    " coalesce(sum(CASE WHEN allowed = 0 THEN bytes_out END), 0),"
+                                    " coalesce(sum(CASE WHEN allowed = 0 THEN bytes_in END), 0),"
+                                    " ?17, ?18, ?19"
+                                    " FROM egress_log WHERE sandbox_id = ?1";
+
+static void meter_resetp(sqlite3_stmt **s) {
+        if (*s) {
+                (void) sqlite3_reset(*s);
+                (void) sqlite3_clear_bindings(*s);
+        }
+}
+
 int meter_put(hutch_store *st, const meter_row *r, hutch_error *err) {
         sqlite3 *db = store_sqlite(st);
-        _cleanup_(meter_finalizep) sqlite3_stmt *s = NULL;
-        /* the egress columns: sums over the sandbox's egress records (an
-         * index range: egress_log_sandbox) */
-        if (sqlite3_prepare_v2(db,
-                               "INSERT OR REPLACE INTO usage (" COLS
-                               ") SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
-                               " ?11, ?12, ?13, ?14, ?15, ?16,"
-                               " coalesce(sum(allowed = 1), 0), coalesce(sum(allowed = 0), 0),"
-                               " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_out END), 0),"
-                               " coalesce(sum(CASE WHEN allowed = 1 THEN bytes_in END), 0),"
-                               " coalesce(sum(CASE WHEN allowed = 0 THEN bytes_out END), 0),"
-                               " coalesce(sum(CASE WHEN allowed = 0 THEN bytes_in END), 0),"
-                               " ?17, ?18, ?19"
-                               " FROM egress_log WHERE sandbox_id = ?1",
-                               -1, &s, NULL) != SQLITE_OK)
-                return meter_fail(db, err, "writing usage");
+        /* prepared once: every sandbox's create and end writes a row */
+        _cleanup_(meter_resetp) sqlite3_stmt *s = NULL;
+        int k = store_stmt_extern(st, meter_put_sql, &s, err);
+        if (k < 0)
+                return k;
         sqlite3_bind_text(s, 1, r->sandbox_id, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 2, r->team);
         sqlite3_bind_text(s, 3, r->template_id, -1, SQLITE_STATIC);
@@ -138,20 +147,14 @@ int meter_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_m
 }
 
 int meter_begin(hutch_store *st, hutch_error *err) {
-        sqlite3 *db = store_sqlite(st);
-        if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-                return meter_fail(db, err, "BEGIN");
-        return 0;
+        return store_begin(st, err);
 }
 
 int meter_commit(hutch_store *st, bool ok, hutch_error *err) {
-        sqlite3 *db = store_sqlite(st);
-        if (ok && sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK)
-                return 0;
-        int r = ok ? meter_fail(db, err, "COMMIT") : 0;
-        if (!sqlite3_get_autocommit(db))
-                (void) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return r;
+        if (ok)
+                return store_commit(st, err);
+        store_rollback(st);
+        return 0;
 }
 
 void meter_row_add(meter_row *sum, const meter_row *r) {

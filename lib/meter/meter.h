@@ -52,7 +52,8 @@ int meter_close_orphans(hutch_store *st, hutch_error *err);
 int meter_query(hutch_store *st, int64_t team, int64_t since_ms, int64_t until_ms,
                 int (*cb)(void *arg, const meter_row *r), void *arg, hutch_error *err);
 
-/* A transaction around several meter_put() (BEGIN IMMEDIATE … COMMIT). */
+/* A transaction around several meter_put(): the store's (store_begin … store_commit),
+ * so it joins one that the caller has open. */
 int meter_begin(hutch_store *st, hutch_error *err);
 int meter_commit(hutch_store *st, bool ok, hutch_error *err); /* ok false: ROLLBACK */
 

@@ -16,6 +16,9 @@ static void finalizep(sqlite3_stmt **s) {
 #define _cleanup_fin_ _cleanup_(finalizep)
 
 static int prep(hutch_store *st, const char *sql, sqlite3_stmt **ret, hutch_error *err) {
+        int r = store_tx_check(st, err);
+        if (r < 0)
+                return r;
         int rc = sqlite3_prepare_v2(st->db, sql, -1, ret, NULL);
         if (rc != SQLITE_OK)
                 return store_fail(st, rc, err, "preparing a build statement");
@@ -58,11 +61,6 @@ static int exec_done(hutch_store *st, const char *sql, hutch_error *err, const c
         exec_done(st, sql, err, what,                                                              \
                   sizeof((const char *const[]) { __VA_ARGS__ }) / sizeof(const char *),            \
                   (const char *const[]) { __VA_ARGS__ })
-
-static int tx(hutch_store *st, const char *sql, hutch_error *err) {
-        int rc = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
-        return rc == SQLITE_OK ? 0 : store_fail(st, rc, err, "%s", sql);
-}
 
 int store_team_name(hutch_store *st, int64_t team_id, char *ret, size_t n, hutch_error *err) {
         _cleanup_fin_ sqlite3_stmt *s = NULL;
@@ -173,7 +171,7 @@ int store_btemplate_list(hutch_store *st, int64_t team_id, store_build_template 
 }
 
 int store_btemplate_delete(hutch_store *st, const char *id, hutch_error *err) {
-        int r = tx(st, "BEGIN IMMEDIATE", err);
+        int r = store_begin(st, err);
         if (r < 0)
                 return r;
         if ((r = EXEC(st, "DELETE FROM build_logs WHERE build_id IN (SELECT id FROM builds WHERE template_id = ?1)",
@@ -184,9 +182,8 @@ int store_btemplate_delete(hutch_store *st, const char *id, hutch_error *err) {
                     0 &&
             (r = EXEC(st, "DELETE FROM build_templates WHERE id = ?1", err, "deleting a template",
                       id)) >= 0)
-                return tx(st, "COMMIT", err);
-        hutch_error e2 = { 0 };
-        (void) tx(st, "ROLLBACK", &e2);
+                return store_commit(st, err);
+        store_rollback(st);
         return r;
 }
 

@@ -75,6 +75,12 @@ struct hutch_store {
         uint8_t master[32];
         uint8_t secrets_key[32]; /* from a file beside the database, never in it */
         bool has_secrets_key;
+        unsigned tx_depth; /* store_begin() levels open */
+        bool tx_doomed;    /* an inner level rolled back: the outermost commit rolls back */
+        struct {
+                const char *sql; /* the caller's literal, compared by address */
+                sqlite3_stmt *stmt;
+        } extern_stmts[4]; /* store_stmt_extern() */
 };
 
 /* The cached statement for slot id, prepared from sql on first use. Pair it
@@ -84,6 +90,10 @@ int store_stmt(hutch_store *st, enum store_stmt id, const char *sql, sqlite3_stm
                hutch_error *err);
 void store_stmt_resetp(sqlite3_stmt **s);
 #define _cleanup_stmt_ _cleanup_(store_stmt_resetp)
+
+/* -EIO inside store_begin() once SQLite has rolled the transaction back on
+ * its own (every statement's first step: store_stmt() calls it). */
+int store_tx_check(hutch_store *st, hutch_error *err);
 
 /* Record SQLite's failure rc (with sqlite3_errmsg) as "<context>: <msg>" and
  * return the matching -errno. */

@@ -292,23 +292,19 @@ int store_sandbox_set_answered(hutch_store *st, const char *const *ids, size_t n
         if (n == 1)
                 return set_answered_one(st, ids[0], answered, err);
         /* one commit for all: a fork's sandboxes are answered together */
-        int rc = sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-        if (rc != SQLITE_OK)
-                return store_fail(st, rc, err, "starting a transaction");
-        int r = 0;
+        int r = store_begin(st, err);
+        if (r < 0)
+                return r;
         for (size_t i = 0; i < n && r >= 0; i++) {
                 r = set_answered_one(st, ids[i], answered, err);
                 if (r == -ENOENT)
                         r = 0; /* the others still are */
         }
-        if (r >= 0) {
-                rc = sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL);
-                if (rc != SQLITE_OK)
-                        r = store_fail(st, rc, err, "committing");
+        if (r < 0) {
+                store_rollback(st);
+                return r;
         }
-        if (r < 0 && !sqlite3_get_autocommit(st->db))
-                (void) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
-        return r;
+        return store_commit(st, err);
 }
 
 int store_sandbox_set_extra(hutch_store *st, const char *id, const char *extra_json,

@@ -380,6 +380,9 @@ int store_fail(hutch_store *st, int rc, hutch_error *err, const char *fmt, ...) 
 
 int store_stmt(hutch_store *st, enum store_stmt id, const char *sql, sqlite3_stmt **ret,
                hutch_error *err) {
+        int r = store_tx_check(st, err);
+        if (r < 0)
+                return r;
         if (!st->stmts[id]) {
                 int rc = sqlite3_prepare_v3(st->db, sql, -1, SQLITE_PREPARE_PERSISTENT,
                                             &st->stmts[id], NULL);
@@ -462,9 +465,81 @@ static int store_exec(hutch_store *st, const char *sql, hutch_error *err, const 
 
 /* A failed statement inside a transaction may leave it open (or SQLite may
  * have rolled it back already): ROLLBACK only when one is still open. */
-static void store_rollback(hutch_store *st) {
+static void rollback_open(hutch_store *st) {
         if (!sqlite3_get_autocommit(st->db))
                 (void) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+/* ------------------------------------------------------- transactions */
+
+int store_begin(hutch_store *st, hutch_error *err) {
+        if (st->tx_depth > 0) {
+                st->tx_depth++;
+                return 0;
+        }
+        int rc = sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+                return store_fail(st, rc, err, "starting a transaction");
+        st->tx_depth = 1;
+        st->tx_doomed = false;
+        return 0;
+}
+
+int store_commit(hutch_store *st, hutch_error *err) {
+        if (st->tx_depth == 0)
+                return hutch_error_set(err, -EINVAL, "committing: no transaction open");
+        if (--st->tx_depth > 0)
+                return 0;
+        if (st->tx_doomed || sqlite3_get_autocommit(st->db)) {
+                rollback_open(st);
+                return hutch_error_set(err, -EIO, "committing: the transaction was rolled back");
+        }
+        int rc = sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+                return 0;
+        int r = store_fail(st, rc, err, "committing");
+        rollback_open(st); /* a COMMIT that failed (SQLITE_BUSY) leaves it open */
+        return r;
+}
+
+void store_rollback(hutch_store *st) {
+        if (st->tx_depth == 0)
+                return;
+        if (--st->tx_depth > 0) {
+                st->tx_doomed = true;
+                return;
+        }
+        rollback_open(st);
+}
+
+/* Inside store_begin(), a transaction that SQLite rolled back on its own
+ * must not let the next statements commit one by one. */
+int store_tx_check(hutch_store *st, hutch_error *err) {
+        if (st->tx_depth > 0 && sqlite3_get_autocommit(st->db))
+                return hutch_error_set(err, -EIO, "the transaction was rolled back");
+        return 0;
+}
+
+int store_stmt_extern(hutch_store *st, const char *sql, sqlite3_stmt **ret, hutch_error *err) {
+        int r = store_tx_check(st, err);
+        if (r < 0)
+                return r;
+        size_t i = 0;
+        for (; i < ELEMENTSOF(st->extern_stmts) && st->extern_stmts[i].sql; i++)
+                if (st->extern_stmts[i].sql == sql) {
+                        *ret = st->extern_stmts[i].stmt;
+                        return 0;
+                }
+        if (i == ELEMENTSOF(st->extern_stmts))
+                return hutch_error_set(err, -ENOSPC, "no slot for another kept statement");
+        sqlite3_stmt *s = NULL;
+        int rc = sqlite3_prepare_v3(st->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &s, NULL);
+        if (rc != SQLITE_OK)
+                return store_fail(st, rc, err, "preparing a statement");
+        st->extern_stmts[i].sql = sql;
+        st->extern_stmts[i].stmt = s;
+        *ret = s;
+        return 0;
 }
 
 /* ---------------------------------------------------------- migrations */
@@ -505,7 +580,7 @@ static int store_migrate(hutch_store *st, hutch_error *err) {
                            "COMMIT;",
                            err, "creating schema_version");
         if (r < 0) {
-                store_rollback(st);
+                rollback_open(st);
                 return r;
         }
 
@@ -531,7 +606,7 @@ static int store_migrate(hutch_store *st, hutch_error *err) {
                         goto fail;
                 }
                 if (version > (int64_t) i) {
-                        store_rollback(st);
+                        rollback_open(st);
                         continue;
                 }
                 r = store_exec(st, migrations[i], err, "applying migration");
@@ -548,7 +623,7 @@ static int store_migrate(hutch_store *st, hutch_error *err) {
         }
         return 0;
 fail:
-        store_rollback(st);
+        rollback_open(st);
         return r;
 }
 
@@ -756,6 +831,8 @@ void store_close(hutch_store *st) {
                 return;
         for (size_t i = 0; i < ELEMENTSOF(st->stmts); i++)
                 (void) sqlite3_finalize(st->stmts[i]); /* NULL is a no-op */
+        for (size_t i = 0; i < ELEMENTSOF(st->extern_stmts); i++)
+                (void) sqlite3_finalize(st->extern_stmts[i].stmt);
         /* v2: a statement we failed to finalize cannot leak the handle */
         (void) sqlite3_close_v2(st->db);
         OPENSSL_cleanse(st->master, sizeof st->master);

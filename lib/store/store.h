@@ -162,6 +162,31 @@ int store_template_find(hutch_store *st, const char *id_or_alias, store_template
 int store_event_add(hutch_store *st, int64_t team_id, const char *sandbox_id, const char *kind,
                     const char *detail_json, hutch_error *err);
 
+/* ---------------------------------------------------------- transactions */
+
+/* One transaction for several of the functions here: between store_begin()
+ * and store_commit() they write into it instead of committing each on its
+ * own, and store_rollback() undoes all of them. Nesting-safe: an inner
+ * begin/commit pair only counts a level, and the outermost commit is the one
+ * that commits; an inner rollback dooms the whole, whose outermost commit
+ * then rolls back and fails with -EIO (and the outermost rollback rolls back
+ * at once). Statements run while SQLite itself has rolled the transaction
+ * back (SQLITE_FULL, an I/O error) fail with -EIO rather than commit on
+ * their own. The caller pairs every successful store_begin() with exactly
+ * one store_commit() or store_rollback(); a failed store_begin() opened
+ * nothing. */
+int store_begin(hutch_store *st, hutch_error *err);
+int store_commit(hutch_store *st, hutch_error *err);
+void store_rollback(hutch_store *st);
+
+/* A statement prepared once and kept until store_close(), for lib/meter/,
+ * which writes its own tables through this connection. sql must be a string
+ * literal (its address is the key; at most 4 of them); the caller resets the
+ * statement after use (sqlite3_reset, sqlite3_clear_bindings). Inside a
+ * store_begin() whose transaction SQLite rolled back it fails with -EIO. */
+typedef struct sqlite3_stmt sqlite3_stmt;
+int store_stmt_extern(hutch_store *st, const char *sql, sqlite3_stmt **ret, hutch_error *err);
+
 /* The connection itself, for lib/audit/, whose tables (migration 8) live in
  * this file so that a record and the change it describes share a commit. */
 typedef struct sqlite3 sqlite3;

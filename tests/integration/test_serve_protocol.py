@@ -1542,6 +1542,48 @@ def test_warm_pool(sandboxed_hutch, tmp_path):
     assert _pool_ids(data) == []
 
 
+def test_a_warm_create_whose_database_write_fails_leaves_nothing(sandboxed_hutch, tmp_path):
+    """A pool hit's row, sandbox.create event and ledger row are one
+    transaction: when the database refuses it (another process holds its
+    write lock past the busy timeout), the create answers 500 and leaves no
+    row, no event, no ledger row, and the warm sandbox it claimed is removed
+    (its id leaves pool-ids); the next create works."""
+    import sqlite3
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "2"])
+    d.start()
+    try:
+        assert wait_until(lambda: len(_pool_ids(data)) == 2 and set(_pool_ids(data)) <= _live_ids(), 30), \
+            _pool_ids(data)
+        pooled = set(_pool_ids(data))
+        db = sqlite3.connect(str(data / "hutch.db"), timeout=10, isolation_level=None)
+        try:
+            def counts():
+                return [db.execute(q).fetchone()[0] for q in (
+                    "SELECT count(*) FROM sandboxes", "SELECT count(*) FROM events WHERE kind = 'sandbox.create'",
+                    "SELECT count(*) FROM usage")]
+            assert counts() == [0, 0, 0]
+            db.execute("BEGIN IMMEDIATE")
+            r = d.request("POST", "/sandboxes", {"templateID": "base", "timeout": 60})
+            db.execute("ROLLBACK")
+            assert r.status == 500, r
+            assert "transaction" in r.json()["message"] or "locked" in r.json()["message"], r.json()
+            assert counts() == [0, 0, 0]
+        finally:
+            db.close()
+        # the claimed one is gone, the other pooled one stays pooled
+        assert wait_until(lambda: len(pooled - set(_pool_ids(data)) - _live_ids()) == 1, 30), \
+            (pooled, _pool_ids(data), _live_ids())
+        assert wait_until(lambda: len(_pool_ids(data)) == 2, 30), _pool_ids(data)
+        now = set(_pool_ids(data))
+        sb = d.create(timeout=60)
+        assert sb["sandboxID"] in now, (sb, now)
+        end, out, _, _ = d.run(sb, "echo ok")
+        assert out == b"ok\n", out
+    finally:
+        d.stop()
+
+
 def _serve_refused(hutch_bin, *args, timeout=30):
     """A `hutch serve` that must refuse to start: its exit status and stderr."""
     cp = subprocess.run([str(hutch_bin), "serve", *args], stdin=subprocess.DEVNULL,

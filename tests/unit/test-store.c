@@ -989,6 +989,81 @@ static void test_volumes(hutch_store *st, int64_t team, int64_t other) {
         free(list);
 }
 
+/* store_begin/store_commit/store_rollback: the writes between them are one
+ * commit (another connection sees none of them before it, all after), a
+ * rollback leaves none of them, an inner level only counts, and an inner
+ * rollback dooms the whole (a create's row, event and ledger row). */
+static long long tx_rows(const char *id) {
+        char q[256];
+        snprintf(q, sizeof q,
+                 "SELECT (SELECT count(*) FROM sandboxes WHERE id = '%s') * 10 +"
+                 " (SELECT count(*) FROM events WHERE sandbox_id = '%s')",
+                 id, id);
+        return raw_int(q);
+}
+
+static void test_transactions(hutch_store *st, int64_t team) {
+        hutch_error err = { 0 };
+        store_sandbox g = { 0 };
+        store_sandbox a = sbx("txtxtxtxtxtxtxtxtx01", team, 1);
+        ok(store_begin(st, &err) == 0, "begin (%s)", err.msg);
+        ok(store_sandbox_insert(st, &a, &err) == 0, "a row in the transaction");
+        ok(store_event_add(st, team, a.id, "sandbox.create", NULL, &err) == 0, "an event in it");
+        ok(tx_rows(a.id) == 0, "another connection sees neither before the commit");
+        ok(store_commit(st, &err) == 0, "commit (%s)", err.msg);
+        ok(tx_rows(a.id) == 11, "both after it");
+
+        store_sandbox b = sbx("txtxtxtxtxtxtxtxtx02", team, 1);
+        ok(store_begin(st, &err) == 0 && store_sandbox_insert(st, &b, &err) == 0 &&
+                   store_event_add(st, team, b.id, "sandbox.create", NULL, &err) == 0,
+           "a row and an event, then a rollback");
+        store_rollback(st);
+        ok(tx_rows(b.id) == 0 && store_sandbox_get(st, b.id, &g, &err) == -ENOENT,
+           "a rollback leaves no row and no event");
+
+        store_sandbox c = sbx("txtxtxtxtxtxtxtxtx03", team, 1);
+        ok(store_begin(st, &err) == 0 && store_begin(st, &err) == 0, "begin twice");
+        ok(store_sandbox_insert(st, &c, &err) == 0 && store_commit(st, &err) == 0,
+           "the inner level commits");
+        ok(tx_rows(c.id) == 0, "an inner commit commits nothing yet");
+        ok(store_commit(st, &err) == 0 && tx_rows(c.id) == 10, "the outermost one does");
+
+        store_sandbox d = sbx("txtxtxtxtxtxtxtxtx04", team, 1);
+        ok(store_begin(st, &err) == 0 && store_sandbox_insert(st, &d, &err) == 0,
+           "an outer level writes");
+        ok(store_begin(st, &err) == 0 &&
+                   store_event_add(st, team, d.id, "sandbox.create", NULL, &err) == 0,
+           "an inner level writes");
+        store_rollback(st);
+        ok(store_commit(st, &err) == -EIO, "after an inner rollback the outer commit fails (%s)",
+           err.msg);
+        ok(tx_rows(d.id) == 0, "and leaves nothing of either level");
+
+        store_sandbox e = sbx("txtxtxtxtxtxtxtxtx05", team, 1);
+        ok(store_begin(st, &err) == 0 && store_sandbox_insert(st, &e, &err) == 0, "a row");
+        ok(store_sandbox_insert(st, &a, &err) == -EEXIST,
+           "a failing statement in the same transaction");
+        store_rollback(st);
+        ok(tx_rows(e.id) == 0, "its caller's rollback takes the row too");
+
+        ok(store_commit(st, &err) == -EINVAL, "a commit with none open is EINVAL");
+        store_rollback(st); /* none open: nothing */
+        ok(store_sandbox_insert(st, &e, &err) == 0 && tx_rows(e.id) == 10,
+           "outside a transaction a write commits on its own again");
+        const char *ids[] = { a.id, c.id };
+        ok(store_begin(st, &err) == 0 && store_sandbox_set_answered(st, ids, 2, false, &err) == 0,
+           "set_answered of several joins an open transaction (%s)", err.msg);
+        ok(raw_int("SELECT count(*) FROM sandboxes WHERE id LIKE 'txtx%' AND unanswered = 1") == 0,
+           "not committed on its own");
+        store_rollback(st);
+        ok(store_sandbox_get(st, a.id, &g, &err) == 0 && !g.unanswered, "rolled back with it");
+        store_sandbox_clear(&g);
+        /* the later checks count rows and events: these go */
+        ok(raw_int("DELETE FROM events WHERE sandbox_id LIKE 'txtx%'") == 1 &&
+                   raw_int("DELETE FROM sandboxes WHERE id LIKE 'txtx%'") == 3,
+           "the transactions' rows removed");
+}
+
 int main(void) {
         char tmpl[] = "/tmp/hutch-storetest-XXXXXX";
         char *dir = mkdtemp(tmpl);
@@ -1049,6 +1124,7 @@ int main(void) {
         char key[45] = { 0 };
         test_keys(st, team, other, key);
         test_sandboxes(st, team, other);
+        test_transactions(st, team);
         test_templates(st, team);
         test_volumes(st, team, other);
         test_builds(st, team, other);
