@@ -264,15 +264,55 @@ static void pool_save(server *srv) {
         free(buf);
 }
 
-/* How many of each kind the pool holds: host ones, and code-interpreter
- * ones (started or starting). */
+/* What a create without templateID starts, and so what the pool holds
+ * besides code-interpreter sandboxes: the built base (its version, the
+ * target of DATA_DIR/templates/base, to ver), else the host template. */
+static const char *pool_default_read(server *srv, char *ver, size_t n) {
+        ver[0] = 0;
+        if (!template_base_built(srv->cfg.data_dir))
+                return "host";
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/templates/base", srv->cfg.data_dir);
+        ssize_t k = readlink(p, ver, n - 1);
+        ver[k > 0 ? k : 0] = 0;
+        return "base";
+}
+
+/* pool_default_read() at most once a second: the loop asks every turn
+ * whether the pool is short; a claim (pool_take) reads it afresh. */
+static const char *pool_default(server *srv, char *ver, size_t n) {
+        static int64_t read_ms = -1;
+        static const char *tpl;
+        static char cached[96];
+        int64_t now = wall_ms();
+        if (read_ms < 0 || now - read_ms >= 1000 || now < read_ms) {
+                tpl = pool_default_read(srv, cached, sizeof cached);
+                read_ms = now;
+        }
+        snprintf(ver, n, "%s", cached);
+        return tpl;
+}
+
+/* Whether a pooled sandbox may still be handed out: a code-interpreter one,
+ * or one of the default template (tpl, ver) as it is now. One from the host
+ * template after a base was built, or from a base since rebuilt or
+ * removed, is stale: the next fill removes it. */
+static bool pool_current(const sbx *p, const char *tpl, const char *ver) {
+        return template_is_interp(p->template_id) ||
+                (streq(p->template_id, tpl) && streq(p->pool_version, ver));
+}
+
+/* How many of each kind the pool holds: default ones (pool_default), and
+ * code-interpreter ones (started or starting). */
 static void pool_counts(server *srv, unsigned *ret_host, unsigned *ret_interp) {
+        char ver[96];
+        const char *tpl = pool_default(srv, ver, sizeof ver);
         unsigned h = 0, i = 0;
         for (sbx *p = srv->pool; p; p = p->next)
                 if (!p->dead) {
                         if (template_is_interp(p->template_id))
                                 i++;
-                        else
+                        else if (pool_current(p, tpl, ver))
                                 h++;
                 }
         *ret_host = h;
@@ -285,10 +325,15 @@ bool sbx_pool_short(server *srv) {
         return h < srv->cfg.pool_size || i < srv->cfg.interp_pool_size;
 }
 
-static sbx *pool_take(server *srv, bool interp) {
+/* A pooled sandbox of template_name ("host", "base" or a code-interpreter
+ * one) that is current (pool_current), out of the pool; NULL if none. */
+static sbx *pool_take(server *srv, const char *template_name) {
+        char ver[96];
+        const char *tpl = pool_default_read(srv, ver, sizeof ver);
         for (sbx **pp = &srv->pool; *pp; pp = &(*pp)->next) {
                 sbx *sb = *pp;
-                if (sb->dead || template_is_interp(sb->template_id) != interp || sb->start_pending)
+                if (sb->dead || !streq(sb->template_id, template_name) ||
+                    !pool_current(sb, tpl, ver) || sb->start_pending)
                         continue;
                 /* drain what its init said while it waited (nothing, normally) */
                 sbx_drain(srv, sb);
@@ -309,23 +354,39 @@ static sbx *pool_take(server *srv, bool interp) {
 }
 
 void sbx_pool_fill(server *srv) {
-        /* release entries whose init died while they waited */
+        char ver[96];
+        const char *dflt = pool_default(srv, ver, sizeof ver);
+        /* release entries whose init died while they waited, and stale ones
+         * (a base built, rebuilt or removed since they started) */
+        bool changed = false;
         for (sbx **pp = &srv->pool; *pp;) {
                 sbx *sb = *pp;
-                if (sb->dead) {
+                if (sb->dead || !pool_current(sb, dflt, ver)) {
+                        if (!sb->dead) {
+                                log_info("warm pool: removing %s, a sandbox of %s %s, which creates no longer start",
+                                         sb->id, sb->template_id,
+                                         sb->pool_version[0] ? sb->pool_version : "");
+                                loop_del(srv, &sb->w);
+                                hutch_error e2 = { 0 };
+                                if (hutch_sandbox_destroy(sb->h, &e2) < 0)
+                                        log_warning("warm pool: destroying %s: %s", sb->id, e2.msg);
+                        }
                         *pp = sb->next;
                         srv->n_pool--;
                         sbx_release(sb);
+                        changed = true;
                         continue;
                 }
                 pp = &sb->next;
         }
+        if (changed)
+                pool_save(srv);
         unsigned n_host, n_interp;
         pool_counts(srv, &n_host, &n_interp);
         bool interp = n_host >= srv->cfg.pool_size;
         if (interp && n_interp >= srv->cfg.interp_pool_size)
                 return;
-        const char *tpl = interp ? "code-interpreter-v1" : "host";
+        const char *tpl = interp ? "code-interpreter-v1" : dflt;
         sbx *sb = sbx_alloc(srv);
         if (!sb)
                 return;
@@ -339,6 +400,8 @@ void sbx_pool_fill(server *srv) {
         pool_save(srv);
         hutch_error err = { 0 };
         snprintf(sb->template_id, sizeof sb->template_id, "%s", tpl);
+        if (!interp)
+                snprintf(sb->pool_version, sizeof sb->pool_version, "%s", ver);
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;
@@ -689,10 +752,11 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 }
         }
         /* the pool holds sandboxes of the operator's default backend */
-        bool poolable = (streq(template_name, "host") || template_is_interp(template_name)) && !snap.id[0] &&
-                        !mounts && !built && !want_gpus &&
-                        backend == hutch_backend_from_name(srv->cfg.backend);
-        sbx *sb = poolable ? pool_take(srv, template_is_interp(template_name)) : NULL;
+        bool poolable = (streq(template_name, "host") || streq(template_name, "base") ||
+                         template_is_interp(template_name)) &&
+                !snap.id[0] && !mounts && !built && !want_gpus &&
+                backend == hutch_backend_from_name(srv->cfg.backend);
+        sbx *sb = poolable ? pool_take(srv, template_name) : NULL;
         if (!sb) {
                 sb = sbx_alloc(srv);
                 if (!sb) {

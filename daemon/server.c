@@ -83,7 +83,7 @@ static const struct cfg_entry {
         { "cpus", CFG_U64, U(cpu_count), 1, 1024, "2", "default sandbox CPUs" },
         { "disk", CFG_SIZE, U(disk_mb), 16ull << 20, 1ull << 42, "1G", "default writable layer size" },
         { "metrics-interval", CFG_SECONDS, U(metrics_interval_s), 1, 3600, "5", "how often sandbox metrics are sampled" },
-        { "pool-size", CFG_U64, U(pool_size), 0, 1000, "2", "sandboxes of the host template kept ready, so that create only claims one (0: none)" },
+        { "pool-size", CFG_U64, U(pool_size), 0, 1000, "2", "sandboxes of the default template (the built base, else host) kept ready, so that create only claims one (0: none)" },
         { "egress-allow", CFG_LIST, S(egress_allow), 0, 0, "", "the ceiling: destinations a sandbox may ever be allowed (rules, comma-separated; empty: none, so nothing leaves; '*': every public address)" },
         { "egress-deny", CFG_LIST, S(egress_deny), 0, 0, "", "destinations no sandbox may reach, whatever it asks (rules, comma-separated)" },
         { "egress-open", CFG_LIST, S(egress_open), 0, 0, "", "reserved ranges (private, link-local, ...) to open, comma-separated CIDRs" },

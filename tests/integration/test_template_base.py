@@ -17,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hutchtest import wait_until
 from serveclient import ServeDaemon
 
 PKG = "hello"  # GNU hello: tiny, and not on the host
@@ -122,14 +123,28 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
     assert json.loads(p.stdout.decode().splitlines()[-1])["phase"] == "unchanged", p.stdout
     assert json.loads((data / "templates" / "base" / "template.json").read_text())["layers"] == [layer]
 
-    # the daemon: an E2B create without templateID starts the built base, not
-    # a pooled host sandbox; after `template rm base`, the same create is host
+    # the daemon: an E2B create without templateID starts the built base, and
+    # the warm pool holds base sandboxes (the create is a pool hit); after
+    # `template rm base` the pooled base sandbox is removed, the pool holds a
+    # host one, and the same create is host
+    def pooled(old=()):
+        ids = []
+
+        def listed():
+            ids[:] = [x for x in (data / "pool-ids").read_text().split() if x not in old] \
+                if (data / "pool-ids").exists() else []
+            return ids
+        assert wait_until(listed, 30), "the warm pool did not fill"
+        return ids[0]
+
     sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "1"])
     sd.start()
     try:
+        warm = pooled()
         r = sd.request("POST", "/v2/sandboxes", {})
         assert r.status == 201, r
         sb = r.json()
+        assert sb["sandboxID"] == warm, "a create of the built base takes the pooled base sandbox"
         sd.created[sb["sandboxID"]] = sd.key
         end, out, err, _ = sd.run(sb, f"grep ^ID= /etc/os-release; {PKG}; id -un; echo $LANG")
         assert end.get("exitCode", 0) == 0, (end, err)
@@ -137,8 +152,13 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
         end, out, err, _ = sd.run(sb, "id -u", user="root")
         assert out == b"0\n", (out, err)
 
+        warm2 = pooled(old=(warm,))
         hutch(sandboxed_hutch, e, "template", "rm", "base")
         assert not (data / "templates" / "base").exists()
+        # the pooled base sandbox goes, a host one takes its place
+        warm3 = pooled(old=(warm, warm2))
+        assert wait_until(lambda: warm2 not in (data / "pool-ids").read_text().split(), 30), \
+            "the stale base sandbox stayed in the pool"
         # the live sandbox keeps its version
         end, out, err, _ = sd.run(sb, f"{PKG}")
         assert out == b"Hello, world!\n", (out, err)
@@ -146,6 +166,7 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
         assert r.status == 201, r
         sb2 = r.json()
         sd.created[sb2["sandboxID"]] = sd.key
+        assert sb2["sandboxID"] == warm3, "the create of host-as-base takes the pooled host sandbox"
         end, out, err, _ = sd.run(sb2, "test -x /usr/bin/python3 && echo host")
         assert out == b"host\n", (out, err)
     finally:
