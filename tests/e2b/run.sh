@@ -12,7 +12,8 @@
 # HUTCH_E2B_ROUTER=N runs the files through `hutch router` in front of N daemons
 # (default files: HUTCH_E2B_ROUTER_FILES, see below); with HUTCH_E2B_ROUTER_TLS=1
 # the daemons serve TLS (a CA and certificate made here) and the router
-# verifies them (--node-tls-ca). HUTCH_E2B_DATA_DIR=DIR serves from that data
+# verifies them (--node-tls-ca); it is mutual (the nodes' --tls-client-ca,
+# the router's --node-tls-cert). HUTCH_E2B_DATA_DIR=DIR serves from that data
 # dir (kept afterwards) instead of a fresh one: e.g. one where `hutch template
 # base` built the base template, to run the suite on it.
 set -uo pipefail
@@ -90,14 +91,33 @@ kill_leftovers() {
 		keys+=("${extra[@]}")
 	fi
 	# behind the router, each node is asked too: a test may have killed the router
-	E2B_LEFTOVER_URLS="$E2B_API_URL ${node_urls[*]:-}" E2B_LEFTOVER_KEYS="${keys[*]}" timeout 60 node --input-type=module -e '
+	# (https nodes with HUTCH_E2B_ROUTER_TLS=1 want the router's client certificate)
+	E2B_LEFTOVER_URLS="$E2B_API_URL ${node_urls[*]:-}" E2B_LEFTOVER_KEYS="${keys[*]}" \
+		E2B_LEFTOVER_TLS="${router_tls:+$tmp}" timeout 60 node --input-type=module -e '
+		import { readFileSync } from "node:fs"
+		import http from "node:http"
+		import https from "node:https"
+		const dir = process.env.E2B_LEFTOVER_TLS
+		const tls = dir ? { ca: readFileSync(`${dir}/ca.pem`), cert: readFileSync(`${dir}/router.pem`),
+			key: readFileSync(`${dir}/router.key`) } : {}
+		const call = (url, method, key) => new Promise((resolve, reject) => {
+			const u = new URL(url)
+			const req = (u.protocol === "https:" ? https : http).request(u, { method, headers: { "X-API-KEY": key },
+				...(u.protocol === "https:" ? tls : {}) }, (res) => {
+				const parts = []
+				res.on("data", (d) => parts.push(d))
+				res.on("end", () => resolve({ status: res.statusCode, body: Buffer.concat(parts).toString() }))
+			})
+			req.on("error", reject)
+			req.end()
+		})
 		for (const url of process.env.E2B_LEFTOVER_URLS.split(" ").filter(Boolean))
 		for (const key of process.env.E2B_LEFTOVER_KEYS.split(" ").filter(Boolean)) {
 			try {
-				const res = await fetch(`${url}/v2/sandboxes?state=running,paused&limit=100`, { headers: { "X-API-KEY": key } })
+				const res = await call(`${url}/v2/sandboxes?state=running,paused&limit=100`, "GET", key)
 				if (res.status !== 200) continue
-				for (const s of await res.json()) {
-					const d = await fetch(`${url}/sandboxes/${s.sandboxID}`, { method: "DELETE", headers: { "X-API-KEY": key } })
+				for (const s of JSON.parse(res.body)) {
+					const d = await call(`${url}/sandboxes/${s.sandboxID}`, "DELETE", key)
 					console.error(`run.sh: killed leftover sandbox ${s.sandboxID}: HTTP ${d.status}`)
 				}
 			} catch (e) { console.error(`run.sh: leftover cleanup: ${e.message}`) }
@@ -186,18 +206,23 @@ if ((router_n > 0)); then
 	tls_args=()
 	router_tls=()
 	if [[ "${HUTCH_E2B_ROUTER_TLS:-0}" == 1 ]]; then
-		# one CA, one node certificate for 127.0.0.1 (every node's address here)
+		# one CA, one node certificate for 127.0.0.1 (every node's address
+		# here), and the router's client certificate: mutual TLS
 		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/ca.key" \
 			-out "$tmp/ca.pem" -days 2 -subj /CN=hutch-e2b-ca >/dev/null 2>&1 &&
 			openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/node.key" \
 				-subj /CN=hutch-e2b-node -addext subjectAltName=IP:127.0.0.1 \
 				-addext basicConstraints=critical,CA:FALSE -x509 -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" \
-				-days 2 -out "$tmp/node.pem" >/dev/null 2>&1 || { echo "run.sh: openssl failed" >&2; exit 2; }
+				-days 2 -out "$tmp/node.pem" >/dev/null 2>&1 &&
+			openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/router.key" \
+				-subj /CN=hutch-e2b-router -addext extendedKeyUsage=clientAuth \
+				-addext basicConstraints=critical,CA:FALSE -x509 -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" \
+				-days 2 -out "$tmp/router.pem" >/dev/null 2>&1 || { echo "run.sh: openssl failed" >&2; exit 2; }
 		scheme=https
 		# kill_leftovers asks each node too
 		export NODE_EXTRA_CA_CERTS="$tmp/ca.pem"
-		tls_args=(--tls-cert "$tmp/node.pem" --tls-key "$tmp/node.key")
-		router_tls=(--node-tls-ca "$tmp/ca.pem")
+		tls_args=(--tls-cert "$tmp/node.pem" --tls-key "$tmp/node.key" --tls-client-ca "$tmp/ca.pem")
+		router_tls=(--node-tls-ca "$tmp/ca.pem" --node-tls-cert "$tmp/router.pem" --node-tls-key "$tmp/router.key")
 	fi
 	for i in $(seq 1 "$router_n"); do
 		np="$(free_port)"
