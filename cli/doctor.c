@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* hutch doctor: what this kernel offers, what hutch needs, what to change. */
 #include <fcntl.h>
+#include <ftw.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -202,6 +203,52 @@ static void check_gpus(hutch_ctx *ctx) {
                        NULL);
 }
 
+/* The host template binds the host's /usr (and /bin, /lib... where they are
+ * directories) into every sandbox, id-mapped as a whole: a file there that
+ * only root may read, or a directory only root may enter, is open to the
+ * sandbox's root, which is root of the mapping. Listed so that an operator
+ * can tell whether anything secret sits there (docs/security.md). */
+static struct {
+        size_t n;
+        char first[3][256];
+} root_only;
+
+static int root_only_visit(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+        (void) ftw;
+        bool hidden = (type == FTW_F && S_ISREG(st->st_mode) && !(st->st_mode & S_IROTH)) ||
+                ((type == FTW_D || type == FTW_DNR) && !(st->st_mode & S_IXOTH));
+        if (hidden) {
+                if (root_only.n < ELEMENTSOF(root_only.first))
+                        snprintf(root_only.first[root_only.n], sizeof root_only.first[0], "%s", path);
+                root_only.n++;
+        }
+        return 0;
+}
+
+static void check_host_usr(void) {
+        static const char *const dirs[] = { "/usr",   "/bin",   "/sbin",   "/lib",
+                                            "/lib32", "/lib64", "/libx32", NULL };
+        root_only.n = 0;
+        for (const char *const *d = dirs; *d; d++) {
+                struct stat st;
+                if (lstat(*d, &st) == 0 && S_ISDIR(st.st_mode))
+                        (void) nftw(*d, root_only_visit, 32, FTW_PHYS | FTW_MOUNT);
+        }
+        char detail[1024];
+        if (!root_only.n)
+                snprintf(detail, sizeof detail, "nothing under /usr is readable by root alone");
+        else
+                snprintf(detail, sizeof detail,
+                         "%zu file(s) or dir(s) only root may read, which a host-template sandbox's root reads "
+                         "too: %s%s%s%s%s%s",
+                         root_only.n, root_only.first[0], root_only.n > 1 ? ", " : "",
+                         root_only.first[1], root_only.n > 2 ? ", " : "", root_only.first[2],
+                         root_only.n > 3 ? ", ..." : "");
+        report(root_only.n == 0, false, "host /usr", detail,
+               "keep secrets out of /usr (or make what is there world-readable), or serve sandboxes from "
+               "`hutch template base` (Debian packages, not the host's /usr)");
+}
+
 int verb_doctor(int argc, char **argv) {
         for (int i = 1; i < argc; i++) {
                 if (streq(argv[i], "-h") || streq(argv[i], "--help")) {
@@ -242,6 +289,7 @@ int verb_doctor(int argc, char **argv) {
                "make /dev/loop-control and mkfs.ext4 (e2fsprogs) available, or accept tmpfs layers");
         check_gvisor(ctx);
         check_gpus(ctx);
+        check_host_usr();
         hutch_ctx_free(ctx);
         printf("\n%s\n", failures ? "some required checks failed" : "all required checks passed");
         return failures ? 1 : 0;

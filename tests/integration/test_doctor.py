@@ -1,6 +1,7 @@
 """`hutch doctor`: one line per kernel feature, "ok" or "FAIL"."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +59,30 @@ def test_every_feature_line_has_a_verdict(doctor):
     _, lines = doctor
     verdicts = [l for l in lines if re.search(r"\bok\b|\bFAIL\b", l)]
     assert len(verdicts) >= len(MENTIONED), lines
+
+
+def test_root_only_files_under_usr_are_flagged(hutch_bin, tmp_path):
+    """The host template binds /usr into sandboxes id-mapped as a whole, so
+    a file only host root may read there is readable by a sandbox's root:
+    doctor names it (a warning, not a failure)."""
+    import os
+    d = Path("/usr/local/share") / f"hutch-doctor-test-{os.getpid()}"
+    d.mkdir(parents=True)
+    try:
+        secret = d / "secret.key"
+        secret.write_text("not really a key\n")
+        secret.chmod(0o600)
+        cp = run_hutch(["doctor"], timeout=120)
+        lines = [l for l in cp.stdout.decode().splitlines() if l.startswith("host /usr")]
+        assert len(lines) == 1, cp.stdout
+        assert " warn " in lines[0] and "only root may read" in lines[0], lines
+        assert cp.returncode == 0, "a warning, not a failed required check"
+        # the count names it, and it is among the paths shown when it is one of the first three
+        n = int(re.search(r"warn\s+(\d+) file", lines[0]).group(1))
+        assert n >= 1
+        if n <= 3:
+            assert str(secret) in lines[0], lines[0]
+    finally:
+        for p in sorted(d.rglob("*"), reverse=True):
+            p.unlink()
+        d.rmdir()
