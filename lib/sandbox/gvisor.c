@@ -978,3 +978,24 @@ int hutch_sandbox_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
         initproto_put_u64(w, T_FLAGS, on ? 1 : 0);
         return initconn_call(sb, NULL, 0, NULL, NULL, 10000, err);
 }
+
+/* After a (re)launch: the relay's start time, and the state file. */
+int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err) {
+        int r = sandbox_proc_starttime(sb->init_pid, &sb->init_starttime);
+        if (r < 0)
+                return hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
+        sb->suspended = false;
+        return sandbox_state_write(sb, err);
+}
+
+int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
+        sb->init_pidfd = safe_close(sb->init_pidfd);
+        sb->conn = safe_close(sb->conn);
+        sb->init_pid = 0;
+        sb->init_starttime = 0;
+        sb->suspended = true;
+        int r = sandbox_state_write(sb, err);
+        if (r < 0)
+                sb->suspended = false;
+        return r;
+}

@@ -167,7 +167,7 @@ int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err);
 /* In the relay's child, before runsc starts: system calls only. */
 int gvisor_root_child(const gvisor_root *g, const char **ret_step);
 void gvisor_root_done(gvisor_root *g);
-/* sandbox.c: after a (re)launch, the relay's start time and the state file */
+/* After a (re)launch, the relay's start time and the state file */
 int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err);
 /* The runtime stopped at its checkpoint: no init; state says suspended. */
 int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err);
@@ -341,6 +341,15 @@ int sandbox_busy_take(hutch_sandbox *sb, bool wait);
 void sandbox_busy_release(hutch_sandbox *sb);
 
 int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);
+/* The state file, from sb (atomically replaced). */
+int sandbox_state_write(hutch_sandbox *sb, hutch_error *err);
+/* Field 22 of /proc/<pid>/stat: start time, to tell a pid from its reuse. */
+int sandbox_proc_starttime(pid_t pid, uint64_t *ret);
+/* Sends on the control connection fail instead of blocking for long. */
+void sandbox_conn_set_timeouts(int fd);
+/* The writable layers' storage, set up on first use. */
+int sandbox_storage_ensure(hutch_ctx *ctx, hutch_error *err);
+#define INIT_READY_TIMEOUT_MS 10000
 /* Whether the sandbox's state file names an init that is no longer alive
  * (false while there is no state: a create under way). On ns, init's end
  * is the end of every process of the sandbox (its pid namespace). */

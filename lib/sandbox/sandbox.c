@@ -37,7 +37,6 @@ extern const unsigned char hutch_init_start[];
 extern const unsigned char hutch_init_end[];
 
 #define CHILD_STACK_SIZE (256 * 1024)
-#define INIT_READY_TIMEOUT_MS 10000
 
 /* ------------------------------------------------------------------- context */
 
@@ -146,7 +145,7 @@ const char *hutch_ctx_storage_backend(const hutch_ctx *ctx) {
         return ctx->storage_kind;
 }
 
-static int ctx_ensure_storage(hutch_ctx *ctx, hutch_error *err) {
+int sandbox_storage_ensure(hutch_ctx *ctx, hutch_error *err) {
         if (ctx->storage_mnt)
                 return 0;
         return storage_init(ctx, err);
@@ -238,7 +237,7 @@ static int random_token(char out[HUTCH_TOKEN_LEN + 1]) {
 
 
 /* Field 22 of /proc/<pid>/stat: start time, to tell a pid from its reuse. */
-static int proc_starttime(pid_t pid, uint64_t *ret) {
+int sandbox_proc_starttime(pid_t pid, uint64_t *ret) {
         char path[64];
         _cleanup_free_ char *buf = NULL;
         snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -281,12 +280,12 @@ bool sandbox_init_gone(hutch_ctx *ctx, const char *id) {
         }
         if (suspended || pid <= 1 || want == 0)
                 return false;
-        return proc_starttime((pid_t) pid, &start) < 0 || start != want;
+        return sandbox_proc_starttime((pid_t) pid, &start) < 0 || start != want;
 }
 
 /* Sends to init never block for long: a paused or wedged init that stops
  * reading fails the call instead of hanging the caller. */
-static void conn_set_timeouts(int fd) {
+void sandbox_conn_set_timeouts(int fd) {
         struct timeval tv = { .tv_sec = 30 };
         (void) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
@@ -332,7 +331,7 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
 
 /* ------------------------------------------------------------- state file */
 
-static int state_write(hutch_sandbox *sb, hutch_error *err) {
+int sandbox_state_write(hutch_sandbox *sb, hutch_error *err) {
         char path[PATH_MAX], buf[2600 + PATH_MAX + HUTCH_GPUS_MAX * 4], gpus[HUTCH_GPUS_MAX * 4 + 1] = "";
         for (size_t i = 0, o = 0; i < sb->n_gpus; i++)
                 o += (size_t) snprintf(gpus + o, sizeof gpus - o, "%s%u", i ? "," : "", sb->gpu_ids[i]);
@@ -950,7 +949,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 unsigned standins = 0;
                 /* a layer stream is a built template's layer: read-only under
                  * the sandbox's writable layer (gvisor-root.c) */
-                if (cfg->layer_from && (r = ctx_ensure_storage(ctx, err)) < 0)
+                if (cfg->layer_from && (r = sandbox_storage_ensure(ctx, err)) < 0)
                         goto fail;
                 if (cfg->checkpoint_from) {
                         /* the restored init holds the checkpointed one's token */
@@ -995,7 +994,7 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 *ret = sb;
                 return 0;
         }
-        if ((r = ctx_ensure_storage(ctx, err)) < 0)
+        if ((r = sandbox_storage_ensure(ctx, err)) < 0)
                 goto fail;
         const struct sock_fprog *prog;
         if ((r = seccomp_filter_get(&prog, err)) < 0)
@@ -1180,14 +1179,14 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
 
         sb->conn = TAKE_FD(conn[0]);
-        conn_set_timeouts(sb->conn);
-        if ((r = proc_starttime(pid, &sb->init_starttime)) < 0) {
+        sandbox_conn_set_timeouts(sb->conn);
+        if ((r = sandbox_proc_starttime(pid, &sb->init_starttime)) < 0) {
                 hutch_error_set(err, r, "reading hutch-init's start time: %s", strerror(-r));
                 goto fail;
         }
         if ((r = initconn_hello(sb, INIT_READY_TIMEOUT_MS, err)) < 0)
                 goto fail;
-        if ((r = state_write(sb, err)) < 0)
+        if ((r = sandbox_state_write(sb, err)) < 0)
                 goto fail;
         create_done(ctx, tpl);
         sandbox_busy_release(sb);
@@ -1203,26 +1202,6 @@ fail:
         if (sb->init_pid <= 0 || sb->destroyed || stack == MAP_FAILED)
                 gpu_child_free(gpu);
         hutch_sandbox_unref(sb);
-        return r;
-}
-
-int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err) {
-        int r = proc_starttime(sb->init_pid, &sb->init_starttime);
-        if (r < 0)
-                return hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
-        sb->suspended = false;
-        return state_write(sb, err);
-}
-
-int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
-        sb->init_pidfd = safe_close(sb->init_pidfd);
-        sb->conn = safe_close(sb->conn);
-        sb->init_pid = 0;
-        sb->init_starttime = 0;
-        sb->suspended = true;
-        int r = state_write(sb, err);
-        if (r < 0)
-                sb->suspended = false;
         return r;
 }
 
@@ -1255,11 +1234,11 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 sb->init_pid = 0;
         }
         uint64_t start;
-        bool alive = sb->init_pid > 1 && proc_starttime(sb->init_pid, &start) == 0 && start == sb->init_starttime;
+        bool alive = sb->init_pid > 1 && sandbox_proc_starttime(sb->init_pid, &start) == 0 && start == sb->init_starttime;
         if (alive) {
                 sb->init_pidfd = sys_pidfd_open(sb->init_pid, 0);
                 /* the pid could have been reused between the check and pidfd_open */
-                if (sb->init_pidfd < 0 || proc_starttime(sb->init_pid, &start) < 0 || start != sb->init_starttime) {
+                if (sb->init_pidfd < 0 || sandbox_proc_starttime(sb->init_pid, &start) < 0 || start != sb->init_starttime) {
                         sb->init_pidfd = safe_close(sb->init_pidfd);
                         alive = false;
                 }
@@ -1285,7 +1264,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 hutch_error_set(err, r, "sandbox %s: %s", id, e.msg);
                 goto fail;
         }
-        if ((r = ctx_ensure_storage(ctx, err)) < 0)
+        if ((r = sandbox_storage_ensure(ctx, err)) < 0)
                 goto fail;
         if (connect_init) {
                 sb->conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -1303,7 +1282,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 /* through /proc/self/fd, so that a long run_dir still fits sun_path */
                 struct sockaddr_un sa = { .sun_family = AF_UNIX };
                 snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/init.sock", sockdir);
-                conn_set_timeouts(sb->conn);
+                sandbox_conn_set_timeouts(sb->conn);
                 if (connect(sb->conn, (struct sockaddr *) &sa, sizeof sa) < 0) {
                         r = hutch_error_set(err, -errno, "connecting to sandbox %s: %m", id);
                         goto fail;
