@@ -669,9 +669,7 @@ static void relay_wait_gone(hutch_sandbox *sb, int timeout_ms) {
 
 /* Checkpoint to out_fd; then restore the sandbox at once (a snapshot), or
  * leave it stopped (suspend). */
-static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
-        if (sb->backend != HUTCH_BACKEND_GVISOR)
-                return hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
+static int gvisor_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
         if (sb->suspended)
                 return hutch_error_set(err, -EAGAIN, "sandbox %s is suspended: its checkpoint is on disk already",
                                        sb->id);
@@ -822,40 +820,8 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
         return 0;
 }
 
-/* The runtime is stopped and a new relay restores it: in between the
- * sandbox has no init, so it holds its busy lock (`hutch gc` would take it
- * for dead). */
-static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
-        int r = sandbox_busy_take(sb, true);
-        if (r < 0)
-                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
-        r = checkpoint_busy(sb, out_fd, ret_bytes, suspend, err);
-        sandbox_busy_release(sb);
-        return r;
-}
-
-int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
-        return checkpoint(sb, out_fd, ret_bytes, false, err);
-}
-
-int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
-        return checkpoint(sb, out_fd, ret_bytes, true, err);
-}
-
-static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
-
-int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
-        if (sb->backend != HUTCH_BACKEND_GVISOR || !sb->suspended)
-                return hutch_error_set(err, -EINVAL, "sandbox %s is not suspended", sb->id);
-        int r = sandbox_busy_take(sb, true);
-        if (r < 0)
-                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
-        r = resume_from_busy(sb, stream_path, err);
-        sandbox_busy_release(sb);
-        return r;
-}
-
-static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
+/* A suspended sandbox's restore from its checkpoint, under the busy lock. */
+static int gvisor_resume(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
         char dir[PATH_MAX], token[HUTCH_TOKEN_LEN + 1];
         snprintf(dir, sizeof dir, "%s/gvisor/.resume-%s", sb->ctx->data_dir, sb->id);
         int r = gvisor_unpack(stream_path, dir, token, NULL, err);
@@ -971,13 +937,14 @@ int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKE
         return 0;
 }
 
-int hutch_sandbox_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
-        if (sb->backend != HUTCH_BACKEND_GVISOR)
-                return 0;
+/* hutch-init's listener for the egress proxy (the network is the sentry's). */
+static int gvisor_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
         initproto_writer *w = initconn_begin(sb, INITPROTO_NET_LISTEN);
         initproto_put_u64(w, T_FLAGS, on ? 1 : 0);
         return initconn_call(sb, NULL, 0, NULL, NULL, 10000, err);
 }
+
+/* ------------------------------------------------------------- the backend */
 
 /* After a (re)launch: the relay's start time, and the state file. */
 int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err) {
@@ -999,3 +966,42 @@ int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
                 sb->suspended = false;
         return r;
 }
+
+/* The relay's scratch dir (init/relay.c), in the data dir. */
+static int gvisor_remove(hutch_sandbox *sb, hutch_error *err) {
+        char scratch[PATH_MAX];
+        if (gvisor_scratch_path(sb->ctx, sb->id, scratch, sizeof scratch) < 0)
+                return 0;
+        int r = rm_rf_at(AT_FDCWD, scratch);
+        if (r < 0 && r != -ENOENT)
+                return hutch_error_set(err, r, "removing %s: %s", scratch, strerror(-r));
+        return 0;
+}
+
+static void gvisor_usage(hutch_sandbox *sb, hutch_stats *s) {
+        s->oom_kills += gvisor_oom_kills(sb);
+        s->disk_used = gvisor_disk_used(sb);
+}
+
+static int gvisor_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err) {
+        (void) sb;
+        (void) ret;
+        return hutch_error_set(err, -EOPNOTSUPP,
+                               "snapshots of gvisor sandboxes are not available: their files live in "
+                               "the sandbox's memory, which this hutch cannot checkpoint yet");
+}
+
+const hutch_backend_ops backend_gvisor = {
+        .id = HUTCH_BACKEND_GVISOR,
+        .name = "gvisor",
+        .caps = HUTCH_BACKEND_CHECKPOINTS | HUTCH_BACKEND_FILES_IN_MEMORY | HUTCH_BACKEND_OWN_NETSTACK,
+        .adopt = gvisor_volumes_hold,
+        .release = gvisor_volumes_release,
+        .stop = gvisor_kill_runtime,
+        .remove = gvisor_remove,
+        .usage = gvisor_usage,
+        .layer_open = gvisor_layer_open,
+        .checkpoint = gvisor_checkpoint,
+        .resume = gvisor_resume,
+        .set_network = gvisor_set_network,
+};

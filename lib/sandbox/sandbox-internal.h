@@ -75,6 +75,7 @@ struct hutch_sandbox {
         initproto_writer *tx;
         bool destroyed;
         int backend;       /* HUTCH_BACKEND_*; gvisor: init_pid is the relay's */
+        const struct hutch_backend_ops *ops; /* backend's: never NULL once created or read */
         uint16_t egress_port; /* gvisor: where hutch-init listens for the proxy */
         bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
         uint32_t gpu_ids[HUTCH_GPUS_MAX]; /* gpu.c: reserved in run_dir/gpus, ascending */
@@ -305,6 +306,47 @@ typedef struct child_error {
 
 /* clone3 with a fresh stack, running fn(arg) in the child (x86_64/aarch64). */
 pid_t clone3_with_fn(struct clone_args *args, int (*fn)(void *), void *arg);
+
+/* ------------------------------------------------------------- backends */
+
+/* A backend: how a sandbox's processes are isolated (docs/design.md,
+ * "Backends"). One const table per backend file; the engine (sandbox.c)
+ * calls through it and never tests which backend it holds. A NULL op is
+ * what the comment says. */
+typedef struct hutch_backend_ops {
+        int id;           /* HUTCH_BACKEND_* */
+        const char *name; /* the API's and the state file's */
+        unsigned caps;    /* HUTCH_BACKEND_CHECKPOINTS, ... */
+        /* This process attached to a sandbox that runs or is suspended:
+         * take what the backend holds per process (NULL: nothing). */
+        void (*adopt)(hutch_sandbox *sb);
+        /* Close what this handle holds for the sandbox (at teardown and at
+         * the handle's end; NULL: nothing). */
+        void (*release)(hutch_sandbox *sb);
+        /* Make init exit by itself (it has a runtime to stop first), not
+         * waiting (NULL: init's SIGKILL ends every process of the sandbox). */
+        int (*stop)(hutch_sandbox *sb);
+        /* At teardown, once nothing runs: remove what the sandbox left
+         * outside its dir, cgroup and layer image (NULL: nothing). */
+        int (*remove)(hutch_sandbox *sb, hutch_error *err);
+        /* Its share of hutch_sandbox_stats: the disk used, its own counts. */
+        void (*usage)(hutch_sandbox *sb, hutch_stats *s);
+        /* hutch_sandbox_layer_open: the writable layer, for a copy. */
+        int (*layer_open)(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err);
+        /* Under the busy lock: a checkpoint of the whole sandbox to out_fd,
+         * then run on (a snapshot) or stay stopped (suspend); and a restore
+         * of a suspended sandbox (NULL, both: no checkpoints). */
+        int (*checkpoint)(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err);
+        int (*resume)(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
+        /* Let the sandbox's network on or off inside (NULL: the egress
+         * proxy's policy is all there is to change). */
+        int (*set_network)(hutch_sandbox *sb, bool on, hutch_error *err);
+} hutch_backend_ops;
+
+extern const hutch_backend_ops backend_ns;     /* backend-ns.c */
+extern const hutch_backend_ops backend_gvisor; /* gvisor.c */
+/* HUTCH_BACKEND_* to its table, NULL when there is none. */
+const hutch_backend_ops *backend_ops(int backend);
 
 /* initconn.c: requests to hutch-init over the control socket. */
 typedef int (*initconn_reply_fn)(const initproto_msg *m, int *fds, size_t nfds, void *userdata);

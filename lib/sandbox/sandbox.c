@@ -314,6 +314,7 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
         sb->conn = -1;
         sb->init_pidfd = -1;
         sb->busy_fd = -1;
+        sb->ops = &backend_ns; /* until a state file or a create says otherwise */
         sb->uid_slot = UINT32_MAX;
         sb->next_id = 1;
         for (size_t i = 0; i < HUTCH_VOLUMES_MAX; i++)
@@ -406,8 +407,10 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", v);
                 else if (streq(k, "egress_port"))
                         sb->egress_port = (uint16_t) strtoul(v, NULL, 10);
-                else if (streq(k, "backend"))
-                        sb->backend = streq(v, "gvisor") ? HUTCH_BACKEND_GVISOR : HUTCH_BACKEND_NS;
+                else if (streq(k, "backend")) {
+                        int b = hutch_backend_from_name(v);
+                        sb->backend = b >= 0 ? b : HUTCH_BACKEND_NS;
+                }
                 else if (streq(k, "suspended"))
                         sb->suspended = streq(v, "1");
                 else if (streq(k, "owner"))
@@ -417,8 +420,9 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                              g = strtok_r(NULL, ",", &save2))
                                 sb->gpu_ids[sb->n_gpus++] = (uint32_t) strtoul(g, NULL, 10);
         }
+        sb->ops = backend_ops(sb->backend);
         /* a suspended sandbox has no init until it is restored */
-        if (sb->suspended && sb->backend == HUTCH_BACKEND_GVISOR) {
+        if (sb->suspended && sb->ops->resume) {
                 sb->init_pid = 0;
                 have_pid = true;
         }
@@ -441,10 +445,10 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
          * waiting for init is waiting for all of them. The cgroup kill then
          * only has work when something is left, e.g. init was already gone. */
         bool init_reaped = false;
-        if (sb->backend == HUTCH_BACKEND_GVISOR && sb->init_pidfd >= 0) {
-                /* runsc first, so that the relay reaps its orphans; it then
-                 * exits by itself */
-                (void) gvisor_kill_runtime(sb);
+        if (sb->ops->stop && sb->init_pidfd >= 0) {
+                /* gvisor: runsc first, so that the relay reaps its orphans;
+                 * it then exits by itself */
+                (void) sb->ops->stop(sb);
                 struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
                 (void) poll(&p, 1, 5000);
         }
@@ -478,17 +482,13 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->is_parent && !init_reaped && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
-        gvisor_volumes_release(sb);
-        /* not before the create gave it an id: the scratch path of an
-         * empty id is DATA_DIR/gvisor/ itself, every sandbox's */
-        if (sb->backend == HUTCH_BACKEND_GVISOR && sb->id[0]) {
-                char scratch[PATH_MAX];
-                if (gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch) == 0) {
-                        k = rm_rf_at(AT_FDCWD, scratch);
-                        if (k < 0 && k != -ENOENT && r == 0)
-                                r = hutch_error_set(err, k, "removing %s: %s", scratch, strerror(-k));
-                }
-        }
+        if (sb->ops->release)
+                sb->ops->release(sb);
+        /* not before the create gave it an id: a backend's files outside
+         * the dir are found by it (gvisor: an empty id's scratch path is
+         * DATA_DIR/gvisor/ itself, every sandbox's) */
+        if (sb->ops->remove && sb->id[0] && (k = sb->ops->remove(sb, &e)) < 0 && r == 0)
+                r = hutch_error_set(err, k, "%s", e.msg);
         if (ctx->storage_mnt) {
                 k = storage_remove(ctx, sb->id, &e);
                 if (k < 0 && r == 0)
@@ -826,7 +826,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
         }
 
         sb->backend = cfg->backend;
-        if (sb->backend != HUTCH_BACKEND_NS && sb->backend != HUTCH_BACKEND_GVISOR) {
+        if (!(sb->ops = backend_ops(sb->backend))) {
+                sb->ops = &backend_ns; /* for the teardown of nothing */
                 r = hutch_error_set(err, -EINVAL, "unknown backend %d", sb->backend);
                 goto fail;
         }
@@ -1308,8 +1309,8 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
         /* a volume deleted from now on stays for its next launch, as for a
          * sandbox this process created (best effort: one deleted already
          * is found missing then, and the launch says so) */
-        if (sb->backend == HUTCH_BACKEND_GVISOR && (connect_init || sb->suspended))
-                gvisor_volumes_hold(sb);
+        if (sb->ops->adopt && (connect_init || sb->suspended))
+                sb->ops->adopt(sb);
         *ret = sb;
         return 0;
 fail:
@@ -1366,8 +1367,8 @@ int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err) {
                 return hutch_error_set(err, -ESRCH, "sandbox %s: its init is not known", sb->id);
         /* gvisor: runsc goes first and the relay, which reaps it, exits by
          * itself; its pidfd is readable once that happened */
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                (void) gvisor_kill_runtime(sb);
+        if (sb->ops->stop) {
+                (void) sb->ops->stop(sb);
                 sb->conn = safe_close(sb->conn);
                 return sb->init_pidfd;
         }
@@ -1404,7 +1405,8 @@ hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
         sandbox_busy_release(sb);
         safe_close(sb->conn);
         safe_close(sb->init_pidfd);
-        gvisor_volumes_release(sb);
+        if (sb->ops->release)
+                sb->ops->release(sb);
         cgroup_free(sb->cg);
         initconn_events_free(sb);
         free(sb->rxbuf);
@@ -1427,15 +1429,29 @@ const char *hutch_sandbox_owner(const hutch_sandbox *sb) {
 int hutch_sandbox_backend(const hutch_sandbox *sb) {
         return sb->backend;
 }
+
+/* A third backend is a file with its table, and a line here. */
+static const hutch_backend_ops *const backends[HUTCH_BACKENDS] = {
+        [HUTCH_BACKEND_NS] = &backend_ns,
+        [HUTCH_BACKEND_GVISOR] = &backend_gvisor,
+};
+
+const hutch_backend_ops *backend_ops(int backend) {
+        return backend >= 0 && backend < HUTCH_BACKENDS ? backends[backend] : NULL;
+}
 int hutch_backend_from_name(const char *name) {
-        if (name && streq(name, "ns"))
-                return HUTCH_BACKEND_NS;
-        if (name && streq(name, "gvisor"))
-                return HUTCH_BACKEND_GVISOR;
+        for (int b = 0; name && b < HUTCH_BACKENDS; b++)
+                if (backends[b] && streq(name, backends[b]->name))
+                        return b;
         return -EINVAL;
 }
 const char *hutch_backend_name(int backend) {
-        return backend == HUTCH_BACKEND_GVISOR ? "gvisor" : "ns";
+        const hutch_backend_ops *ops = backend_ops(backend);
+        return ops ? ops->name : "ns";
+}
+unsigned hutch_backend_caps(int backend) {
+        const hutch_backend_ops *ops = backend_ops(backend);
+        return ops ? ops->caps : 0;
 }
 pid_t hutch_sandbox_init_pid(const hutch_sandbox *sb) {
         return sb->init_pid;
@@ -1471,6 +1487,43 @@ bool hutch_sandbox_is_frozen(const hutch_sandbox *sb) {
         return sb->frozen;
 }
 
+/* The runtime is stopped and a new one restores it: in between the sandbox
+ * has no init, so it holds its busy lock (`hutch gc` would take it for dead). */
+static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
+        int r = sandbox_busy_take(sb, true);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
+        if (sb->ops->checkpoint)
+                r = sb->ops->checkpoint(sb, out_fd, ret_bytes, suspend, err);
+        else
+                r = hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
+        sandbox_busy_release(sb);
+        return r;
+}
+
+int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        return checkpoint(sb, out_fd, ret_bytes, false, err);
+}
+
+int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        return checkpoint(sb, out_fd, ret_bytes, true, err);
+}
+
+int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
+        if (!sb->ops->resume || !sb->suspended)
+                return hutch_error_set(err, -EINVAL, "sandbox %s is not suspended", sb->id);
+        int r = sandbox_busy_take(sb, true);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
+        r = sb->ops->resume(sb, stream_path, err);
+        sandbox_busy_release(sb);
+        return r;
+}
+
+int hutch_sandbox_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
+        return sb->ops->set_network ? sb->ops->set_network(sb, on, err) : 0;
+}
+
 void hutch_layer_source_close(hutch_layer_source *src) {
         if (!src)
                 return;
@@ -1482,26 +1535,7 @@ void hutch_layer_source_close(hutch_layer_source *src) {
 }
 
 int hutch_sandbox_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err) {
-        if (sb->backend == HUTCH_BACKEND_GVISOR)
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "snapshots of gvisor sandboxes are not available: their files live in "
-                                       "the sandbox's memory, which this hutch cannot checkpoint yet");
-        /* the layer is synced through the sandbox's own root: an overlay's
-         * syncfs writes back its upper file system */
-        char p[64];
-        snprintf(p, sizeof p, "/proc/%d/root", (int) sb->init_pid);
-        _cleanup_close_ int root = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (root < 0)
-                return hutch_error_set(err, -errno, "opening the sandbox's root: %m");
-        /* still our init, not a process that got its pid after it died */
-        if (sb->init_pidfd >= 0 && syscall(SYS_pidfd_send_signal, sb->init_pidfd, 0, NULL, 0) < 0)
-                return hutch_error_set(err, -ESRCH, "the sandbox's init is gone");
-        int img = -1;
-        int r = storage_open_image(sb->ctx, sb->id, &img, err);
-        if (r < 0)
-                return r;
-        *ret = (hutch_layer_source){ .root_fd = TAKE_FD(root), .image_fd = img, .uid_base = sb->uid_base };
-        return 0;
+        return sb->ops->layer_open(sb, ret, err);
 }
 
 int hutch_layer_export_fds(const hutch_layer_source *src, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
@@ -1525,12 +1559,8 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {
         if (r < 0)
                 return r;
         s.disk_limit = sb->limits.disk_bytes;
+        sb->ops->usage(sb, &s);
         uint64_t used = 0;
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                s.oom_kills += gvisor_oom_kills(sb);
-                s.disk_used = gvisor_disk_used(sb);
-        } else if (storage_usage(sb->ctx, sb->id, &used) >= 0)
-                s.disk_used = used;
         s.gpus = (uint32_t) sb->n_gpus;
         if (sb->n_gpus && gpu_memory_used(sb, &used) >= 0) {
                 s.gpu_memory_measured = true;
