@@ -967,6 +967,97 @@ int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
         return r;
 }
 
+static int gvisor_check(const hutch_sandbox_config *cfg, hutch_error *err) {
+        /* The gvisor layer is a tmpfs in the sentry, which refuses
+         * nr_inodes (EINVAL): an inode limit asked for would not hold */
+        if (cfg->limits.disk_inodes)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "an inode limit is not supported on the gvisor backend: its writable layer "
+                                       "has none (only its size and the memory limit bound it)");
+        if (cfg->layer_image)
+                return hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot take over a layer image");
+        /* runsc restores a checkpoint into the mounts it was taken with
+         * only, and a snapshot never holds a volume */
+        if (cfg->checkpoint_from && cfg->n_volumes > 0 && cfg->n_volumes <= HUTCH_VOLUMES_MAX && cfg->volumes)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "a gvisor sandbox restored from a snapshot cannot mount volumes "
+                                       "(docs/volumes.md)");
+        /* runsc passes GPUs through only with its nvproxy (runsc
+         * --nvproxy, gVisor 2023 and later), which hutch does not drive
+         * yet (docs/gpu.md) */
+        if (cfg->gpus && hutch_gpu_spec_check(cfg->gpus, NULL) > 0)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "GPUs are not supported on the gvisor backend: runsc reaches a GPU only through "
+                                       "its nvproxy (runsc --nvproxy), which hutch does not set up (docs/gpu.md); use "
+                                       "the ns backend");
+        return 0;
+}
+
+/* runsc's own threads and memory on top of the sandbox's (GVISOR_*_OVERHEAD). */
+static void gvisor_cgroup_limits(hutch_limits *l) {
+        l->memory_bytes += l->memory_bytes / 2 + GVISOR_MEMORY_OVERHEAD;
+        l->pids = l->pids > (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
+                          ? UINT64_MAX
+                          : l->pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
+}
+
+/* From a checkpoint (cfg->checkpoint_from), the image unpacked into img,
+ * and the stand-ins of the volumes it had recorded; else nothing. */
+static int gvisor_create_image(hutch_sandbox *sb, const hutch_sandbox_config *cfg, char img[PATH_MAX],
+                               unsigned *ret_standins, hutch_error *err) {
+        hutch_ctx *ctx = sb->ctx;
+        unsigned standins = 0;
+        int r;
+        if (cfg->checkpoint_from) {
+                /* the restored init holds the checkpointed one's token */
+                char parent[PATH_MAX];
+                snprintf(parent, sizeof parent, "%s/gvisor", ctx->data_dir);
+                snprintf(img, PATH_MAX, "%s/.restore-%s", parent, sb->id);
+                (void) mkdir_p(parent, 0711);
+                if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, &standins, err)) < 0)
+                        return r;
+        }
+        /* a copy of a sandbox that mounted volumes: as many stand-ins */
+        if (standins > 0) {
+                char p[PATH_MAX], v[8];
+                snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
+                int k = snprintf(v, sizeof v, "%u\n", standins);
+                if ((r = write_file_atomic(p, v, (size_t) k, 0600)) < 0)
+                        return hutch_error_set(err, r, "writing %s: %s", p, strerror(-r));
+        }
+        *ret_standins = standins;
+        return 0;
+}
+
+static int gvisor_create(hutch_sandbox *sb, sandbox_create_args *a, hutch_error *err) {
+        const hutch_sandbox_config *cfg = a->cfg;
+        char img[PATH_MAX] = "";
+        unsigned standins = 0;
+        int r;
+        /* a layer stream is a built template's layer: read-only under
+         * the sandbox's writable layer (gvisor-root.c) */
+        if (cfg->layer_from && (r = sandbox_storage_ensure(sb->ctx, err)) < 0)
+                return r;
+        if ((r = gvisor_create_image(sb, cfg, img, &standins, err)) < 0) {
+                if (img[0])
+                        (void) rm_rf_at(AT_FDCWD, img);
+                return r;
+        }
+        /* recorded first: every launch (a resume too) mounts them
+         * again from the list (gvisor-root.c) */
+        if (cfg->n_volumes > 0 && (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
+                return r;
+        r = gvisor_start(sb, a->tpl, cfg->layer_from, standins ? NULL : cfg->volumes,
+                         standins ? standins : cfg->n_volumes, a->hostname,
+                         cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
+                         GVISOR_READY_TIMEOUT_MS, err);
+        if (img[0])
+                (void) rm_rf_at(AT_FDCWD, img); /* runsc has read it, or failed */
+        if (r < 0)
+                return r;
+        return gvisor_after_launch(sb, err);
+}
+
 /* The relay's scratch dir (init/relay.c), in the data dir. */
 static int gvisor_remove(hutch_sandbox *sb, hutch_error *err) {
         char scratch[PATH_MAX];
@@ -995,6 +1086,9 @@ const hutch_backend_ops backend_gvisor = {
         .id = HUTCH_BACKEND_GVISOR,
         .name = "gvisor",
         .caps = HUTCH_BACKEND_CHECKPOINTS | HUTCH_BACKEND_FILES_IN_MEMORY | HUTCH_BACKEND_OWN_NETSTACK,
+        .check = gvisor_check,
+        .cgroup_limits = gvisor_cgroup_limits,
+        .create = gvisor_create,
         .adopt = gvisor_volumes_hold,
         .release = gvisor_volumes_release,
         .stop = gvisor_kill_runtime,

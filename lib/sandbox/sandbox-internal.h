@@ -309,6 +309,21 @@ pid_t clone3_with_fn(struct clone_args *args, int (*fn)(void *), void *arg);
 
 /* ------------------------------------------------------------- backends */
 
+/* What a create hands its backend's create op. The engine has made the
+ * state dir (locked), the uid range, the GPUs' reservation and the cgroup;
+ * the op starts init in them. stack and gpu are what a clone child may
+ * still read after a failure: the engine frees them once the teardown has
+ * seen the child gone. */
+typedef struct sandbox_create_args {
+        const hutch_sandbox_config *cfg;
+        const struct hutch_template *tpl;
+        const char *hostname;
+        int dir_fd;     /* the sandbox dir, open */
+        gpu_child *gpu; /* the GPU mounts (NULL: no GPU) */
+        void *stack;    /* a clone child's stack, or MAP_FAILED */
+        size_t stack_size;
+} sandbox_create_args;
+
 /* A backend: how a sandbox's processes are isolated (docs/design.md,
  * "Backends"). One const table per backend file; the engine (sandbox.c)
  * calls through it and never tests which backend it holds. A NULL op is
@@ -317,6 +332,13 @@ typedef struct hutch_backend_ops {
         int id;           /* HUTCH_BACKEND_* */
         const char *name; /* the API's and the state file's */
         unsigned caps;    /* HUTCH_BACKEND_CHECKPOINTS, ... */
+        /* Refuse a config this backend cannot honour, before anything is
+         * made (NULL: every config). */
+        int (*check)(const hutch_sandbox_config *cfg, hutch_error *err);
+        /* The sandbox's cgroup limits from its own (NULL: the same). */
+        void (*cgroup_limits)(hutch_limits *l);
+        /* Start init, wait until it answers, write the state file. */
+        int (*create)(hutch_sandbox *sb, sandbox_create_args *a, hutch_error *err);
         /* This process attached to a sandbox that runs or is suspended:
          * take what the backend holds per process (NULL: nothing). */
         void (*adopt)(hutch_sandbox *sb);
