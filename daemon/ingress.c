@@ -1315,14 +1315,16 @@ static bool up_retry(ingress_conn *ic) {
         sbx *sb = sbx_find(ic->srv, ic->sbx_id);
         if (!sb || sb->paused)
                 return false;
-        bool connector = hutch_backend_caps(hutch_sandbox_backend(sb->h)) & HUTCH_BACKEND_OWN_NETSTACK;
+        bool connector = hutch_backend_caps(hutch_sandbox_backend(sb->h)) &
+                HUTCH_BACKEND_OWN_NETSTACK;
         int fd = -1, wfd = -1;
         if (connector ? up_connector(ic->srv, sb, ic->port, &fd, &wfd) < 0 : up_socket(sb, &fd) < 0)
                 return false;
         struct sockaddr_in sin = { .sin_family = AF_INET,
                                    .sin_port = htons((uint16_t) ic->port),
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        if (!connector && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+        if (!connector && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 &&
+            errno != EINPROGRESS) {
                 close(fd);
                 return false;
         }
@@ -1373,7 +1375,8 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
 
         /* a pooled upstream may be closing as it is taken: only a request
          * that can be sent again (no body, not an upgrade) takes one */
-        bool connector = hutch_backend_caps(hutch_sandbox_backend(sb->h)) & HUTCH_BACKEND_OWN_NETSTACK;
+        bool connector = hutch_backend_caps(hutch_sandbox_backend(sb->h)) &
+                HUTCH_BACKEND_OWN_NETSTACK;
         /* a pooled upstream may be closing as it is taken: only a request
          * that can be sent again whole (no upgrade, a body of known and
          * small size) takes one */
@@ -1389,7 +1392,9 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                                                  "too many open connections to this sandbox's ports",
                                                  "code", 503));
         bool reused = fd >= 0;
-        int r = reused ? 0 : connector ? up_connector(srv, sb, port, &fd, &wfd) : up_socket(sb, &fd);
+        int r = reused      ? 0
+                : connector ? up_connector(srv, sb, port, &fd, &wfd)
+                            : up_socket(sb, &fd);
         connector = wfd >= 0; /* split ends: a connector's pipes, fresh or pooled */
         if (r < 0) {
                 log_warning("sandbox %s: ingress socket: %s", sb->id, strerror(-r));

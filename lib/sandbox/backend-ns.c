@@ -37,15 +37,16 @@
  * ready for the child to attach with move_mount(). Only the parent can do
  * this: MOUNT_ATTR_IDMAP needs CAP_SYS_ADMIN over the file system's owner. */
 static int idmapped_tree(const char *path, int userns_fd, bool readonly, bool recursive, int *ret_fd) {
-        _cleanup_close_ int fd = sys_open_tree(AT_FDCWD, path,
-                                               OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
+        _cleanup_close_ int fd = sys_open_tree(
+                AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
         if (fd < 0)
                 return -errno;
         struct mount_attr attr = {
                 .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NODEV | (readonly ? MOUNT_ATTR_RDONLY : 0),
                 .userns_fd = (uint64_t) userns_fd,
         };
-        if (sys_mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr) < 0)
+        if (sys_mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr,
+                              sizeof attr) < 0)
                 return -errno;
         *ret_fd = TAKE_FD(fd);
         return 0;
@@ -53,7 +54,8 @@ static int idmapped_tree(const char *path, int userns_fd, bool readonly, bool re
 
 /* The one message the child waits for: [n_binds, has_layer, 16-byte bind
  * paths...] with the descriptors [lower, layer?, binds...]. */
-static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int layer_fd, const int *bind_fds) {
+static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int layer_fd,
+                          const int *bind_fds) {
         char buf[2 + TEMPLATE_MAX_BINDS * 16] = { 0 };
         int fds[2 + TEMPLATE_MAX_BINDS];
         size_t n = 0;
@@ -145,21 +147,22 @@ static int make_layer_dirs(int dfd, const hutch_template *t) {
 /* No checkpoints here: runsc's are gVisor's. */
 static int ns_check(const hutch_sandbox_config *cfg, hutch_error *err) {
         if (cfg->checkpoint_from)
-                return hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "only a gvisor sandbox starts from a memory checkpoint");
         return 0;
 }
 
 /* Clone the child (child.c) into new namespaces, with conn[1] and sync[1]
  * as its ends; it joins its cgroup itself. Sets sb's init and a->stack. */
-static int ns_clone(hutch_sandbox *sb, sandbox_create_args *a, const struct sock_fprog *prog, int memfd,
-                    const int conn[2], const int sync[2], hutch_error *err) {
+static int ns_clone(hutch_sandbox *sb, sandbox_create_args *a, const struct sock_fprog *prog,
+                    int memfd, const int conn[2], const int sync[2], hutch_error *err) {
         int r;
         void *mem = mmap(NULL, CHILD_CONFIG_SPACE + CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
         if (mem == MAP_FAILED)
                 return hutch_error_set(err, -errno, "allocating the child stack: %m");
         child_config *cc = mem;
-        *cc = (child_config){
+        *cc = (child_config) {
                 .sandbox_dir = sb->dir,
                 .disk_bytes = sb->limits.disk_bytes,
                 .disk_inodes = sb->limits.disk_inodes,
@@ -186,8 +189,8 @@ static int ns_clone(hutch_sandbox *sb, sandbox_create_args *a, const struct sock
         }
         cc->n_cgroup_procs = (size_t) r;
         struct clone_args ca = {
-                .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
-                         CLONE_VM | CLONE_PIDFD,
+                .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
+                        CLONE_NEWIPC | CLONE_VM | CLONE_PIDFD,
                 .pidfd = (uint64_t) (uintptr_t) &pidfd,
                 .exit_signal = SIGCHLD,
                 .stack = (uint64_t) (uintptr_t) ((char *) mem + CHILD_CONFIG_SPACE),
@@ -205,7 +208,8 @@ static int ns_clone(hutch_sandbox *sb, sandbox_create_args *a, const struct sock
          * this thread only; real and saved ids stay 0 to switch back. */
         pid_t pid = -1;
         int clone_errno = 0;
-        if (syscall(SYS_setresgid, -1, sb->uid_base, -1) < 0 || syscall(SYS_setresuid, -1, sb->uid_base, -1) < 0)
+        if (syscall(SYS_setresgid, -1, sb->uid_base, -1) < 0 ||
+            syscall(SYS_setresuid, -1, sb->uid_base, -1) < 0)
                 clone_errno = errno;
         else {
                 pid = clone3_with_fn(&ca, child_main, cc);
@@ -257,8 +261,10 @@ static int ns_parent_half(hutch_sandbox *sb, const sandbox_create_args *a, int c
         }
         /* The writable layer, while the child joins its cgroup. */
         uint64_t restored_bytes = 0;
-        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, cfg->layer_image,
-                                           cfg->layer_image_uid_base, &layer_fd, &restored_bytes, e)) < 0)
+        if (r >= 0 &&
+            (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from,
+                                 cfg->layer_image, cfg->layer_image_uid_base, &layer_fd,
+                                 &restored_bytes, e)) < 0)
                 step = e->msg;
         if (r >= 0 && restored_bytes)
                 sb->limits.disk_bytes = restored_bytes; /* the snapshot's size, not the request's */
@@ -283,7 +289,8 @@ static int ns_parent_half(hutch_sandbox *sb, const sandbox_create_args *a, int c
         int vol_fds[HUTCH_VOLUMES_MAX];
         size_t n_vol_fds = 0;
         for (size_t i = 0; r >= 0 && i < cfg->n_volumes; i++) {
-                if ((r = volume_mount_idmapped(ctx, cfg->volumes[i].volume, userns, &vol_fds[i], e)) < 0)
+                if ((r = volume_mount_idmapped(ctx, cfg->volumes[i].volume, userns, &vol_fds[i], e)) <
+                    0)
                         step = e->msg;
                 else
                         n_vol_fds++;
@@ -292,7 +299,8 @@ static int ns_parent_half(hutch_sandbox *sb, const sandbox_create_args *a, int c
                 step = "sending the volume mounts";
         for (size_t i = 0; i < n_vol_fds; i++)
                 safe_close(vol_fds[i]);
-        if (r >= 0 && cfg->n_volumes > 0 && (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, e)) < 0)
+        if (r >= 0 && cfg->n_volumes > 0 &&
+            (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, e)) < 0)
                 step = e->msg;
         *ret_step = step;
         return r;
@@ -311,7 +319,8 @@ static int ns_wait_child(sandbox_create_args *a, int sync, hutch_error *err) {
         while (k < 0 && errno == EINTR);
         if (k != 1)
                 return hutch_error_set(err, -ETIMEDOUT, "creating sandbox: %s: %s",
-                                       "the sandbox's setup did not finish in time", strerror(ETIMEDOUT));
+                                       "the sandbox's setup did not finish in time",
+                                       strerror(ETIMEDOUT));
         got = fd_read_full(sync, &ce, sizeof ce);
         if (got == 0) {
                 /* it exec'd: its memory view of the stack and gpu is gone */
@@ -322,8 +331,8 @@ static int ns_wait_child(sandbox_create_args *a, int sync, hutch_error *err) {
         }
         int r = got == (ssize_t) sizeof ce && ce.code < 0 ? ce.code : -EPROTO;
         ce.msg[sizeof ce.msg - 1] = 0;
-        return hutch_error_set(err, r, "creating sandbox: %s: %s", got == (ssize_t) sizeof ce ? ce.msg : "child failed",
-                               strerror(-r));
+        return hutch_error_set(err, r, "creating sandbox: %s: %s",
+                               got == (ssize_t) sizeof ce ? ce.msg : "child failed", strerror(-r));
 }
 
 static int ns_create(hutch_sandbox *sb, sandbox_create_args *a, hutch_error *err) {
@@ -339,7 +348,8 @@ static int ns_create(hutch_sandbox *sb, sandbox_create_args *a, hutch_error *err
         int memfd = sandbox_init_memfd(sb->ctx, err);
         if (memfd < 0)
                 return memfd;
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, conn) < 0 || pipe2(sync, O_CLOEXEC) < 0)
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, conn) < 0 ||
+            pipe2(sync, O_CLOEXEC) < 0)
                 return hutch_error_set(err, -errno, "socketpair/pipe: %m");
         if ((r = ns_clone(sb, a, prog, memfd, conn, sync, err)) < 0)
                 return r;
@@ -383,7 +393,9 @@ static int ns_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error
         int r = storage_open_image(sb->ctx, sb->id, &img, err);
         if (r < 0)
                 return r;
-        *ret = (hutch_layer_source){ .root_fd = TAKE_FD(root), .image_fd = img, .uid_base = sb->uid_base };
+        *ret = (hutch_layer_source) { .root_fd = TAKE_FD(root),
+                                      .image_fd = img,
+                                      .uid_base = sb->uid_base };
         return 0;
 }
 

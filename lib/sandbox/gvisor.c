@@ -669,7 +669,8 @@ static void relay_wait_gone(hutch_sandbox *sb, int timeout_ms) {
 
 /* Checkpoint to out_fd; then restore the sandbox at once (a snapshot), or
  * leave it stopped (suspend). */
-static int gvisor_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
+static int gvisor_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend,
+                             hutch_error *err) {
         if (sb->suspended)
                 return hutch_error_set(err, -EAGAIN, "sandbox %s is suspended: its checkpoint is on disk already",
                                        sb->id);
@@ -971,14 +972,17 @@ static int gvisor_check(const hutch_sandbox_config *cfg, hutch_error *err) {
         /* The gvisor layer is a tmpfs in the sentry, which refuses
          * nr_inodes (EINVAL): an inode limit asked for would not hold */
         if (cfg->limits.disk_inodes)
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "an inode limit is not supported on the gvisor backend: its writable layer "
-                                       "has none (only its size and the memory limit bound it)");
+                return hutch_error_set(
+                        err, -EOPNOTSUPP,
+                        "an inode limit is not supported on the gvisor backend: its writable layer "
+                        "has none (only its size and the memory limit bound it)");
         if (cfg->layer_image)
-                return hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot take over a layer image");
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "a gvisor sandbox cannot take over a layer image");
         /* runsc restores a checkpoint into the mounts it was taken with
          * only, and a snapshot never holds a volume */
-        if (cfg->checkpoint_from && cfg->n_volumes > 0 && cfg->n_volumes <= HUTCH_VOLUMES_MAX && cfg->volumes)
+        if (cfg->checkpoint_from && cfg->n_volumes > 0 && cfg->n_volumes <= HUTCH_VOLUMES_MAX &&
+            cfg->volumes)
                 return hutch_error_set(err, -EOPNOTSUPP,
                                        "a gvisor sandbox restored from a snapshot cannot mount volumes "
                                        "(docs/volumes.md)");
@@ -986,10 +990,11 @@ static int gvisor_check(const hutch_sandbox_config *cfg, hutch_error *err) {
          * --nvproxy, gVisor 2023 and later), which hutch does not drive
          * yet (docs/gpu.md) */
         if (cfg->gpus && hutch_gpu_spec_check(cfg->gpus, NULL) > 0)
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "GPUs are not supported on the gvisor backend: runsc reaches a GPU only through "
-                                       "its nvproxy (runsc --nvproxy), which hutch does not set up (docs/gpu.md); use "
-                                       "the ns backend");
+                return hutch_error_set(
+                        err, -EOPNOTSUPP,
+                        "GPUs are not supported on the gvisor backend: runsc reaches a GPU only through "
+                        "its nvproxy (runsc --nvproxy), which hutch does not set up (docs/gpu.md); use "
+                        "the ns backend");
         return 0;
 }
 
@@ -997,14 +1002,14 @@ static int gvisor_check(const hutch_sandbox_config *cfg, hutch_error *err) {
 static void gvisor_cgroup_limits(hutch_limits *l) {
         l->memory_bytes += l->memory_bytes / 2 + GVISOR_MEMORY_OVERHEAD;
         l->pids = l->pids > (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
-                          ? UINT64_MAX
-                          : l->pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
+                ? UINT64_MAX
+                : l->pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
 }
 
 /* From a checkpoint (cfg->checkpoint_from), the image unpacked into img,
  * and the stand-ins of the volumes it had recorded; else nothing. */
-static int gvisor_create_image(hutch_sandbox *sb, const hutch_sandbox_config *cfg, char img[PATH_MAX],
-                               unsigned *ret_standins, hutch_error *err) {
+static int gvisor_create_image(hutch_sandbox *sb, const hutch_sandbox_config *cfg,
+                               char img[PATH_MAX], unsigned *ret_standins, hutch_error *err) {
         hutch_ctx *ctx = sb->ctx;
         unsigned standins = 0;
         int r;
@@ -1045,7 +1050,8 @@ static int gvisor_create(hutch_sandbox *sb, sandbox_create_args *a, hutch_error 
         }
         /* recorded first: every launch (a resume too) mounts them
          * again from the list (gvisor-root.c) */
-        if (cfg->n_volumes > 0 && (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
+        if (cfg->n_volumes > 0 &&
+            (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
                 return r;
         r = gvisor_start(sb, a->tpl, cfg->layer_from, standins ? NULL : cfg->volumes,
                          standins ? standins : cfg->n_volumes, a->hostname,

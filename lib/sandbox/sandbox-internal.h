@@ -358,7 +358,8 @@ typedef struct hutch_backend_ops {
         /* Under the busy lock: a checkpoint of the whole sandbox to out_fd,
          * then run on (a snapshot) or stay stopped (suspend); and a restore
          * of a suspended sandbox (NULL, both: no checkpoints). */
-        int (*checkpoint)(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err);
+        int (*checkpoint)(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend,
+                          hutch_error *err);
         int (*resume)(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
         /* Let the sandbox's network on or off inside (NULL: the egress
          * proxy's policy is all there is to change). */

@@ -408,8 +408,7 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                 else if (streq(k, "backend")) {
                         int b = hutch_backend_from_name(v);
                         sb->backend = b >= 0 ? b : HUTCH_BACKEND_NS;
-                }
-                else if (streq(k, "suspended"))
+                } else if (streq(k, "suspended"))
                         sb->suspended = streq(v, "1");
                 else if (streq(k, "owner"))
                         snprintf(sb->owner, sizeof sb->owner, "%s", v);
@@ -531,7 +530,8 @@ static int volumes_check(const hutch_sandbox_config *cfg, hutch_error *err) {
         if (cfg->n_volumes == 0)
                 return 0;
         if (cfg->n_volumes > HUTCH_VOLUMES_MAX || !cfg->volumes)
-                return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox", HUTCH_VOLUMES_MAX);
+                return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox",
+                                       HUTCH_VOLUMES_MAX);
         for (size_t i = 0; i < cfg->n_volumes; i++) {
                 const hutch_volume_mount *v = &cfg->volumes[i];
                 if (!hutch_volume_id_valid(v->volume))
@@ -649,7 +649,8 @@ static void create_done(hutch_ctx *ctx, hutch_template *tpl) {
 
 /* The config's limits, hostname and owner into sb, refused when out of
  * range; the backend's refusals and the volumes' and GPUs' checks. */
-static int create_check(hutch_sandbox *sb, const hutch_sandbox_config *cfg, bool *ret_want_gpus, hutch_error *err) {
+static int create_check(hutch_sandbox *sb, const hutch_sandbox_config *cfg, bool *ret_want_gpus,
+                        hutch_error *err) {
         sb->limits = cfg->limits;
         limits_fill_defaults(&sb->limits);
         sb->no_new_privs = cfg->no_new_privs;
@@ -662,21 +663,25 @@ static int create_check(hutch_sandbox *sb, const hutch_sandbox_config *cfg, bool
         }
         const char *hostname = cfg->hostname && *cfg->hostname ? cfg->hostname : "hutch";
         if (strlen(hostname) > 63)
-                return hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes", hostname);
+                return hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes",
+                                       hostname);
         if (sb->limits.nofile > HUTCH_MAX_NOFILE || sb->limits.pids > HUTCH_MAX_PIDS ||
             sb->limits.memory_bytes < HUTCH_MIN_MEMORY || sb->limits.disk_bytes < HUTCH_MIN_DISK ||
             sb->limits.disk_bytes > HUTCH_MAX_DISK || sb->limits.disk_inodes < HUTCH_MIN_INODES ||
             sb->limits.disk_inodes > HUTCH_MAX_INODES)
-                return hutch_error_set(err, -EINVAL,
-                                       "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
-                                       "pids <= 4194304, nofile <= 1048576)");
+                return hutch_error_set(
+                        err, -EINVAL,
+                        "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
+                        "pids <= 4194304, nofile <= 1048576)");
         /* Raising a hard limit needs CAP_SYS_RESOURCE in the initial user
          * namespace: the child's setrlimit would fail (EPERM) for every
          * create; say which limit instead */
         struct rlimit own;
-        if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max != RLIM_INFINITY && sb->limits.nofile > own.rlim_max)
+        if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max != RLIM_INFINITY &&
+            sb->limits.nofile > own.rlim_max)
                 return hutch_error_set(err, -EMFILE,
-                                       "the sandbox's open-files limit (%" PRIu64 ") is above this process's hard "
+                                       "the sandbox's open-files limit (%" PRIu64
+                                       ") is above this process's hard "
                                        "limit (%llu): raise it (ulimit -Hn, systemd LimitNOFILE=)",
                                        sb->limits.nofile, (unsigned long long) own.rlim_max);
         sb->backend = cfg->backend;
@@ -710,8 +715,8 @@ static int create_identity(hutch_sandbox *sb, const hutch_sandbox_config *cfg, h
 /* The state dir first: it is what makes every later reservation ours. It
  * stays locked until the state file says what the sandbox is; then the uid
  * range and the GPUs, and the dir's common mount points. */
-static int create_reserve(hutch_sandbox *sb, const hutch_sandbox_config *cfg, bool want_gpus, int *ret_dfd,
-                          hutch_error *err) {
+static int create_reserve(hutch_sandbox *sb, const hutch_sandbox_config *cfg, bool want_gpus,
+                          int *ret_dfd, hutch_error *err) {
         hutch_ctx *ctx = sb->ctx;
         char sbroot[PATH_MAX];
         int r;
@@ -757,21 +762,25 @@ static int create_cgroup(hutch_sandbox *sb, gpu_child **ret_gpu, hutch_error *er
         hutch_limits cg_limits = sb->limits;
         if (sb->ops->cgroup_limits)
                 sb->ops->cgroup_limits(&cg_limits);
-        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits, &sb->cg, &e)) < 0)
+        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits,
+                               &sb->cg, &e)) < 0)
                 return hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
         if (sb->n_gpus) {
                 /* the nodes and the device cgroup's rules for exactly them */
                 _cleanup_free_ char(*rules)[32] = NULL;
                 size_t n_rules = 0;
-                if ((r = gpu_child_prepare(ctx, sb->gpu_ids, sb->n_gpus, ret_gpu, &rules, &n_rules, err)) < 0)
+                if ((r = gpu_child_prepare(ctx, sb->gpu_ids, sb->n_gpus, ret_gpu, &rules, &n_rules,
+                                           err)) < 0)
                         return r;
                 if ((r = cgroup_allow_devices(sb->cg, (const char(*)[32]) rules, n_rules, &e)) < 0)
-                        return hutch_error_set(err, r, "allowing the GPUs in the device cgroup: %s", e.msg);
+                        return hutch_error_set(err, r, "allowing the GPUs in the device cgroup: %s",
+                                               e.msg);
         }
         return 0;
 }
 
-int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret, hutch_error *err) {
+int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret,
+                         hutch_error *err) {
         hutch_sandbox_config none = { 0 };
         if (!cfg)
                 cfg = &none;
@@ -803,7 +812,8 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
         }
-        if ((r = create_identity(sb, cfg, err)) < 0 || (r = create_reserve(sb, cfg, want_gpus, &dfd, err)) < 0 ||
+        if ((r = create_identity(sb, cfg, err)) < 0 ||
+            (r = create_reserve(sb, cfg, want_gpus, &dfd, err)) < 0 ||
             (r = create_cgroup(sb, &a.gpu, err)) < 0)
                 goto fail;
         a.tpl = tpl;
@@ -856,11 +866,13 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 sb->init_pid = 0;
         }
         uint64_t start;
-        bool alive = sb->init_pid > 1 && sandbox_proc_starttime(sb->init_pid, &start) == 0 && start == sb->init_starttime;
+        bool alive = sb->init_pid > 1 && sandbox_proc_starttime(sb->init_pid, &start) == 0 &&
+                start == sb->init_starttime;
         if (alive) {
                 sb->init_pidfd = sys_pidfd_open(sb->init_pid, 0);
                 /* the pid could have been reused between the check and pidfd_open */
-                if (sb->init_pidfd < 0 || sandbox_proc_starttime(sb->init_pid, &start) < 0 || start != sb->init_starttime) {
+                if (sb->init_pidfd < 0 || sandbox_proc_starttime(sb->init_pid, &start) < 0 ||
+                    start != sb->init_starttime) {
                         sb->init_pidfd = safe_close(sb->init_pidfd);
                         alive = false;
                 }
@@ -1110,14 +1122,17 @@ bool hutch_sandbox_is_frozen(const hutch_sandbox *sb) {
 
 /* The runtime is stopped and a new one restores it: in between the sandbox
  * has no init, so it holds its busy lock (`hutch gc` would take it for dead). */
-static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
+static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend,
+                      hutch_error *err) {
         int r = sandbox_busy_take(sb, true);
         if (r < 0)
-                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id,
+                                       strerror(-r));
         if (sb->ops->checkpoint)
                 r = sb->ops->checkpoint(sb, out_fd, ret_bytes, suspend, err);
         else
-                r = hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
+                r = hutch_error_set(err, -EOPNOTSUPP,
+                                    "only gvisor sandboxes have memory checkpoints");
         sandbox_busy_release(sb);
         return r;
 }
@@ -1135,7 +1150,8 @@ int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_
                 return hutch_error_set(err, -EINVAL, "sandbox %s is not suspended", sb->id);
         int r = sandbox_busy_take(sb, true);
         if (r < 0)
-                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id,
+                                       strerror(-r));
         r = sb->ops->resume(sb, stream_path, err);
         sandbox_busy_release(sb);
         return r;
