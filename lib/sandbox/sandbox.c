@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The parent half of a sandbox's life: create (allocate, clone, prepare the
- * id-mapped mounts the child needs, wait for hutch-init), attach by id,
- * destroy (kill the cgroup, remove every trace), and the context that holds
- * what is shared between sandboxes (cgroup layout, storage, the sealed
- * hutch-init memfd, the compiled seccomp filter).
+ * The engine: what a sandbox has whatever backend isolates it. Create
+ * (allocate the id, state dir, uid range and cgroup, then the backend's
+ * create op starts init), attach by id, destroy (kill, remove every trace),
+ * and the context that holds what is shared between sandboxes (cgroup
+ * layout, storage, the sealed hutch-init memfd). The backends (backend-ns.c,
+ * gvisor.c) are reached only through their operations tables.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -25,7 +26,6 @@
 #include <time.h>
 
 #include "sandbox/sandbox-internal.h"
-#include "sandbox/seccomp.h"
 #include "template/template.h"
 #include "util/clock.h"
 #include "util/error.h"
