@@ -400,7 +400,6 @@ static int ns_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error
 }
 
 const hutch_backend_ops backend_ns = {
-        .id = HUTCH_BACKEND_NS,
         .name = "ns",
         .caps = 0,
         .check = ns_check,

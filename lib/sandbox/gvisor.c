@@ -1089,7 +1089,6 @@ static int gvisor_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_e
 }
 
 const hutch_backend_ops backend_gvisor = {
-        .id = HUTCH_BACKEND_GVISOR,
         .name = "gvisor",
         .caps = HUTCH_BACKEND_CHECKPOINTS | HUTCH_BACKEND_FILES_IN_MEMORY | HUTCH_BACKEND_OWN_NETSTACK,
         .check = gvisor_check,

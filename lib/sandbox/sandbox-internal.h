@@ -320,16 +320,15 @@ typedef struct sandbox_create_args {
         const char *hostname;
         int dir_fd;     /* the sandbox dir, open */
         gpu_child *gpu; /* the GPU mounts (NULL: no GPU) */
-        void *stack;    /* a clone child's stack, or MAP_FAILED */
+        void *stack;    /* what a clone child runs on (stack, config), or MAP_FAILED */
         size_t stack_size;
 } sandbox_create_args;
 
-/* A backend: how a sandbox's processes are isolated (docs/design.md,
- * "Backends"). One const table per backend file; the engine (sandbox.c)
+/* A backend: how a sandbox's processes are isolated (docs/design.md
+ * §3.6). One const table per backend file; the engine (sandbox.c)
  * calls through it and never tests which backend it holds. A NULL op is
  * what the comment says. */
 typedef struct hutch_backend_ops {
-        int id;           /* HUTCH_BACKEND_* */
         const char *name; /* the API's and the state file's */
         unsigned caps;    /* HUTCH_BACKEND_CHECKPOINTS, ... */
         /* Refuse a config this backend cannot honour, before anything is
