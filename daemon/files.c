@@ -429,7 +429,7 @@ static sbx *upload_sandbox(files_upload *u) {
  * init/memwatch.c) before the layer itself is full. */
 static void upload_fail_no_room(files_upload *u, int r, const char *path) {
         sbx *sb = sbx_find(u->srv, u->sbx_id);
-        if (r == -EDQUOT && sb && sb->backend == HUTCH_BACKEND_GVISOR)
+        if (r == -EDQUOT && sb && hutch_backend_caps(sb->backend) & HUTCH_BACKEND_FILES_IN_MEMORY)
                 upload_fail(u, 507,
                             "not enough space to write '%s': the sandbox's memory (%lld MiB), which holds its "
                             "files on gvisor, is full",

@@ -1315,25 +1315,27 @@ static bool up_retry(ingress_conn *ic) {
         sbx *sb = sbx_find(ic->srv, ic->sbx_id);
         if (!sb || sb->paused)
                 return false;
-        bool gvisor = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
+        bool connector = hutch_backend_caps(hutch_sandbox_backend(sb->h)) &
+                HUTCH_BACKEND_OWN_NETSTACK;
         int fd = -1, wfd = -1;
-        if (gvisor ? up_connector(ic->srv, sb, ic->port, &fd, &wfd) < 0 : up_socket(sb, &fd) < 0)
+        if (connector ? up_connector(ic->srv, sb, ic->port, &fd, &wfd) < 0 : up_socket(sb, &fd) < 0)
                 return false;
         struct sockaddr_in sin = { .sin_family = AF_INET,
                                    .sin_port = htons((uint16_t) ic->port),
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-        if (!gvisor && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 && errno != EINPROGRESS) {
+        if (!connector && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0 &&
+            errno != EINPROGRESS) {
                 close(fd);
                 return false;
         }
         up_close_fds(ic);
-        if (loop_add(ic->srv, &ic->uw, fd, gvisor ? EPOLLIN : EPOLLOUT | EPOLLIN) < 0) {
+        if (loop_add(ic->srv, &ic->uw, fd, connector ? EPOLLIN : EPOLLOUT | EPOLLIN) < 0) {
                 ic->uw.fd = -1;
                 close(fd);
                 safe_close(wfd);
                 return false;
         }
-        if (gvisor && loop_add(ic->srv, &ic->ww, wfd, EPOLLOUT) < 0) {
+        if (connector && loop_add(ic->srv, &ic->ww, wfd, EPOLLOUT) < 0) {
                 ic->ww.fd = -1;
                 close(wfd);
                 return false;
@@ -1343,7 +1345,7 @@ static bool up_retry(ingress_conn *ic) {
         ic->up_wr_dead = false;
         if (ib_append(&ic->out, ic->replay.p, ic->replay.len) < 0)
                 return false;
-        ic->state = gvisor ? ST_SENDING : ST_CONNECTING;
+        ic->state = connector ? ST_SENDING : ST_CONNECTING;
         return true;
 }
 
@@ -1373,7 +1375,8 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
 
         /* a pooled upstream may be closing as it is taken: only a request
          * that can be sent again (no body, not an upgrade) takes one */
-        bool gvisor = hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR;
+        bool connector = hutch_backend_caps(hutch_sandbox_backend(sb->h)) &
+                HUTCH_BACKEND_OWN_NETSTACK;
         /* a pooled upstream may be closing as it is taken: only a request
          * that can be sent again whole (no upgrade, a body of known and
          * small size) takes one */
@@ -1381,16 +1384,18 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
         bool poolable = !upgrade_requested(c) && !te &&
                 (!cl || strtoull(cl, NULL, 10) <= REPLAY_MAX / 2);
         int fd = poolable ? pool_take(srv, sb->id, port, &wfd) : -1;
-        if (fd < 0 && gvisor && closed_recently(sb->id, port))
+        if (fd < 0 && connector && closed_recently(sb->id, port))
                 return reply_closed_port(c, sb->id, port);
-        if (fd < 0 && gvisor && connectors_of(sb->id) >= CONNECTORS_MAX)
+        if (fd < 0 && connector && connectors_of(sb->id) >= CONNECTORS_MAX)
                 return http_reply_json(c, 503,
                                        json_pack("{s:s, s:s, s:i}", "sandboxId", sb->id, "message",
                                                  "too many open connections to this sandbox's ports",
                                                  "code", 503));
         bool reused = fd >= 0;
-        int r = reused ? 0 : gvisor ? up_connector(srv, sb, port, &fd, &wfd) : up_socket(sb, &fd);
-        gvisor = wfd >= 0; /* split ends: a connector's pipes, fresh or pooled */
+        int r = reused      ? 0
+                : connector ? up_connector(srv, sb, port, &fd, &wfd)
+                            : up_socket(sb, &fd);
+        connector = wfd >= 0; /* split ends: a connector's pipes, fresh or pooled */
         if (r < 0) {
                 log_warning("sandbox %s: ingress socket: %s", sb->id, strerror(-r));
                 return http_reply_502(c, sb->id);
@@ -1399,7 +1404,7 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                                    .sin_port = htons((uint16_t) port),
                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
         bool connecting = false;
-        if (!reused && !gvisor && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
+        if (!reused && !connector && connect(fd, (struct sockaddr *) &sin, sizeof sin) < 0) {
                 if (errno != EINPROGRESS) {
                         close(fd);
                         return reply_closed_port(c, sb->id, port);
@@ -1471,8 +1476,8 @@ enum MHD_Result ingress_begin(server *srv, request *req, sbx *sb, unsigned port,
                 replay_add(ic, ic->out.p, ic->out.len);
         }
         if (r >= 0)
-                r = loop_add(srv, &ic->uw, fd, gvisor ? EPOLLIN : EPOLLOUT | EPOLLIN);
-        if (r >= 0 && gvisor && (r = loop_add(srv, &ic->ww, wfd, EPOLLOUT)) < 0)
+                r = loop_add(srv, &ic->uw, fd, connector ? EPOLLIN : EPOLLOUT | EPOLLIN);
+        if (r >= 0 && connector && (r = loop_add(srv, &ic->ww, wfd, EPOLLOUT)) < 0)
                 loop_del(srv, &ic->uw);
         if (r < 0) {
                 ic->uw.fd = ic->ww.fd = -1;

@@ -616,7 +616,7 @@ static void first_request(h2conn *h, uint32_t sid, const req_fields *f) {
         h->port = port;
         h->first_stream = sid;
         h->browser = strncmp(f->ua, "Mozilla/", 8) == 0;
-        if (hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR) {
+        if (hutch_backend_caps(hutch_sandbox_backend(sb->h)) & HUTCH_BACKEND_OWN_NETSTACK) {
                 gvisor_upstream(h, sb, sid);
                 return;
         }

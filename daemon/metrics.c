@@ -241,17 +241,17 @@ char *metrics_render(server *srv) {
         if (!f)
                 return NULL;
         /* sandboxes by state and backend, counted now */
-        unsigned n[2][2] = { { 0 } }; /* [paused][backend gvisor] */
+        unsigned n[2][HUTCH_BACKENDS] = { { 0 } }; /* [paused][HUTCH_BACKEND_*] */
         for (sbx *sb = srv->sandboxes; sb; sb = sb->next)
-                if (!sb->dead && !sb->pooled)
-                        n[sb->paused][sb->backend == HUTCH_BACKEND_GVISOR]++;
+                if (!sb->dead && !sb->pooled && sb->backend >= 0 && sb->backend < HUTCH_BACKENDS)
+                        n[sb->paused][sb->backend]++;
         fputs("# HELP hutch_sandboxes Sandboxes of this daemon, by state and backend.\n"
               "# TYPE hutch_sandboxes gauge\n",
               f);
         for (int p = 0; p < 2; p++)
-                for (int g = 0; g < 2; g++)
+                for (int b = 0; b < HUTCH_BACKENDS; b++)
                         fprintf(f, "hutch_sandboxes{state=\"%s\",backend=\"%s\"} %u\n",
-                                p ? "paused" : "running", g ? "gvisor" : "ns", n[p][g]);
+                                p ? "paused" : "running", hutch_backend_name(b), n[p][b]);
         /* GPUs: the host's (its nodes, counted now) and those this
          * daemon's sandboxes hold (a `hutch run`'s are not this daemon's) */
         unsigned gpus_held = 0;

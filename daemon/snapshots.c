@@ -364,7 +364,7 @@ static int take_prepare(server *srv, sbx *sb, const char *name, snapjob **ret, h
                 goto fail;
         }
 
-        if (hutch_sandbox_backend(sb->h) != HUTCH_BACKEND_GVISOR) {
+        if (!(hutch_backend_caps(hutch_sandbox_backend(sb->h)) & HUTCH_BACKEND_CHECKPOINTS)) {
                 t->export = true;
                 r = layer_job_prepare(sb, j, TAKE_FD_ROOT, TAKE_FD_IMAGE, &t->uid_base, err);
         } else if (hutch_sandbox_is_suspended(sb->h)) {
@@ -922,7 +922,7 @@ enum MHD_Result sandbox_fork(server *srv, request *req, sbx *sb) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/snapshots/.fork-XXXXXX", srv->cfg.data_dir);
 
-        if (hutch_sandbox_backend(sb->h) == HUTCH_BACKEND_GVISOR) {
+        if (hutch_backend_caps(hutch_sandbox_backend(sb->h)) & HUTCH_BACKEND_CHECKPOINTS) {
                 /* runsc's checkpoint and the restores run on the loop */
                 int fd = mkostemp(path, O_CLOEXEC);
                 if (fd < 0)

@@ -84,10 +84,29 @@ typedef struct hutch_limits {
 enum {
         HUTCH_BACKEND_NS = 0,
         HUTCH_BACKEND_GVISOR = 1,
+        HUTCH_BACKENDS, /* how many */
 };
 /* "ns" or "gvisor" to HUTCH_BACKEND_*, -EINVAL otherwise; and back. */
 int hutch_backend_from_name(const char *name);
 const char *hutch_backend_name(int backend);
+/* What a backend does otherwise than the namespace backend, for a caller
+ * that chooses between two ways of doing a thing: a set of these bits
+ * (0 for an unknown backend). */
+enum {
+        /* Its snapshots and pauses are checkpoints of the whole sandbox,
+         * memory included (hutch_sandbox_checkpoint, _suspend); without,
+         * a snapshot is the writable layer (hutch_sandbox_layer_export)
+         * and a pause the cgroup freezer (hutch_sandbox_freeze). */
+        HUTCH_BACKEND_CHECKPOINTS = 1 << 0,
+        /* Its writable layer's files live in the sandbox's memory: a write
+         * can fail with EDQUOT at the memory limit before the layer is full. */
+        HUTCH_BACKEND_FILES_IN_MEMORY = 1 << 1,
+        /* Its network stack is not the host kernel's: a port inside is
+         * reached through hutch-init (a connector), not by a socket made in
+         * the sandbox's network namespace. */
+        HUTCH_BACKEND_OWN_NETSTACK = 1 << 2,
+};
+unsigned hutch_backend_caps(int backend);
 
 /* Whether the gvisor backend can run here: runsc's path and version in
  * ret_info ("/usr/bin/runsc 0.0~20221219.0, platform ptrace"), -errno with

@@ -669,9 +669,8 @@ static void relay_wait_gone(hutch_sandbox *sb, int timeout_ms) {
 
 /* Checkpoint to out_fd; then restore the sandbox at once (a snapshot), or
  * leave it stopped (suspend). */
-static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
-        if (sb->backend != HUTCH_BACKEND_GVISOR)
-                return hutch_error_set(err, -EOPNOTSUPP, "only gvisor sandboxes have memory checkpoints");
+static int gvisor_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend,
+                             hutch_error *err) {
         if (sb->suspended)
                 return hutch_error_set(err, -EAGAIN, "sandbox %s is suspended: its checkpoint is on disk already",
                                        sb->id);
@@ -822,40 +821,8 @@ static int checkpoint_busy(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, b
         return 0;
 }
 
-/* The runtime is stopped and a new relay restores it: in between the
- * sandbox has no init, so it holds its busy lock (`hutch gc` would take it
- * for dead). */
-static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend, hutch_error *err) {
-        int r = sandbox_busy_take(sb, true);
-        if (r < 0)
-                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
-        r = checkpoint_busy(sb, out_fd, ret_bytes, suspend, err);
-        sandbox_busy_release(sb);
-        return r;
-}
-
-int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
-        return checkpoint(sb, out_fd, ret_bytes, false, err);
-}
-
-int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
-        return checkpoint(sb, out_fd, ret_bytes, true, err);
-}
-
-static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
-
-int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
-        if (sb->backend != HUTCH_BACKEND_GVISOR || !sb->suspended)
-                return hutch_error_set(err, -EINVAL, "sandbox %s is not suspended", sb->id);
-        int r = sandbox_busy_take(sb, true);
-        if (r < 0)
-                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id, strerror(-r));
-        r = resume_from_busy(sb, stream_path, err);
-        sandbox_busy_release(sb);
-        return r;
-}
-
-static int resume_from_busy(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
+/* A suspended sandbox's restore from its checkpoint, under the busy lock. */
+static int gvisor_resume(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
         char dir[PATH_MAX], token[HUTCH_TOKEN_LEN + 1];
         snprintf(dir, sizeof dir, "%s/gvisor/.resume-%s", sb->ctx->data_dir, sb->id);
         int r = gvisor_unpack(stream_path, dir, token, NULL, err);
@@ -971,10 +938,169 @@ int gvisor_unpack(const char *stream, const char *dir, char ret_token[HUTCH_TOKE
         return 0;
 }
 
-int hutch_sandbox_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
-        if (sb->backend != HUTCH_BACKEND_GVISOR)
-                return 0;
+/* hutch-init's listener for the egress proxy (the network is the sentry's). */
+static int gvisor_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
         initproto_writer *w = initconn_begin(sb, INITPROTO_NET_LISTEN);
         initproto_put_u64(w, T_FLAGS, on ? 1 : 0);
         return initconn_call(sb, NULL, 0, NULL, NULL, 10000, err);
 }
+
+/* ------------------------------------------------------------- the backend */
+
+/* After a (re)launch: the relay's start time, and the state file. */
+int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err) {
+        int r = sandbox_proc_starttime(sb->init_pid, &sb->init_starttime);
+        if (r < 0)
+                return hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
+        sb->suspended = false;
+        return sandbox_state_write(sb, err);
+}
+
+int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
+        sb->init_pidfd = safe_close(sb->init_pidfd);
+        sb->conn = safe_close(sb->conn);
+        sb->init_pid = 0;
+        sb->init_starttime = 0;
+        sb->suspended = true;
+        int r = sandbox_state_write(sb, err);
+        if (r < 0)
+                sb->suspended = false;
+        return r;
+}
+
+static int gvisor_check(const hutch_sandbox_config *cfg, hutch_error *err) {
+        /* The gvisor layer is a tmpfs in the sentry, which refuses
+         * nr_inodes (EINVAL): an inode limit asked for would not hold */
+        if (cfg->limits.disk_inodes)
+                return hutch_error_set(
+                        err, -EOPNOTSUPP,
+                        "an inode limit is not supported on the gvisor backend: its writable layer "
+                        "has none (only its size and the memory limit bound it)");
+        if (cfg->layer_image)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "a gvisor sandbox cannot take over a layer image");
+        /* runsc restores a checkpoint into the mounts it was taken with
+         * only, and a snapshot never holds a volume */
+        if (cfg->checkpoint_from && cfg->n_volumes > 0 && cfg->n_volumes <= HUTCH_VOLUMES_MAX &&
+            cfg->volumes)
+                return hutch_error_set(err, -EOPNOTSUPP,
+                                       "a gvisor sandbox restored from a snapshot cannot mount volumes "
+                                       "(docs/volumes.md)");
+        /* runsc passes GPUs through only with its nvproxy (runsc
+         * --nvproxy, gVisor 2023 and later), which hutch does not drive
+         * yet (docs/gpu.md) */
+        if (cfg->gpus && hutch_gpu_spec_check(cfg->gpus, NULL) > 0)
+                return hutch_error_set(
+                        err, -EOPNOTSUPP,
+                        "GPUs are not supported on the gvisor backend: runsc reaches a GPU only through "
+                        "its nvproxy (runsc --nvproxy), which hutch does not set up (docs/gpu.md); use "
+                        "the ns backend");
+        return 0;
+}
+
+/* runsc's own threads and memory on top of the sandbox's (GVISOR_*_OVERHEAD). */
+static void gvisor_cgroup_limits(hutch_limits *l) {
+        l->memory_bytes += l->memory_bytes / 2 + GVISOR_MEMORY_OVERHEAD;
+        l->pids = l->pids > (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
+                ? UINT64_MAX
+                : l->pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
+}
+
+/* From a checkpoint (cfg->checkpoint_from), the image unpacked into img,
+ * and the stand-ins of the volumes it had recorded; else nothing. */
+static int gvisor_create_image(hutch_sandbox *sb, const hutch_sandbox_config *cfg,
+                               char img[PATH_MAX], unsigned *ret_standins, hutch_error *err) {
+        hutch_ctx *ctx = sb->ctx;
+        unsigned standins = 0;
+        int r;
+        if (cfg->checkpoint_from) {
+                /* the restored init holds the checkpointed one's token */
+                char parent[PATH_MAX];
+                snprintf(parent, sizeof parent, "%s/gvisor", ctx->data_dir);
+                snprintf(img, PATH_MAX, "%s/.restore-%s", parent, sb->id);
+                (void) mkdir_p(parent, 0711);
+                if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, &standins, err)) < 0)
+                        return r;
+        }
+        /* a copy of a sandbox that mounted volumes: as many stand-ins */
+        if (standins > 0) {
+                char p[PATH_MAX], v[8];
+                snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
+                int k = snprintf(v, sizeof v, "%u\n", standins);
+                if ((r = write_file_atomic(p, v, (size_t) k, 0600)) < 0)
+                        return hutch_error_set(err, r, "writing %s: %s", p, strerror(-r));
+        }
+        *ret_standins = standins;
+        return 0;
+}
+
+static int gvisor_create(hutch_sandbox *sb, sandbox_create_args *a, hutch_error *err) {
+        const hutch_sandbox_config *cfg = a->cfg;
+        char img[PATH_MAX] = "";
+        unsigned standins = 0;
+        int r;
+        /* a layer stream is a built template's layer: read-only under
+         * the sandbox's writable layer (gvisor-root.c) */
+        if (cfg->layer_from && (r = sandbox_storage_ensure(sb->ctx, err)) < 0)
+                return r;
+        if ((r = gvisor_create_image(sb, cfg, img, &standins, err)) < 0) {
+                if (img[0])
+                        (void) rm_rf_at(AT_FDCWD, img);
+                return r;
+        }
+        /* recorded first: every launch (a resume too) mounts them
+         * again from the list (gvisor-root.c) */
+        if (cfg->n_volumes > 0 &&
+            (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
+                return r;
+        r = gvisor_start(sb, a->tpl, cfg->layer_from, standins ? NULL : cfg->volumes,
+                         standins ? standins : cfg->n_volumes, a->hostname,
+                         cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
+                         GVISOR_READY_TIMEOUT_MS, err);
+        if (img[0])
+                (void) rm_rf_at(AT_FDCWD, img); /* runsc has read it, or failed */
+        if (r < 0)
+                return r;
+        return gvisor_after_launch(sb, err);
+}
+
+/* The relay's scratch dir (init/relay.c), in the data dir. */
+static int gvisor_remove(hutch_sandbox *sb, hutch_error *err) {
+        char scratch[PATH_MAX];
+        if (gvisor_scratch_path(sb->ctx, sb->id, scratch, sizeof scratch) < 0)
+                return 0;
+        int r = rm_rf_at(AT_FDCWD, scratch);
+        if (r < 0 && r != -ENOENT)
+                return hutch_error_set(err, r, "removing %s: %s", scratch, strerror(-r));
+        return 0;
+}
+
+static void gvisor_usage(hutch_sandbox *sb, hutch_stats *s) {
+        s->oom_kills += gvisor_oom_kills(sb);
+        s->disk_used = gvisor_disk_used(sb);
+}
+
+static int gvisor_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err) {
+        (void) sb;
+        (void) ret;
+        return hutch_error_set(err, -EOPNOTSUPP,
+                               "snapshots of gvisor sandboxes are not available: their files live in "
+                               "the sandbox's memory, which this hutch cannot checkpoint yet");
+}
+
+const hutch_backend_ops backend_gvisor = {
+        .name = "gvisor",
+        .caps = HUTCH_BACKEND_CHECKPOINTS | HUTCH_BACKEND_FILES_IN_MEMORY | HUTCH_BACKEND_OWN_NETSTACK,
+        .check = gvisor_check,
+        .cgroup_limits = gvisor_cgroup_limits,
+        .create = gvisor_create,
+        .adopt = gvisor_volumes_hold,
+        .release = gvisor_volumes_release,
+        .stop = gvisor_kill_runtime,
+        .remove = gvisor_remove,
+        .usage = gvisor_usage,
+        .layer_open = gvisor_layer_open,
+        .checkpoint = gvisor_checkpoint,
+        .resume = gvisor_resume,
+        .set_network = gvisor_set_network,
+};

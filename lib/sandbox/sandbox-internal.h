@@ -75,6 +75,7 @@ struct hutch_sandbox {
         initproto_writer *tx;
         bool destroyed;
         int backend;       /* HUTCH_BACKEND_*; gvisor: init_pid is the relay's */
+        const struct hutch_backend_ops *ops; /* backend's: never NULL once created or read */
         uint16_t egress_port; /* gvisor: where hutch-init listens for the proxy */
         bool suspended;    /* gvisor: checkpointed to a stream and stopped (init_pid 0) */
         uint32_t gpu_ids[HUTCH_GPUS_MAX]; /* gpu.c: reserved in run_dir/gpus, ascending */
@@ -167,7 +168,7 @@ int gvisor_root_parent(hutch_sandbox *sb, gvisor_root *ret, hutch_error *err);
 /* In the relay's child, before runsc starts: system calls only. */
 int gvisor_root_child(const gvisor_root *g, const char **ret_step);
 void gvisor_root_done(gvisor_root *g);
-/* sandbox.c: after a (re)launch, the relay's start time and the state file */
+/* After a (re)launch, the relay's start time and the state file */
 int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err);
 /* The runtime stopped at its checkpoint: no init; state says suspended. */
 int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err);
@@ -306,6 +307,69 @@ typedef struct child_error {
 /* clone3 with a fresh stack, running fn(arg) in the child (x86_64/aarch64). */
 pid_t clone3_with_fn(struct clone_args *args, int (*fn)(void *), void *arg);
 
+/* ------------------------------------------------------------- backends */
+
+/* What a create hands its backend's create op. The engine has made the
+ * state dir (locked), the uid range, the GPUs' reservation and the cgroup;
+ * the op starts init in them. stack and gpu are what a clone child may
+ * still read after a failure: the engine frees them once the teardown has
+ * seen the child gone. */
+typedef struct sandbox_create_args {
+        const hutch_sandbox_config *cfg;
+        const struct hutch_template *tpl;
+        const char *hostname;
+        int dir_fd;     /* the sandbox dir, open */
+        gpu_child *gpu; /* the GPU mounts (NULL: no GPU) */
+        void *stack;    /* what a clone child runs on (stack, config), or MAP_FAILED */
+        size_t stack_size;
+} sandbox_create_args;
+
+/* A backend: how a sandbox's processes are isolated (docs/design.md
+ * §3.6). One const table per backend file; the engine (sandbox.c)
+ * calls through it and never tests which backend it holds. A NULL op is
+ * what the comment says. */
+typedef struct hutch_backend_ops {
+        const char *name; /* the API's and the state file's */
+        unsigned caps;    /* HUTCH_BACKEND_CHECKPOINTS, ... */
+        /* Refuse a config this backend cannot honour, before anything is
+         * made (NULL: every config). */
+        int (*check)(const hutch_sandbox_config *cfg, hutch_error *err);
+        /* The sandbox's cgroup limits from its own (NULL: the same). */
+        void (*cgroup_limits)(hutch_limits *l);
+        /* Start init, wait until it answers, write the state file. */
+        int (*create)(hutch_sandbox *sb, sandbox_create_args *a, hutch_error *err);
+        /* This process attached to a sandbox that runs or is suspended:
+         * take what the backend holds per process (NULL: nothing). */
+        void (*adopt)(hutch_sandbox *sb);
+        /* Close what this handle holds for the sandbox (at teardown and at
+         * the handle's end; NULL: nothing). */
+        void (*release)(hutch_sandbox *sb);
+        /* Make init exit by itself (it has a runtime to stop first), not
+         * waiting (NULL: init's SIGKILL ends every process of the sandbox). */
+        int (*stop)(hutch_sandbox *sb);
+        /* At teardown, once nothing runs: remove what the sandbox left
+         * outside its dir, cgroup and layer image (NULL: nothing). */
+        int (*remove)(hutch_sandbox *sb, hutch_error *err);
+        /* Its share of hutch_sandbox_stats: the disk used, its own counts. */
+        void (*usage)(hutch_sandbox *sb, hutch_stats *s);
+        /* hutch_sandbox_layer_open: the writable layer, for a copy. */
+        int (*layer_open)(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err);
+        /* Under the busy lock: a checkpoint of the whole sandbox to out_fd,
+         * then run on (a snapshot) or stay stopped (suspend); and a restore
+         * of a suspended sandbox (NULL, both: no checkpoints). */
+        int (*checkpoint)(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend,
+                          hutch_error *err);
+        int (*resume)(hutch_sandbox *sb, const char *stream_path, hutch_error *err);
+        /* Let the sandbox's network on or off inside (NULL: the egress
+         * proxy's policy is all there is to change). */
+        int (*set_network)(hutch_sandbox *sb, bool on, hutch_error *err);
+} hutch_backend_ops;
+
+extern const hutch_backend_ops backend_ns;     /* backend-ns.c */
+extern const hutch_backend_ops backend_gvisor; /* gvisor.c */
+/* HUTCH_BACKEND_* to its table, NULL when there is none. */
+const hutch_backend_ops *backend_ops(int backend);
+
 /* initconn.c: requests to hutch-init over the control socket. */
 typedef int (*initconn_reply_fn)(const initproto_msg *m, int *fds, size_t nfds, void *userdata);
 initproto_writer *initconn_begin(hutch_sandbox *sb, uint16_t type);
@@ -341,6 +405,15 @@ int sandbox_busy_take(hutch_sandbox *sb, bool wait);
 void sandbox_busy_release(hutch_sandbox *sb);
 
 int sandbox_dir_path(hutch_ctx *ctx, const char *id, char **ret);
+/* The state file, from sb (atomically replaced). */
+int sandbox_state_write(hutch_sandbox *sb, hutch_error *err);
+/* Field 22 of /proc/<pid>/stat: start time, to tell a pid from its reuse. */
+int sandbox_proc_starttime(pid_t pid, uint64_t *ret);
+/* Sends on the control connection fail instead of blocking for long. */
+void sandbox_conn_set_timeouts(int fd);
+/* The writable layers' storage, set up on first use. */
+int sandbox_storage_ensure(hutch_ctx *ctx, hutch_error *err);
+#define INIT_READY_TIMEOUT_MS 10000
 /* Whether the sandbox's state file names an init that is no longer alive
  * (false while there is no state: a create under way). On ns, init's end
  * is the end of every process of the sandbox (its pid namespace). */

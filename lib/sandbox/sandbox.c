@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The parent half of a sandbox's life: create (allocate, clone, prepare the
- * id-mapped mounts the child needs, wait for hutch-init), attach by id,
- * destroy (kill the cgroup, remove every trace), and the context that holds
- * what is shared between sandboxes (cgroup layout, storage, the sealed
- * hutch-init memfd, the compiled seccomp filter).
+ * The engine: what a sandbox has whatever backend isolates it. Create
+ * (allocate the id, state dir, uid range and cgroup, then the backend's
+ * create op starts init), attach by id, destroy (kill, remove every trace),
+ * and the context that holds what is shared between sandboxes (cgroup
+ * layout, storage, the sealed hutch-init memfd). The backends (backend-ns.c,
+ * gvisor.c) are reached only through their operations tables.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -25,7 +26,6 @@
 #include <time.h>
 
 #include "sandbox/sandbox-internal.h"
-#include "sandbox/seccomp.h"
 #include "template/template.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -35,9 +35,6 @@
 
 extern const unsigned char hutch_init_start[];
 extern const unsigned char hutch_init_end[];
-
-#define CHILD_STACK_SIZE (256 * 1024)
-#define INIT_READY_TIMEOUT_MS 10000
 
 /* ------------------------------------------------------------------- context */
 
@@ -146,7 +143,7 @@ const char *hutch_ctx_storage_backend(const hutch_ctx *ctx) {
         return ctx->storage_kind;
 }
 
-static int ctx_ensure_storage(hutch_ctx *ctx, hutch_error *err) {
+int sandbox_storage_ensure(hutch_ctx *ctx, hutch_error *err) {
         if (ctx->storage_mnt)
                 return 0;
         return storage_init(ctx, err);
@@ -238,7 +235,7 @@ static int random_token(char out[HUTCH_TOKEN_LEN + 1]) {
 
 
 /* Field 22 of /proc/<pid>/stat: start time, to tell a pid from its reuse. */
-static int proc_starttime(pid_t pid, uint64_t *ret) {
+int sandbox_proc_starttime(pid_t pid, uint64_t *ret) {
         char path[64];
         _cleanup_free_ char *buf = NULL;
         snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -281,12 +278,12 @@ bool sandbox_init_gone(hutch_ctx *ctx, const char *id) {
         }
         if (suspended || pid <= 1 || want == 0)
                 return false;
-        return proc_starttime((pid_t) pid, &start) < 0 || start != want;
+        return sandbox_proc_starttime((pid_t) pid, &start) < 0 || start != want;
 }
 
 /* Sends to init never block for long: a paused or wedged init that stops
  * reading fails the call instead of hanging the caller. */
-static void conn_set_timeouts(int fd) {
+void sandbox_conn_set_timeouts(int fd) {
         struct timeval tv = { .tv_sec = 30 };
         (void) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
@@ -315,6 +312,7 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
         sb->conn = -1;
         sb->init_pidfd = -1;
         sb->busy_fd = -1;
+        sb->ops = &backend_ns; /* until a state file or a create says otherwise */
         sb->uid_slot = UINT32_MAX;
         sb->next_id = 1;
         for (size_t i = 0; i < HUTCH_VOLUMES_MAX; i++)
@@ -332,7 +330,7 @@ static hutch_sandbox *sandbox_new(hutch_ctx *ctx) {
 
 /* ------------------------------------------------------------- state file */
 
-static int state_write(hutch_sandbox *sb, hutch_error *err) {
+int sandbox_state_write(hutch_sandbox *sb, hutch_error *err) {
         char path[PATH_MAX], buf[2600 + PATH_MAX + HUTCH_GPUS_MAX * 4], gpus[HUTCH_GPUS_MAX * 4 + 1] = "";
         for (size_t i = 0, o = 0; i < sb->n_gpus; i++)
                 o += (size_t) snprintf(gpus + o, sizeof gpus - o, "%s%u", i ? "," : "", sb->gpu_ids[i]);
@@ -407,9 +405,10 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                         snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", v);
                 else if (streq(k, "egress_port"))
                         sb->egress_port = (uint16_t) strtoul(v, NULL, 10);
-                else if (streq(k, "backend"))
-                        sb->backend = streq(v, "gvisor") ? HUTCH_BACKEND_GVISOR : HUTCH_BACKEND_NS;
-                else if (streq(k, "suspended"))
+                else if (streq(k, "backend")) {
+                        int b = hutch_backend_from_name(v);
+                        sb->backend = b >= 0 ? b : HUTCH_BACKEND_NS;
+                } else if (streq(k, "suspended"))
                         sb->suspended = streq(v, "1");
                 else if (streq(k, "owner"))
                         snprintf(sb->owner, sizeof sb->owner, "%s", v);
@@ -418,8 +417,9 @@ static int state_read(hutch_sandbox *sb, hutch_error *err) {
                              g = strtok_r(NULL, ",", &save2))
                                 sb->gpu_ids[sb->n_gpus++] = (uint32_t) strtoul(g, NULL, 10);
         }
+        sb->ops = backend_ops(sb->backend);
         /* a suspended sandbox has no init until it is restored */
-        if (sb->suspended && sb->backend == HUTCH_BACKEND_GVISOR) {
+        if (sb->suspended && sb->ops->resume) {
                 sb->init_pid = 0;
                 have_pid = true;
         }
@@ -442,10 +442,10 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
          * waiting for init is waiting for all of them. The cgroup kill then
          * only has work when something is left, e.g. init was already gone. */
         bool init_reaped = false;
-        if (sb->backend == HUTCH_BACKEND_GVISOR && sb->init_pidfd >= 0) {
-                /* runsc first, so that the relay reaps its orphans; it then
-                 * exits by itself */
-                (void) gvisor_kill_runtime(sb);
+        if (sb->ops->stop && sb->init_pidfd >= 0) {
+                /* gvisor: runsc first, so that the relay reaps its orphans;
+                 * it then exits by itself */
+                (void) sb->ops->stop(sb);
                 struct pollfd p = { .fd = sb->init_pidfd, .events = POLLIN };
                 (void) poll(&p, 1, 5000);
         }
@@ -479,17 +479,13 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
         if (sb->is_parent && !init_reaped && sb->init_pid > 0)
                 (void) waitpid(sb->init_pid, NULL, WNOHANG);
         sb->init_pidfd = safe_close(sb->init_pidfd);
-        gvisor_volumes_release(sb);
-        /* not before the create gave it an id: the scratch path of an
-         * empty id is DATA_DIR/gvisor/ itself, every sandbox's */
-        if (sb->backend == HUTCH_BACKEND_GVISOR && sb->id[0]) {
-                char scratch[PATH_MAX];
-                if (gvisor_scratch_path(ctx, sb->id, scratch, sizeof scratch) == 0) {
-                        k = rm_rf_at(AT_FDCWD, scratch);
-                        if (k < 0 && k != -ENOENT && r == 0)
-                                r = hutch_error_set(err, k, "removing %s: %s", scratch, strerror(-k));
-                }
-        }
+        if (sb->ops->release)
+                sb->ops->release(sb);
+        /* not before the create gave it an id: a backend's files outside
+         * the dir are found by it (gvisor: an empty id's scratch path is
+         * DATA_DIR/gvisor/ itself, every sandbox's) */
+        if (sb->ops->remove && sb->id[0] && (k = sb->ops->remove(sb, &e)) < 0 && r == 0)
+                r = hutch_error_set(err, k, "%s", e.msg);
         if (ctx->storage_mnt) {
                 k = storage_remove(ctx, sb->id, &e);
                 if (k < 0 && r == 0)
@@ -528,71 +524,14 @@ static int sandbox_teardown(hutch_sandbox *sb, hutch_error *err) {
 
 /* --------------------------------------------------------------- create */
 
-/* A detached, id-mapped (and optionally read-only) copy of a host tree,
- * ready for the child to attach with move_mount(). Only the parent can do
- * this: MOUNT_ATTR_IDMAP needs CAP_SYS_ADMIN over the file system's owner. */
-static int idmapped_tree(const char *path, int userns_fd, bool readonly, bool recursive, int *ret_fd) {
-        _cleanup_close_ int fd = sys_open_tree(AT_FDCWD, path,
-                                               OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (recursive ? AT_RECURSIVE : 0));
-        if (fd < 0)
-                return -errno;
-        struct mount_attr attr = {
-                .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NODEV | (readonly ? MOUNT_ATTR_RDONLY : 0),
-                .userns_fd = (uint64_t) userns_fd,
-        };
-        if (sys_mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr) < 0)
-                return -errno;
-        *ret_fd = TAKE_FD(fd);
-        return 0;
-}
-
-/* The one message the child waits for: [n_binds, has_layer, 16-byte bind
- * paths...] with the descriptors [lower, layer?, binds...]. */
-static int send_bootstrap(int sock, const hutch_template *t, int lower_fd, int layer_fd, const int *bind_fds) {
-        char buf[2 + TEMPLATE_MAX_BINDS * 16] = { 0 };
-        int fds[2 + TEMPLATE_MAX_BINDS];
-        size_t n = 0;
-        buf[0] = (char) t->n_binds;
-        buf[1] = (char) ((layer_fd >= 0) | (t->n_layers ? 2 : 0)); /* 2: send_layers follows */
-        fds[n++] = lower_fd;
-        if (layer_fd >= 0)
-                fds[n++] = layer_fd;
-        for (size_t i = 0; i < t->n_binds; i++) {
-                snprintf(buf + 2 + i * 16, 16, "%s", t->binds[i]);
-                fds[n++] = bind_fds[i];
-        }
-        return fd_send_with_fds(sock, buf, 2 + t->n_binds * 16, fds, n);
-}
-
-/* The second message the child waits for, after the bootstrap: [n,
- * n paths of HUTCH_VOLUME_PATH_MAX + 1 bytes] with the n id-mapped volume
- * mounts (n may be 0: then a descriptor-less message). */
-static int send_volumes(int sock, const hutch_sandbox_config *cfg, const int *vol_fds) {
-        static char buf[1 + HUTCH_VOLUMES_MAX * (HUTCH_VOLUME_PATH_MAX + 1)];
-        memset(buf, 0, sizeof buf);
-        buf[0] = (char) cfg->n_volumes;
-        for (size_t i = 0; i < cfg->n_volumes; i++)
-                snprintf(buf + 1 + i * (HUTCH_VOLUME_PATH_MAX + 1), HUTCH_VOLUME_PATH_MAX + 1, "%s",
-                         cfg->volumes[i].path);
-        size_t len = 1 + cfg->n_volumes * (HUTCH_VOLUME_PATH_MAX + 1);
-        if (cfg->n_volumes == 0)
-                return send(sock, buf, len, MSG_NOSIGNAL) == (ssize_t) len ? 0 : -errno;
-        return fd_send_with_fds(sock, buf, len, vol_fds, cfg->n_volumes);
-}
-
 /* The mounts a create asks for: known ids, paths a sandbox may have, none
  * twice and none inside another. */
 static int volumes_check(const hutch_sandbox_config *cfg, hutch_error *err) {
         if (cfg->n_volumes == 0)
                 return 0;
         if (cfg->n_volumes > HUTCH_VOLUMES_MAX || !cfg->volumes)
-                return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox", HUTCH_VOLUMES_MAX);
-        /* runsc restores a checkpoint into the mounts it was taken with
-         * only, and a snapshot never holds a volume */
-        if (cfg->backend == HUTCH_BACKEND_GVISOR && cfg->checkpoint_from)
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "a gvisor sandbox restored from a snapshot cannot mount volumes "
-                                       "(docs/volumes.md)");
+                return hutch_error_set(err, -E2BIG, "at most %d volume mounts per sandbox",
+                                       HUTCH_VOLUMES_MAX);
         for (size_t i = 0; i < cfg->n_volumes; i++) {
                 const hutch_volume_mount *v = &cfg->volumes[i];
                 if (!hutch_volume_id_valid(v->volume))
@@ -614,62 +553,6 @@ static int volumes_check(const hutch_sandbox_config *cfg, hutch_error *err) {
         return 0;
 }
 
-/* An image template's layers (top first), each id-mapped into the
- * sandbox's range, read-only and detached, in one message after the
- * bootstrap: the child attaches them as l0..lN-1 under the template's own
- * top layer. Shared by every sandbox, never copied. */
-static int send_layers(int sock, const hutch_template *t, int userns_fd, const char **step) {
-        int fds[HUTCH_MAX_LAYERS];
-        char buf[HUTCH_MAX_LAYERS] = { 0 };
-        size_t n = 0;
-        int r = 0;
-        if (t->n_layers > HUTCH_MAX_LAYERS)
-                return *step = "too many layers", -E2BIG;
-        for (; n < t->n_layers; n++)
-                if ((r = idmapped_tree(t->layers[n], userns_fd, true, false, &fds[n])) < 0) {
-                        *step = "id-mapping an image layer";
-                        break;
-                }
-        if (r >= 0) {
-                union {
-                        struct cmsghdr align;
-                        char b[CMSG_SPACE(sizeof(int) * HUTCH_MAX_LAYERS)];
-                } ctl;
-                memset(&ctl, 0, sizeof ctl);
-                struct iovec iov = { .iov_base = buf, .iov_len = n };
-                struct msghdr msg = { .msg_iov = &iov,
-                                      .msg_iovlen = 1,
-                                      .msg_control = ctl.b,
-                                      .msg_controllen = CMSG_SPACE(sizeof(int) * n) };
-                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-                cm->cmsg_level = SOL_SOCKET;
-                cm->cmsg_type = SCM_RIGHTS;
-                cm->cmsg_len = CMSG_LEN(sizeof(int) * n);
-                memcpy(CMSG_DATA(cm), fds, sizeof(int) * n);
-                ssize_t k;
-                do
-                        k = sendmsg(sock, &msg, MSG_NOSIGNAL);
-                while (k < 0 && errno == EINTR);
-                if (k < 0) {
-                        r = -errno;
-                        *step = "sending the image layers";
-                }
-        }
-        for (size_t i = 0; i < n; i++)
-                close(fds[i]);
-        return r;
-}
-
-/* Their mount points in the sandbox directory. */
-static int make_layer_dirs(int dfd, const hutch_template *t) {
-        for (size_t i = 0; i < t->n_layers; i++) {
-                char d[16];
-                snprintf(d, sizeof d, "l%zu", i);
-                if (mkdirat(dfd, d, 0755) < 0)
-                        return -errno;
-        }
-        return 0;
-}
 
 /* ------------------------------------------------------ template versions */
 
@@ -764,35 +647,13 @@ static void create_done(hutch_ctx *ctx, hutch_template *tpl) {
         }
 }
 
-int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret, hutch_error *err) {
-        hutch_sandbox_config none = { 0 };
-        if (!cfg)
-                cfg = &none;
-        /* The gvisor layer is a tmpfs in the sentry, which refuses
-         * nr_inodes (EINVAL): an inode limit asked for would not hold */
-        if (cfg->backend == HUTCH_BACKEND_GVISOR && cfg->limits.disk_inodes)
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "an inode limit is not supported on the gvisor backend: its writable layer "
-                                       "has none (only its size and the memory limit bound it)");
-        hutch_template *tpl = NULL;
-        /* Every cleanup variable is declared before the first `goto fail`. */
-        _cleanup_close_ int dfd = -1, userns = -1, layer_fd = -1;
-        _cleanup_close_pair_ int conn[2] = { -1, -1 }, sync[2] = { -1, -1 };
-        hutch_error e = { 0 };
-        /* The clone child runs on this stack until it execs or exits: it is
-         * unmapped only after that (a reused mapping would be scribbled on). */
-        void *stack = MAP_FAILED;
-        gpu_child *gpu = NULL; /* the GPU mounts the child attaches */
-        int r;
-
-        hutch_sandbox *sb = sandbox_new(ctx);
-        if (!sb)
-                return hutch_error_set(err, -ENOMEM, "out of memory");
+/* The config's limits, hostname and owner into sb, refused when out of
+ * range; the backend's refusals and the volumes' and GPUs' checks. */
+static int create_check(hutch_sandbox *sb, const hutch_sandbox_config *cfg, bool *ret_want_gpus,
+                        hutch_error *err) {
         sb->limits = cfg->limits;
         limits_fill_defaults(&sb->limits);
         sb->no_new_privs = cfg->no_new_privs;
-        sb->is_parent = true;
-        sb->created_ns = clock_ns(CLOCK_REALTIME);
         /* one line of the state file: printable bytes only */
         if (cfg->owner) {
                 size_t i = 0;
@@ -801,393 +662,164 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
                 sb->owner[i] = 0;
         }
         const char *hostname = cfg->hostname && *cfg->hostname ? cfg->hostname : "hutch";
-        if (strlen(hostname) > 63) {
-                r = hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes", hostname);
-                goto fail;
-        }
+        if (strlen(hostname) > 63)
+                return hutch_error_set(err, -EINVAL, "hostname '%s' is longer than 63 bytes",
+                                       hostname);
         if (sb->limits.nofile > HUTCH_MAX_NOFILE || sb->limits.pids > HUTCH_MAX_PIDS ||
             sb->limits.memory_bytes < HUTCH_MIN_MEMORY || sb->limits.disk_bytes < HUTCH_MIN_DISK ||
             sb->limits.disk_bytes > HUTCH_MAX_DISK || sb->limits.disk_inodes < HUTCH_MIN_INODES ||
-            sb->limits.disk_inodes > HUTCH_MAX_INODES) {
-                r = hutch_error_set(err, -EINVAL,
-                                    "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
-                                    "pids <= 4194304, nofile <= 1048576)");
-                goto fail;
-        }
+            sb->limits.disk_inodes > HUTCH_MAX_INODES)
+                return hutch_error_set(
+                        err, -EINVAL,
+                        "limits out of range (memory >= 4M, 1M <= disk <= 1T, 64 <= inodes <= 2^32, "
+                        "pids <= 4194304, nofile <= 1048576)");
         /* Raising a hard limit needs CAP_SYS_RESOURCE in the initial user
          * namespace: the child's setrlimit would fail (EPERM) for every
          * create; say which limit instead */
         struct rlimit own;
-        if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max != RLIM_INFINITY && sb->limits.nofile > own.rlim_max) {
-                r = hutch_error_set(err, -EMFILE,
-                                    "the sandbox's open-files limit (%" PRIu64 ") is above this process's hard limit "
-                                    "(%llu): raise it (ulimit -Hn, systemd LimitNOFILE=)",
-                                    sb->limits.nofile, (unsigned long long) own.rlim_max);
-                goto fail;
-        }
-
+        if (getrlimit(RLIMIT_NOFILE, &own) == 0 && own.rlim_max != RLIM_INFINITY &&
+            sb->limits.nofile > own.rlim_max)
+                return hutch_error_set(err, -EMFILE,
+                                       "the sandbox's open-files limit (%" PRIu64
+                                       ") is above this process's hard "
+                                       "limit (%llu): raise it (ulimit -Hn, systemd LimitNOFILE=)",
+                                       sb->limits.nofile, (unsigned long long) own.rlim_max);
         sb->backend = cfg->backend;
-        if (sb->backend != HUTCH_BACKEND_NS && sb->backend != HUTCH_BACKEND_GVISOR) {
-                r = hutch_error_set(err, -EINVAL, "unknown backend %d", sb->backend);
-                goto fail;
+        if (!(sb->ops = backend_ops(sb->backend))) {
+                sb->ops = &backend_ns; /* for the teardown of nothing */
+                return hutch_error_set(err, -EINVAL, "unknown backend %d", sb->backend);
         }
-        if (sb->backend == HUTCH_BACKEND_GVISOR && cfg->layer_image) {
-                r = hutch_error_set(err, -EOPNOTSUPP, "a gvisor sandbox cannot take over a layer image");
-                goto fail;
-        }
-        if (sb->backend != HUTCH_BACKEND_GVISOR && cfg->checkpoint_from) {
-                r = hutch_error_set(err, -EOPNOTSUPP, "only a gvisor sandbox starts from a memory checkpoint");
-                goto fail;
-        }
+        int r;
         if ((r = volumes_check(cfg, err)) < 0)
-                goto fail;
+                return r;
         if ((r = hutch_gpu_spec_check(cfg->gpus, err)) < 0)
-                goto fail;
-        bool want_gpus = r > 0;
-        sb->gpus_unasked = !want_gpus;
-        if (want_gpus && sb->backend == HUTCH_BACKEND_GVISOR) {
-                /* runsc passes GPUs through only with its nvproxy (runsc
-                 * --nvproxy, gVisor 2023 and later), which hutch does not
-                 * drive yet (docs/gpu.md) */
-                r = hutch_error_set(err, -EOPNOTSUPP,
-                                    "GPUs are not supported on the gvisor backend: runsc reaches a GPU only through "
-                                    "its nvproxy (runsc --nvproxy), which hutch does not set up (docs/gpu.md); use the "
-                                    "ns backend");
-                goto fail;
-        }
+                return r;
+        *ret_want_gpus = r > 0;
+        return 0;
+}
 
-        r = template_resolve(ctx->data_dir, cfg->template_name, &tpl, err);
-        if (r < 0)
+/* Its id (the config's or a new one) and the token init will hold. */
+static int create_identity(hutch_sandbox *sb, const hutch_sandbox_config *cfg, hutch_error *err) {
+        int r;
+        if (cfg->id) {
+                if (sandbox_validate_id(cfg->id) < 0)
+                        return hutch_error_set(err, -EINVAL, "invalid sandbox id '%s'", cfg->id);
+                memcpy(sb->id, cfg->id, HUTCH_ID_LEN + 1);
+        } else if ((r = hutch_sandbox_id_new(sb->id)) < 0)
+                return hutch_error_set(err, r, "getrandom: %s", strerror(-r));
+        if ((r = random_token(sb->token)) < 0)
+                return hutch_error_set(err, r, "getrandom: %s", strerror(-r));
+        return 0;
+}
+
+/* The state dir first: it is what makes every later reservation ours. It
+ * stays locked until the state file says what the sandbox is; then the uid
+ * range and the GPUs, and the dir's common mount points. */
+static int create_reserve(hutch_sandbox *sb, const hutch_sandbox_config *cfg, bool want_gpus,
+                          int *ret_dfd, hutch_error *err) {
+        hutch_ctx *ctx = sb->ctx;
+        char sbroot[PATH_MAX];
+        int r;
+        snprintf(sbroot, sizeof sbroot, "%s/sandboxes", ctx->run_dir);
+        if ((r = mkdir_p(sbroot, 0711)) < 0)
+                return hutch_error_set(err, r, "creating %s: %s", sbroot, strerror(-r));
+        if ((r = sandbox_dir_path(ctx, sb->id, &sb->dir)) < 0)
+                return r;
+        if (mkdir(sb->dir, 0711) < 0) {
+                r = hutch_error_set(err, -errno, errno == EEXIST ? "sandbox %s already exists" : "creating %s: %m",
+                                    errno == EEXIST ? sb->id : sb->dir);
+                free(sb->dir);
+                sb->dir = NULL; /* not ours: never remove it */
+                return r;
+        }
+        if ((r = sandbox_busy_take(sb, false)) < 0)
+                return hutch_error_set(err, r, "locking %s: %s", sb->dir, strerror(-r));
+        if ((r = uidrange_alloc(ctx, sb->id, &sb->uid_slot, err)) < 0)
+                return r;
+        sb->uid_base = uidrange_base(ctx, sb->uid_slot);
+        if (want_gpus && (r = gpu_alloc(ctx, sb->id, cfg->gpus, sb->gpu_ids, &sb->n_gpus, err)) < 0)
+                return r;
+        int dfd = open(sb->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || mkdirat(dfd, "root", 0755) < 0 || mkdirat(dfd, "lower", 0755) < 0 ||
+            mkdirat(dfd, "layer", 0755) < 0 || mkdirat(dfd, "sock", 0700) < 0 ||
+            fchownat(dfd, "sock", sb->uid_base, sb->uid_base, AT_SYMLINK_NOFOLLOW) < 0) {
+                r = hutch_error_set(err, -errno, "preparing %s: %m", sb->dir);
+                safe_close(dfd);
+                return r;
+        }
+        *ret_dfd = dfd;
+        return 0;
+}
+
+/* The cgroup with the backend's limits, and the GPUs' device rules and
+ * mounts, before any process of the sandbox exists. */
+static int create_cgroup(hutch_sandbox *sb, gpu_child **ret_gpu, hutch_error *err) {
+        hutch_ctx *ctx = sb->ctx;
+        hutch_error e = { 0 };
+        int r;
+        sb->cg_version = ctx->cg_version;
+        snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", ctx->cg_mount ? ctx->cg_mount : "");
+        hutch_limits cg_limits = sb->limits;
+        if (sb->ops->cgroup_limits)
+                sb->ops->cgroup_limits(&cg_limits);
+        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits,
+                               &sb->cg, &e)) < 0)
+                return hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
+        if (sb->n_gpus) {
+                /* the nodes and the device cgroup's rules for exactly them */
+                _cleanup_free_ char(*rules)[32] = NULL;
+                size_t n_rules = 0;
+                if ((r = gpu_child_prepare(ctx, sb->gpu_ids, sb->n_gpus, ret_gpu, &rules, &n_rules,
+                                           err)) < 0)
+                        return r;
+                if ((r = cgroup_allow_devices(sb->cg, (const char(*)[32]) rules, n_rules, &e)) < 0)
+                        return hutch_error_set(err, r, "allowing the GPUs in the device cgroup: %s",
+                                               e.msg);
+        }
+        return 0;
+}
+
+int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_sandbox **ret,
+                         hutch_error *err) {
+        hutch_sandbox_config none = { 0 };
+        if (!cfg)
+                cfg = &none;
+        /* the backend's refusals before anything is made */
+        const hutch_backend_ops *ops = backend_ops(cfg->backend);
+        int r;
+        if (ops && ops->check && (r = ops->check(cfg, err)) < 0)
+                return r;
+        hutch_template *tpl = NULL;
+        _cleanup_close_ int dfd = -1;
+        /* The clone child's stack and GPU mounts: unmapped and freed only
+         * once the child is known gone (a reused mapping would be
+         * scribbled on). */
+        sandbox_create_args a = { .cfg = cfg, .stack = MAP_FAILED };
+        bool want_gpus = false;
+
+        hutch_sandbox *sb = sandbox_new(ctx);
+        if (!sb)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        sb->is_parent = true;
+        sb->created_ns = clock_ns(CLOCK_REALTIME);
+        if ((r = create_check(sb, cfg, &want_gpus, err)) < 0)
+                goto fail;
+        sb->gpus_unasked = !want_gpus;
+        if ((r = template_resolve(ctx->data_dir, cfg->template_name, &tpl, err)) < 0)
                 goto fail;
         snprintf(sb->template_name, sizeof sb->template_name, "%s", tpl->name);
         if (!(sb->template_root = strdup(tpl->rootfs))) {
                 r = hutch_error_set(err, -ENOMEM, "out of memory");
                 goto fail;
         }
-
-        if (cfg->id) {
-                if (sandbox_validate_id(cfg->id) < 0) {
-                        r = hutch_error_set(err, -EINVAL, "invalid sandbox id '%s'", cfg->id);
-                        goto fail;
-                }
-                memcpy(sb->id, cfg->id, HUTCH_ID_LEN + 1);
-        } else if ((r = hutch_sandbox_id_new(sb->id)) < 0) {
-                hutch_error_set(err, r, "getrandom: %s", strerror(-r));
+        if ((r = create_identity(sb, cfg, err)) < 0 ||
+            (r = create_reserve(sb, cfg, want_gpus, &dfd, err)) < 0 ||
+            (r = create_cgroup(sb, &a.gpu, err)) < 0)
                 goto fail;
-        }
-        if ((r = random_token(sb->token)) < 0) {
-                hutch_error_set(err, r, "getrandom: %s", strerror(-r));
-                goto fail;
-        }
-
-        /* The state dir first: it is what makes every later reservation ours. */
-        char sbroot[PATH_MAX];
-        snprintf(sbroot, sizeof sbroot, "%s/sandboxes", ctx->run_dir);
-        if ((r = mkdir_p(sbroot, 0711)) < 0) {
-                hutch_error_set(err, r, "creating %s: %s", sbroot, strerror(-r));
-                goto fail;
-        }
-        if ((r = sandbox_dir_path(ctx, sb->id, &sb->dir)) < 0)
-                goto fail;
-        if (mkdir(sb->dir, 0711) < 0) {
-                r = hutch_error_set(err, -errno, errno == EEXIST ? "sandbox %s already exists" : "creating %s: %m",
-                                    errno == EEXIST ? sb->id : sb->dir);
-                free(sb->dir);
-                sb->dir = NULL; /* not ours: never remove it */
-                goto fail;
-        }
-        /* held until the state file says what the sandbox is */
-        if ((r = sandbox_busy_take(sb, false)) < 0) {
-                hutch_error_set(err, r, "locking %s: %s", sb->dir, strerror(-r));
-                goto fail;
-        }
-
-        if ((r = uidrange_alloc(ctx, sb->id, &sb->uid_slot, err)) < 0)
-                goto fail;
-        sb->uid_base = uidrange_base(ctx, sb->uid_slot);
-        if (want_gpus && (r = gpu_alloc(ctx, sb->id, cfg->gpus, sb->gpu_ids, &sb->n_gpus, err)) < 0)
-                goto fail;
-
-        dfd = open(sb->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || mkdirat(dfd, "root", 0755) < 0 || mkdirat(dfd, "lower", 0755) < 0 ||
-            mkdirat(dfd, "layer", 0755) < 0 || mkdirat(dfd, "sock", 0700) < 0 ||
-            fchownat(dfd, "sock", sb->uid_base, sb->uid_base, AT_SYMLINK_NOFOLLOW) < 0) {
-                r = hutch_error_set(err, -errno, "preparing %s: %m", sb->dir);
-                goto fail;
-        }
-        if (sb->backend != HUTCH_BACKEND_GVISOR && (r = make_layer_dirs(dfd, tpl)) < 0) {
-                hutch_error_set(err, r, "preparing %s: %s", sb->dir, strerror(-r));
-                goto fail;
-        }
-
-        sb->cg_version = ctx->cg_version;
-        snprintf(sb->cg_mount, sizeof sb->cg_mount, "%s", ctx->cg_mount ? ctx->cg_mount : "");
-        hutch_limits cg_limits = sb->limits;
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                cg_limits.memory_bytes += cg_limits.memory_bytes / 2 + GVISOR_MEMORY_OVERHEAD;
-                cg_limits.pids = cg_limits.pids > (UINT64_MAX - GVISOR_PIDS_OVERHEAD) / GVISOR_PIDS_PER_PROC
-                                         ? UINT64_MAX
-                                         : cg_limits.pids * GVISOR_PIDS_PER_PROC + GVISOR_PIDS_OVERHEAD;
-        }
-        if ((r = cgroup_create(ctx->cg_version, ctx->cg_mount, ctx->cgroup_root, sb->id, &cg_limits, &sb->cg, &e)) < 0) {
-                hutch_error_set(err, r, "creating the cgroup: %s", e.msg);
-                goto fail;
-        }
-        if (sb->n_gpus) {
-                /* the nodes and the device cgroup's rules for exactly them,
-                 * before any process of the sandbox exists */
-                _cleanup_free_ char(*rules)[32] = NULL;
-                size_t n_rules = 0;
-                if ((r = gpu_child_prepare(ctx, sb->gpu_ids, sb->n_gpus, &gpu, &rules, &n_rules, err)) < 0)
-                        goto fail;
-                if ((r = cgroup_allow_devices(sb->cg, (const char(*)[32]) rules, n_rules, &e)) < 0) {
-                        hutch_error_set(err, r, "allowing the GPUs in the device cgroup: %s", e.msg);
-                        goto fail;
-                }
-        }
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                char img[PATH_MAX] = "";
-                unsigned standins = 0;
-                /* a layer stream is a built template's layer: read-only under
-                 * the sandbox's writable layer (gvisor-root.c) */
-                if (cfg->layer_from && (r = ctx_ensure_storage(ctx, err)) < 0)
-                        goto fail;
-                if (cfg->checkpoint_from) {
-                        /* the restored init holds the checkpointed one's token */
-                        char parent[PATH_MAX];
-                        snprintf(parent, sizeof parent, "%s/gvisor", ctx->data_dir);
-                        snprintf(img, sizeof img, "%s/.restore-%s", parent, sb->id);
-                        (void) mkdir_p(parent, 0711);
-                        if ((r = gvisor_unpack(cfg->checkpoint_from, img, sb->token, &standins,
-                                               err)) < 0) {
-                                (void) rm_rf_at(AT_FDCWD, img);
-                                goto fail;
-                        }
-                }
-                /* a copy of a sandbox that mounted volumes: as many stand-ins */
-                if (standins > 0) {
-                        char p[PATH_MAX], v[8];
-                        snprintf(p, sizeof p, "%s/" GVISOR_STANDINS_FILE, sb->dir);
-                        int k = snprintf(v, sizeof v, "%u\n", standins);
-                        if ((r = write_file_atomic(p, v, (size_t) k, 0600)) < 0) {
-                                hutch_error_set(err, r, "writing %s: %s", p, strerror(-r));
-                                (void) rm_rf_at(AT_FDCWD, img);
-                                goto fail;
-                        }
-                }
-                /* recorded first: every launch (a resume too) mounts them
-                 * again from the list (gvisor-root.c) */
-                if (cfg->n_volumes > 0 &&
-                    (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, err)) < 0)
-                        goto fail;
-                r = gvisor_start(sb, tpl, cfg->layer_from, standins ? NULL : cfg->volumes,
-                                 standins ? standins : cfg->n_volumes, hostname,
-                                 cfg->egress_port ? cfg->egress_port : 3128, img[0] ? img : NULL,
-                                 GVISOR_READY_TIMEOUT_MS, err);
-                if (img[0])
-                        (void) rm_rf_at(AT_FDCWD, img); /* runsc has read it, or failed */
-                if (r >= 0)
-                        r = gvisor_after_launch(sb, err);
-                if (r < 0)
-                        goto fail;
-                create_done(ctx, tpl);
-                sandbox_busy_release(sb);
-                *ret = sb;
-                return 0;
-        }
-        if ((r = ctx_ensure_storage(ctx, err)) < 0)
-                goto fail;
-        const struct sock_fprog *prog;
-        if ((r = seccomp_filter_get(&prog, err)) < 0)
-                goto fail;
-        int memfd = sandbox_init_memfd(ctx, err);
-        if (memfd < 0) {
-                r = memfd;
-                goto fail;
-        }
-
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, conn) < 0 || pipe2(sync, O_CLOEXEC) < 0) {
-                r = hutch_error_set(err, -errno, "socketpair/pipe: %m");
-                goto fail;
-        }
-
-        child_config cc = {
-                .sandbox_dir = sb->dir,
-                .disk_bytes = sb->limits.disk_bytes,
-                .disk_inodes = sb->limits.disk_inodes,
-                .nofile = sb->limits.nofile,
-                .hostname = hostname,
-                .no_new_privs = sb->no_new_privs,
-                .init_conn = conn[1],
-                .parent_conn = conn[0],
-                .sync_fd = sync[1],
-                .init_memfd = memfd,
-                .seccomp = prog,
-                .uid_base = sb->uid_base,
-                .gpu = gpu,
-        };
-        stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-        if (stack == MAP_FAILED) {
-                r = hutch_error_set(err, -errno, "allocating the child stack: %m");
-                goto fail;
-        }
-        int pidfd = -1;
-        /* The child always joins its cgroup itself (cgroup.procs opened here,
-         * as root), on v2 too: CLONE_INTO_CGROUP checks the cloning task's
-         * credentials, and the clone below runs with the sandbox's uid as
-         * its euid (see there). */
-        r = cgroup_procs_fds(sb->cg, cc.cgroup_procs, ELEMENTSOF(cc.cgroup_procs), err);
-        if (r < 0) {
-                munmap(stack, CHILD_STACK_SIZE);
-                stack = MAP_FAILED;
-                goto fail;
-        }
-        cc.n_cgroup_procs = (size_t) r;
-        struct clone_args ca = {
-                .flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
-                         CLONE_VM | CLONE_PIDFD,
-                .pidfd = (uint64_t) (uintptr_t) &pidfd,
-                .exit_signal = SIGCHLD,
-                .stack = (uint64_t) (uintptr_t) stack,
-                .stack_size = CHILD_STACK_SIZE,
-        };
-        /* No handler of ours may run on the child's stack before it resets them. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        /* The new user namespace is owned by the euid that creates it. With
-         * host root as the owner, every sandbox's per-user kernel counters
-         * (inotify instances and watches, ...) would also be charged to host
-         * uid 0, one budget all sandboxes and the host's root daemons share.
-         * So the clone runs with the sandbox's own uid as euid: raw syscalls,
-         * this thread only; real and saved ids stay 0 to switch back. */
-        pid_t pid = -1;
-        int clone_errno = 0;
-        if (syscall(SYS_setresgid, -1, sb->uid_base, -1) < 0 || syscall(SYS_setresuid, -1, sb->uid_base, -1) < 0)
-                clone_errno = errno;
-        else {
-                pid = clone3_with_fn(&ca, child_main, &cc);
-                clone_errno = errno;
-        }
-        if (syscall(SYS_setresuid, -1, 0, -1) < 0 || syscall(SYS_setresgid, -1, 0, -1) < 0)
-                abort(); /* cannot happen with real and saved ids 0; never go on as another uid */
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        for (size_t i = 0; i < cc.n_cgroup_procs; i++)
-                safe_close(cc.cgroup_procs[i]);
-        if (pid < 0) {
-                munmap(stack, CHILD_STACK_SIZE);
-                stack = MAP_FAILED;
-                r = hutch_error_set(err, -clone_errno, "clone3: %s", strerror(clone_errno));
-                goto fail;
-        }
-        sb->init_pid = pid;
-        sb->init_pidfd = pidfd;
-        /* the child has its own copies of the GPU mounts; its memory view
-         * of gpu is read until it execs, so gpu is freed only then */
-        conn[1] = safe_close(conn[1]);
-        sync[1] = safe_close(sync[1]);
-
-        /* Parent half, while the child waits in recvmsg(). */
-        int lower_fd = -1, bind_fds[TEMPLATE_MAX_BINDS];
-        size_t n_bind_fds = 0;
-        const char *step = NULL;
-        r = 0;
-        if ((r = idmap_write(pid, "uid_map", sb->uid_base, HUTCH_IDMAP_SIZE)) < 0)
-                step = "writing uid_map";
-        if (r >= 0 && (r = idmap_write(pid, "gid_map", sb->uid_base, HUTCH_IDMAP_SIZE)) < 0)
-                step = "writing gid_map";
-        if (r >= 0) {
-                char p[64];
-                snprintf(p, sizeof p, "/proc/%d/ns/user", pid);
-                userns = open(p, O_RDONLY | O_CLOEXEC);
-                if (userns < 0) {
-                        r = -errno;
-                        step = "opening the user namespace";
-                }
-        }
-        /* The writable layer, while the child joins its cgroup. */
-        uint64_t restored_bytes = 0;
-        if (r >= 0 && (r = storage_prepare(ctx, sb->id, sb->uid_base, &sb->limits, cfg->layer_from, cfg->layer_image,
-                                           cfg->layer_image_uid_base, &layer_fd, &restored_bytes, &e)) < 0)
-                step = e.msg;
-        if (r >= 0 && restored_bytes)
-                sb->limits.disk_bytes = restored_bytes; /* the snapshot's size, not the request's */
-        if (r >= 0 && (r = idmapped_tree(tpl->rootfs, userns, true, false, &lower_fd)) < 0)
-                step = "id-mapping the template";
-        for (size_t i = 0; r >= 0 && i < tpl->n_binds; i++) {
-                if ((r = idmapped_tree(tpl->binds[i], userns, true, true, &bind_fds[i])) < 0)
-                        step = "id-mapping a template bind";
-                else
-                        n_bind_fds++;
-        }
-        if (r >= 0 && (r = send_bootstrap(conn[0], tpl, lower_fd, layer_fd, bind_fds)) < 0)
-                step = "sending the bootstrap message";
-        if (r >= 0 && tpl->n_layers)
-                r = send_layers(conn[0], tpl, userns, &step);
-        safe_close(lower_fd);
-        layer_fd = safe_close(layer_fd);
-        for (size_t i = 0; i < n_bind_fds; i++)
-                safe_close(bind_fds[i]);
-        /* Volumes: id-mapped mounts of their file systems, then the second
-         * message (the child attaches them once its root is set up). */
-        int vol_fds[HUTCH_VOLUMES_MAX];
-        size_t n_vol_fds = 0;
-        for (size_t i = 0; r >= 0 && i < cfg->n_volumes; i++) {
-                if ((r = volume_mount_idmapped(ctx, cfg->volumes[i].volume, userns, &vol_fds[i], &e)) < 0)
-                        step = e.msg;
-                else
-                        n_vol_fds++;
-        }
-        if (r >= 0 && (r = send_volumes(conn[0], cfg, vol_fds)) < 0)
-                step = "sending the volume mounts";
-        for (size_t i = 0; i < n_vol_fds; i++)
-                safe_close(vol_fds[i]);
-        if (r >= 0 && cfg->n_volumes > 0 && (r = volume_state_write(sb->dir, cfg->volumes, cfg->n_volumes, &e)) < 0)
-                step = e.msg;
-
-        child_error ce = { 0 };
-        ssize_t got = 0;
-        if (r >= 0) {
-                /* EOF: the child exec'd hutch-init (the pipe is close-on-exec).
-                 * Bounded: a child stuck in the kernel must not hang us. */
-                struct pollfd p = { .fd = sync[0], .events = POLLIN };
-                int k;
-                do
-                        k = poll(&p, 1, INIT_READY_TIMEOUT_MS);
-                while (k < 0 && errno == EINTR);
-                if (k == 1)
-                        got = fd_read_full(sync[0], &ce, sizeof ce);
-                else {
-                        r = -ETIMEDOUT;
-                        step = "the sandbox's setup did not finish in time";
-                }
-        }
-        if (r >= 0 && got == 0) {
-                munmap(stack, CHILD_STACK_SIZE);
-                stack = MAP_FAILED;
-                gpu = gpu_child_free(gpu);
-        }
-        if (r < 0) {
-                hutch_error_set(err, r, "creating sandbox: %s: %s", step, strerror(-r));
-                goto fail;
-        }
-        if (got != 0) {
-                r = got == (ssize_t) sizeof ce && ce.code < 0 ? ce.code : -EPROTO;
-                ce.msg[sizeof ce.msg - 1] = 0;
-                hutch_error_set(err, r, "creating sandbox: %s: %s", got == (ssize_t) sizeof ce ? ce.msg : "child failed",
-                                strerror(-r));
-                goto fail;
-        }
-
-        sb->conn = TAKE_FD(conn[0]);
-        conn_set_timeouts(sb->conn);
-        if ((r = proc_starttime(pid, &sb->init_starttime)) < 0) {
-                hutch_error_set(err, r, "reading hutch-init's start time: %s", strerror(-r));
-                goto fail;
-        }
-        if ((r = initconn_hello(sb, INIT_READY_TIMEOUT_MS, err)) < 0)
-                goto fail;
-        if ((r = state_write(sb, err)) < 0)
+        a.tpl = tpl;
+        a.hostname = cfg->hostname && *cfg->hostname ? cfg->hostname : "hutch";
+        a.dir_fd = dfd;
+        if ((r = sb->ops->create(sb, &a, err)) < 0)
                 goto fail;
         create_done(ctx, tpl);
         sandbox_busy_release(sb);
@@ -1196,33 +828,12 @@ int hutch_sandbox_create(hutch_ctx *ctx, const hutch_sandbox_config *cfg, hutch_
 
 fail:
         template_free(tpl);
-        /* as the stack: only once the child is known gone (teardown below) */
         (void) sandbox_teardown(sb, NULL);
-        if (stack != MAP_FAILED && (sb->init_pid <= 0 || sb->destroyed))
-                munmap(stack, CHILD_STACK_SIZE); /* else the child may live on: leak it, never reuse it */
-        if (sb->init_pid <= 0 || sb->destroyed || stack == MAP_FAILED)
-                gpu_child_free(gpu);
+        if (a.stack != MAP_FAILED && (sb->init_pid <= 0 || sb->destroyed))
+                munmap(a.stack, a.stack_size); /* else the child may live on: leak it, never reuse it */
+        if (sb->init_pid <= 0 || sb->destroyed || a.stack == MAP_FAILED)
+                gpu_child_free(a.gpu);
         hutch_sandbox_unref(sb);
-        return r;
-}
-
-int gvisor_after_launch(hutch_sandbox *sb, hutch_error *err) {
-        int r = proc_starttime(sb->init_pid, &sb->init_starttime);
-        if (r < 0)
-                return hutch_error_set(err, r, "reading the relay's start time: %s", strerror(-r));
-        sb->suspended = false;
-        return state_write(sb, err);
-}
-
-int gvisor_after_suspend(hutch_sandbox *sb, hutch_error *err) {
-        sb->init_pidfd = safe_close(sb->init_pidfd);
-        sb->conn = safe_close(sb->conn);
-        sb->init_pid = 0;
-        sb->init_starttime = 0;
-        sb->suspended = true;
-        int r = state_write(sb, err);
-        if (r < 0)
-                sb->suspended = false;
         return r;
 }
 
@@ -1255,11 +866,13 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 sb->init_pid = 0;
         }
         uint64_t start;
-        bool alive = sb->init_pid > 1 && proc_starttime(sb->init_pid, &start) == 0 && start == sb->init_starttime;
+        bool alive = sb->init_pid > 1 && sandbox_proc_starttime(sb->init_pid, &start) == 0 &&
+                start == sb->init_starttime;
         if (alive) {
                 sb->init_pidfd = sys_pidfd_open(sb->init_pid, 0);
                 /* the pid could have been reused between the check and pidfd_open */
-                if (sb->init_pidfd < 0 || proc_starttime(sb->init_pid, &start) < 0 || start != sb->init_starttime) {
+                if (sb->init_pidfd < 0 || sandbox_proc_starttime(sb->init_pid, &start) < 0 ||
+                    start != sb->init_starttime) {
                         sb->init_pidfd = safe_close(sb->init_pidfd);
                         alive = false;
                 }
@@ -1285,7 +898,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 hutch_error_set(err, r, "sandbox %s: %s", id, e.msg);
                 goto fail;
         }
-        if ((r = ctx_ensure_storage(ctx, err)) < 0)
+        if ((r = sandbox_storage_ensure(ctx, err)) < 0)
                 goto fail;
         if (connect_init) {
                 sb->conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -1303,7 +916,7 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
                 /* through /proc/self/fd, so that a long run_dir still fits sun_path */
                 struct sockaddr_un sa = { .sun_family = AF_UNIX };
                 snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/init.sock", sockdir);
-                conn_set_timeouts(sb->conn);
+                sandbox_conn_set_timeouts(sb->conn);
                 if (connect(sb->conn, (struct sockaddr *) &sa, sizeof sa) < 0) {
                         r = hutch_error_set(err, -errno, "connecting to sandbox %s: %m", id);
                         goto fail;
@@ -1329,8 +942,8 @@ static int sandbox_open(hutch_ctx *ctx, const char *id, bool connect_init, hutch
         /* a volume deleted from now on stays for its next launch, as for a
          * sandbox this process created (best effort: one deleted already
          * is found missing then, and the launch says so) */
-        if (sb->backend == HUTCH_BACKEND_GVISOR && (connect_init || sb->suspended))
-                gvisor_volumes_hold(sb);
+        if (sb->ops->adopt && (connect_init || sb->suspended))
+                sb->ops->adopt(sb);
         *ret = sb;
         return 0;
 fail:
@@ -1387,8 +1000,8 @@ int hutch_sandbox_kill_begin(hutch_sandbox *sb, hutch_error *err) {
                 return hutch_error_set(err, -ESRCH, "sandbox %s: its init is not known", sb->id);
         /* gvisor: runsc goes first and the relay, which reaps it, exits by
          * itself; its pidfd is readable once that happened */
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                (void) gvisor_kill_runtime(sb);
+        if (sb->ops->stop) {
+                (void) sb->ops->stop(sb);
                 sb->conn = safe_close(sb->conn);
                 return sb->init_pidfd;
         }
@@ -1425,7 +1038,8 @@ hutch_sandbox *hutch_sandbox_unref(hutch_sandbox *sb) {
         sandbox_busy_release(sb);
         safe_close(sb->conn);
         safe_close(sb->init_pidfd);
-        gvisor_volumes_release(sb);
+        if (sb->ops->release)
+                sb->ops->release(sb);
         cgroup_free(sb->cg);
         initconn_events_free(sb);
         free(sb->rxbuf);
@@ -1448,15 +1062,29 @@ const char *hutch_sandbox_owner(const hutch_sandbox *sb) {
 int hutch_sandbox_backend(const hutch_sandbox *sb) {
         return sb->backend;
 }
+
+/* A third backend is a file with its table, and a line here. */
+static const hutch_backend_ops *const backends[HUTCH_BACKENDS] = {
+        [HUTCH_BACKEND_NS] = &backend_ns,
+        [HUTCH_BACKEND_GVISOR] = &backend_gvisor,
+};
+
+const hutch_backend_ops *backend_ops(int backend) {
+        return backend >= 0 && backend < HUTCH_BACKENDS ? backends[backend] : NULL;
+}
 int hutch_backend_from_name(const char *name) {
-        if (name && streq(name, "ns"))
-                return HUTCH_BACKEND_NS;
-        if (name && streq(name, "gvisor"))
-                return HUTCH_BACKEND_GVISOR;
+        for (int b = 0; name && b < HUTCH_BACKENDS; b++)
+                if (backends[b] && streq(name, backends[b]->name))
+                        return b;
         return -EINVAL;
 }
 const char *hutch_backend_name(int backend) {
-        return backend == HUTCH_BACKEND_GVISOR ? "gvisor" : "ns";
+        const hutch_backend_ops *ops = backend_ops(backend);
+        return ops ? ops->name : "ns";
+}
+unsigned hutch_backend_caps(int backend) {
+        const hutch_backend_ops *ops = backend_ops(backend);
+        return ops ? ops->caps : 0;
 }
 pid_t hutch_sandbox_init_pid(const hutch_sandbox *sb) {
         return sb->init_pid;
@@ -1492,6 +1120,47 @@ bool hutch_sandbox_is_frozen(const hutch_sandbox *sb) {
         return sb->frozen;
 }
 
+/* The runtime is stopped and a new one restores it: in between the sandbox
+ * has no init, so it holds its busy lock (`hutch gc` would take it for dead). */
+static int checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, bool suspend,
+                      hutch_error *err) {
+        int r = sandbox_busy_take(sb, true);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id,
+                                       strerror(-r));
+        if (sb->ops->checkpoint)
+                r = sb->ops->checkpoint(sb, out_fd, ret_bytes, suspend, err);
+        else
+                r = hutch_error_set(err, -EOPNOTSUPP,
+                                    "only gvisor sandboxes have memory checkpoints");
+        sandbox_busy_release(sb);
+        return r;
+}
+
+int hutch_sandbox_checkpoint(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        return checkpoint(sb, out_fd, ret_bytes, false, err);
+}
+
+int hutch_sandbox_suspend(hutch_sandbox *sb, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
+        return checkpoint(sb, out_fd, ret_bytes, true, err);
+}
+
+int hutch_sandbox_resume_from(hutch_sandbox *sb, const char *stream_path, hutch_error *err) {
+        if (!sb->ops->resume || !sb->suspended)
+                return hutch_error_set(err, -EINVAL, "sandbox %s is not suspended", sb->id);
+        int r = sandbox_busy_take(sb, true);
+        if (r < 0)
+                return hutch_error_set(err, r, "sandbox %s: locking its directory: %s", sb->id,
+                                       strerror(-r));
+        r = sb->ops->resume(sb, stream_path, err);
+        sandbox_busy_release(sb);
+        return r;
+}
+
+int hutch_sandbox_set_network(hutch_sandbox *sb, bool on, hutch_error *err) {
+        return sb->ops->set_network ? sb->ops->set_network(sb, on, err) : 0;
+}
+
 void hutch_layer_source_close(hutch_layer_source *src) {
         if (!src)
                 return;
@@ -1503,26 +1172,7 @@ void hutch_layer_source_close(hutch_layer_source *src) {
 }
 
 int hutch_sandbox_layer_open(hutch_sandbox *sb, hutch_layer_source *ret, hutch_error *err) {
-        if (sb->backend == HUTCH_BACKEND_GVISOR)
-                return hutch_error_set(err, -EOPNOTSUPP,
-                                       "snapshots of gvisor sandboxes are not available: their files live in "
-                                       "the sandbox's memory, which this hutch cannot checkpoint yet");
-        /* the layer is synced through the sandbox's own root: an overlay's
-         * syncfs writes back its upper file system */
-        char p[64];
-        snprintf(p, sizeof p, "/proc/%d/root", (int) sb->init_pid);
-        _cleanup_close_ int root = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (root < 0)
-                return hutch_error_set(err, -errno, "opening the sandbox's root: %m");
-        /* still our init, not a process that got its pid after it died */
-        if (sb->init_pidfd >= 0 && syscall(SYS_pidfd_send_signal, sb->init_pidfd, 0, NULL, 0) < 0)
-                return hutch_error_set(err, -ESRCH, "the sandbox's init is gone");
-        int img = -1;
-        int r = storage_open_image(sb->ctx, sb->id, &img, err);
-        if (r < 0)
-                return r;
-        *ret = (hutch_layer_source){ .root_fd = TAKE_FD(root), .image_fd = img, .uid_base = sb->uid_base };
-        return 0;
+        return sb->ops->layer_open(sb, ret, err);
 }
 
 int hutch_layer_export_fds(const hutch_layer_source *src, int out_fd, uint64_t *ret_bytes, hutch_error *err) {
@@ -1546,12 +1196,8 @@ int hutch_sandbox_stats(hutch_sandbox *sb, hutch_stats *ret, hutch_error *err) {
         if (r < 0)
                 return r;
         s.disk_limit = sb->limits.disk_bytes;
+        sb->ops->usage(sb, &s);
         uint64_t used = 0;
-        if (sb->backend == HUTCH_BACKEND_GVISOR) {
-                s.oom_kills += gvisor_oom_kills(sb);
-                s.disk_used = gvisor_disk_used(sb);
-        } else if (storage_usage(sb->ctx, sb->id, &used) >= 0)
-                s.disk_used = used;
         s.gpus = (uint32_t) sb->n_gpus;
         if (sb->n_gpus && gpu_memory_used(sb, &used) >= 0) {
                 s.gpu_memory_measured = true;
