@@ -707,7 +707,7 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                                                                    : srv->cfg.backend);
         if (!checkpoint)
                 build_layer[0] = 0; /* an ns snapshot's layer holds the build's files already */
-        if (snap.id[0] && checkpoint != (backend == HUTCH_BACKEND_GVISOR)) {
+        if (snap.id[0] && checkpoint != !!(hutch_backend_caps(backend) & HUTCH_BACKEND_CHECKPOINTS)) {
                 *ret_status = 409;
                 json_decref(egress_spec);
                 json_decref(mounts);
@@ -1241,8 +1241,11 @@ int sbx_pause(server *srv, sbx *sb, bool keep_memory, hutch_error *err) {
                         (void) hutch_fs_watch_remove(sb->h, st->watch_id, &e);
                         st->watch_id = 0;
                 }
-        /* gvisor: a checkpoint to disk, memory freed; ns: the cgroup freezer */
-        int r = sb->backend == HUTCH_BACKEND_GVISOR ? pause_to_disk(srv, sb, err) : hutch_sandbox_freeze(sb->h, err);
+        /* a backend that checkpoints (gvisor): to disk, memory freed; else
+         * (ns) the cgroup freezer */
+        int r = hutch_backend_caps(sb->backend) & HUTCH_BACKEND_CHECKPOINTS
+                ? pause_to_disk(srv, sb, err)
+                : hutch_sandbox_freeze(sb->h, err);
         if (r < 0)
                 return r;
         sb->paused = true;
