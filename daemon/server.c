@@ -673,6 +673,17 @@ int server_run(const server_config *cfg) {
                             "about %d descriptors, more with egress connections and streams); raise it (ulimit -n, "
                             "systemd LimitNOFILE=) to at least %d",
                             (unsigned long long) rl.rlim_cur, SERVER_FDS_PER_SANDBOX, SERVER_FDS_WANTED);
+        /* the host's OOM killer takes a sandbox's process (they run at
+         * +500, whatever this one has: lib/sandbox) before the daemon that
+         * serves every tenant; an operator's own choice (systemd's
+         * OOMScoreAdjust=) is kept. Lowering needs CAP_SYS_RESOURCE: where
+         * it is refused, the default stands. */
+        {
+                _cleanup_free_ char *adj = NULL;
+                if (read_file_at(AT_FDCWD, "/proc/self/oom_score_adj", 32, &adj) >= 0 &&
+                    atoi(adj) == 0 && write_file_at(AT_FDCWD, "/proc/self/oom_score_adj", "-900") < 0)
+                        log_debug("oom_score_adj -900 refused (%m): the daemon keeps 0");
+        }
         sigset_t mask;
         sigemptyset(&mask);
         sigaddset(&mask, SIGINT);

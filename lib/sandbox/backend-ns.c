@@ -250,6 +250,10 @@ static int ns_parent_half(hutch_sandbox *sb, const sandbox_create_args *a, int c
                 step = "writing uid_map";
         if (r >= 0 && (r = idmap_write(pid, "gid_map", sb->uid_base, HUTCH_IDMAP_SIZE)) < 0)
                 step = "writing gid_map";
+        /* before it has children (it waits for the bootstrap): every process
+         * of the sandbox inherits it (sandbox-internal.h) */
+        if (r >= 0 && (r = sandbox_oom_adjust(pid)) < 0)
+                step = "setting its oom_score_adj (it would keep this process's negative one)";
         if (r >= 0) {
                 char p[64];
                 snprintf(p, sizeof p, "/proc/%d/ns/user", pid);

@@ -404,6 +404,9 @@ static int gvisor_launch(hutch_sandbox *sb, const char *image_dir, int timeout_m
                 for (size_t i = 0; i < n_procs; i++)
                         if (write(procs[i], "0", 1) != 1)
                                 _exit(120);
+                /* runsc, its sentry and gofer inherit it (sandbox-internal.h) */
+                if (sandbox_oom_adjust(0) < 0)
+                        _exit(126);
                 if (unshare(CLONE_NEWNET) < 0)
                         _exit(121);
                 int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);

@@ -298,6 +298,19 @@ typedef struct child_config {
 
 int child_main(void *arg);
 
+/* Every process of a sandbox runs with this oom_score_adj: the host's OOM
+ * killer takes a tenant's process before the host's own, and a daemon run
+ * with a negative one (systemd's OOMScoreAdjust=-1000 in deploy/) never
+ * hands it down, which would leave a sandbox that no OOM kill, its own
+ * memory cgroup's included, can end. */
+#define SANDBOX_OOM_SCORE_ADJ 500
+
+/* Write SANDBOX_OOM_SCORE_ADJ for pid (0: the caller), before it has
+ * children. Async-signal-safe (a fork child calls it). 0, or -errno when
+ * it failed and the process is left with a negative value (protected from
+ * the OOM killer); a failure that leaves it at 0 or above is ignored. */
+int sandbox_oom_adjust(pid_t pid);
+
 /* The error a failing child sends up the sync pipe. */
 typedef struct child_error {
         int code; /* negative errno */

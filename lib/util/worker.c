@@ -48,8 +48,16 @@ pid_t worker_fork(const char *name, int *fds, size_t n, int *ret_pidfd) {
                 (void) sigprocmask(SIG_UNBLOCK, &all, NULL);
                 if (fds_keep_only(fds, n) < 0)
                         _exit(127);
-                /* the loop it relieves comes first, for the CPU and the disk */
+                /* the loop it relieves comes first, for the CPU and the disk,
+                 * and it is not shielded from the OOM killer as the daemon is */
                 (void) setpriority(PRIO_PROCESS, 0, 10);
+                {
+                        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+                        if (fd >= 0) {
+                                (void) !write(fd, "0", 1);
+                                close(fd);
+                        }
+                }
                 (void) sys_ioprio_set_self(IOPRIO_CLASS_BE, 7);
                 return 0;
         }

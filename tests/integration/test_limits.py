@@ -1,8 +1,12 @@
 """Resource limits: memory, pids, disk bytes and inodes, timeouts, and the
 --json accounting."""
 
+import subprocess
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 import hutchtest
 from hutchtest import MiB, parse_json_summary
@@ -191,3 +195,54 @@ def test_timeout_not_reached(run):
     assert cp.returncode == 4
     _, s = parse_json_summary(cp)
     assert (s["timed_out"], s["exit_code"]) == (False, 4)
+
+
+# ------------------------------------------------------------ OOM killer
+
+def test_sandbox_processes_are_the_oom_killers_first_choice(run):
+    """Every process of a sandbox has oom_score_adj 500, whatever hutch's own
+    is (systemd's unit gives the daemon -1000, which a sandbox must never
+    inherit: no OOM kill, its memory cgroup's included, could end it).
+    hutch run is started here with 250 (a raise needs no privilege), so an
+    inherited value would show as 250."""
+    def at(adj):
+        return lambda: open("/proc/self/oom_score_adj", "w").write(str(adj))
+
+    cp = subprocess.run([str(hutchtest.hutch_path()), "run", "--", "sh", "-c",
+                         "cat /proc/1/oom_score_adj /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'"],
+                        capture_output=True, timeout=60, preexec_fn=at(250))
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.split() == [b"500", b"500", b"500"], cp.stdout
+
+
+def test_gvisor_sandbox_processes_are_the_oom_killers_first_choice(tmp_path):
+    """On gvisor the sandbox's memory is runsc's (the sentry and the gofer,
+    started by hutch's relay): each of them has oom_score_adj 500 on the
+    host (inside, gVisor's /proc shows its own)."""
+    if not Path("/usr/bin/runsc").exists():
+        pytest.skip("runsc is not installed")
+    p = subprocess.Popen([str(hutchtest.hutch_path()), "run", "--backend", "gvisor", "--", "sh", "-c",
+                          "echo up; sleep 60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: open("/proc/self/oom_score_adj", "w").write("250"))
+    try:
+        assert p.stdout.readline() == b"up\n", p.stderr.read() if p.poll() is not None else "no output"
+        # hutch run's children: the relay, runsc and what runsc started
+        kids, todo = [], [p.pid]
+        while todo:
+            pid = todo.pop()
+            for t in Path(f"/proc/{pid}/task").iterdir():
+                for c in (t / "children").read_text().split():
+                    kids.append(int(c))
+                    todo.append(int(c))
+        names = {}
+        for k in kids:
+            try:
+                names[k] = (Path(f"/proc/{k}/comm").read_text().strip(),
+                            int(Path(f"/proc/{k}/oom_score_adj").read_text()))
+            except FileNotFoundError:
+                pass
+        assert any(n.startswith("runsc-sandbox") or n == "exe" for n, _ in names.values()), names
+        assert names and all(adj == 500 for _, adj in names.values()), names
+    finally:
+        p.kill()
+        p.wait(30)
