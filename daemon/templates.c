@@ -43,6 +43,7 @@
 #include "daemon/server.h"
 #include "daemon/templates.h"
 #include "image/pull.h"
+#include "template/interp-template.h"
 #include "template/template.h"
 #include "util/fdutil.h"
 #include "util/log.h"
@@ -1411,6 +1412,23 @@ static enum MHD_Result tpl_build_status(server *srv, request *req, const route *
 
 /* ------------------------------------------------------ aliases and tags */
 
+/* Whether name is a template that a create of this team starts without a
+ * build of its own: what sbx_create() accepts besides built templates and
+ * snapshots. The host template is never built here (template_resolve() would). */
+static bool tpl_alias_builtin(server *srv, int64_t team, const char *name) {
+        if (template_names_host(srv->cfg.data_dir, name) || template_is_interp(name))
+                return true;
+        if (template_validate_name(name) < 0)
+                return false;
+        hutch_template *t = NULL;
+        hutch_error err = { 0 };
+        if (template_resolve(srv->cfg.data_dir, name, &t, &err) < 0)
+                return false;
+        bool ok = !t->team || t->team == team;
+        template_free(t);
+        return ok;
+}
+
 static enum MHD_Result tpl_alias(server *srv, request *req, const route *rt) {
         struct MHD_Connection *c = req->conn;
         tpl_name nm;
@@ -1427,6 +1445,12 @@ static enum MHD_Result tpl_alias(server *srv, request *req, const route *rt) {
                 if (store_btemplate_alias_exists(srv->store, nm.alias, &err) == 1 && nm.ns[0] &&
                     !streq(nm.ns, slug))
                         return http_reply_error(c, 403, "template '%s' is not yours", rt->secret);
+                /* a template every team may create from (base, host, the
+                 * interpreter's, an imported image's) exists too, as E2B's
+                 * public ones do */
+                if (!nm.ns[0] && !nm.tag[0] && tpl_alias_builtin(srv, req->team, nm.alias))
+                        return http_reply_json(
+                                c, 200, json_pack("{s:s, s:b}", "templateID", nm.alias, "public", 1));
                 return http_reply_error(c, 404, "template '%s' not found", nm.alias);
         }
         char bid[40];

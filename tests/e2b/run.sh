@@ -13,7 +13,10 @@
 # (default files: HUTCH_E2B_ROUTER_FILES, see below); with HUTCH_E2B_ROUTER_TLS=1
 # the daemons serve TLS (a CA and certificate made here) and the router
 # verifies them (--node-tls-ca); it is mutual (the nodes' --tls-client-ca,
-# the router's --node-tls-cert). HUTCH_E2B_DATA_DIR=DIR serves from that data
+# the router's --node-tls-cert). HUTCH_E2B_TLS=1 (one daemon): it serves HTTPS
+# with a certificate made here for 127.0.0.1 and *.<sandbox domain>, and
+# E2B_API_URL/E2B_SANDBOX_URL are https (upstream/run-upstream.sh uses it).
+# HUTCH_E2B_DATA_DIR=DIR serves from that data
 # dir (kept afterwards) instead of a fresh one: e.g. one where `hutch template
 # base` built the base template, to run the suite on it.
 set -uo pipefail
@@ -254,8 +257,24 @@ if ((router_n > 0)); then
 		done
 	fi
 else
+# HUTCH_E2B_TLS=1: the daemon serves HTTPS with a certificate (made here, its
+# CA in NODE_EXTRA_CA_CERTS) for 127.0.0.1 and *.<sandbox domain>, so that a
+# test may fetch https://<getHost(port)> as on E2B (the name itself resolves
+# only where something maps *.localhost to 127.0.0.1: the caller's business).
+serve_tls=()
+if [[ "${HUTCH_E2B_TLS:-0}" == 1 ]]; then
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/ca.key" \
+		-out "$tmp/ca.pem" -days 2 -subj /CN=hutch-e2b-ca >/dev/null 2>&1 &&
+		openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$tmp/node.key" \
+			-subj /CN=hutch-e2b-serve -addext "subjectAltName=IP:127.0.0.1,DNS:*.${HUTCH_E2B_SANDBOX_DOMAIN%:*}" \
+			-addext basicConstraints=critical,CA:FALSE -x509 -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" \
+			-days 2 -out "$tmp/node.pem" >/dev/null 2>&1 || { echo "run.sh: openssl failed" >&2; exit 2; }
+	export NODE_EXTRA_CA_CERTS="$tmp/ca.pem"
+	serve_tls=(--tls-cert "$tmp/node.pem" --tls-key "$tmp/node.key")
+fi
 "$bin" serve --listen "$listen" --data-dir "$data" --run-dir "$tmp/run" --backend "$HUTCH_E2B_BACKEND" \
-	--volume-size "$HUTCH_E2B_VOLUME_SIZE" --sandbox-domain "$HUTCH_E2B_SANDBOX_DOMAIN" "${disk_args[@]}" >>"$log" 2>&1 &
+	--volume-size "$HUTCH_E2B_VOLUME_SIZE" --sandbox-domain "$HUTCH_E2B_SANDBOX_DOMAIN" "${disk_args[@]}" \
+	"${serve_tls[@]}" >>"$log" 2>&1 &
 first_pid=$!
 echo "$first_pid" >"$pidfile"
 
@@ -277,10 +296,12 @@ if [[ -z "$key" ]]; then
 	exit
 fi
 
-export E2B_API_URL="http://$listen"
-export E2B_SANDBOX_URL="http://$listen"
+api_scheme=http
+[[ "${HUTCH_E2B_TLS:-0}" == 1 && "$router_n" == 0 ]] && api_scheme=https
+export E2B_API_URL="$api_scheme://$listen"
+export E2B_SANDBOX_URL="$api_scheme://$listen"
 # the SDK sends volume content requests (/volumecontent/...) here, not to E2B_API_URL
-export E2B_VOLUME_API_URL="http://$listen"
+export E2B_VOLUME_API_URL="$api_scheme://$listen"
 export E2B_API_KEY="$key"
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN E2B_VALIDATE_API_KEY
 export HUTCH_DATA_DIR="$data" HUTCH_RUN_DIR="$tmp/run" HUTCH_SERVE_PID="$first_pid"

@@ -319,3 +319,16 @@ test('e2b 2.45: the legacy Template.build(t, {alias}) overload (cpuCount and mem
   t.after(() => sbx.kill().catch(() => {}))
   assert.equal((await sbx.commands.run('cat /home/user/old')).stdout, 'legacy\n')
 })
+
+test('Template.exists: the templates every team creates from without a build (base, host) exist, as public ones', async () => {
+  // the SDK's GET /templates/aliases/NAME: 200 (or 403) is true, 404 false
+  assert.equal(await Template.exists('base'), true)
+  assert.equal(await Template.exists('host'), true)
+  assert.equal(await Template.exists(uniqueTag('never')), false)
+  assert.equal(await Template.exists('base:v9'), false)
+  const res = await fetch(`${process.env.E2B_API_URL}/templates/aliases/base`, {
+    headers: { 'X-API-KEY': process.env.E2B_API_KEY },
+  })
+  assert.equal(res.status, 200)
+  assert.deepEqual(await res.json(), { templateID: 'base', public: true })
+})

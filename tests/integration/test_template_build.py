@@ -139,6 +139,10 @@ def test_protocol_codes_and_upload_link(sandboxed_hutch, tmp_path):
         assert sd.request("GET", "/templates/aliases/my-tpl").json() == {"templateID": tid, "public": False}
         assert sd.request("GET", "/templates/aliases/my-tpl%3Anope").status == 404
         assert sd.request("GET", "/templates/aliases/nobody").status == 404
+        # the templates a create starts without a build exist, as E2B's public ones
+        for name in ("base", "host"):
+            assert sd.request("GET", f"/templates/aliases/{name}").json() == {"templateID": name, "public": True}
+        assert sd.request("GET", "/templates/aliases/base%3Av1").status == 404
         lst = sd.request("GET", "/templates").json()
         assert [t["templateID"] for t in lst] == [tid] and lst[0]["buildID"] == bid2
         for ref in ("default/my-tpl", "my-tpl:default", tid):
