@@ -58,11 +58,23 @@
 #define BASE_RECIPE "hutch-base-1"
 #define BASE_MAX_PACKAGES 256
 
-/* E2B's base: a shell, Python with pip and venv, Node with npm, git, curl,
- * sudo for `user`, a compiler */
+/* E2B's base: a shell, Python with pip and venv (and `python`, as E2B's
+ * has), Node with npm, git, curl, sudo for `user`, a compiler */
 static const char *const default_packages[] = {
-        "bash", "coreutils", "python3",         "python3-pip", "python3-venv",    "nodejs", "npm",
-        "git",  "curl",      "ca-certificates", "sudo",        "build-essential", NULL,
+        "bash",
+        "coreutils",
+        "python3",
+        "python-is-python3",
+        "python3-pip",
+        "python3-venv",
+        "nodejs",
+        "npm",
+        "git",
+        "curl",
+        "ca-certificates",
+        "sudo",
+        "build-essential",
+        NULL,
 };
 
 static const char *usage_text =
@@ -78,8 +90,8 @@ static const char *usage_text =
         "  --no-updates      the main suite alone: no SUITE-updates, no SUITE-security (by default\n"
         "                    each is read when the host's apt has it, SUITE-updates from --mirror)\n"
         "  --packages LIST   comma- or space-separated package names, in place of the default set:\n"
-        "                    bash coreutils python3 python3-pip python3-venv nodejs npm git curl\n"
-        "                    ca-certificates sudo build-essential\n"
+        "                    bash coreutils python3 python-is-python3 python3-pip python3-venv nodejs\n"
+        "                    npm git curl ca-certificates sudo build-essential\n"
         "  --force           build even when a base of the same inputs exists\n"
         "  --json            one JSON object per event on stdout\n"
         "`hutch template rm base` removes it: `base` is then the host template again.\n";
