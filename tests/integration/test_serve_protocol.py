@@ -1507,17 +1507,24 @@ def _pool_ids(data_dir: Path) -> list:
         return []
 
 
+def _pooled_daemon(hutch_bin, data, n):
+    """A daemon with --pool-size n, started, once its pool holds n live sandboxes."""
+    d = ServeDaemon(hutch_bin, data, ["--pool-size", str(n)])
+    d.start()
+    if not wait_until(lambda: len(_pool_ids(data)) == n and set(_pool_ids(data)) <= _live_ids(), 30):
+        d.stop()
+        raise AssertionError(f"the pool did not fill to {n}: {_pool_ids(data)}")
+    return d
+
+
 def test_warm_pool(sandboxed_hutch, tmp_path):
     """--pool-size N keeps N sandboxes ready: create claims one (its id was
     in the pool), the pool is topped up again, a SIGKILLed daemon's pool is
     removed at the next start while claimed sandboxes are re-adopted, and a
     SIGTERM leaves no pooled sandbox behind."""
     data = tmp_path / "data"
-    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "3"])
-    d.start()
+    d = _pooled_daemon(sandboxed_hutch, data, 3)
     try:
-        assert wait_until(lambda: len(_pool_ids(data)) == 3 and set(_pool_ids(data)) <= _live_ids(), 30), \
-            _pool_ids(data)
         before = set(_pool_ids(data))
         sb = d.create(timeout=120)
         sid = sb["sandboxID"]
@@ -1550,11 +1557,8 @@ def test_a_warm_create_whose_database_write_fails_leaves_nothing(sandboxed_hutch
     (its id leaves pool-ids); the next create works."""
     import sqlite3
     data = tmp_path / "data"
-    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "2"])
-    d.start()
+    d = _pooled_daemon(sandboxed_hutch, data, 2)
     try:
-        assert wait_until(lambda: len(_pool_ids(data)) == 2 and set(_pool_ids(data)) <= _live_ids(), 30), \
-            _pool_ids(data)
         pooled = set(_pool_ids(data))
         db = sqlite3.connect(str(data / "hutch.db"), timeout=10, isolation_level=None)
         try:
