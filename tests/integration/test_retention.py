@@ -217,7 +217,10 @@ def test_unused_host_template_versions_are_removed_and_a_live_ones_stays(sandbox
             if pins:
                 pytest.skip(f"{v1} is kept for sandboxes of an older hutch in {hutchtest.STATE_DIR}: {pins}")
             raise AssertionError(f"unused versions stay: {_versions(data)}")
-        assert "unused version(s) of the host template" in d.log_tail(20000)
+        # the pass logs once its removal has returned, which can be after the
+        # version's directory left the listing (renamed away, then deleted)
+        assert wait_until(lambda: "unused version(s) of the host template" in d.log_tail(20000), 15), \
+            d.log_tail(2000)
         assert d.run(c, "cat /etc/hostname")[1] == b"hutch\n"
     finally:
         d.stop()
