@@ -306,7 +306,7 @@ int child_main(void *arg);
 #define SANDBOX_OOM_SCORE_ADJ 500
 
 /* Write SANDBOX_OOM_SCORE_ADJ for pid (0: the caller), before it has
- * children. Async-signal-safe (a fork child calls it). 0, or -errno when
+ * children. Async-signal-safe for pid 0 (a fork child's call). 0, or -errno when
  * it failed and the process is left with a negative value (protected from
  * the OOM killer); a failure that leaves it at 0 or above is ignored. */
 int sandbox_oom_adjust(pid_t pid);

@@ -1289,23 +1289,8 @@ int hutch_sandbox_gc(hutch_ctx *ctx, hutch_error *err) {
 
 int sandbox_oom_adjust(pid_t pid) {
         char path[40] = "/proc/self/oom_score_adj";
-        if (pid > 0) {
-                /* no snprintf: a fork child calls this */
-                char num[12], *q = num + sizeof num;
-                unsigned v = (unsigned) pid;
-                *--q = 0;
-                do
-                        *--q = (char) ('0' + v % 10);
-                while ((v /= 10) && q > num);
-                size_t k = 0;
-                for (const char *p = "/proc/"; *p; p++)
-                        path[k++] = *p;
-                for (; *q; q++)
-                        path[k++] = *q;
-                for (const char *p = "/oom_score_adj"; *p; p++)
-                        path[k++] = *p;
-                path[k] = 0;
-        }
+        if (pid > 0) /* the parent's call; a fork child passes 0 and formats nothing */
+                snprintf(path, sizeof path, "/proc/%d/oom_score_adj", (int) pid);
         static const char want[] = "500";
         _Static_assert(SANDBOX_OOM_SCORE_ADJ == 500, "want[] spells SANDBOX_OOM_SCORE_ADJ");
         int fd = open(path, O_RDWR | O_CLOEXEC);
