@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "util/fdutil.h"
 #include "util/syscalls.h"
 #include "util/worker.h"
 
@@ -51,13 +52,7 @@ pid_t worker_fork(const char *name, int *fds, size_t n, int *ret_pidfd) {
                 /* the loop it relieves comes first, for the CPU and the disk,
                  * and it is not shielded from the OOM killer as the daemon is */
                 (void) setpriority(PRIO_PROCESS, 0, 10);
-                {
-                        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-                        if (fd >= 0) {
-                                (void) !write(fd, "0", 1);
-                                close(fd);
-                        }
-                }
+                (void) write_file_at(AT_FDCWD, "/proc/self/oom_score_adj", "0");
                 (void) sys_ioprio_set_self(IOPRIO_CLASS_BE, 7);
                 return 0;
         }
