@@ -392,14 +392,21 @@ static void nc_shutdown_write(nconn *c) {
                 (void) SSL_shutdown(c->ssl);
 }
 
-/* A TLS failure of node n, logged when it differs from the last one logged
- * (the discovery thread meets it every poll). */
-static void tls_log(node *n, const char *why) {
+/* Whether why differs from the reason last kept in slot (a node's, under
+ * nodes_mu), keeping it: a reason the discovery thread meets every poll is
+ * logged once, and again when it changes. */
+static bool node_why_changed(char *slot, size_t n, const char *why) {
         pthread_mutex_lock(&nodes_mu);
-        bool changed = !streq(n->tls_why, why);
+        bool changed = !streq(slot, why);
         if (changed)
-                snprintf(n->tls_why, sizeof n->tls_why, "%s", why);
+                snprintf(slot, n, "%s", why);
         pthread_mutex_unlock(&nodes_mu);
+        return changed;
+}
+
+/* A TLS failure of node n, logged when it differs from the last one logged. */
+static void tls_log(node *n, const char *why) {
+        bool changed = node_why_changed(n->tls_why, sizeof n->tls_why, why);
         if (changed && why[0])
                 log_warning("node %s (%s): TLS: %s; the node is not used until it presents a "
                             "certificate that --node-tls-ca trusts for %s",
@@ -892,12 +899,7 @@ static void *poll_one(void *arg) {
                         snprintf(why, sizeof why, "GET /node answered %u%s%.300s", rp.head->status,
                                  m ? ": " : "", m ? m : "");
                         json_decref(e);
-                        pthread_mutex_lock(&nodes_mu);
-                        bool changed = !streq(n->poll_why, why);
-                        if (changed)
-                                snprintf(n->poll_why, sizeof n->poll_why, "%s", why);
-                        pthread_mutex_unlock(&nodes_mu);
-                        if (changed && !n->up)
+                        if (node_why_changed(n->poll_why, sizeof n->poll_why, why) && !n->up)
                                 log_warning("node %s (%s): not used: %s", n->id[0] ? n->id : "?",
                                             n->addr, why);
                 }
