@@ -268,14 +268,7 @@ static void pool_save(server *srv) {
  * besides code-interpreter sandboxes: the built base (its version, the
  * target of DATA_DIR/templates/base, to ver), else the host template. */
 static const char *pool_default_read(server *srv, char *ver, size_t n) {
-        ver[0] = 0;
-        if (!template_base_built(srv->cfg.data_dir))
-                return "host";
-        char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/templates/base", srv->cfg.data_dir);
-        ssize_t k = readlink(p, ver, n - 1);
-        ver[k > 0 ? k : 0] = 0;
-        return "base";
+        return template_base_version(srv->cfg.data_dir, ver, n) ? "base" : "host";
 }
 
 /* pool_default_read() at most once a second: the loop asks every turn

@@ -669,6 +669,14 @@ bool template_base_built(const char *data_dir) {
         return lstat(p, &st) == 0 && S_ISLNK(st.st_mode);
 }
 
+bool template_base_version(const char *data_dir, char *buf, size_t n) {
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/templates/base", data_dir);
+        ssize_t k = n > 1 ? readlink(p, buf, n - 1) : -1; /* only a link is a built base */
+        buf[k > 0 ? k : 0] = 0;
+        return k > 0;
+}
+
 const char *template_base_target(const char *data_dir) {
         return template_base_built(data_dir) ? "base" : "host";
 }

@@ -100,6 +100,9 @@ struct json_t *template_env_json(const hutch_template *t);
  * "base" or "host". */
 const char *template_base_target(const char *data_dir);
 bool template_base_built(const char *data_dir);
+/* Whether a base is built, with its version (the name templates/base
+ * points at) to buf; false and "" when none is. */
+bool template_base_version(const char *data_dir, char *buf, size_t n);
 /* Whether name is the host template: "host", or "base" while no base is
  * built. */
 bool template_names_host(const char *data_dir, const char *name);
