@@ -29,6 +29,7 @@ int cli_volume_team(struct hutch_store *st, const char *team, bool create, int64
 int cli_volume_resolve(const char *const *names, size_t n, char (*ret_ids)[HUTCH_VOLUME_ID_LEN + 1]);
 int verb_template_build(int argc, char **argv); /* template-build.c: `template build` */
 int verb_template_base(int argc, char **argv);  /* template-base.c: `template base` */
+int verb_template_interpreter(int argc, char **argv); /* template-base.c: `template interpreter` */
 const char *cli_template_data_dir(void); /* template.c: HUTCH_DATA_DIR, else /var/lib/hutch */
 int verb_template(int argc, char **argv);
 

@@ -6,6 +6,12 @@
  * `base` (kind "debian"), which template_base_target() then prefers over
  * the host template; `hutch template rm base` falls back to the host.
  *
+ * hutch template interpreter: the same build, another recipe: the
+ * `code-interpreter` template (its names code-interpreter-v1, -beta too),
+ * with the interpreter's kernels and libraries from the archive rather
+ * than the host's /usr (template_interp_resolve() prefers it; the server's
+ * own files are copied in at create, so they are always this hutch's).
+ *
  *   1. each suite's InRelease (the release, and its -updates and -security
  *      where the host's apt reads them; apt-helper, the host's transports):
  *      the newest Date is SOURCE_DATE_EPOCH, their hashes part of the
@@ -55,7 +61,6 @@
  * below the unpacker's (0x3FFF0000), which are right below the sandboxes'
  * default range; used by nothing else. */
 #define BASE_BUILD_UID_BASE 0x3FFE0000u
-#define BASE_RECIPE "hutch-base-1"
 #define BASE_MAX_PACKAGES 256
 
 /* E2B's base: a shell, Python with pip and venv (and `python`, as E2B's
@@ -77,7 +82,26 @@ static const char *const default_packages[] = {
         NULL,
 };
 
-static const char *usage_text =
+/* The code interpreter's languages (docs/interpreter.md) over a shell,
+ * Python with pip and Node with npm, as E2B's code-interpreter template
+ * has them; R through IRkernel, Java through jshell. */
+static const char *const interp_default_packages[] = {
+        "bash", "coreutils", "python3", "python-is-python3", "python3-pip", "python3-venv",
+        "nodejs", "npm", "git", "curl", "ca-certificates", "sudo",
+        "python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib",
+        "python3-scipy", "python3-sklearn", "python3-seaborn", "python3-pil", "python3-plotly",
+        "r-cran-irkernel", "node-typescript", "default-jdk-headless",
+        NULL,
+};
+
+/* What every build of a recipe gets, whatever --packages says: sudo for
+ * `user`'s rule; for the interpreter, the python kernel it waits for at
+ * create and hutch-interp's own libraries (jansson, ZeroMQ; OpenSSL's
+ * libcrypto comes with python3), the server being the host's binary. */
+static const char *const base_required[] = { "sudo", NULL };
+static const char *const interp_required[] = { "sudo", "python3-ipykernel", "libjansson4", "libzmq5", NULL };
+
+static const char *base_usage =
         "usage: hutch template base [--mirror URL] [--suite SUITE] [--security-mirror URL] [--no-updates]\n"
         "                           [--packages LIST] [--json] [--force]\n"
         "\n"
@@ -95,6 +119,54 @@ static const char *usage_text =
         "  --force           build even when a base of the same inputs exists\n"
         "  --json            one JSON object per event on stdout\n"
         "`hutch template rm base` removes it: `base` is then the host template again.\n";
+
+static const char *interp_usage =
+        "usage: hutch template interpreter [--mirror URL] [--suite SUITE] [--security-mirror URL]\n"
+        "                                  [--no-updates] [--packages LIST] [--json] [--force]\n"
+        "\n"
+        "Builds the `code-interpreter` template (also code-interpreter-v1 and -beta, what\n"
+        "@e2b/code-interpreter creates) from Debian packages with mmdebstrap (variant minbase, plus\n"
+        "LIST, plus what the interpreter needs: python3-ipykernel libjansson4 libzmq5 sudo) and a\n"
+        "`user` (uid 1000, /home/user) with passwordless sudo. hutch-interp itself is copied in at\n"
+        "each create. Options as for `hutch template base`; the default LIST:\n"
+        "                    bash coreutils python3 python-is-python3 python3-pip python3-venv nodejs\n"
+        "                    npm git curl ca-certificates sudo python3-ipykernel python3-numpy\n"
+        "                    python3-pandas python3-matplotlib python3-scipy python3-sklearn\n"
+        "                    python3-seaborn python3-pil python3-plotly r-cran-irkernel node-typescript\n"
+        "                    default-jdk-headless\n"
+        "`hutch template rm code-interpreter` removes it: the interpreter then runs on the host\n"
+        "template again (the host's /usr, with the kernels the host has installed).\n";
+
+/* What a verb builds: the template, the recipe's name in the build's key,
+ * its packages */
+typedef struct recipe {
+        const char *name;  /* the template written */
+        const char *verb;  /* `hutch template VERB`, and the prefix of our messages */
+        const char *key;   /* part of every build's key: a new recipe is a new key */
+        const char *audit; /* the audit trail's event */
+        const char *const *defaults;
+        const char *const *required;
+} recipe;
+
+static const recipe recipe_base = {
+        .name = "base",
+        .verb = "base",
+        .key = "hutch-base-1",
+        .audit = "template.base",
+        .defaults = default_packages,
+        .required = base_required,
+};
+
+static const recipe recipe_interp = {
+        .name = "code-interpreter",
+        .verb = "interpreter",
+        .key = "hutch-interp-1",
+        .audit = "template.interpreter",
+        .defaults = interp_default_packages,
+        .required = interp_required,
+};
+
+static const recipe *rc = &recipe_base; /* the verb's, for the whole run */
 
 static const char *data_dir(void) {
         return cli_template_data_dir();
@@ -124,7 +196,7 @@ static void stage(const char *phase, const char *fmt, ...) {
                 free(s);
                 json_decref(o);
         } else
-                fprintf(stderr, "base: %s\n", msg);
+                fprintf(stderr, "%s: %s\n", rc->verb, msg);
 }
 
 /* ---------------------------------------------------------------- inputs */
@@ -339,20 +411,20 @@ static void sources_add(sources *s, const char *url, const char *suite) {
 static int enter_build_ns(const char *work, int ready, int go) {
         if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
             mount(work, "/tmp", NULL, MS_BIND, NULL) < 0) {
-                fprintf(stderr, "base: mount namespace: %m\n");
+                fprintf(stderr, "%s: mount namespace: %m\n", rc->verb);
                 return -1;
         }
         if (unshare(CLONE_NEWUSER) < 0) {
-                fprintf(stderr, "base: user namespace: %m\n");
+                fprintf(stderr, "%s: user namespace: %m\n", rc->verb);
                 return -1;
         }
         char c = 1;
         if (write(ready, &c, 1) != 1 || read(go, &c, 1) != 1 || c != 1) {
-                fprintf(stderr, "base: the id maps were not written\n");
+                fprintf(stderr, "%s: the id maps were not written\n", rc->verb);
                 return -1;
         }
         if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) {
-                fprintf(stderr, "base: becoming the namespace's root: %m\n");
+                fprintf(stderr, "%s: becoming the namespace's root: %m\n", rc->verb);
                 return -1;
         }
         /* nothing it runs gains privileges through a set-id file */
@@ -387,7 +459,7 @@ static int spawn(char *const argv[], char *const envp[], int out, const char *wo
                 if (work && enter_build_ns(work, ready[1], go[0]) < 0)
                         _exit(126);
                 execve(argv[0], argv, envp);
-                fprintf(stderr, "base: cannot run %s: %m\n", argv[0]);
+                fprintf(stderr, "%s: cannot run %s: %m\n", rc->verb, argv[0]);
                 _exit(127);
         }
         (void) setpgid(pid, pid);
@@ -545,7 +617,7 @@ static void hex_of(const char *s, char out[65]) {
                         snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
-/* The source of the current base template, "" when there is none. */
+/* The source of the recipe's current template, "" when there is none. */
 static void current_source(char *buf, size_t n) {
         buf[0] = 0;
         template_info *v = NULL;
@@ -554,12 +626,12 @@ static void current_source(char *buf, size_t n) {
         if (template_list(data_dir(), &v, &k, &err) < 0)
                 return;
         for (size_t i = 0; i < k; i++)
-                if (streq(v[i].name, "base") && v[i].source)
+                if (streq(v[i].name, rc->name) && v[i].source)
                         snprintf(buf, n, "%s", v[i].source);
         template_info_free(v, k);
 }
 
-static int build_base(build *b, const sources *src, pkgs *p, bool force) {
+static int build_tree(build *b, const sources *src, pkgs *p, bool force) {
         const char *mirror = src->v[0].url, *suite = src->v[0].suite;
         int64_t epoch = 0;
         char date[64] = "", date0[64] = "", release_hex[65] = "", key[65], version[128] = "";
@@ -607,7 +679,7 @@ static int build_base(build *b, const sources *src, pkgs *p, bool force) {
                          p->v[i]);
         /* a build of the main suite alone has the key it always had */
         char inputs[sizeof list + sizeof extra + 2048];
-        snprintf(inputs, sizeof inputs, "%s\n%s\n%s\n%s\n%s\n%s\n%s", BASE_RECIPE, mirror, suite,
+        snprintf(inputs, sizeof inputs, "%s\n%s\n%s\n%s\n%s\n%s\n%s", rc->key, mirror, suite,
                  list, release_hex, version, extra);
         hex_of(inputs, key);
         char source[sizeof list + sizeof extra_src + 1024];
@@ -622,7 +694,7 @@ static int build_base(build *b, const sources *src, pkgs *p, bool force) {
         current_source(have, sizeof have);
         if (!force && streq(have, source)) {
                 stage("unchanged",
-                      "base is up to date (key %.12s: same archive state, packages and recipe)", key);
+                      "%s is up to date (key %.12s: same archive state, packages and recipe)", rc->name, key);
                 return 1;
         }
         stage("build",
@@ -646,7 +718,7 @@ static int build_base(build *b, const sources *src, pkgs *p, bool force) {
                          (char *) "--skip=output/dev",
                          /* the tree is a tar a minute later: no fsync per file */
                          (char *) "--dpkgopt=force-unsafe-io", include, (char *) hook,
-                         (char *) suite, (char *) "/tmp/base.tar", (char *) mirror,
+                         (char *) suite, (char *) "/tmp/tree.tar", (char *) mirror,
                          /* SUITE-updates, SUITE-security: whole deb lines */
                          NULL, NULL, NULL };
         char lines[BASE_MAX_SOURCES][800];
@@ -684,7 +756,7 @@ static int build_base(build *b, const sources *src, pkgs *p, bool force) {
                                -EIO;
         }
         char tar[PATH_MAX + 16];
-        snprintf(tar, sizeof tar, "%s/base.tar", b->work);
+        snprintf(tar, sizeof tar, "%s/tree.tar", b->work);
         _cleanup_close_ int fd = open(tar, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         struct stat st;
         if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
@@ -705,7 +777,7 @@ static int build_base(build *b, const sources *src, pkgs *p, bool force) {
         char *env[] = { (char *) "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                         (char *) "LANG=C.UTF-8", NULL };
         hutch_template_meta meta = {
-                .name = "base",
+                .name = rc->name,
                 .kind = "debian",
                 .source = source,
                 .layers = layers,
@@ -715,18 +787,19 @@ static int build_base(build *b, const sources *src, pkgs *p, bool force) {
                 return log_error("%s", err.msg), r;
         stage("layer", "layer %s (%s)", digest,
               existed ? "the store had it: the same bytes as an earlier build" : "new");
-        cli_audit_note(data_dir(), "template.base",
+        cli_audit_note(data_dir(), rc->audit,
                        json_pack("{s:s, s:s, s:s, s:s, s:s, s:i}", "suite", suite, "mirror", mirror,
                                  "layer", digest, "key", key, "by", "cli", "suites", (int) src->n));
         if (json_out)
-                printf("{\"phase\":\"built\",\"name\":\"base\",\"layer\":\"%s\",\"key\":\"%s\"}\n",
-                       digest, key);
+                printf("{\"phase\":\"built\",\"name\":\"%s\",\"layer\":\"%s\",\"key\":\"%s\"}\n",
+                       rc->name, digest, key);
         else
-                printf("base\n");
+                printf("%s\n", rc->name);
         return 0;
 }
 
-int verb_template_base(int argc, char **argv) {
+static int template_debian(int argc, char **argv) {
+        const char *usage_text = rc == &recipe_interp ? interp_usage : base_usage;
         static const struct option opts[] = { { "mirror", required_argument, NULL, 'm' },
                                               { "suite", required_argument, NULL, 's' },
                                               { "security-mirror", required_argument, NULL, 'S' },
@@ -761,10 +834,10 @@ int verb_template_base(int argc, char **argv) {
                         fputs(usage_text, stdout);
                         return 0;
                 } else
-                        return cli_getopt_error("template base", c, argv);
+                        return cli_getopt_error(rc == &recipe_interp ? "template interpreter" : "template base", c, argv);
         }
         if (optind != argc)
-                return log_error("template base: unexpected argument '%s'\n%s", argv[optind],
+                return log_error("template %s: unexpected argument '%s'\n%s", rc->verb, argv[optind],
                                  usage_text),
                        EXIT_USAGE;
         if (mirror && !mirror_valid(mirror))
@@ -790,10 +863,10 @@ int verb_template_base(int argc, char **argv) {
         if (list)
                 r = pkgs_parse(&p, list);
         else
-                for (const char *const *d = default_packages; *d && r == 0; d++)
+                for (const char *const *d = rc->defaults; *d && r == 0; d++)
                         r = pkgs_add(&p, *d);
-        if (r == 0)
-                r = pkgs_add(&p, "sudo"); /* `user`'s sudo rule needs it */
+        for (const char *const *d = rc->required; *d && r == 0; d++)
+                r = pkgs_add(&p, *d);
         if (r < 0) {
                 pkgs_free(&p);
                 return EXIT_USAGE;
@@ -836,10 +909,11 @@ int verb_template_base(int argc, char **argv) {
             access("/usr/lib/apt/apt-helper", X_OK) < 0) {
                 pkgs_free(&p);
                 return log_error(geteuid() != 0
-                                         ? "hutch template base needs root (it gives the build a uid range "
+                                         ? "hutch template %s needs root (it gives the build a uid range "
                                            "of its own)"
-                                         : "hutch template base needs mmdebstrap and apt "
-                                           "(apt-get install mmdebstrap)"),
+                                         : "hutch template %s needs mmdebstrap and apt "
+                                           "(apt-get install mmdebstrap)",
+                                 rc->verb),
                        EXIT_HUTCH;
         }
         if ((r = mkdir_p(dd, 0700)) < 0) {
@@ -851,7 +925,9 @@ int verb_template_base(int argc, char **argv) {
         _cleanup_close_ int lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
                 pkgs_free(&p);
-                return log_error(errno == EWOULDBLOCK ? "another `hutch template base` is running on %s"
+                /* one build at a time, of either recipe: they share the
+                 * build directory and the build's uid range */
+                return log_error(errno == EWOULDBLOCK ? "another `hutch template base` or `interpreter` is running on %s"
                                                       : "locking %s: %m",
                                  lock < 0 ? lockp : dd),
                        EXIT_HUTCH;
@@ -872,24 +948,35 @@ int verb_template_base(int argc, char **argv) {
         const int sigs[3] = { SIGINT, SIGTERM, SIGHUP };
         for (int i = 0; i < 3; i++)
                 sigaction(sigs[i], &sa, &old[i]);
-        r = build_base(&b, &src, &p, force);
+        r = build_tree(&b, &src, &p, force);
         (void) rm_rf_at(AT_FDCWD, b.dir);
         for (int i = 0; i < 3; i++)
                 sigaction(sigs[i], &old[i], NULL);
         pkgs_free(&p);
         if (got_signal) {
-                log_error("interrupted: nothing was written (base is as it was)");
+                log_error("interrupted: nothing was written (%s is as it was)", rc->name);
                 return 128 + got_signal;
         }
         if (r == 1) {
                 if (json_out)
-                        printf("{\"phase\":\"unchanged\",\"name\":\"base\"}\n");
+                        printf("{\"phase\":\"unchanged\",\"name\":\"%s\"}\n", rc->name);
                 else
-                        printf("base\n");
+                        printf("%s\n", rc->name);
                 return 0;
         }
         if (r < 0 && json_out)
-                printf("{\"phase\":\"failed\",\"name\":\"base\",\"message\":\"the build failed: "
-                       "the reason is on stderr; base is as it was\"}\n");
+                printf("{\"phase\":\"failed\",\"name\":\"%s\",\"message\":\"the build failed: "
+                       "the reason is on stderr; %s is as it was\"}\n",
+                       rc->name, rc->name);
         return r < 0 ? EXIT_HUTCH : 0;
+}
+
+int verb_template_base(int argc, char **argv) {
+        rc = &recipe_base;
+        return template_debian(argc, argv);
+}
+
+int verb_template_interpreter(int argc, char **argv) {
+        rc = &recipe_interp;
+        return template_debian(argc, argv);
 }

@@ -13,6 +13,7 @@
 #include "daemon/serve.h"
 #include "image/image.h"
 #include "store/store.h"
+#include "template/interp-template.h"
 #include "template/template.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -34,6 +35,9 @@ static void usage(FILE *f) {
               "  base [--mirror URL] [--suite SUITE]  build `base` from Debian packages with mmdebstrap\n"
               "       [--packages LIST] [--force]     (`hutch template base --help`); without it, or\n"
               "                                       after `rm base`, base is the host template\n"
+              "  interpreter [--packages LIST] ...    build `code-interpreter` (what @e2b/code-interpreter\n"
+              "                                       starts) from Debian packages the same way; without\n"
+              "                                       it, the interpreter runs on the host template\n"
               "\n"
               "Templates live in $HUTCH_DATA_DIR/templates, layers once in $HUTCH_DATA_DIR/layers.\n",
               f);
@@ -131,8 +135,10 @@ static int do_import(int argc, char **argv) {
         if (optind + 1 != argc)
                 return log_error("usage: hutch template import FILE [--name NAME] [--json]"),
                        EXIT_USAGE;
-        if (name && (template_validate_name(name) < 0 || streq(name, "host") || streq(name, "base")))
-                return log_error("invalid --name '%s' (a-z, 0-9, then - _ .; at most 63; not host or base)",
+        if (name && (template_validate_name(name) < 0 || streq(name, "host") || streq(name, "base") ||
+                     template_is_interp(name)))
+                return log_error("invalid --name '%s' (a-z, 0-9, then - _ .; at most 63; not host, base or "
+                                 "code-interpreter, which `hutch template base` and `interpreter` build)",
                                  name),
                        EXIT_USAGE;
         hutch_error err = { 0 };
@@ -298,6 +304,8 @@ int verb_template(int argc, char **argv) {
                 return verb_template_build(argc - 1, argv + 1);
         if (streq(v, "base")) /* cli/template-base.c */
                 return verb_template_base(argc - 1, argv + 1);
+        if (streq(v, "interpreter")) /* cli/template-base.c */
+                return verb_template_interpreter(argc - 1, argv + 1);
         const char *dd = data_dir();
         if (dd[0] != '/' || strlen(dd) > 1024)
                 return log_error("HUTCH_DATA_DIR must be an absolute path of at most 1024 bytes"),

@@ -286,13 +286,29 @@ static const char *pool_default(server *srv, char *ver, size_t n) {
         return tpl;
 }
 
-/* Whether a pooled sandbox may still be handed out: a code-interpreter one,
- * or one of the default template (tpl, ver) as it is now. One from the host
- * template after a base was built, or from a base since rebuilt or
- * removed, is stale: the next fill removes it. */
-static bool pool_current(const sbx *p, const char *tpl, const char *ver) {
-        return template_is_interp(p->template_id) ||
-                (streq(p->template_id, tpl) && streq(p->pool_version, ver));
+/* The code-interpreter template's version as a create would start it now:
+ * the built one's (template_interp_version), or "" on the host template.
+ * At most one readlink a second, as pool_default. */
+static const char *pool_interp_version(server *srv, bool fresh) {
+        static int64_t read_ms = -1;
+        static char cached[96];
+        int64_t now = wall_ms();
+        if (fresh || read_ms < 0 || now - read_ms >= 1000 || now < read_ms) {
+                (void) template_interp_version(srv->cfg.data_dir, cached, sizeof cached);
+                read_ms = now;
+        }
+        return cached;
+}
+
+/* Whether a pooled sandbox may still be handed out: one of the default
+ * template (tpl, ver) as it is now, or a code-interpreter one of the
+ * interpreter's template as it is now (iver). One from the host template
+ * after a base (or an interpreter template) was built, or from one since
+ * rebuilt or removed, is stale: the next fill removes it. */
+static bool pool_current(const sbx *p, const char *tpl, const char *ver, const char *iver) {
+        if (template_is_interp(p->template_id))
+                return streq(p->pool_version, iver);
+        return streq(p->template_id, tpl) && streq(p->pool_version, ver);
 }
 
 /* How many of each kind the pool holds: default ones (pool_default), and
@@ -300,12 +316,13 @@ static bool pool_current(const sbx *p, const char *tpl, const char *ver) {
 static void pool_counts(server *srv, unsigned *ret_host, unsigned *ret_interp) {
         char ver[96];
         const char *tpl = pool_default(srv, ver, sizeof ver);
+        const char *iver = pool_interp_version(srv, false);
         unsigned h = 0, i = 0;
         for (sbx *p = srv->pool; p; p = p->next)
-                if (!p->dead) {
+                if (!p->dead && pool_current(p, tpl, ver, iver)) {
                         if (template_is_interp(p->template_id))
                                 i++;
-                        else if (pool_current(p, tpl, ver))
+                        else
                                 h++;
                 }
         *ret_host = h;
@@ -323,10 +340,11 @@ bool sbx_pool_short(server *srv) {
 static sbx *pool_take(server *srv, const char *template_name) {
         char ver[96];
         const char *tpl = pool_default_read(srv, ver, sizeof ver);
+        const char *iver = pool_interp_version(srv, true);
         for (sbx **pp = &srv->pool; *pp; pp = &(*pp)->next) {
                 sbx *sb = *pp;
                 if (sb->dead || !streq(sb->template_id, template_name) ||
-                    !pool_current(sb, tpl, ver) || sb->start_pending)
+                    !pool_current(sb, tpl, ver, iver) || sb->start_pending)
                         continue;
                 /* drain what its init said while it waited (nothing, normally) */
                 sbx_drain(srv, sb);
@@ -349,12 +367,14 @@ static sbx *pool_take(server *srv, const char *template_name) {
 void sbx_pool_fill(server *srv) {
         char ver[96];
         const char *dflt = pool_default(srv, ver, sizeof ver);
+        const char *iver = pool_interp_version(srv, false);
         /* release entries whose init died while they waited, and stale ones
-         * (a base built, rebuilt or removed since they started) */
+         * (a base or interpreter template built, rebuilt or removed since
+         * they started) */
         bool changed = false;
         for (sbx **pp = &srv->pool; *pp;) {
                 sbx *sb = *pp;
-                if (sb->dead || !pool_current(sb, dflt, ver)) {
+                if (sb->dead || !pool_current(sb, dflt, ver, iver)) {
                         if (!sb->dead) {
                                 log_info("warm pool: removing %s, a sandbox of %s %s, which creates no longer start",
                                          sb->id, sb->template_id,
@@ -393,8 +413,7 @@ void sbx_pool_fill(server *srv) {
         pool_save(srv);
         hutch_error err = { 0 };
         snprintf(sb->template_id, sizeof sb->template_id, "%s", tpl);
-        if (!interp)
-                snprintf(sb->pool_version, sizeof sb->pool_version, "%s", ver);
+        snprintf(sb->pool_version, sizeof sb->pool_version, "%s", interp ? iver : ver);
         sb->cpu_count = (int64_t) srv->cfg.cpu_count;
         sb->memory_mb = (int64_t) srv->cfg.memory_mb;
         sb->disk_mb = (int64_t) srv->cfg.disk_mb;

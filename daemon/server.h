@@ -212,7 +212,7 @@ struct sbx {
         bool dirty;             /* a synchronous call may have queued events: drain them */
         bool procs_pending;     /* re-adopted while paused: find its processes at resume */
         bool pooled;            /* in the warm pool: no row, no owner yet */
-        char pool_version[96]; /* pooled from the built base: the version it started (templates/base's target) */
+        char pool_version[96]; /* pooled: the version of the built base or interpreter template it started (templates/base's or templates/code-interpreter's target; "" for the host template) */
         bool start_pending;     /* pooled: its template's ready command has not succeeded yet */
         bool start_done;        /* its template's start command runs and was ready (a pooled one) */
         bool snapshotting;      /* a snapshot or fork worker copies its layer now (snapjob.c): not

@@ -351,7 +351,7 @@ static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
         _cleanup_free_ char *start_cmd = NULL;
         int r = start_spec(srv, sb, w, &start_cmd, err);
         if (r >= 0 && template_is_interp(sb->template_id)) {
-                r = interp_files_install(sb->h, (int) (w->deadline_ms - now), err);
+                r = interp_files_install(sb->h, start_cmd, (int) (w->deadline_ms - now), err);
                 sbx_mark_dirty(sb);
         }
         _cleanup_free_ char *start = NULL;

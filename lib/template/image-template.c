@@ -19,6 +19,7 @@
 
 #include "image/layer.h"
 #include "sandbox/initproto.h"
+#include "template/interp-template.h"
 #include "template/template-internal.h"
 #include "template/template.h"
 #include "util/error.h"
@@ -428,15 +429,15 @@ static int write_version(const char *data_dir, const hutch_template_meta *meta, 
 
 int template_write(const char *data_dir, const hutch_template_meta *meta, hutch_error *err) {
         if (!meta || template_validate_name(meta->name) < 0 || streq(meta->name, "host") ||
-            streq(meta->name, "base"))
+            streq(meta->name, "base") || template_is_interp(meta->name))
                 return hutch_error_set(err, -EINVAL, "invalid template name '%s'",
                                        meta && meta->name ? meta->name : "");
         return write_version(data_dir, meta, err);
 }
 
 int template_write_base(const char *data_dir, const hutch_template_meta *meta, hutch_error *err) {
-        if (!meta || !meta->name || !streq(meta->name, "base"))
-                return hutch_error_set(err, -EINVAL, "template_write_base writes 'base' only");
+        if (!meta || !meta->name || !(streq(meta->name, "base") || streq(meta->name, "code-interpreter")))
+                return hutch_error_set(err, -EINVAL, "template_write_base writes 'base' and 'code-interpreter' only");
         return write_version(data_dir, meta, err);
 }
 
@@ -701,6 +702,13 @@ int template_remove(const char *data_dir, const char *name, hutch_error *err) {
                 return hutch_error_set(err, -ENOENT,
                                        "no base template was built: 'base' is the host template "
                                        "(`hutch template base` builds one)");
+        char iv[8];
+        if (template_is_interp(name) && !template_interp_version(data_dir, iv, sizeof iv))
+                return hutch_error_set(err, -ENOENT,
+                                       "no code-interpreter template was built: the interpreter runs on "
+                                       "the host template (`hutch template interpreter` builds one)");
+        if (template_is_interp(name))
+                name = "code-interpreter"; /* its three names are one template */
         if (template_validate_name(name) < 0)
                 return hutch_error_set(err, -EINVAL, "invalid template name '%s'", name);
         char tpl_root[PATH_MAX];

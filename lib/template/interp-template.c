@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "template/interp-template.h"
+#include "template/template-internal.h"
 #include "template/template.h"
 #include "util/error.h"
 #include "util/fdutil.h"
@@ -111,11 +112,15 @@ static int run_wait(hutch_sandbox *sb, const char *const *argv, const char *cons
         }
 }
 
-int interp_files_install(hutch_sandbox *sb, int timeout_ms, hutch_error *err) {
+int interp_files_install(hutch_sandbox *sb, const char *start_cmd, int timeout_ms, hutch_error *err) {
         static const hutch_fs_user root = { 0, 0 };
         char dir[PATH_MAX];
-        if (interp_host_dir(dir, sizeof dir) < 0 || interp_dir_visible(dir))
+        /* the start command names where the server is: the host's directory
+         * when the sandbox sees it (template_interp_resolve) */
+        if (!start_cmd || !startswith(start_cmd, INTERP_SANDBOX_DIR "/"))
                 return 0;
+        if (interp_host_dir(dir, sizeof dir) < 0)
+                return hutch_error_set(err, -ENOENT, "hutch-interp is not installed on the host");
         for (const char *const *f = interp_files; *f; f++) {
                 char src[PATH_MAX], dst[PATH_MAX];
                 snprintf(src, sizeof src, "%s/%s", dir, *f);
@@ -142,7 +147,7 @@ int template_start_commands(hutch_sandbox *sb, const hutch_template *t, const ch
         if (!t->start_cmd)
                 return 0;
         int64_t deadline = mono_ms() + timeout_ms;
-        int r = interp_files_install(sb, timeout_ms, err);
+        int r = interp_files_install(sb, t->start_cmd, timeout_ms, err);
         if (r < 0)
                 return r;
         _cleanup_free_ char *start = NULL;
@@ -192,11 +197,22 @@ int template_interp_resolve(const char *data_dir, const char *name, hutch_templa
                         "template '%s': hutch-interp is not installed (looked in $HUTCH_INTERP_DIR, "
                         "next to this binary and in %s)",
                         name, HUTCH_INTERP_INSTALL_DIR);
+        /* built from Debian packages (`hutch template interpreter`): its own
+         * /usr, where the host's directory is not, so the server's files
+         * are copied in at create; else the host template */
+        char ver[8];
+        bool built = template_interp_version(data_dir, ver, sizeof ver);
         hutch_template *t = NULL;
-        int r = template_resolve(data_dir, "host", &t, err);
+        int r;
+        if (built) {
+                char tpl_root[PATH_MAX];
+                snprintf(tpl_root, sizeof tpl_root, "%s/templates", data_dir);
+                r = image_template_resolve(tpl_root, data_dir, "code-interpreter", &t, err);
+        } else
+                r = template_resolve(data_dir, "host", &t, err);
         if (r < 0)
                 return r;
-        const char *in = interp_dir_visible(dir) ? dir : INTERP_SANDBOX_DIR;
+        const char *in = !built && interp_dir_visible(dir) ? dir : INTERP_SANDBOX_DIR;
         char *nm = strdup(name);
         if (!nm || asprintf(&t->start_cmd, "%s/hutch-interp", in) < 0 ||
             asprintf(&t->ready_cmd, "%s/hutch-interp --wait-ready --timeout 30", in) < 0) {

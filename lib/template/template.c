@@ -669,12 +669,22 @@ bool template_base_built(const char *data_dir) {
         return lstat(p, &st) == 0 && S_ISLNK(st.st_mode);
 }
 
-bool template_base_version(const char *data_dir, char *buf, size_t n) {
+/* The version a reserved name's link points at: only a link is a built one */
+static bool built_version(const char *data_dir, const char *name, char *buf, size_t n) {
         char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/templates/base", data_dir);
-        ssize_t k = n > 1 ? readlink(p, buf, n - 1) : -1; /* only a link is a built base */
-        buf[k > 0 ? k : 0] = 0;
+        snprintf(p, sizeof p, "%s/templates/%s", data_dir, name);
+        ssize_t k = n > 1 ? readlink(p, buf, n - 1) : -1;
+        if (n > 0)
+                buf[k > 0 ? k : 0] = 0;
         return k > 0;
+}
+
+bool template_base_version(const char *data_dir, char *buf, size_t n) {
+        return built_version(data_dir, "base", buf, n);
+}
+
+bool template_interp_version(const char *data_dir, char *buf, size_t n) {
+        return built_version(data_dir, "code-interpreter", buf, n);
 }
 
 const char *template_base_target(const char *data_dir) {

@@ -103,11 +103,17 @@ bool template_base_built(const char *data_dir);
 /* Whether a base is built, with its version (the name templates/base
  * points at) to buf; false and "" when none is. */
 bool template_base_version(const char *data_dir, char *buf, size_t n);
+/* The same for the code-interpreter template built from Debian packages
+ * (`hutch template interpreter`): the target of DATA_DIR/templates/
+ * code-interpreter to buf; false (buf "") when none was built and the
+ * interpreter runs on the host template. */
+bool template_interp_version(const char *data_dir, char *buf, size_t n);
 /* Whether name is the host template: "host", or "base" while no base is
  * built. */
 bool template_names_host(const char *data_dir, const char *name);
-/* template_write for the reserved name "base": only `hutch template base`
- * writes it (every other writer refuses the name). */
+/* template_write for the reserved names "base" and "code-interpreter":
+ * only `hutch template base` and `hutch template interpreter` write them
+ * (every other writer refuses the names). */
 int template_write_base(const char *data_dir, const hutch_template_meta *meta, hutch_error *err);
 
 /* Resolve a template by name ("base": template_base_target()), building the

@@ -175,3 +175,101 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
     p = hutch(sandboxed_hutch, e, "template", "rm", "base", check=False)
     assert p.returncode != 0 and b"no base template was built" in p.stderr, p.stderr
     print(f"base build (minbase + {PKG} + sudo): {build_s:.1f}s")
+
+
+def _execute(sd, sid, code):
+    """POST /execute on the sandbox's port 49999 through the daemon: the NDJSON events."""
+    r = sd.request("POST", "/execute", {"code": code},
+                   headers={"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49999"}, timeout=90)
+    assert r.status == 200, r
+    return [json.loads(line) for line in r.body.decode().splitlines() if line]
+
+
+def test_interpreter_from_debian_packages(sandboxed_hutch, tmp_path):
+    """`hutch template interpreter`: the code-interpreter template built from
+    Debian packages (its kernels and libraries the archive's, not the
+    host's /usr), then started by `hutch run`, by an E2B create (the warm
+    pool holding it), and `template rm code-interpreter` falling back to the
+    host template. A small build: the interpreter's own needs (python3-
+    ipykernel, hutch-interp's libraries, sudo) plus `hello`."""
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    e = dict(os.environ, HUTCH_DATA_DIR=str(data))
+    assert not Path(f"/usr/bin/{PKG}").exists(), f"the host has /usr/bin/{PKG}: pick another package"
+
+    # bad input: a clear error, nothing written
+    p = hutch(sandboxed_hutch, e, "template", "interpreter", "--packages", "hello,Bad_Name", check=False)
+    assert p.returncode == 2 and b"is not a Debian package name" in p.stderr, p.stderr
+    p = hutch(sandboxed_hutch, e, "template", "rm", "code-interpreter", check=False)
+    assert p.returncode != 0 and b"no code-interpreter template was built" in p.stderr, p.stderr
+    assert not (data / "templates" / "code-interpreter").exists()
+
+    p = hutch(sandboxed_hutch, e, "template", "interpreter", "--packages", PKG, "--json")
+    events = [json.loads(line) for line in p.stdout.decode().splitlines()]
+    assert events[-1]["phase"] == "built" and events[-1]["name"] == "code-interpreter", events
+    tj = json.loads((data / "templates" / "code-interpreter" / "template.json").read_text())
+    # what the interpreter needs is added to any --packages
+    assert tj["kind"] == "debian" and f"packages {PKG},libjansson4,libzmq5,python3-ipykernel,sudo" in tj["source"], tj
+    assert not (data / ".base-build").exists()
+    # a build of the same inputs is a no-op, and base is a template of its own
+    p = hutch(sandboxed_hutch, e, "template", "interpreter", "--packages", PKG, "--json")
+    assert json.loads(p.stdout.decode().splitlines()[-1])["phase"] == "unchanged", p.stdout
+    assert not (data / "templates" / "base").exists()
+
+    # hutch run: every name of the interpreter's template starts it, the
+    # server copied in (the host's /usr is not there), its python kernel the
+    # archive's; the command talks to it on port 49999
+    probe = ("import json, urllib.request\n"
+             "req = urllib.request.Request('http://127.0.0.1:49999/execute', "
+             "data=json.dumps({'code': 'import sys; sys.executable + \" \" + str(6 * 7)'}).encode())\n"
+             "ev = [json.loads(x) for x in urllib.request.urlopen(req, timeout=60)]\n"
+             "print([x['text'] for x in ev if x['type'] == 'result'][0])\n")
+    for name in ("code-interpreter", "code-interpreter-v1"):
+        out = hutch(sandboxed_hutch, e, "run", "--template", name, "--", "/bin/sh", "-c",
+                    f"{PKG}; test -x /opt/hutch-interp/hutch-interp && echo server; "
+                    f"grep ^ID= /etc/os-release; python3 -c \"$0\"", probe).stdout.decode().splitlines()
+        assert out == ["Hello, world!", "server", "ID=debian", "/usr/bin/python3 42"], (name, out)
+
+    # the daemon: the warm pool holds a started interpreter of the built
+    # template; an E2B create of code-interpreter-v1 takes it; after
+    # `template rm code-interpreter` the pooled one is replaced by one on
+    # the host template, which the next create gets
+    def pooled(old=()):
+        ids = []
+
+        def listed():
+            ids[:] = [x for x in (data / "pool-ids").read_text().split() if x not in old] \
+                if (data / "pool-ids").exists() else []
+            return ids
+        assert wait_until(listed, 60), "the warm pool did not fill"
+        return ids[0]
+
+    sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--interp-pool-size", "1"])
+    sd.start()
+    try:
+        warm = pooled()
+        assert wait_until(lambda: "(code-interpreter-v1) ready after" in sd.log_tail(), 90), sd.log_tail()
+        sb = sd.create(templateID="code-interpreter-v1")
+        assert sb["sandboxID"] == warm, "the create takes the pooled interpreter"
+        end, out, err, _ = sd.run(sb, f"{PKG}; grep ^ID= /etc/os-release")
+        assert out.decode().splitlines() == ["Hello, world!", "ID=debian"], (out, err)
+        ev = _execute(sd, sb["sandboxID"], "import shutil; shutil.which('hello')")
+        assert [x.get("text") for x in ev if x["type"] == "result"] == ["/usr/bin/hello"], ev
+
+        warm2 = pooled(old=(warm,))
+        assert wait_until(lambda: sd.log_tail(100000).count("(code-interpreter-v1) ready after") >= 2, 90)
+        hutch(sandboxed_hutch, e, "template", "rm", "code-interpreter")
+        assert not (data / "templates" / "code-interpreter").exists()
+        assert wait_until(lambda: warm2 not in (data / "pool-ids").read_text().split(), 60), \
+            "the stale interpreter stayed in the pool"
+        warm3 = pooled(old=(warm, warm2))
+        assert wait_until(lambda: sd.log_tail(100000).count("(code-interpreter-v1) ready after") >= 3, 90)
+        # the live sandbox keeps its version
+        end, out, err, _ = sd.run(sb, PKG)
+        assert out == b"Hello, world!\n", (out, err)
+        sb2 = sd.create(templateID="code-interpreter-v1")
+        assert sb2["sandboxID"] == warm3, "the create takes the pooled interpreter on the host template"
+        ev = _execute(sd, sb2["sandboxID"], "import shutil; str(shutil.which('hello'))")
+        assert [x.get("text") for x in ev if x["type"] == "result"] == ["None"], ev
+    finally:
+        sd.stop()
