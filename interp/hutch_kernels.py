@@ -6,6 +6,11 @@
 # interpreter's interrupt) is passed on to the child.
 #
 #   python3 hutch_kernels.py bash|javascript|typescript|java CONNECTION_FILE
+#   python3 hutch_kernels.py python CONNECTION_FILE [IPKernelApp options]
+#
+# The second form is ipykernel's own Python kernel (what `python3 -m
+# ipykernel_launcher` starts), with the one change every kernel here gets
+# (unix_iopub_pipe): no TCP socket of its own.
 import base64
 import json
 import os
@@ -15,11 +20,58 @@ import subprocess
 import sys
 import tempfile
 
+import zmq
+from ipykernel import iostream
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KIND = sys.argv[1] if len(sys.argv) > 1 else "bash"
+
+
+def unix_iopub_pipe():
+    """ipykernel's IOPub thread takes the output of forked children (a
+    multiprocessing worker's print) through a socket it listens on at a
+    random TCP port of 127.0.0.1: the only TCP socket a kernel has once
+    hutch-interp connects to it over Unix sockets (server.c, kernel_spawn).
+    gVisor's runsc cannot checkpoint a TCP socket that an epoll set holds,
+    so a sandbox with such a kernel could not be paused or snapshotted
+    there. The same pipe on a Unix socket beside the connection file; left
+    as it is on an ipykernel whose IOPub thread is not the one this was
+    written against (Debian 12's 6.17)."""
+    t = iostream.IOPubThread
+    if not all(hasattr(t, a) for a in ("_setup_pipe_in", "_setup_pipe_out", "_handle_pipe_msg")):
+        return
+    where = os.path.dirname(os.path.abspath(sys.argv[2])) if len(sys.argv) > 2 else "/tmp"
+
+    def setup_pipe_in(self):
+        ctx = self.socket.context
+        self._pipe_uuid = os.urandom(16)
+        pipe_in = ctx.socket(zmq.PULL)
+        pipe_in.linger = 0
+        self._hutch_pipe = "ipc://%s/pipe-%d-%s" % (where, os.getpid(), os.urandom(6).hex())
+        try:
+            pipe_in.bind(self._hutch_pipe)
+        except zmq.ZMQError as e:
+            print("hutch: no IOPub pipe (%s): forked processes' output is lost" % e, file=sys.__stderr__)
+            self._pipe_flag = False
+            pipe_in.close()
+            return
+        self._pipe_in = iostream.ZMQStream(pipe_in, self.io_loop)
+        self._pipe_in.on_recv(self._handle_pipe_msg)
+
+    def setup_pipe_out(self):
+        ctx = zmq.Context()
+        pipe_out = ctx.socket(zmq.PUSH)
+        pipe_out.linger = 3000
+        pipe_out.connect(self._hutch_pipe)
+        return ctx, pipe_out
+
+    t._setup_pipe_in = setup_pipe_in
+    t._setup_pipe_out = setup_pipe_out
+
+
+unix_iopub_pipe()
 
 
 def _child_setup():
@@ -188,4 +240,11 @@ class ChildKernel(Kernel):
 
 
 if __name__ == "__main__":
-    IPKernelApp.launch_instance(argv=["-f", sys.argv[2]], kernel_class=ChildKernel)
+    if KIND == "python":
+        # as ipykernel_launcher: user code does not import from our directory
+        if sys.path and os.path.abspath(sys.path[0]) == HERE:
+            del sys.path[0]
+        from ipykernel.ipkernel import IPythonKernel
+        IPKernelApp.launch_instance(argv=["-f", sys.argv[2], *sys.argv[3:]], kernel_class=IPythonKernel)
+    else:
+        IPKernelApp.launch_instance(argv=["-f", sys.argv[2]], kernel_class=ChildKernel)

@@ -109,6 +109,9 @@ struct kctx {
         char id[37], lang[IX_LANG_MAX], cwd[IX_CWD_MAX];
         char key[65], session[37], conn_file[PATH_MAX];
         int ports[5]; /* shell, iopub, stdin, control, hb */
+        /* ipc: the kernel's sockets are Unix sockets "<ipc>-<port>" rather
+         * than TCP ports on 127.0.0.1 (kernel_spawn) */
+        char ipc[PATH_MAX];
         pid_t pid;
         int pidfd;
         void *shell, *iopub, *control;
@@ -419,7 +422,7 @@ static void uuid_new(char out[37]) {
         snprintf(out, 37, "%.8s-%.4s-%.4s-%.4s-%.12s", h, h + 8, h + 12, h + 16, h + 20);
 }
 
-static void *zsock(int type, int port, const char *ident) {
+static void *zsock(const kctx *c, int type, int port, const char *ident) {
         void *s = zmq_socket(zctx, type);
         if (!s)
                 return NULL;
@@ -434,8 +437,11 @@ static void *zsock(int type, int port, const char *ident) {
                 zmq_setsockopt(s, ZMQ_ROUTING_ID, ident, strlen(ident));
         if (type == ZMQ_SUB)
                 zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
-        char ep[64];
-        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+        char ep[PATH_MAX + 32];
+        if (c->ipc[0])
+                snprintf(ep, sizeof ep, "ipc://%s-%d", c->ipc, port);
+        else
+                snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
         if (zmq_connect(s, ep) < 0) {
                 zmq_close(s);
                 return NULL;
@@ -457,12 +463,14 @@ static void kernel_close_sockets(kctx *c) {
 static int kernel_argv(const kctx *c, char *argv[16], char bufs[4][PATH_MAX + 64]) {
         int n = 0;
         if (strcmp(c->lang, "python") == 0) {
+                /* ipykernel's own kernel, started through our launcher
+                 * (hutch_kernels.py: its IOPub pipe on a Unix socket) */
                 snprintf(bufs[0], sizeof bufs[0], "--IPKernelApp.exec_files=['%s/e2b_startup.py']",
                          interp_dir);
+                snprintf(bufs[1], sizeof bufs[1], "%s/hutch_kernels.py", interp_dir);
                 argv[n++] = "/usr/bin/python3";
-                argv[n++] = "-m";
-                argv[n++] = "ipykernel_launcher";
-                argv[n++] = "-f";
+                argv[n++] = bufs[1];
+                argv[n++] = "python";
                 argv[n++] = (char *) c->conn_file;
                 argv[n++] = "--InteractiveShell.colors=NoColor";
                 argv[n++] = "--PlainTextFormatter.max_seq_length=0";
@@ -492,8 +500,18 @@ static int kernel_argv(const kctx *c, char *argv[16], char bufs[4][PATH_MAX + 64
 }
 
 static int kernel_spawn(kctx *c) {
+        /* ipykernel's kernels (python, and our wrappers) on Unix sockets in
+         * our private directory: no TCP port of the sandbox's loopback is
+         * a kernel's, and gVisor can checkpoint a sandbox whose kernels
+         * are connected (its runsc refuses to save a connected TCP
+         * endpoint that a thread waits on). IRkernel names ipc endpoints
+         * its own way, so R stays on TCP. */
+        bool ipc = strcmp(c->lang, "r") != 0;
+        c->ipc[0] = 0;
+        if (ipc)
+                snprintf(c->ipc, sizeof c->ipc, "%s/k-%s", conn_dir, c->id);
         for (int i = 0; i < 5; i++) {
-                int p = pick_port();
+                int p = ipc ? i + 1 : pick_port();
                 if (p < 0)
                         return p;
                 c->ports[i] = p;
@@ -502,10 +520,11 @@ static int kernel_spawn(kctx *c) {
         if (!f)
                 return -errno;
         fprintf(f,
-                "{\"transport\":\"tcp\",\"ip\":\"127.0.0.1\",\"shell_port\":%d,\"iopub_port\":%d,\"stdin_port\":%d,"
+                "{\"transport\":\"%s\",\"ip\":\"%s\",\"shell_port\":%d,\"iopub_port\":%d,\"stdin_port\":%d,"
                 "\"control_port\":%d,\"hb_port\":%d,\"key\":\"%s\",\"signature_scheme\":\"hmac-sha256\","
                 "\"kernel_name\":\"%s\"}\n",
-                c->ports[0], c->ports[1], c->ports[2], c->ports[3], c->ports[4], c->key, c->lang);
+                ipc ? "ipc" : "tcp", ipc ? c->ipc : "127.0.0.1", c->ports[0], c->ports[1], c->ports[2],
+                c->ports[3], c->ports[4], c->key, c->lang);
         if (fclose(f) != 0)
                 return -errno;
         char *argv[16], bufs[4][PATH_MAX + 64];
@@ -545,9 +564,9 @@ static int kernel_spawn(kctx *c) {
         }
         c->pid = pid;
         c->pidfd = (int) syscall(SYS_pidfd_open, pid, 0);
-        c->shell = zsock(ZMQ_DEALER, c->ports[0], c->session);
-        c->iopub = zsock(ZMQ_SUB, c->ports[1], NULL);
-        c->control = zsock(ZMQ_DEALER, c->ports[3], c->session);
+        c->shell = zsock(c, ZMQ_DEALER, c->ports[0], c->session);
+        c->iopub = zsock(c, ZMQ_SUB, c->ports[1], NULL);
+        c->control = zsock(c, ZMQ_DEALER, c->ports[3], c->session);
         c->state = K_STARTING;
         c->envs_applied = false;
         c->started_ms = now_ms();

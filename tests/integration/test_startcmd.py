@@ -116,3 +116,31 @@ def test_hutch_run_starts_the_interpreter_before_the_command(sandboxed_hutch, sa
     events = [json.loads(line) for line in out[4:].splitlines() if line]
     assert [e.get("text") for e in events if e["type"] == "result"] == ["from-run"], events
     assert events[-1] == {"type": "end_of_execution"}
+
+
+def test_kernels_have_no_tcp_port_and_forked_output_arrives(sandboxed_hutch, sandbox_run):
+    """hutch-interp speaks to ipykernel's kernels over Unix sockets, and a
+    kernel's pipe for its forked children's output is one too: the only TCP
+    socket in the sandbox is the server's port 49999 (gVisor can checkpoint
+    such a sandbox: docs/interpreter.md). A multiprocessing child's print
+    still reaches the cell's stdout."""
+    code = json.dumps({"code": "import multiprocessing as mp\n"
+                               "mp.set_start_method('fork', force=True)\n"
+                               "p = mp.Process(target=print, args=('from the child',)); p.start(); p.join()\n"
+                               "print('from the parent')"})
+    # the javascript kernel starts after /health answers: wait for its
+    # context, then list every TCP socket of the sandbox
+    script = ("curl -s localhost:49999/health >/dev/null && curl -sN localhost:49999/execute -d \"$0\" && "
+              "for i in $(seq 100); do curl -s localhost:49999/contexts | grep -q javascript && break; sleep 0.1; done; "
+              "sleep 1; echo; echo TCP; awk 'FNR > 1 { print $2, $3, $4 }' /proc/net/tcp /proc/net/tcp6")
+    cp = sandbox_run(["--template", "code-interpreter"], ["sh", "-c", script, code], timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    out, tcp = cp.stdout.decode().split("\nTCP\n")
+    events = [json.loads(line) for line in out.splitlines() if line]
+    text = "".join(e["text"] for e in events if e["type"] == "stdout")
+    assert "from the child\n" in text and "from the parent\n" in text, events
+    # 0100007F:C34F: 127.0.0.1:49999. It is the one listening socket, and
+    # every other one (curl's, in TIME_WAIT) is a connection to it
+    socks = [line.split() for line in tcp.splitlines() if line.strip()]
+    assert [s[0] for s in socks if s[2] == "0A"] == ["0100007F:C34F"], tcp
+    assert all(s[0].endswith(":C34F") or s[1].endswith(":C34F") for s in socks), tcp
