@@ -311,6 +311,169 @@ static bool pool_current(const sbx *p, const char *tpl, const char *ver, const c
         return streq(p->template_id, tpl) && streq(p->pool_version, ver);
 }
 
+/* ------------------------------------------------- interpreter checkpoint */
+
+/* gvisor (issue #14): a code-interpreter create that the warm pool cannot
+ * serve restores a checkpoint of a started interpreter (its python and
+ * javascript kernels up) instead of starting Python's kernel again. The
+ * checkpoint is taken from a pooled interpreter once it is ready (the pool
+ * keeps one starting while none exists), which it stops: it is then
+ * removed from the pool. One file, DATA_DIR/interp-checkpoints/<key>.ckpt,
+ * root's, 0600; the key is over everything a restored sandbox must match:
+ * the interpreter template's version, hutch-interp's files, the limits
+ * every create gets. A new key (a rebuilt template, another hutch) makes a
+ * new checkpoint, which replaces the others. A restore that fails removes
+ * the file, and that create starts its kernels. */
+#define INTERP_CKPT_DIR "interp-checkpoints"
+#define INTERP_CKPT_RECIPE "hutch-interp-ckpt-1"
+
+static bool interp_ckpt_on(server *srv) {
+        return srv->cfg.interp_checkpoint && hutch_backend_from_name(srv->cfg.backend) == HUTCH_BACKEND_GVISOR;
+}
+
+static int interp_ckpt_key(server *srv, char *out, size_t n) {
+        hutch_template *t = NULL;
+        hutch_error e = { 0 };
+        if (template_resolve(srv->cfg.data_dir, "code-interpreter-v1", &t, &e) < 0)
+                return e.code ? e.code : -ENOENT;
+        char in[8192], dir[PATH_MAX];
+        int k = snprintf(in, sizeof in, "%s\n%s\n%s\n%llu %llu %llu %llu\n", INTERP_CKPT_RECIPE,
+                         t->version ? t->version : "", t->start_cmd ? t->start_cmd : "",
+                         (unsigned long long) srv->cfg.memory_mb, (unsigned long long) srv->cfg.cpu_count,
+                         (unsigned long long) srv->cfg.disk_mb, (unsigned long long) srv->cfg.egress_port);
+        template_free(t);
+        if (interp_host_dir(dir, sizeof dir) == 0)
+                for (const char *const *f = interp_files; *f && k > 0 && (size_t) k < sizeof in; f++) {
+                        char fp[PATH_MAX];
+                        struct stat st;
+                        snprintf(fp, sizeof fp, "%s/%s", dir, *f);
+                        if (stat(fp, &st) == 0)
+                                k += snprintf(in + k, sizeof in - (size_t) k, "%s %lld %lld.%09ld\n", *f,
+                                              (long long) st.st_size, (long long) st.st_mtim.tv_sec,
+                                              st.st_mtim.tv_nsec);
+                }
+        char key[65];
+        sha256_hex(in, key);
+        snprintf(out, n, "%s/%s/%s.ckpt", srv->cfg.data_dir, INTERP_CKPT_DIR, key);
+        return 0;
+}
+
+/* The checkpoint a code-interpreter create would restore now (it may not
+ * exist yet), worked out at most once a second; false when checkpoints
+ * are off or the interpreter's template does not resolve. */
+static bool interp_ckpt_path(server *srv, char *buf, size_t n) {
+        static int64_t read_ms = -1;
+        static char cached[PATH_MAX];
+        static bool ok;
+        int64_t now = wall_ms();
+        if (!interp_ckpt_on(srv))
+                return false;
+        if (read_ms < 0 || now - read_ms >= 1000 || now < read_ms) {
+                read_ms = now;
+                ok = interp_ckpt_key(srv, cached, sizeof cached) == 0;
+        }
+        snprintf(buf, n, "%s", cached);
+        return ok;
+}
+
+/* Whether a checkpoint should be taken: on, not backing off, and none for
+ * the current key. */
+static bool interp_ckpt_missing(server *srv) {
+        char p[PATH_MAX];
+        struct stat st;
+        return wall_ms() >= srv->interp_ckpt_backoff_ms && interp_ckpt_path(srv, p, sizeof p) &&
+                stat(p, &st) < 0;
+}
+
+/* A ready pooled interpreter of the checkpointing backend, or NULL. */
+static sbx *interp_ckpt_source(server *srv) {
+        for (sbx *p = srv->pool; p; p = p->next)
+                if (!p->dead && p->h && template_is_interp(p->template_id) && p->start_done &&
+                    p->backend == HUTCH_BACKEND_GVISOR)
+                        return p;
+        return NULL;
+}
+
+static void pool_remove(server *srv, sbx *sb);
+
+/* Every file of the directory but keep (an older key's checkpoint, or what
+ * a crash left of a write). */
+static void interp_ckpt_sweep(server *srv, const char *keep) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%s", srv->cfg.data_dir, INTERP_CKPT_DIR);
+        _cleanup_close_ int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *d = dfd < 0 ? NULL : fdopendir(dup(dfd));
+        if (!d)
+                return;
+        const char *base = strrchr(keep, '/');
+        base = base ? base + 1 : keep;
+        for (struct dirent *de; (de = readdir(d));)
+                if (de->d_name[0] != '.' && !streq(de->d_name, base) && unlinkat(dfd, de->d_name, 0) == 0)
+                        log_info("interpreter checkpoint: removed %s/%s, of another template or hutch", dir,
+                                 de->d_name);
+        closedir(d);
+}
+
+/* Checkpoint sb (a ready pooled interpreter), which stops it: the file is
+ * written under a temporary name, synced and renamed; sb leaves the pool.
+ * On the loop, as every runsc checkpoint (docs/design.md §9): seconds,
+ * once per key. */
+static void interp_ckpt_take(server *srv, sbx *sb) {
+        char path[PATH_MAX], tmp[PATH_MAX + 8], dir[PATH_MAX];
+        if (!interp_ckpt_path(srv, path, sizeof path))
+                return;
+        snprintf(dir, sizeof dir, "%s/%s", srv->cfg.data_dir, INTERP_CKPT_DIR);
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        int64_t t0 = wall_ms();
+        uint64_t bytes = 0;
+        hutch_error err = { 0 };
+        int r = 0;
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                r = hutch_error_set(&err, -errno, "%s: %m", dir);
+        _cleanup_close_ int fd = r < 0 ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (r >= 0 && fd < 0)
+                r = hutch_error_set(&err, -errno, "%s: %m", tmp);
+        if (r >= 0)
+                r = hutch_sandbox_suspend(sb->h, fd, &bytes, &err);
+        if (r >= 0 && fsync(fd) < 0)
+                r = hutch_error_set(&err, -errno, "syncing %s: %m", tmp);
+        if (r >= 0 && rename(tmp, path) < 0)
+                r = hutch_error_set(&err, -errno, "renaming %s: %m", tmp);
+        if (r < 0) {
+                unlink(tmp);
+                srv->interp_ckpt_backoff_ms = wall_ms() + 600000;
+                log_warning("interpreter checkpoint of %s: %s; code-interpreter creates start their kernels "
+                            "(the next try in 10 minutes)",
+                            sb->id, err.msg);
+                /* a failure after runsc stopped it restores it at once:
+                 * then it stays in the pool, ready */
+                if (!hutch_sandbox_is_suspended(sb->h))
+                        return;
+        } else {
+                log_info("interpreter checkpoint: %s (%.1f MiB) from %s in %lld ms", path,
+                         (double) bytes / 1048576.0, sb->id, (long long) (wall_ms() - t0));
+                interp_ckpt_sweep(srv, path);
+        }
+        /* stopped by the checkpoint: it cannot be handed out */
+        pool_remove(srv, sb);
+}
+
+/* sb out of the pool, destroyed and freed (the stale ones' way, for one) */
+static void pool_remove(server *srv, sbx *sb) {
+        for (sbx **pp = &srv->pool; *pp; pp = &(*pp)->next)
+                if (*pp == sb) {
+                        *pp = sb->next;
+                        srv->n_pool--;
+                        loop_del(srv, &sb->w);
+                        hutch_error e2 = { 0 };
+                        if (hutch_sandbox_destroy(sb->h, &e2) < 0)
+                                log_warning("warm pool: destroying %s: %s", sb->id, e2.msg);
+                        sbx_release(sb);
+                        pool_save(srv);
+                        return;
+                }
+}
+
 /* How many of each kind the pool holds: default ones (pool_default), and
  * code-interpreter ones (started or starting). */
 static void pool_counts(server *srv, unsigned *ret_host, unsigned *ret_interp) {
@@ -329,10 +492,18 @@ static void pool_counts(server *srv, unsigned *ret_host, unsigned *ret_interp) {
         *ret_interp = i;
 }
 
+/* The code interpreters the pool keeps: interp-pool-size, and one while a
+ * checkpoint is wanted (it becomes the checkpoint once ready). */
+static unsigned interp_target(server *srv) {
+        unsigned t = (unsigned) srv->cfg.interp_pool_size;
+        return t == 0 && interp_ckpt_missing(srv) ? 1 : t;
+}
+
 bool sbx_pool_short(server *srv) {
         unsigned h, i;
         pool_counts(srv, &h, &i);
-        return h < srv->cfg.pool_size || i < srv->cfg.interp_pool_size;
+        return h < srv->cfg.pool_size || i < interp_target(srv) ||
+                (interp_ckpt_missing(srv) && interp_ckpt_source(srv));
 }
 
 /* A pooled sandbox of template_name ("host", "base" or a code-interpreter
@@ -394,10 +565,16 @@ void sbx_pool_fill(server *srv) {
         }
         if (changed)
                 pool_save(srv);
+        /* a ready interpreter, while no checkpoint is: it becomes one */
+        sbx *src = interp_ckpt_missing(srv) ? interp_ckpt_source(srv) : NULL;
+        if (src) {
+                interp_ckpt_take(srv, src);
+                return;
+        }
         unsigned n_host, n_interp;
         pool_counts(srv, &n_host, &n_interp);
         bool interp = n_host >= srv->cfg.pool_size;
-        if (interp && n_interp >= srv->cfg.interp_pool_size)
+        if (interp && n_interp >= interp_target(srv))
                 return;
         const char *tpl = interp ? "code-interpreter-v1" : dflt;
         sbx *sb = sbx_alloc(srv);
@@ -769,6 +946,16 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 !snap.id[0] && !mounts && !built && !want_gpus &&
                 backend == hutch_backend_from_name(srv->cfg.backend);
         sbx *sb = poolable ? pool_take(srv, template_name) : NULL;
+        /* gvisor: else a code interpreter from the checkpoint of a started
+         * one, when there is one (its kernels are up: the create answers
+         * once it has its envs, as a pooled one does) */
+        char interp_ckpt[PATH_MAX] = "";
+        if (!sb && poolable && template_is_interp(template_name) && backend == HUTCH_BACKEND_GVISOR &&
+            interp_ckpt_path(srv, interp_ckpt, sizeof interp_ckpt) && access(interp_ckpt, R_OK) == 0) {
+                snprintf(layer_from, sizeof layer_from, "%s", interp_ckpt);
+                checkpoint = borrowed = true;
+        } else
+                interp_ckpt[0] = 0;
         if (!sb) {
                 sb = sbx_alloc(srv);
                 if (!sb) {
@@ -871,6 +1058,22 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
                 goto ready;
         r = sbx_engine_start(srv, sb, template_name, layer_from[0] ? layer_from : NULL,
                              build_layer[0] ? build_layer : NULL, layer_image, srv->fork_image_base, checkpoint, err);
+        if (r < 0 && interp_ckpt[0]) {
+                /* runsc changed under it, or the file is damaged: gone, and
+                 * this create starts its kernels; the pool takes a new one */
+                log_warning("sandbox %s: restoring the interpreter checkpoint %s failed (%s): removed; "
+                            "this create starts its kernels",
+                            sb->id, interp_ckpt, err->msg);
+                unlink(interp_ckpt);
+                interp_ckpt[0] = layer_from[0] = 0;
+                checkpoint = false;
+                *err = (hutch_error){ 0 };
+                r = sbx_engine_start(srv, sb, template_name, NULL, NULL, NULL, 0, false, err);
+        }
+        if (r >= 0 && interp_ckpt[0]) {
+                sb->start_done = true; /* sbx_start_answer gives it its envs, and answers */
+                log_info("sandbox %s: restored from the interpreter checkpoint", sb->id);
+        }
         if (layer_image)
                 srv->fork_image[0] = 0; /* the engine's now (or removed by its failure) */
         if (layer_from[0]) {

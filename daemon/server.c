@@ -115,6 +115,7 @@ static const struct cfg_entry {
         { "registries-conf", CFG_STR, S(registries_conf), 0, 0, "-", "registries.conf of image pulls (search, mirror, insecure and ca lines; '-': DATA_DIR/registries.conf, as `hutch template pull`)" },
         { "registry-ca", CFG_STR, S(registry_ca), 0, 0, "-", "PEM file of CAs trusted for every registry, besides the system's ('-': none)" },
         { "interp-pool-size", CFG_U64, U(interp_pool_size), 0, 1000, "0", "code-interpreter sandboxes kept started, their kernels up, so that such a create only claims one (0: none; each holds its python and javascript kernels, about 150 MB)" },
+        { "interp-checkpoint", CFG_BOOL, U(interp_checkpoint), 0, 1, "on", "gvisor (the default backend): keep a checkpoint of a started code interpreter in DATA_DIR/interp-checkpoints, and restore it for code-interpreter creates that the warm pool cannot serve, instead of starting Python's kernel again (docs/interpreter.md): on or off" },
         { "ready-timeout", CFG_SECONDS, U(ready_timeout_s), 1, 3600, "60", "a template's ready command (code-interpreter's: its kernel is up) must succeed within this, or the create fails" },
         { "log-format", CFG_STR, S(log_format), 0, 0, "text", "text (\"hutch serve: message\") or json (one object per line: ts, level, prog, msg, request_id)" },
         { "metrics-listen", CFG_STR, S(metrics_listen), 0, 0, "-", "address and port of the Prometheus GET /metrics (HOST:PORT; '-': not served)" },

@@ -91,6 +91,7 @@ typedef struct server_config {
         char registry_ca[1024];      /* "-": the system's CAs only */
         uint64_t ready_timeout_s;    /* a template's ready command must succeed within this (daemon/startcmd.c) */
         uint64_t interp_pool_size;   /* code-interpreter sandboxes kept started and ready */
+        uint64_t interp_checkpoint;  /* gvisor: code-interpreter creates restore a checkpoint of a started one (sandboxes.c) */
         uint64_t audit, audit_checkpoint_interval_s, audit_retention_s; /* daemon/audit.c */
         char metrics_listen[128];    /* daemon/metrics.c: HOST:PORT or "-" */
         char log_format[8];          /* text | json */
@@ -288,6 +289,7 @@ struct server {
         sbx *pool;              /* warm pool: ready sandboxes without a row */
         unsigned n_pool;
         int64_t pool_backoff_ms; /* after a failed fill, wait until then */
+        int64_t interp_ckpt_backoff_ms; /* after a failed interpreter checkpoint, none until then */
         bool pool_dirty;         /* pool-ids to rewrite once the claimed sandbox has its row */
         /* housekeeping (server.c): a pass prunes the database in batches,
          * one per loop turn, then waits for the next */

@@ -144,3 +144,60 @@ def test_kernels_have_no_tcp_port_and_forked_output_arrives(sandboxed_hutch, san
     socks = [line.split() for line in tcp.splitlines() if line.strip()]
     assert [s[0] for s in socks if s[2] == "0A"] == ["0100007F:C34F"], tcp
     assert all(s[0].endswith(":C34F") or s[1].endswith(":C34F") for s in socks), tcp
+
+
+def test_gvisor_interpreter_creates_restore_a_checkpoint(sandboxed_hutch, tmp_path):
+    """gVisor (docs/interpreter.md, "On gVisor"): the daemon checkpoints a
+    started interpreter once (a pooled one, which then leaves the pool), and
+    code-interpreter creates restore it instead of starting Python's kernel:
+    each gets its own envs and its own random state; a memory snapshot of
+    such a sandbox keeps the kernel's state (its kernels are on Unix
+    sockets); and a damaged checkpoint is removed, that create starts its
+    kernels, and a new checkpoint is taken."""
+    data = tmp_path / "data"
+    d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--backend", "gvisor"])
+    d.start()
+    try:
+        assert wait_until(lambda: "interpreter checkpoint: " in d.log_tail(100000), 180), d.log_tail()
+        ckpts = list((data / "interp-checkpoints").iterdir())
+        assert len(ckpts) == 1 and ckpts[0].suffix == ".ckpt", ckpts
+        assert ckpts[0].stat().st_mode & 0o777 == 0o600
+        # the interpreter it was taken from was stopped by it: out of the pool
+        assert wait_until(lambda: (data / "pool-ids").read_text().split() == [], 30)
+
+        values = []
+        for i in range(2):
+            sb = d.create(templateID="code-interpreter-v1", envVars={"HUTCH_CLAIM": f"claim {i}"})
+            sid = sb["sandboxID"]
+            assert f"sandbox {sid}: restored from the interpreter checkpoint" in d.log_tail(100000)
+            ev = _execute(d, sid, {"code": "import os, random\n"
+                                           "(os.environ['HUTCH_CLAIM'], os.environ['E2B_SANDBOX_ID'], random.random())"})
+            res = [e["text"] for e in ev if e["type"] == "result"]
+            assert len(res) == 1 and res[0].startswith(f"('claim {i}', '{sid}', "), ev
+            values.append(res[0].split(", ")[2])
+        assert values[0] != values[1], "two restored interpreters drew the same random number"
+
+        # a memory snapshot of it, and a create from that, keep the kernel's state
+        _execute(d, sid, {"code": "x = 41"})
+        r = d.request("POST", f"/sandboxes/{sid}/snapshots", {}, timeout=300)
+        assert r.status == 201, r
+        snap = r.json()["snapshotID"]
+        sb2 = d.create(templateID=snap)
+        ev = _execute(d, sb2["sandboxID"], {"code": "x + 2"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["43"], ev
+        ev = _execute(d, sid, {"code": "x + 1"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["42"], ev
+
+        # a damaged checkpoint: removed, the create starts its kernels
+        ckpts[0].write_bytes(b"HUTCHGV2 not a checkpoint at all")
+        taken = d.log_tail(1000000).count("interpreter checkpoint: ")
+        sb3 = d.create(templateID="code-interpreter-v1")
+        assert "restoring the interpreter checkpoint" in d.log_tail(100000), d.log_tail()
+        ev = _execute(d, sb3["sandboxID"], {"code": "6 * 7"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["42"], ev
+        # and the pool takes a new one
+        assert wait_until(lambda: d.log_tail(1000000).count("interpreter checkpoint: ") > taken, 180), d.log_tail()
+        assert [p.name for p in (data / "interp-checkpoints").iterdir()] == [ckpts[0].name]
+        assert ckpts[0].stat().st_size > 1 << 20
+    finally:
+        d.stop()
