@@ -4,7 +4,10 @@
 #
 #   HUTCH_BIN=build/hutch bench/interp.sh
 #   INTERP_N=200 INTERP_CREATES=5 INTERP_POOL=1 bench/interp.sh
-# (INTERP_POOL: the daemon's interp-pool-size)
+#   INTERP_BACKEND=gvisor INTERP_POOL=0 INTERP_CHECKPOINT=on bench/interp.sh
+# (INTERP_POOL: the daemon's interp-pool-size; INTERP_BACKEND its backend;
+# INTERP_CHECKPOINT its interp-checkpoint, on gvisor: with on, the run
+# waits for the checkpoint before it measures)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HUTCH=${HUTCH_BIN:-${HUTCH_BUILD_DIR:-build}/hutch}
@@ -26,9 +29,20 @@ cleanup() {
 }
 trap cleanup EXIT
 "$HUTCH" serve --listen 127.0.0.1:$port --data-dir "$work/data" --run-dir "$work/run" \
-        --interp-pool-size "${INTERP_POOL:-1}" >"$work/serve.log" 2>&1 &
+        --interp-pool-size "${INTERP_POOL:-1}" --backend "${INTERP_BACKEND:-ns}" \
+        --interp-checkpoint "${INTERP_CHECKPOINT:-on}" >"$work/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [[ -s $work/data/api-key ]] && curl -sf -o /dev/null http://127.0.0.1:$port/health && break; sleep 0.1; done
+if [[ ${INTERP_BACKEND:-ns} == gvisor && ${INTERP_CHECKPOINT:-on} == on ]]; then
+        # the daemon takes its checkpoint once an interpreter was wanted
+        key=$(cat "$work/data/api-key")
+        sid=$(curl -sf -H "X-API-Key: $key" -H 'Content-Type: application/json' \
+                -d '{"templateID":"code-interpreter-v1"}' http://127.0.0.1:$port/sandboxes |
+                $PY -c 'import json,sys; print(json.load(sys.stdin)["sandboxID"])')
+        curl -sf -X DELETE -H "X-API-Key: $key" http://127.0.0.1:$port/sandboxes/$sid
+        for _ in $(seq 600); do grep -q "interpreter checkpoint: " "$work/serve.log" && break; sleep 0.5; done
+        grep "interpreter checkpoint" "$work/serve.log" >&2 || { echo "no interpreter checkpoint after 300 s" >&2; exit 1; }
+fi
 export E2B_API_URL=http://127.0.0.1:$port E2B_SANDBOX_URL=http://127.0.0.1:$port
 export E2B_API_KEY=$(cat "$work/data/api-key")
 node bench/interp.mjs

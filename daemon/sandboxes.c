@@ -316,9 +316,10 @@ static bool pool_current(const sbx *p, const char *tpl, const char *ver, const c
 /* gvisor (issue #14): a code-interpreter create that the warm pool cannot
  * serve restores a checkpoint of a started interpreter (its python and
  * javascript kernels up) instead of starting Python's kernel again. The
- * checkpoint is taken from a pooled interpreter once it is ready (the pool
- * keeps one starting while none exists), which it stops: it is then
- * removed from the pool. One file, DATA_DIR/interp-checkpoints/<key>.ckpt,
+ * checkpoint is taken once an interpreter was wanted (a code-interpreter
+ * create that found none, or an interpreter warm pool), from a pooled
+ * interpreter once it is ready (the pool keeps one starting while none
+ * exists), which it stops: it is then removed from the pool. One file, DATA_DIR/interp-checkpoints/<key>.ckpt,
  * root's, 0600; the key is over everything a restored sandbox must match:
  * the interpreter template's version, hutch-interp's files, the limits
  * every create gets. A new key (a rebuilt template, another hutch) makes a
@@ -376,12 +377,13 @@ static bool interp_ckpt_path(server *srv, char *buf, size_t n) {
         return ok;
 }
 
-/* Whether a checkpoint should be taken: on, not backing off, and none for
- * the current key. */
+/* Whether a checkpoint should be taken: on, wanted, not backing off, and
+ * none for the current key. */
 static bool interp_ckpt_missing(server *srv) {
         char p[PATH_MAX];
         struct stat st;
-        return wall_ms() >= srv->interp_ckpt_backoff_ms && interp_ckpt_path(srv, p, sizeof p) &&
+        return (srv->interp_ckpt_wanted || srv->cfg.interp_pool_size > 0) &&
+                wall_ms() >= srv->interp_ckpt_backoff_ms && interp_ckpt_path(srv, p, sizeof p) &&
                 stat(p, &st) < 0;
 }
 
@@ -951,9 +953,13 @@ int sbx_create(server *srv, int64_t team, json_t *body, sbx **ret, unsigned *ret
          * once it has its envs, as a pooled one does) */
         char interp_ckpt[PATH_MAX] = "";
         if (!sb && poolable && template_is_interp(template_name) && backend == HUTCH_BACKEND_GVISOR &&
-            interp_ckpt_path(srv, interp_ckpt, sizeof interp_ckpt) && access(interp_ckpt, R_OK) == 0) {
-                snprintf(layer_from, sizeof layer_from, "%s", interp_ckpt);
-                checkpoint = borrowed = true;
+            interp_ckpt_path(srv, interp_ckpt, sizeof interp_ckpt)) {
+                srv->interp_ckpt_wanted = true; /* the pool takes one, if there is none */
+                if (access(interp_ckpt, R_OK) == 0) {
+                        snprintf(layer_from, sizeof layer_from, "%s", interp_ckpt);
+                        checkpoint = borrowed = true;
+                } else
+                        interp_ckpt[0] = 0;
         } else
                 interp_ckpt[0] = 0;
         if (!sb) {

@@ -290,6 +290,7 @@ struct server {
         unsigned n_pool;
         int64_t pool_backoff_ms; /* after a failed fill, wait until then */
         int64_t interp_ckpt_backoff_ms; /* after a failed interpreter checkpoint, none until then */
+        bool interp_ckpt_wanted;        /* a code interpreter was asked for (sandboxes.c) */
         bool pool_dirty;         /* pool-ids to rewrite once the claimed sandbox has its row */
         /* housekeeping (server.c): a pass prunes the database in batches,
          * one per loop turn, then waits for the next */

@@ -147,9 +147,10 @@ def test_kernels_have_no_tcp_port_and_forked_output_arrives(sandboxed_hutch, san
 
 
 def test_gvisor_interpreter_creates_restore_a_checkpoint(sandboxed_hutch, tmp_path):
-    """gVisor (docs/interpreter.md, "On gVisor"): the daemon checkpoints a
-    started interpreter once (a pooled one, which then leaves the pool), and
-    code-interpreter creates restore it instead of starting Python's kernel:
+    """gVisor (docs/interpreter.md, "On gVisor"): once an interpreter was
+    wanted, the daemon checkpoints a started one (a pooled one, which then
+    leaves the pool), and later code-interpreter creates restore it instead
+    of starting Python's kernel:
     each gets its own envs and its own random state; a memory snapshot of
     such a sandbox keeps the kernel's state (its kernels are on Unix
     sockets); and a damaged checkpoint is removed, that create starts its
@@ -158,12 +159,22 @@ def test_gvisor_interpreter_creates_restore_a_checkpoint(sandboxed_hutch, tmp_pa
     d = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--backend", "gvisor"])
     d.start()
     try:
+        # none until an interpreter is wanted: the first create starts its
+        # kernels, and the pool then takes the checkpoint
+        def pooled():
+            return (data / "pool-ids").read_text().split() if (data / "pool-ids").exists() else []
+        time.sleep(2)
+        assert not (data / "interp-checkpoints").exists() and pooled() == []
+        first = d.create(templateID="code-interpreter-v1")
+        assert "restored from the interpreter checkpoint" not in d.log_tail(100000)
+        ev = _execute(d, first["sandboxID"], {"code": "1 + 1"})
+        assert [e.get("text") for e in ev if e["type"] == "result"] == ["2"], ev
         assert wait_until(lambda: "interpreter checkpoint: " in d.log_tail(100000), 180), d.log_tail()
         ckpts = list((data / "interp-checkpoints").iterdir())
         assert len(ckpts) == 1 and ckpts[0].suffix == ".ckpt", ckpts
         assert ckpts[0].stat().st_mode & 0o777 == 0o600
         # the interpreter it was taken from was stopped by it: out of the pool
-        assert wait_until(lambda: (data / "pool-ids").read_text().split() == [], 30)
+        assert wait_until(lambda: pooled() == [], 30)
 
         values = []
         for i in range(2):
