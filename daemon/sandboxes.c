@@ -319,12 +319,14 @@ static bool pool_current(const sbx *p, const char *tpl, const char *ver, const c
  * checkpoint is taken once an interpreter was wanted (a code-interpreter
  * create that found none, or an interpreter warm pool), from a pooled
  * interpreter once it is ready (the pool keeps one starting while none
- * exists), which it stops: it is then removed from the pool. One file, DATA_DIR/interp-checkpoints/<key>.ckpt,
- * root's, 0600; the key is over everything a restored sandbox must match:
- * the interpreter template's version, hutch-interp's files, the limits
- * every create gets. A new key (a rebuilt template, another hutch) makes a
- * new checkpoint, which replaces the others. A restore that fails removes
- * the file, and that create starts its kernels. */
+ * exists), which the checkpoint stops: it then leaves the pool.
+ *
+ * One file, DATA_DIR/interp-checkpoints/<key>.ckpt, root's, 0600; the key
+ * is over everything a restored sandbox must match: the interpreter
+ * template's version, hutch-interp's files, the limits every create gets.
+ * A new key (a rebuilt template, another hutch) makes a new checkpoint,
+ * which replaces the others. A restore that fails removes the file, and
+ * that create starts its kernels. */
 #define INTERP_CKPT_DIR "interp-checkpoints"
 #define INTERP_CKPT_RECIPE "hutch-interp-ckpt-1"
 
