@@ -49,6 +49,18 @@ def host_extra_suites():
     return [s for s in (f"{codename()}-updates", f"{codename()}-security") if s in words]
 
 
+def pooled_id(data, old, timeout):
+    """The first id in the daemon's pool-ids that is not in old, once there is one."""
+    ids = []
+
+    def listed():
+        ids[:] = [x for x in (data / "pool-ids").read_text().split() if x not in old] \
+            if (data / "pool-ids").exists() else []
+        return ids
+    assert wait_until(listed, timeout), "the warm pool did not fill"
+    return ids[0]
+
+
 def in_base(hutch_bin, env, script, *opts):
     return hutch(hutch_bin, env, "run", "--template", "base", *opts, "--", "/bin/sh", "-c", script)
 
@@ -128,14 +140,7 @@ def test_base_from_debian_packages(sandboxed_hutch, tmp_path):
     # `template rm base` the pooled base sandbox is removed, the pool holds a
     # host one, and the same create is host
     def pooled(old=()):
-        ids = []
-
-        def listed():
-            ids[:] = [x for x in (data / "pool-ids").read_text().split() if x not in old] \
-                if (data / "pool-ids").exists() else []
-            return ids
-        assert wait_until(listed, 30), "the warm pool did not fill"
-        return ids[0]
+        return pooled_id(data, old, 30)
 
     sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "1"])
     sd.start()
@@ -235,14 +240,7 @@ def test_interpreter_from_debian_packages(sandboxed_hutch, tmp_path):
     # `template rm code-interpreter` the pooled one is replaced by one on
     # the host template, which the next create gets
     def pooled(old=()):
-        ids = []
-
-        def listed():
-            ids[:] = [x for x in (data / "pool-ids").read_text().split() if x not in old] \
-                if (data / "pool-ids").exists() else []
-            return ids
-        assert wait_until(listed, 60), "the warm pool did not fill"
-        return ids[0]
+        return pooled_id(data, old, 60)
 
     sd = ServeDaemon(sandboxed_hutch, data, ["--pool-size", "0", "--interp-pool-size", "1"])
     sd.start()
