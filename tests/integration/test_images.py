@@ -461,7 +461,10 @@ def test_gvisor_daemon_image_template_pause_snapshot_and_kill(sandboxed_hutch, e
         assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700, oct(st.st_mode)
 
         # a process that lives through a pause; a file in the layer
-        end, _, err, _ = sd.run(sb, "echo kept > /srv/written; (i=0; while :; do i=$((i+1)); echo $i > /tmp/n; "
+        # (/tmp/n is replaced by a rename, never truncated: a checkpoint
+        # taken between a truncation and its write would find it empty)
+        end, _, err, _ = sd.run(sb, "echo kept > /srv/written; (i=0; while :; do i=$((i+1)); "
+                                    "echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; "
                                     "sleep 0.1; done) >/dev/null 2>&1 </dev/null &", user="root")
         assert end.get("exitCode", 0) == 0, err
         assert sd.request("POST", f"/sandboxes/{sid}/pause", {}, timeout=120).status == 204
