@@ -97,12 +97,29 @@ static bool foreign(const char *media_type) {
                 (strstr(media_type, "foreign") || strstr(media_type, "nondistributable"));
 }
 
+/* The blob's cached copy, opened; downloaded first when the cache has
+ * none. Another pull of an image with the same layer may, between our
+ * download (or our wait for its download) and our open, unpack the blob
+ * and delete it (a layer's compressed copy goes once it is unpacked): then
+ * it is downloaded again, a few times at most. */
 static int cache_open(pull_ctx *x, const char *digest, int64_t size, int *ret_fd, hutch_error *err) {
         char path[4096];
-        int r = registry_cache_path(x->blob_dir, digest, path, sizeof path);
-        if (r < 0)
-                return hutch_error_set(err, r, "invalid digest %.80s", digest);
-        if (!path[0]) {
+        for (int attempt = 0;; attempt++) {
+                int r = registry_cache_path(x->blob_dir, digest, path, sizeof path);
+                if (r < 0)
+                        return hutch_error_set(err, r, "invalid digest %.80s", digest);
+                if (path[0]) {
+                        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                        if (fd >= 0) {
+                                *ret_fd = fd;
+                                return 0;
+                        }
+                        if (errno != ENOENT)
+                                return hutch_error_set(err, -errno, "opening %s: %m", path);
+                }
+                if (attempt == 3)
+                        return hutch_error_set(err, -EIO, "blob %s vanished from the cache %d times", digest,
+                                               attempt);
                 registry_blob b = { .digest = digest, .size = size };
                 uint64_t got = 0;
                 unsigned nb = 0;
@@ -111,14 +128,7 @@ static int cache_open(pull_ctx *x, const char *digest, int64_t size, int *ret_fd
                         return r;
                 x->bytes += got;
                 x->n_downloaded += nb;
-                if ((r = registry_cache_path(x->blob_dir, digest, path, sizeof path)) < 0 || !path[0])
-                        return hutch_error_set(err, -EIO, "blob %s vanished from the cache", digest);
         }
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        if (fd < 0)
-                return hutch_error_set(err, -errno, "opening %s: %m", path);
-        *ret_fd = fd;
-        return 0;
 }
 
 static void dl_forward(pull_ctx *x, const dl_record *rec) {
