@@ -101,7 +101,7 @@ static const char *const interp_default_packages[] = {
 static const char *const base_required[] = { "sudo", NULL };
 static const char *const interp_required[] = { "sudo", "python3-ipykernel", "libjansson4", "libzmq5", NULL };
 
-static const char *base_usage =
+static const char base_usage[] =
         "usage: hutch template base [--mirror URL] [--suite SUITE] [--security-mirror URL] [--no-updates]\n"
         "                           [--packages LIST] [--json] [--force]\n"
         "\n"
@@ -120,7 +120,7 @@ static const char *base_usage =
         "  --json            one JSON object per event on stdout\n"
         "`hutch template rm base` removes it: `base` is then the host template again.\n";
 
-static const char *interp_usage =
+static const char interp_usage[] =
         "usage: hutch template interpreter [--mirror URL] [--suite SUITE] [--security-mirror URL]\n"
         "                                  [--no-updates] [--packages LIST] [--json] [--force]\n"
         "\n"
@@ -144,6 +144,7 @@ typedef struct recipe {
         const char *verb;  /* `hutch template VERB`, and the prefix of our messages */
         const char *key;   /* part of every build's key: a new recipe is a new key */
         const char *audit; /* the audit trail's event */
+        const char *usage; /* --help, and after a usage error */
         const char *const *defaults;
         const char *const *required;
 } recipe;
@@ -153,6 +154,7 @@ static const recipe recipe_base = {
         .verb = "base",
         .key = "hutch-base-1",
         .audit = "template.base",
+        .usage = base_usage,
         .defaults = default_packages,
         .required = base_required,
 };
@@ -162,6 +164,7 @@ static const recipe recipe_interp = {
         .verb = "interpreter",
         .key = "hutch-interp-1",
         .audit = "template.interpreter",
+        .usage = interp_usage,
         .defaults = interp_default_packages,
         .required = interp_required,
 };
@@ -799,7 +802,9 @@ static int build_tree(build *b, const sources *src, pkgs *p, bool force) {
 }
 
 static int template_debian(int argc, char **argv) {
-        const char *usage_text = rc == &recipe_interp ? interp_usage : base_usage;
+        const char *usage_text = rc->usage;
+        char verb[32];
+        snprintf(verb, sizeof verb, "template %s", rc->verb);
         static const struct option opts[] = { { "mirror", required_argument, NULL, 'm' },
                                               { "suite", required_argument, NULL, 's' },
                                               { "security-mirror", required_argument, NULL, 'S' },
@@ -834,7 +839,7 @@ static int template_debian(int argc, char **argv) {
                         fputs(usage_text, stdout);
                         return 0;
                 } else
-                        return cli_getopt_error(rc == &recipe_interp ? "template interpreter" : "template base", c, argv);
+                        return cli_getopt_error(verb, c, argv);
         }
         if (optind != argc)
                 return log_error("template %s: unexpected argument '%s'\n%s", rc->verb, argv[optind],
