@@ -271,17 +271,26 @@ static const char *pool_default_read(server *srv, char *ver, size_t n) {
         return template_base_version(srv->cfg.data_dir, ver, n) ? "base" : "host";
 }
 
-/* pool_default_read() at most once a second: the loop asks every turn
- * whether the pool is short; a claim (pool_take) reads it afresh. */
+/* Whether a value read at *read_ms (-1: never) is to be read again: a
+ * second later, or when the clock went back; then *read_ms is now. The
+ * loop asks the pool's questions every turn; their file system answers
+ * are read at most once a second. */
+static bool reread_due(int64_t *read_ms) {
+        int64_t now = wall_ms();
+        if (*read_ms >= 0 && now - *read_ms < 1000 && now >= *read_ms)
+                return false;
+        *read_ms = now;
+        return true;
+}
+
+/* pool_default_read() at most once a second; a claim (pool_take) reads it
+ * afresh. */
 static const char *pool_default(server *srv, char *ver, size_t n) {
         static int64_t read_ms = -1;
         static const char *tpl;
         static char cached[96];
-        int64_t now = wall_ms();
-        if (read_ms < 0 || now - read_ms >= 1000 || now < read_ms) {
+        if (reread_due(&read_ms))
                 tpl = pool_default_read(srv, cached, sizeof cached);
-                read_ms = now;
-        }
         snprintf(ver, n, "%s", cached);
         return tpl;
 }
@@ -292,11 +301,8 @@ static const char *pool_default(server *srv, char *ver, size_t n) {
 static const char *pool_interp_version(server *srv, bool fresh) {
         static int64_t read_ms = -1;
         static char cached[96];
-        int64_t now = wall_ms();
-        if (fresh || read_ms < 0 || now - read_ms >= 1000 || now < read_ms) {
+        if (reread_due(&read_ms) || fresh)
                 (void) template_interp_version(srv->cfg.data_dir, cached, sizeof cached);
-                read_ms = now;
-        }
         return cached;
 }
 
@@ -368,13 +374,10 @@ static bool interp_ckpt_path(server *srv, char *buf, size_t n) {
         static int64_t read_ms = -1;
         static char cached[PATH_MAX];
         static bool ok;
-        int64_t now = wall_ms();
         if (!interp_ckpt_on(srv))
                 return false;
-        if (read_ms < 0 || now - read_ms >= 1000 || now < read_ms) {
-                read_ms = now;
+        if (reread_due(&read_ms))
                 ok = interp_ckpt_key(srv, cached, sizeof cached) == 0;
-        }
         snprintf(buf, n, "%s", cached);
         return ok;
 }
@@ -462,17 +465,25 @@ static void interp_ckpt_take(server *srv, sbx *sb) {
         pool_remove(srv, sb);
 }
 
-/* sb out of the pool, destroyed and freed (the stale ones' way, for one) */
+/* sb, already unlinked from the pool's list: destroyed unless its init
+ * died, then freed */
+static void pool_drop(server *srv, sbx *sb) {
+        srv->n_pool--;
+        if (!sb->dead) {
+                loop_del(srv, &sb->w);
+                hutch_error e2 = { 0 };
+                if (hutch_sandbox_destroy(sb->h, &e2) < 0)
+                        log_warning("warm pool: destroying %s: %s", sb->id, e2.msg);
+        }
+        sbx_release(sb);
+}
+
+/* sb out of the pool, destroyed and freed, pool-ids rewritten */
 static void pool_remove(server *srv, sbx *sb) {
         for (sbx **pp = &srv->pool; *pp; pp = &(*pp)->next)
                 if (*pp == sb) {
                         *pp = sb->next;
-                        srv->n_pool--;
-                        loop_del(srv, &sb->w);
-                        hutch_error e2 = { 0 };
-                        if (hutch_sandbox_destroy(sb->h, &e2) < 0)
-                                log_warning("warm pool: destroying %s: %s", sb->id, e2.msg);
-                        sbx_release(sb);
+                        pool_drop(srv, sb);
                         pool_save(srv);
                         return;
                 }
@@ -498,16 +509,17 @@ static void pool_counts(server *srv, unsigned *ret_host, unsigned *ret_interp) {
 
 /* The code interpreters the pool keeps: interp-pool-size, and one while a
  * checkpoint is wanted (it becomes the checkpoint once ready). */
-static unsigned interp_target(server *srv) {
+static unsigned interp_target(server *srv, bool ckpt_missing) {
         unsigned t = (unsigned) srv->cfg.interp_pool_size;
-        return t == 0 && interp_ckpt_missing(srv) ? 1 : t;
+        return t == 0 && ckpt_missing ? 1 : t;
 }
 
 bool sbx_pool_short(server *srv) {
         unsigned h, i;
         pool_counts(srv, &h, &i);
-        return h < srv->cfg.pool_size || i < interp_target(srv) ||
-                (interp_ckpt_missing(srv) && interp_ckpt_source(srv));
+        bool missing = interp_ckpt_missing(srv);
+        return h < srv->cfg.pool_size || i < interp_target(srv, missing) ||
+                (missing && interp_ckpt_source(srv));
 }
 
 /* A pooled sandbox of template_name ("host", "base" or a code-interpreter
@@ -550,18 +562,12 @@ void sbx_pool_fill(server *srv) {
         for (sbx **pp = &srv->pool; *pp;) {
                 sbx *sb = *pp;
                 if (sb->dead || !pool_current(sb, dflt, ver, iver)) {
-                        if (!sb->dead) {
+                        if (!sb->dead)
                                 log_info("warm pool: removing %s, a sandbox of %s %s, which creates no longer start",
                                          sb->id, sb->template_id,
                                          sb->pool_version[0] ? sb->pool_version : "");
-                                loop_del(srv, &sb->w);
-                                hutch_error e2 = { 0 };
-                                if (hutch_sandbox_destroy(sb->h, &e2) < 0)
-                                        log_warning("warm pool: destroying %s: %s", sb->id, e2.msg);
-                        }
                         *pp = sb->next;
-                        srv->n_pool--;
-                        sbx_release(sb);
+                        pool_drop(srv, sb);
                         changed = true;
                         continue;
                 }
@@ -570,7 +576,8 @@ void sbx_pool_fill(server *srv) {
         if (changed)
                 pool_save(srv);
         /* a ready interpreter, while no checkpoint is: it becomes one */
-        sbx *src = interp_ckpt_missing(srv) ? interp_ckpt_source(srv) : NULL;
+        bool missing = interp_ckpt_missing(srv);
+        sbx *src = missing ? interp_ckpt_source(srv) : NULL;
         if (src) {
                 interp_ckpt_take(srv, src);
                 return;
@@ -578,7 +585,7 @@ void sbx_pool_fill(server *srv) {
         unsigned n_host, n_interp;
         pool_counts(srv, &n_host, &n_interp);
         bool interp = n_host >= srv->cfg.pool_size;
-        if (interp && n_interp >= interp_target(srv))
+        if (interp && n_interp >= interp_target(srv, missing))
                 return;
         const char *tpl = interp ? "code-interpreter-v1" : dflt;
         sbx *sb = sbx_alloc(srv);
