@@ -1376,23 +1376,30 @@ def test_disk_full_upload_507(serve):
     assert serve.kill(sb["sandboxID"]).status == 204
 
 
-def test_compressed_upload_past_the_layer_507(serve):
-    """2 MB of gzip that inflate to 2 GiB, into a sandbox of the default
-    limits (1 GiB layer): 507 in E2B's error format once the layer is full,
-    no partial or temporary file, the sandbox goes on. (On gvisor, where
-    the layer lives in the sandbox's memory, this upload ended the whole
-    sandbox: test_gvisor.py::test_compressed_upload_past_memory_is_507.)"""
-    sb = serve.create(timeout=600)
-    before = sh(serve, sb, "ls -lA /home/user")[0]
-    c = zlib.compressobj(9, zlib.DEFLATED, 31)
-    zeros = bytes(1 << 20)
-    bomb = b"".join(c.compress(zeros) for _ in range(2048)) + c.flush()
-    assert len(bomb) < 3 << 20
-    r = post_file(serve, sb, "/home/user/big.bin", bomb, OCTET + [("Content-Encoding", "gzip")], timeout=300)
-    assert_json_error(r, 507)
-    assert sh(serve, sb, "ls -lA /home/user")[0] == before
-    assert sh(serve, sb, "echo alive")[0] == "alive\n"
-    assert serve.kill(sb["sandboxID"]).status == 204
+def test_compressed_upload_past_the_layer_507(sandboxed_hutch, tmp_path):
+    """Half a MB of gzip that inflates to 512 MiB, into a sandbox whose
+    layer is smaller (the daemon's `disk` setting, 192 MiB here so that the
+    test fills it in seconds, not the default 1 GiB's half a minute): 507
+    in E2B's error format once the layer is full, no partial or temporary
+    file, the sandbox goes on. (On gvisor, where the layer lives in the
+    sandbox's memory, this upload ended the whole sandbox:
+    test_gvisor.py::test_compressed_upload_past_memory_is_507.)"""
+    d = ServeDaemon(sandboxed_hutch, tmp_path / "data", ["--disk", "192M"])
+    d.start()
+    try:
+        sb = d.create(timeout=600)
+        before = sh(d, sb, "ls -lA /home/user")[0]
+        c = zlib.compressobj(9, zlib.DEFLATED, 31)
+        zeros = bytes(1 << 20)
+        bomb = b"".join(c.compress(zeros) for _ in range(512)) + c.flush()
+        assert len(bomb) < 1 << 20
+        r = post_file(d, sb, "/home/user/big.bin", bomb, OCTET + [("Content-Encoding", "gzip")], timeout=300)
+        assert_json_error(r, 507)
+        assert sh(d, sb, "ls -lA /home/user")[0] == before
+        assert sh(d, sb, "echo alive")[0] == "alive\n"
+        assert d.kill(sb["sandboxID"]).status == 204
+    finally:
+        d.stop()
 
 
 # ==========================================================================
