@@ -354,6 +354,11 @@ static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
                 r = interp_files_install(sb->h, start_cmd, (int) (w->deadline_ms - now), err);
                 sbx_mark_dirty(sb);
         }
+        /* A create's envs reach every context as a pooled claim's do, before
+         * its first cell: the kernels inherit them anyway, but Java reads them
+         * as system properties, which E2B's server sets in each context */
+        if (r >= 0 && req && template_is_interp(sb->template_id) && json_object_size(sb->envs) > 0)
+                r = write_claim_envs(srv, sb, err);
         _cleanup_free_ char *start = NULL;
         if (r >= 0 &&
             asprintf(&start, "exec </dev/null >>/tmp/.hutch-start.log 2>&1; %s", start_cmd) < 0)

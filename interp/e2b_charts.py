@@ -142,6 +142,19 @@ def _bar(ax):
     return keys, elements
 
 
+def _round8(v):
+    """A float kept to 8 significant digits less one per power of ten above
+    the units (324 keeps 6, 36 keeps 7, 0.5 keeps 9): float noise such as
+    323.99999999 becomes 324, as E2B's charts give it."""
+    from decimal import Decimal, localcontext
+    d = Decimal(str(float(v)))
+    if not d.is_finite() or d == 0:
+        return float(v)
+    with localcontext() as ctx:
+        ctx.prec = max(1, 8 - d.adjusted())
+        return float(+d)
+
+
 def _fmt(v):
     return str(int(v)) if float(v).is_integer() else str(v)
 
@@ -152,8 +165,8 @@ def _pie(ax):
     texts = [t for t in ax.texts]
     for i, w in enumerate(p for p in ax.patches if isinstance(p, Wedge)):
         label = w.get_label() or (texts[2 * i].get_text() if len(texts) > 2 * i else "")
-        angle = abs(w.theta2 - w.theta1)
-        elements.append({"label": label, "angle": float("%.8g" % angle), "radius": float(w.r)})
+        elements.append({"label": label, "angle": abs(_round8(float(w.theta2) - float(w.theta1))),
+                         "radius": float(w.r)})
     return {}, elements
 
 
@@ -224,15 +237,19 @@ def _grid_line(ln):
 
 
 def chart_of_axes(ax):
-    from matplotlib.collections import PathCollection
+    from matplotlib.collections import Collection, PathCollection
+    from matplotlib.image import AxesImage
     from matplotlib.lines import Line2D
-    from matplotlib.patches import PathPatch, Rectangle, Wedge
+    from matplotlib.patches import Patch, PathPatch, Rectangle, Wedge
     from matplotlib.text import Text
 
     children = [c for c in ax.get_children() if not isinstance(c, Text)]
     # the axes' own furniture: spines, background patch, axis objects
     own = set(ax.spines.values()) | {ax.patch, ax.xaxis, ax.yaxis}
-    drawn = [c for c in children if c not in own and (isinstance(c, (Line2D, PathCollection, Rectangle, Wedge, PathPatch))
+    # what the user drew: lines, collections, images and any patch (a
+    # Circle added with add_artist too: a chart of kind "unknown", with its
+    # title and no elements, as E2B gives it)
+    drawn = [c for c in children if c not in own and (isinstance(c, (Line2D, Collection, Patch, AxesImage))
                                                        or c in ax.collections)]
     title = ax.get_title() or None
     if not drawn:

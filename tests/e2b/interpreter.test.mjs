@@ -132,7 +132,9 @@ fig, ax = plt.subplots(); ax.imshow([[1, 2], [3, 4]]); plt.show()
     assert.equal(c[5].title, 'S')
     assert.deepEqual(c[5].elements.map((x) => x.type), ['line', 'bar'])
     assert.equal(c[5].elements[0].x_scale, 'categorical')
-    assert.equal(c[6], undefined) // an image is no chart kind we read: the png alone
+    // an image is no chart kind with data: E2B's kind "unknown", no
+    // elements, beside its png
+    assert.deepEqual(c[6], { type: 'unknown', title: null, elements: [] })
   })
 
   test('javascript, typescript, r, java and bash keep state between cells', async () => {
