@@ -2343,7 +2343,7 @@ int egress_proxy_env(uint16_t port, char ret[8][64]) {
                 else if (i < 6)
                         snprintf(ret[i], 64, "%s=socks5h://127.0.0.1:%u", names[i], port);
                 else
-                        snprintf(ret[i], 64, "%s=localhost,127.0.0.1,::1", names[i]);
+                        snprintf(ret[i], 64, "%s=localhost,127.0.0.1,::1,0.0.0.0", names[i]);
         }
         return 8;
 }

@@ -28,7 +28,7 @@ test('allowOut at create: getInfo shows it, the proxy is set, the empty ceiling 
   const envs = await run(sbx, 'env | grep -i _proxy= | sort')
   assert.match(envs.stdout, /^HTTPS_PROXY=http:\/\/127\.0\.0\.1:3128$/m)
   assert.match(envs.stdout, /^ALL_PROXY=socks5h:\/\/127\.0\.0\.1:3128$/m)
-  assert.match(envs.stdout, /^no_proxy=localhost,127\.0\.0\.1,::1$/m)
+  assert.match(envs.stdout, /^no_proxy=localhost,127\.0\.0\.1,::1,0\.0\.0\.0$/m)
   const r = await run(sbx, 'curl -sS -m 10 https://api.example.com/')
   assert.notEqual(r.exitCode, 0)
   const h = await run(sbx, 'curl -sS -m 10 http://api.example.com:443/')
