@@ -149,6 +149,14 @@ print(json.dumps([hashlib.sha256(x).hexdigest() for x in (png, svg.encode(), svg
     assert.equal(e.text, seq[10].text)
   })
 
+  test('a large non-ASCII printed text arrives whole (the lines are ASCII)', async () => {
+    // the SDK decodes each read on its own: a character split between two
+    // reads would come out as U+FFFD, were the line not ASCII
+    const e = await sbx.runCode('print("漢😀é\\x01" * 300000)')
+    assert.equal(e.error, undefined, JSON.stringify(e.error))
+    assert.equal(e.logs.stdout.join(''), '漢😀é\x01'.repeat(300000) + '\n')
+  })
+
   test('charts from matplotlib: line, scatter, bar, pie, box-and-whisker, superchart, log and categorical scales', async () => {
     const e = await sbx.runCode(`
 import matplotlib.pyplot as plt
