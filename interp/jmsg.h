@@ -24,8 +24,10 @@ typedef struct jmsg {
         char parent_id[128]; /* "" when the parent header is empty */
         char date[64];       /* the header's date, "" when absent */
         json_t *content;     /* an object, owned */
-        const jframe *buffers; /* the frames after the content (binary */
-        size_t n_buffers;      /* buffers, unsigned): the caller's frames */
+        /* the frames after the content: binary buffers, unsigned (the
+         * HMAC covers the four frames before them); the caller's frames */
+        const jframe *buffers;
+        size_t n_buffers;
 } jmsg;
 
 /* Decode the frames of one message (identities first, as a SUB or DEALER

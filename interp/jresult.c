@@ -27,8 +27,8 @@ static const char *field_of(const char *mime) {
 
 /* text/plain is a repr: a quoted string loses its quotes (E2B's text) */
 static void unquote(const char **s, size_t *n) {
-        if (*n >= 2 && (((*s)[0] == '\'' && (*s)[*n - 1] == '\'') ||
-                        ((*s)[0] == '"' && (*s)[*n - 1] == '"'))) {
+        if (*n >= 2 &&
+            (((*s)[0] == '\'' && (*s)[*n - 1] == '\'') || ((*s)[0] == '"' && (*s)[*n - 1] == '"'))) {
                 (*s)++;
                 *n -= 2;
         }
@@ -65,8 +65,8 @@ json_t *jresult_event(json_t *data, bool main_result) {
 
 #define ONES 0x0101010101010101ULL
 #define HIGHS 0x8080808080808080ULL
-#define HAS_ZERO(w) (((w) - ONES) & ~(w) & HIGHS)
-#define HAS_LESS(w, n) (((w) - ONES * (n)) & ~(w) & HIGHS)
+#define HAS_ZERO(w) (((w) -ONES) & ~(w) &HIGHS)
+#define HAS_LESS(w, n) (((w) -ONES * (n)) & ~(w) &HIGHS)
 
 /* Eight bytes that JSON takes as they are: ASCII, no control character,
  * no quote, no backslash (the common case, a base64 image's). */
@@ -232,8 +232,8 @@ char *jresult_line(json_t *content, const jframe *bufs, size_t n_bufs, bool main
                                         unquote(&s, &n);
                                 ssize_t esc = json_escaped_len((const unsigned char *) s, n);
                                 if (esc >= 0) {
-                                        sp[nsp++] = (spliced) { field, (const unsigned char *) s,
-                                                                n, (size_t) esc };
+                                        sp[nsp++] = (spliced) { field, (const unsigned char *) s, n,
+                                                                (size_t) esc };
                                 }
                                 continue; /* not UTF-8: left out */
                         }
