@@ -73,6 +73,8 @@ int jmsg_decode(const char *key, const jframe *frames, size_t n, jmsg *ret) {
         }
         m.content = content;
         content = NULL;
+        m.buffers = f + 5;
+        m.n_buffers = n - d - 6;
         *ret = m;
 out:
         json_decref(hdr);

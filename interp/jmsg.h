@@ -24,10 +24,14 @@ typedef struct jmsg {
         char parent_id[128]; /* "" when the parent header is empty */
         char date[64];       /* the header's date, "" when absent */
         json_t *content;     /* an object, owned */
+        /* the frames after the content: binary buffers, unsigned (the
+         * HMAC covers the four frames before them); the caller's frames */
+        const jframe *buffers;
+        size_t n_buffers;
 } jmsg;
 
 /* Decode the frames of one message (identities first, as a SUB or DEALER
- * socket delivers them). key may be empty (no signature). Returns 0, or
+ * socket delivers them). ret->buffers points into frames[]. key may be empty (no signature). Returns 0, or
  * -EBADMSG (no delimiter, too few frames, bad JSON, not objects),
  * -EPERM (a bad signature). */
 int jmsg_decode(const char *key, const jframe *frames, size_t n, jmsg *ret);

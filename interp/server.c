@@ -41,6 +41,7 @@
 #include "ibody.h"
 #include "ihttp.h"
 #include "jmsg.h"
+#include "jresult.h"
 
 #define MAX_BODY (16u << 20)
 /* E2B's server sends one after 5 s of silence. A client's close is seen
@@ -249,7 +250,7 @@ static void emit(exec *e, json_t *ev) {
                 json_decref(ev);
                 return;
         }
-        char *s = json_dumps(ev, JSON_COMPACT);
+        char *s = json_dumps(ev, JSON_COMPACT | JSON_ENSURE_ASCII);
         json_decref(ev);
         if (!s)
                 return;
@@ -318,73 +319,23 @@ static void emit_stream(exec *e, const char *name, const char *text, const char 
         emit(e, json_pack("{s:s, s:s, s:s}", "type", name, "text", text, "timestamp", date));
 }
 
-/* A Jupyter MIME bundle as E2B's result event (docs/interpreter.md). */
-static json_t *result_event(json_t *data, bool main_result) {
-        static const struct {
-                const char *mime, *field;
-        } map[] = {
-                { "text/plain", "text" },        { "text/html", "html" },
-                { "text/markdown", "markdown" }, { "image/svg+xml", "svg" },
-                { "image/png", "png" },          { "image/jpeg", "jpeg" },
-                { "application/pdf", "pdf" },    { "text/latex", "latex" },
-                { "application/json", "json" },  { "application/javascript", "javascript" },
-                { "e2b/data", "data" },          { "e2b/chart", "chart" },
-        };
-        json_t *ev = json_object(), *extra = json_object();
-        json_object_set_new(ev, "type", json_string("result"));
-        const char *mime;
-        json_t *v;
-        json_object_foreach(data, mime, v) {
-                if (json_is_null(v))
-                        continue;
-                const char *field = NULL;
-                for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-                        if (strcmp(mime, map[i].mime) == 0)
-                                field = map[i].field;
-                if (!field) {
-                        json_object_set(extra, mime, v);
-                        continue;
-                }
-                if (strcmp(field, "text") == 0 && json_is_string(v)) {
-                        const char *s = json_string_value(v);
-                        size_t n = json_string_length(v);
-                        if (n >= 2 &&
-                            ((s[0] == '\'' && s[n - 1] == '\'') || (s[0] == '"' && s[n - 1] == '"'))) {
-                                json_object_set_new(ev, "text", json_stringn(s + 1, n - 2));
-                                continue;
-                        }
-                }
-                json_object_set(ev, field, v);
-        }
-        json_object_set_new(ev, "extra", extra);
-        json_object_set_new(ev, "is_main_result", json_boolean(main_result));
-        return ev;
-}
-
-static void emit_result(exec *e, json_t *content, bool main_result) {
-        json_t *data = json_object_get(content, "data");
-        if (!json_is_object(data))
+/* A Jupyter MIME bundle as E2B's result event (docs/interpreter.md), the
+ * kernel's buffers spliced in (jresult.h). */
+static void emit_result(exec *e, const jmsg *m, bool main_result) {
+        size_t n = 0;
+        char *s = jresult_line(m->content, m->buffers, m->n_buffers, main_result, &n);
+        if (!s)
                 return;
-        json_t *ev = result_event(data, main_result);
-        char *s = json_dumps(ev, JSON_COMPACT);
-        if (!s) {
-                json_decref(ev);
-                return;
-        }
-        size_t n = strlen(s);
         if (n > output_limit) {
-                json_decref(ev);
                 free(s);
                 char msg[200];
                 snprintf(msg, sizeof msg, "[hutch: result cut: %zu bytes, over the %zu-byte limit]",
                          n, output_limit);
-                json_t *data2 = json_pack("{s:s}", "text/plain", msg);
-                ev = result_event(data2, main_result);
-                json_decref(data2);
-                emit(e, ev);
+                json_t *data = json_pack("{s:s}", "text/plain", msg);
+                emit(e, jresult_event(data, main_result));
+                json_decref(data);
                 return;
         }
-        json_decref(ev);
         if (e->cl)
                 chunk_line(e->cl, s, n);
         free(s);
@@ -955,9 +906,9 @@ static void on_iopub(kctx *c, const jmsg *m) {
                         emit_stream(e, strcmp(name, "stderr") == 0 ? "stderr" : "stdout", text,
                                     m->date);
         } else if (strcmp(t, "execute_result") == 0) {
-                emit_result(e, ct, true);
+                emit_result(e, m, true);
         } else if (strcmp(t, "display_data") == 0 || strcmp(t, "update_display_data") == 0) {
-                emit_result(e, ct, false);
+                emit_result(e, m, false);
         } else if (strcmp(t, "error") == 0) {
                 const char *en = json_string_value(json_object_get(ct, "ename"));
                 const char *ev = json_string_value(json_object_get(ct, "evalue"));

@@ -4,6 +4,7 @@
 // a run, and bad input answered in E2B's formats (docs/interpreter.md).
 import { after, before, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
+import { createHash } from 'node:crypto'
 import { Sandbox } from '@e2b/code-interpreter'
 import { backend, env } from './helpers.mjs'
 
@@ -96,6 +97,64 @@ pd.DataFrame({"a": [1, 2], "t": pd.to_datetime(["2024-01-01", "2024-01-02"])})
     assert.deepEqual(main.data, { a: [1, 2], t: ['2024-01-01T00:00:00', '2024-01-02T00:00:00'] })
     assert.match(main.html, /<table/)
     assert.ok(main.formats().includes('data'))
+  })
+
+  test('multi-MB results arrive byte-exact, in order with small results and printed lines', async () => {
+    // strings of 64 KiB or more leave the kernel as ZeroMQ buffers
+    // (e2b_startup.py) and hutch-interp writes them into the line
+    // (jresult.c): every kind of character, in every place a result has
+    const seq = []
+    const e = await sbx.runCode(String.raw`
+import hashlib, json, random
+from IPython.display import display, Image, HTML, Markdown, JSON
+r = random.Random(5)
+png = b"\x89PNG\r\n\x1a\n" + r.randbytes(3 << 20)
+svg = "<svg>" + "".join(r.choice('a"\\\n\t\x01\x1f\x7f/é漢😀< ') for _ in range(1 << 20)) + "</svg>"
+class Two:
+    def _repr_svg_(self): return svg
+    def _repr_html_(self): return svg[::-1]
+print("before")
+display(Image(data=png))
+print("between")
+display(Two())
+display({"application/x-hutch-big": svg, "text/plain": "extra"}, raw=True)
+display(HTML("<b>small</b>"))
+h = display(Markdown("m" * 100000), display_id=True)
+h.update(Markdown("n" * 100000))
+display(JSON({"k": ["x" * 1000] * 1000}))
+print(json.dumps([hashlib.sha256(x).hexdigest() for x in (png, svg.encode(), svg[::-1].encode())]))
+"q'\"" * 100000
+`, {
+      onStdout: (m) => seq.push(m.line),
+      onResult: (x) => seq.push(x),
+    })
+    assert.equal(e.error, undefined, JSON.stringify(e.error))
+    const sha = (b) => createHash('sha256').update(b).digest('hex')
+    assert.equal(seq.length, 11, JSON.stringify(seq.map((x) => typeof x === 'string' ? x : x.formats())))
+    const [want_png, want_svg, want_html] = JSON.parse(seq[9])
+    assert.deepEqual([seq[0], seq[2]], ['before\n', 'between\n'])
+    assert.equal(sha(Buffer.from(seq[1].png, 'base64')), want_png)
+    assert.equal(seq[1].isMainResult, false)
+    assert.equal(sha(Buffer.from(seq[3].svg)), want_svg)
+    assert.equal(sha(Buffer.from(seq[3].html)), want_html)
+    assert.equal(seq[4].text, 'extra')
+    assert.equal(sha(Buffer.from(seq[4].raw.extra['application/x-hutch-big'])), want_svg)
+    assert.equal(seq[5].html, '<b>small</b>')
+    assert.equal(seq[6].markdown, 'm'.repeat(100000))
+    assert.equal(seq[7].markdown, 'n'.repeat(100000))
+    assert.deepEqual(seq[8].json, { k: Array(1000).fill('x'.repeat(1000)) })
+    assert.equal(seq[10].isMainResult, true)
+    assert.equal(seq[10].text, `q\\'"`.repeat(100000)) // its repr (q\'"...), unquoted
+    assert.equal(e.results.length, 8)
+    assert.equal(e.text, seq[10].text)
+  })
+
+  test('a large non-ASCII printed text arrives whole (the lines are ASCII)', async () => {
+    // the SDK decodes each read on its own: a character split between two
+    // reads would come out as U+FFFD, were the line not ASCII
+    const e = await sbx.runCode('print("漢😀é\\x01" * 300000)')
+    assert.equal(e.error, undefined, JSON.stringify(e.error))
+    assert.equal(e.logs.stdout.join(''), '漢😀é\x01'.repeat(300000) + '\n')
   })
 
   test('charts from matplotlib: line, scatter, bar, pie, box-and-whisker, superchart, log and categorical scales', async () => {
