@@ -220,11 +220,18 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                 json_decref(body);
                 return restore_mr; /* it waits, or its answer is queued */
         }
+        /* an image template this node lacks: pulled from template-registry
+         * off the loop first, then this runs again (tplshare.c) */
+        if (tplshare_begin(srv, req, body, &restore_mr) > 0) {
+                json_decref(body);
+                return restore_mr;
+        }
         sbx *sb = NULL;
         unsigned status = 500;
         hutch_error err = { 0 };
         int r = sbx_create(srv, req->team, body, &sb, &status, &err);
         snapshot_restore_end(srv, req);
+        tplshare_end(srv, req);
         json_decref(body);
         if (r < 0) {
                 if (status == 429)

@@ -499,7 +499,8 @@ static void restore_use(server *srv, snapjob *j) {
 int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr) {
         snapjob *held = snapjob_held(req);
         if (held) {
-                restore_use(srv, held);
+                if (held->ops == &restore_ops) /* else a template's pull (tplshare.c) */
+                        restore_use(srv, held);
                 return 0;
         }
         const char *id = json_string_value(json_object_get(body, "templateID"));
@@ -576,7 +577,7 @@ int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Res
 
 void snapshot_restore_end(server *srv, request *req) {
         snapjob *j = snapjob_held(req);
-        if (!j)
+        if (!j || j->ops != &restore_ops)
                 return;
         restore_job *rj = j->data;
         if (rj->image[0] && !srv->fork_image[0])

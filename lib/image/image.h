@@ -96,6 +96,9 @@ typedef struct image_config {
         char *user;
         char **cmd; /* Entrypoint + Cmd, NULL-terminated, or NULL */
         char *os, *architecture, *variant;
+        /* Labels dev.hutch.start-cmd and dev.hutch.ready-cmd: a pushed
+         * template's start and ready commands (lib/image/push.h) */
+        char *start_cmd, *ready_cmd;
 } image_config;
 
 /* The host's platform: "amd64", "arm64" (and the arm variant) as OCI names them. */
