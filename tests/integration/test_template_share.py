@@ -29,7 +29,7 @@ import pytest
 
 from serveclient import ServeDaemon, free_port
 
-TOOLS = ("docker-registry", "umoci")
+TOOLS = ("docker-registry", "umoci", "openssl", "htpasswd")
 missing = [t for t in TOOLS if not shutil.which(t)]
 if missing:
     pytest.fail("test_template_share needs " + ", ".join(missing) + " (scripts/deps.sh test)",
@@ -48,10 +48,11 @@ def sh(argv, **kw):
     return cp
 
 
-def hutch(hutch_bin, data_dir: Path, *args, check=True, timeout=180):
+def hutch(hutch_bin, data_dir: Path, *args, check=True, timeout=180, input=None):
     env = dict(os.environ, HUTCH_DATA_DIR=str(data_dir))
     cp = subprocess.run([str(hutch_bin), *args], env=env, capture_output=True, text=True,
-                        timeout=timeout)
+                        timeout=timeout, input=input,
+                        stdin=None if input is not None else subprocess.DEVNULL)
     if check and cp.returncode != 0:
         raise AssertionError(f"hutch {args} failed ({cp.returncode}): {cp.stderr[-3000:]}")
     return cp
@@ -83,20 +84,44 @@ def sh_rootfs(dst: Path):
     (dst / "srv" / "app" / "marker.txt").write_text(MARKER)
 
 
+def make_ca(d: Path):
+    """A test CA and a leaf for 127.0.0.1, with openssl."""
+    sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"), "-days", "2", "-subj", "/CN=hutch test CA"])
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                               "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    sh(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", str(d / "leaf.key"), "-out", str(d / "leaf.csr"), "-subj", "/CN=127.0.0.1"])
+    sh(["openssl", "x509", "-req", "-in", str(d / "leaf.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
+        str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"), "-days", "2",
+        "-extfile", str(d / "ext.cnf")])
+
+
 class Registry:
-    def __init__(self, root: Path):
+    """docker-registry on a free port: plain HTTP, or (tls) HTTPS with a test
+    CA and htpasswd basic auth."""
+
+    def __init__(self, root: Path, name: str = "registry", tls: bool = False):
         self.root = root
+        self.name = name
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
-        self.log = root / "registry.log"
-        (root / "registry.yml").write_text(
+        self.log = root / f"{name}.log"
+        extra = ""
+        if tls:
+            make_ca(root)
+            cp = sh(["htpasswd", "-Bbn", "alice", "pw-alice"])
+            (root / "htpasswd").write_text(cp.stdout)
+            extra = (f"  tls:\n    certificate: {root / 'leaf.pem'}\n    key: {root / 'leaf.key'}\n"
+                     f"auth:\n  htpasswd:\n    realm: hutch-test\n    path: {root / 'htpasswd'}\n")
+        (root / f"{name}.yml").write_text(
             f"version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n"
-            f"    rootdirectory: {root / 'store'}\nhttp:\n  addr: {self.host}\n")
+            f"    rootdirectory: {root / (name + '-store')}\nhttp:\n  addr: {self.host}\n" + extra)
         self.proc = None
 
     def start(self):
         logf = open(self.log, "a")
-        self.proc = subprocess.Popen(["docker-registry", "serve", str(self.root / "registry.yml")],
+        self.proc = subprocess.Popen(["docker-registry", "serve", str(self.root / f"{self.name}.yml")],
                                      stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         import socket
@@ -342,3 +367,39 @@ def test_a_router_sends_a_create_of_a_template_no_node_has_to_a_node_that_pulls_
     finally:
         router.kill()
         router.wait(10)
+
+
+def test_push_and_the_pull_on_a_miss_use_the_pulls_tls_and_credentials(world):
+    """HTTPS with a private CA (registries.conf's ca line) and basic auth
+    (`hutch template login`): refused without credentials, with a message
+    that says what to do; pushed with them; pulled by a node that has them."""
+    w = world
+    sec = w.root / "secure"
+    sec.mkdir()
+    reg = Registry(sec, "secure", tls=True)
+    reg.start()
+    try:
+        conf = f"ca {reg.host} {sec / 'ca.pem'}\ninsecure {w.reg.host}\n"
+        (w.a / "registries.conf").write_text(conf)
+        ref = f"{reg.host}/hutch/shared-tpl"
+        cp = push(w, "shared-tpl", ref, check=False)
+        assert cp.returncode == 125, cp
+        assert "needs credentials" in cp.stderr and "hutch template login" in cp.stderr, cp.stderr
+        hutch(w.bin, w.a, "template", "login", "--username", "alice", reg.host, input="pw-alice\n")
+        done = json_lines(push(w, "shared-tpl", ref).stdout)[-1]
+        assert done["phase"] == "pushed" and done["blobs_uploaded"] == 1, done
+
+        f = w.node("node-f", registry=f"{reg.host}/hutch")
+        (f.data_dir / "registries.conf").write_text(conf)
+        # no credentials on F yet: a clear 502, nothing left
+        r = f.request("POST", "/v2/sandboxes", {"templateID": "shared-tpl"}, timeout=60)
+        assert r.status == 502 and "credentials" in r.json()["message"], r
+        assert not list((f.data_dir / "templates").glob("shared-tpl*"))
+        hutch(w.bin, f.data_dir, "template", "login", "--username", "alice", reg.host,
+              input="pw-alice\n")
+        sb = f.create(templateID="shared-tpl")
+        end, out, err, _ = f.run(sb, "cat marker.txt")
+        assert out.decode() == MARKER, (out, err)
+    finally:
+        (w.a / "registries.conf").write_text(f"insecure {w.reg.host}\n")
+        reg.stop()
