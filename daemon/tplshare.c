@@ -19,6 +19,11 @@
  * template, or is answered: 404 in E2B's shape when the registry has no
  * such image, 502 when the registry cannot be asked or refuses.
  *
+ * At most TPLSHARE_PULLS_MAX pulls of different templates run at once
+ * (429 with Retry-After beyond): a client that names many templates the
+ * registry lacks costs the node that many manifest requests, not that many
+ * workers at once.
+ *
  * Only names that could be an image template are pulled: not host, base
  * or the code interpreter's names, not a snapshot id, not a template the
  * team built (those live in this node's database), and only when the
@@ -36,10 +41,13 @@
 #include "daemon/snapjob.h"
 #include "daemon/templates.h"
 #include "image/pull.h"
+#include "image/reference.h"
 #include "template/interp-template.h"
 #include "template/template.h"
 #include "util/log.h"
 #include "util/macro.h"
+
+#define TPLSHARE_PULLS_MAX 8
 
 typedef struct pull_job {
         char name[64];
@@ -99,7 +107,11 @@ static void pull_answer(server *srv, snapjob *j, request *req) {
         req->resume_action = RESUME_DISPATCH; /* the create again, the template there */
 }
 
+static unsigned n_pulls; /* jobs started and not yet released */
+
 static void pull_release(server *srv, snapjob *j) {
+        if (j->data)
+                n_pulls--;
         free(j->data);
         j->data = NULL;
 }
@@ -159,6 +171,22 @@ int tplshare_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret
         }
         if (j)
                 return 0; /* done, still held by other creates: the template is there */
+        /* a name no reference can hold: nothing to ask the registry */
+        char ref[sizeof ((pull_job *) 0)->ref];
+        image_reference ir = { 0 };
+        hutch_error e1 = { 0 };
+        snprintf(ref, sizeof ref, "%s/%s:latest", srv->cfg.template_registry, name);
+        int k = image_reference_parse(ref, &ir, &e1);
+        image_reference_clear(&ir);
+        if (k < 0)
+                return 0;
+        if (n_pulls >= TPLSHARE_PULLS_MAX) {
+                *ret_mr = http_reply_429(req->conn, 1,
+                                         "%u templates are being pulled from the template registry, "
+                                         "the most at once: try again later",
+                                         n_pulls);
+                return 1;
+        }
         pull_job *pj = calloc(1, sizeof *pj);
         j = pj ? snapjob_new(&pull_ops, 0, NULL) : NULL;
         if (!j) {
@@ -169,7 +197,8 @@ int tplshare_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret
         j->data = pj;
         snprintf(j->key, sizeof j->key, "%s", key);
         snprintf(pj->name, sizeof pj->name, "%s", name);
-        snprintf(pj->ref, sizeof pj->ref, "%s/%s:latest", srv->cfg.template_registry, name);
+        snprintf(pj->ref, sizeof pj->ref, "%s", ref);
+        n_pulls++;
         pj->data_dir = srv->cfg.data_dir;
         server_pull_opts(srv, &pj->opts);
         /* the operator named this registry: not only registries.conf's */

@@ -146,7 +146,8 @@ static bool pushed_read(const char *data_dir, const char *diff_id, push_blob *b)
 static void pushed_write(const char *data_dir, const char *diff_id, const push_blob *b) {
         char path[PATH_MAX], tmp[PATH_MAX + 8];
         snprintf(path, sizeof path, "%s/layers/sha256/%s.pushed", data_dir, diff_id + 7);
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        /* a crash's leftover: layer_gc removes .tmp-* */
+        snprintf(tmp, sizeof tmp, "%s/layers/sha256/.tmp-%s.pushed", data_dir, diff_id + 7);
         json_t *j = json_pack("{s:s, s:s, s:I}", "digest", b->digest, "diff_id", b->diff_id, "size",
                               (json_int_t) b->size);
         if (j && json_dump_file(j, tmp, JSON_COMPACT) == 0 && rename(tmp, path) < 0)
