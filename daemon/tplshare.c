@@ -172,7 +172,7 @@ int tplshare_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret
         if (j)
                 return 0; /* done, still held by other creates: the template is there */
         /* a name no reference can hold: nothing to ask the registry */
-        char ref[sizeof ((pull_job *) 0)->ref];
+        char ref[sizeof((pull_job *) 0)->ref];
         image_reference ir = { 0 };
         hutch_error e1 = { 0 };
         snprintf(ref, sizeof ref, "%s/%s:latest", srv->cfg.template_registry, name);
