@@ -288,7 +288,7 @@ int main(void) {
                    "labels: start and ready commands (%d %s)", k, ierr.msg);
                 image_config_clear(&ic);
                 static const char badcfg[] = "{\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[]},"
-                                          "\"config\":{\"Labels\":{\"dev.hutch.start-cmd\":7}}}";
+                                             "\"config\":{\"Labels\":{\"dev.hutch.start-cmd\":7}}}";
                 k = image_config_parse((const uint8_t *) badcfg, strlen(badcfg), &ic, &ierr);
                 ok(k == -EBADMSG, "a start command that is not a string is refused: %s", ierr.msg);
         }
