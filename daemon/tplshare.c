@@ -37,6 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "daemon/snapjob.h"
 #include "daemon/templates.h"
@@ -52,6 +53,7 @@
 typedef struct pull_job {
         char name[64];
         char ref[1400];
+        int64_t team; /* of the create that started it: its audit record's */
         /* the worker's, set before it is forked (j->srv is not, then) */
         const char *data_dir;
         image_pull_opts opts;
@@ -77,6 +79,16 @@ static void pull_done(server *srv, snapjob *j, const snapjob_msg *m) {
         if (m->r >= 0) {
                 log_info("template-registry: pulled %s as template %s (%llu bytes downloaded)",
                          pj->ref, pj->name, (unsigned long long) m->bytes);
+                metrics_template_pull(srv, (int64_t) m->bytes);
+                json_t *d = json_pack("{s:s, s:s, s:I, s:s}", "ref", pj->ref, "image", pj->name,
+                                      "bytes_downloaded", (json_int_t) m->bytes, "by",
+                                      "template-registry");
+                char *txt = d ? json_dumps(d, JSON_COMPACT) : NULL;
+                json_decref(d);
+                hutch_error e = { 0 };
+                if (txt && store_event_add(srv->store, pj->team, NULL, "template.pull", txt, &e) < 0)
+                        log_warning("template.pull: database: %s", e.msg);
+                free(txt);
                 return;
         }
         if (m->r == -ENOENT) {
@@ -199,6 +211,7 @@ int tplshare_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret
         snprintf(pj->name, sizeof pj->name, "%s", name);
         snprintf(pj->ref, sizeof pj->ref, "%s", ref);
         n_pulls++;
+        pj->team = req->team;
         pj->data_dir = srv->cfg.data_dir;
         server_pull_opts(srv, &pj->opts);
         /* the operator named this registry: not only registries.conf's */

@@ -240,7 +240,13 @@ def test_a_template_pushed_on_one_node_starts_on_another(world):
     assert b.log_tail(20000).count("pulling " + ref) == 1, b.log_tail()
     # and B lists it for the routers' placement
     node = b.request("GET", "/node").json()
-    assert "shared-tpl" in json.dumps(node), node
+    assert "shared-tpl" in node["templates"], node
+    # the pull is in the audit trail of the team whose create made it
+    pulls = b.request("GET", "/events?kind=template.pull").json()
+    assert len(pulls) == 1, pulls
+    d = pulls[0]["detail"]
+    assert d["by"] == "template-registry" and d["image"] == "shared-tpl", d
+    assert d["ref"] == ref + ":latest" and d["bytes_downloaded"] > 0, d
 
 
 def test_concurrent_creates_of_a_missing_template_pull_it_once(world):
