@@ -342,6 +342,9 @@ static void on_push_progress(void *arg, const image_progress_event *ev) {
         else if (streq(ev->phase, "exists"))
                 fprintf(stderr, "layer %u/%u %.19s (%s) already in the registry\n", ev->layer,
                         ev->n_layers, ev->digest ? ev->digest : "", b);
+        else if (streq(ev->phase, "mounted"))
+                fprintf(stderr, "layer %u/%u %.19s (%s) mounted from another repository\n",
+                        ev->layer, ev->n_layers, ev->digest ? ev->digest : "", b);
         else if (streq(ev->phase, "upload"))
                 fprintf(stderr, "layer %u/%u %.19s uploading %s\n", ev->layer, ev->n_layers,
                         ev->digest ? ev->digest : "", b);
@@ -418,10 +421,11 @@ int template_push_main(int argc, char **argv) {
                        json_pack("{s:s, s:s, s:s?, s:I, s:s}", "template", name, "ref", ref, "target",
                                  res.target, "bytes_uploaded", (json_int_t) res.bytes_uploaded, "by", "cli"));
         if (json) {
-                json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i}", "phase", "pushed",
-                                      "name", name, "target", res.target, "layers", (int) res.layers,
-                                      "blobs_uploaded", (int) res.blobs_uploaded, "blobs_present",
-                                      (int) res.blobs_present, "bytes_uploaded",
+                json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:I, s:i}", "phase",
+                                      "pushed", "name", name, "target", res.target, "layers",
+                                      (int) res.layers, "blobs_uploaded", (int) res.blobs_uploaded,
+                                      "blobs_present", (int) res.blobs_present, "blobs_mounted",
+                                      (int) res.blobs_mounted, "bytes_uploaded",
                                       (json_int_t) res.bytes_uploaded, "ms", (int) (secs * 1000));
                 char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
                 if (s)
@@ -431,8 +435,11 @@ int template_push_main(int argc, char **argv) {
         } else {
                 char b[32];
                 human(res.bytes_uploaded, b, sizeof b);
-                fprintf(stderr, "pushed template %s as %s: %u layers, %u blobs uploaded (%s), %u already there, in %.1f s\n",
-                        name, res.target, res.layers, res.blobs_uploaded, b, res.blobs_present, secs);
+                fprintf(stderr,
+                        "pushed template %s as %s: %u layers, %u blobs uploaded (%s), %u mounted "
+                        "from another repository, %u already there, in %.1f s\n",
+                        name, res.target, res.layers, res.blobs_uploaded, b, res.blobs_mounted,
+                        res.blobs_present, secs);
                 printf("%s\n", res.target);
         }
         image_push_result_clear(&res);

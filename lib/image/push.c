@@ -55,7 +55,8 @@ typedef struct push_blob {
         char digest[72];  /* of the gzip */
         char diff_id[72]; /* of the tar */
         uint64_t size;
-        int fd; /* the gzip, -1 until made */
+        char host[256], repository[256]; /* where a push put it last ("" unknown) */
+        int fd;                          /* the gzip, -1 until made */
 } push_blob;
 
 /* tar (the layer's canonical tar, at 0) -> gz: both digests on the way. */
@@ -138,18 +139,23 @@ static bool pushed_read(const char *data_dir, const char *diff_id, push_blob *b)
                 snprintf(b->digest, sizeof b->digest, "%s", d);
                 snprintf(b->diff_id, sizeof b->diff_id, "%s", t);
                 b->size = (uint64_t) json_integer_value(sz);
+                const char *h = json_string_value(json_object_get(j, "host"));
+                const char *rp = json_string_value(json_object_get(j, "repository"));
+                snprintf(b->host, sizeof b->host, "%s", h && rp ? h : "");
+                snprintf(b->repository, sizeof b->repository, "%s", h && rp ? rp : "");
         }
         json_decref(j);
         return ok;
 }
 
-static void pushed_write(const char *data_dir, const char *diff_id, const push_blob *b) {
+static void pushed_write(const char *data_dir, const char *diff_id, const push_blob *b,
+                         const char *host, const char *repository) {
         char path[PATH_MAX], tmp[PATH_MAX + 8];
         snprintf(path, sizeof path, "%s/layers/sha256/%s.pushed", data_dir, diff_id + 7);
         /* a crash's leftover: layer_gc removes .tmp-* */
         snprintf(tmp, sizeof tmp, "%s/layers/sha256/.tmp-%s.pushed", data_dir, diff_id + 7);
-        json_t *j = json_pack("{s:s, s:s, s:I}", "digest", b->digest, "diff_id", b->diff_id, "size",
-                              (json_int_t) b->size);
+        json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s}", "digest", b->digest, "diff_id", b->diff_id,
+                              "size", (json_int_t) b->size, "host", host, "repository", repository);
         if (j && json_dump_file(j, tmp, JSON_COMPACT) == 0 && rename(tmp, path) < 0)
                 (void) unlink(tmp);
         json_decref(j);
@@ -435,13 +441,28 @@ int image_push(const char *data_dir, const char *name, const char *ref, const im
                         break;
                 }
                 need[i] = true;
-                if (pushed_read(data_dir, d, &blobs[i])) {
-                        int k = push_one(client, &blobs[i], p, (unsigned) i + 1, (unsigned) n, ret,
-                                         err);
-                        if (k < 0)
-                                r = k;
-                        need[i] = k != 0;
+                push_blob *b = &blobs[i];
+                if (!pushed_read(data_dir, d, b))
+                        continue;
+                int k = push_one(client, b, p, (unsigned) i + 1, (unsigned) n, ret, err);
+                if (k == 1 && streq(b->host, dest->host) && *b->repository &&
+                    !streq(b->repository, dest->repository)) {
+                        /* pushed to another repository of this registry:
+                         * mounted from there, not uploaded (a registry that
+                         * will not mount answers with an upload: done below) */
+                        k = registry_blob_mount(client, b->digest, b->repository, err);
+                        if (k == 1) {
+                                ret->blobs_mounted++;
+                                progress(p, "mounted", b->digest, b->size, b->size,
+                                         (unsigned) i + 1, (unsigned) n);
+                        }
+                        k = k == 1 ? 0 : k < 0 ? k : 1;
                 }
+                if (k < 0)
+                        r = k;
+                else if (k == 0)
+                        pushed_write(data_dir, d, b, dest->host, dest->repository);
+                need[i] = k != 0;
         }
         /* 2: the others made into blobs, several at once */
         if (r >= 0)
@@ -450,7 +471,6 @@ int image_push(const char *data_dir, const char *name, const char *ref, const im
         for (size_t i = 0; i < n && r >= 0; i++) {
                 push_blob *b = &blobs[i];
                 if (need[i]) {
-                        pushed_write(data_dir, json_string_value(json_array_get(layers, i)), b);
                         int k = push_one(client, b, p, (unsigned) i + 1, (unsigned) n, ret, err);
                         if (k < 0) {
                                 r = k;
@@ -465,6 +485,8 @@ int image_push(const char *data_dir, const char *name, const char *ref, const im
                                 progress(p, "uploaded", b->digest, b->size, b->size,
                                          (unsigned) i + 1, (unsigned) n);
                         }
+                        pushed_write(data_dir, json_string_value(json_array_get(layers, i)), b,
+                                     dest->host, dest->repository);
                 }
                 json_array_append_new(diff_ids, json_string(b->diff_id));
                 json_array_append_new(mlayers,

@@ -23,7 +23,9 @@
  * same layer gives the same blob, so a second push HEADs each blob and
  * uploads none. DATA_DIR/layers/sha256/<hex>.pushed remembers a layer's
  * blob digest and size, so that a push of a layer already pushed
- * somewhere does not tar and compress it again (gone with its layer).
+ * somewhere does not tar and compress it again (gone with its layer), and
+ * a blob pushed before to another repository of the same registry is
+ * mounted from there (POST ?mount=&from=) instead of uploaded.
  */
 #pragma once
 
@@ -45,14 +47,15 @@ typedef struct image_push_opts {
 typedef struct image_push_result {
         char *target; /* "REGISTRY/REPO:TAG@sha256:<manifest>" */
         unsigned layers, blobs_uploaded, blobs_present;
+        unsigned blobs_mounted; /* from another repository of the registry */
         uint64_t bytes_uploaded;
 } image_push_result;
 void image_push_result_clear(image_push_result *r);
 
 /* Push template name as ref (a tag; a short name resolves to the first
  * search registry of registries.conf, never a mirror). p gets "layer"
- * (a layer being made into a blob), "upload", "exists" (the registry has
- * the blob) and "done" events. -EINVAL bad reference, -EPERM a template
+ * (a layer being made into a blob), "upload", "uploaded", "exists" (the
+ * registry has the blob), "mounted" and "done" events. -EINVAL bad reference, -EPERM a template
  * that cannot be pushed, -ENOENT no such template, -EACCES refused,
  * network errors as the registry client's. Nothing is left on this host;
  * the registry may keep the blobs uploaded before a failure (a retry

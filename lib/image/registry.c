@@ -1017,6 +1017,31 @@ int registry_blob_upload(registry_client *c, int fd, const uint8_t *buf, uint64_
         return r < 0 ? r : 0;
 }
 
+int registry_blob_mount(registry_client *c, const char *digest, const char *from,
+                        hutch_error *err) {
+        char url[4096];
+        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/uploads/", c->base,
+                              c->repository) >= sizeof url)
+                return hutch_error_set(err, -ENAMETOOLONG, "upload URL too long");
+        int r = url_append_param(url, sizeof url, "mount", digest);
+        if (r == 0)
+                r = url_append_param(url, sizeof url, "from", from);
+        if (r < 0)
+                return hutch_error_set(err, r, "mount URL: %s", strerror(-r));
+        http_resp resp = { 0 };
+        r = push_request(c, "POST", url, NULL, NULL, &resp, err);
+        if (r >= 0) {
+                if (resp.code == 201)
+                        r = 1;
+                else if (resp.code == 202)
+                        r = 0; /* an upload session instead: left to expire */
+                else
+                        r = push_refused(c, &resp, "a blob mount", err);
+        }
+        http_resp_clear(&resp);
+        return r;
+}
+
 int registry_put_manifest(registry_client *c, const char *tag, const uint8_t *buf, size_t len,
                           const char *media_type, char ret_digest[72], hutch_error *err) {
         char url[2048];

@@ -126,6 +126,11 @@ int registry_blob_exists(registry_client *c, const char *digest, hutch_error *er
  * answered with ?digest=DIGEST (the registry checks the digest). */
 int registry_blob_upload(registry_client *c, int fd, const uint8_t *buf, uint64_t size,
                          const char *digest, hutch_error *err);
+/* POST /v2/REPO/blobs/uploads/?mount=DIGEST&from=FROM: 1 the registry
+ * mounted the blob from repository FROM, 0 it would not (it answered an
+ * upload session, left to expire). */
+int registry_blob_mount(registry_client *c, const char *digest, const char *from,
+                        hutch_error *err);
 /* PUT /v2/REPO/manifests/TAG; ret_digest: the sha256 of buf (checked
  * against the registry's Docker-Content-Digest when it sends one). */
 int registry_put_manifest(registry_client *c, const char *tag, const uint8_t *buf, size_t len,

@@ -222,6 +222,12 @@ def test_a_template_pushed_on_one_node_starts_on_another(world):
     assert again["target"] == done["target"], (again, done)
     assert w.reg.requests("PUT", r"/v2/hutch/shared-tpl/blobs/uploads/") == uploads
     assert w.reg.requests("POST", r"/v2/hutch/shared-tpl/blobs/uploads/") == uploads
+    # to another repository of the registry: the layer is mounted from the
+    # first, not uploaded (the config is the same small blob: uploaded)
+    other = json_lines(push(w, "shared-tpl", f"{w.reg.host}/hutch/other-repo").stdout)[-1]
+    assert other["blobs_mounted"] == 1 and other["blobs_uploaded"] == 0, other
+    assert w.reg.requests("POST", r"/v2/hutch/other-repo/blobs/uploads/\?mount=sha256") == 1
+    assert w.reg.requests("PUT", r"/v2/hutch/other-repo/blobs/uploads/") == 1  # the config
 
     # node B never had it: the create pulls it, and a command sees the files,
     # the Env, the WorkingDir; the start and ready commands came along
