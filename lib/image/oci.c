@@ -422,11 +422,13 @@ int image_config_parse(const uint8_t *buf, size_t len, image_config *c, hutch_er
                 free(cmd);
                 json_t *labels = json_object_get(cfg, "Labels");
                 if (labels && !json_is_null(labels) && !json_is_object(labels)) {
-                        r = hutch_error_set(err, -EBADMSG, "the image config's Labels is not an object");
+                        r = hutch_error_set(err, -EBADMSG,
+                                            "the image config's Labels is not an object");
                         goto out;
                 }
-                if (labels && ((r = str_field(labels, "dev.hutch.start-cmd", &c->start_cmd, err)) < 0 ||
-                               (r = str_field(labels, "dev.hutch.ready-cmd", &c->ready_cmd, err)) < 0))
+                if (labels &&
+                    ((r = str_field(labels, "dev.hutch.start-cmd", &c->start_cmd, err)) < 0 ||
+                     (r = str_field(labels, "dev.hutch.ready-cmd", &c->ready_cmd, err)) < 0))
                         goto out;
                 if (c->workdir && c->workdir[0] && c->workdir[0] != '/') {
                         r = hutch_error_set(err, -EBADMSG,

@@ -452,8 +452,7 @@ static size_t resp_header(char *p, size_t sz, size_t nm, void *arg) {
                 r->www_auth = NULL;
                 free(r->location);
                 r->location = NULL;
-        } else if (header_value(p, n, "Location", &v, &vn) && !r->location &&
-                   vn <= MAX_HEADER_VALUE) {
+        } else if (header_value(p, n, "Location", &v, &vn) && !r->location && vn <= MAX_HEADER_VALUE) {
                 r->location = strndup(v, vn);
         } else if (header_value(p, n, "Content-Type", &v, &vn)) {
                 const char *semi = memchr(v, ';', vn);
@@ -633,7 +632,8 @@ static int authenticate(registry_client *c, const char *www_auth, hutch_error *e
         _cleanup_free_ char *scope = NULL;
         if (ch.scope)
                 scope = strdup(ch.scope);
-        else if (asprintf(&scope, "repository:%s:%s", c->repository, c->push ? "pull,push" : "pull") < 0)
+        else if (asprintf(&scope, "repository:%s:%s", c->repository,
+                          c->push ? "pull,push" : "pull") < 0)
                 scope = NULL;
         int r = scope ? 0 : -ENOMEM;
         if (r == 0 && (size_t) snprintf(url, sizeof url, "%s", ch.realm) >= sizeof url)
@@ -971,15 +971,16 @@ int registry_blob_exists(registry_client *c, const char *digest, hutch_error *er
 int registry_blob_upload(registry_client *c, int fd, const uint8_t *buf, uint64_t size,
                          const char *digest, hutch_error *err) {
         char url[4096];
-        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/uploads/", c->base,
-                              c->repository) >= sizeof url)
+        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/uploads/", c->base, c->repository) >=
+            sizeof url)
                 return hutch_error_set(err, -ENAMETOOLONG, "upload URL too long");
         http_resp resp = { 0 };
         int r = push_request(c, "POST", url, NULL, NULL, &resp, err);
         if (r >= 0 && resp.code != 202)
                 r = push_refused(c, &resp, "a blob upload", err);
         if (r >= 0 && !resp.location)
-                r = hutch_error_set(err, -EPROTO, "%s answered an upload without a Location", c->host);
+                r = hutch_error_set(err, -EPROTO, "%s answered an upload without a Location",
+                                    c->host);
         if (r >= 0) {
                 const char *loc = resp.location;
                 int k;
@@ -990,7 +991,8 @@ int registry_blob_upload(registry_client *c, int fd, const uint8_t *buf, uint64_
                 else
                         k = -1;
                 if (k < 0)
-                        r = hutch_error_set(err, -EPROTO, "%s named an upload location that is "
+                        r = hutch_error_set(err, -EPROTO,
+                                            "%s named an upload location that is "
                                             "neither a path nor an %s URL",
                                             c->host, c->insecure ? "http(s)" : "https");
                 else if ((size_t) k >= sizeof url)
@@ -1017,11 +1019,10 @@ int registry_blob_upload(registry_client *c, int fd, const uint8_t *buf, uint64_
         return r < 0 ? r : 0;
 }
 
-int registry_blob_mount(registry_client *c, const char *digest, const char *from,
-                        hutch_error *err) {
+int registry_blob_mount(registry_client *c, const char *digest, const char *from, hutch_error *err) {
         char url[4096];
-        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/uploads/", c->base,
-                              c->repository) >= sizeof url)
+        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/uploads/", c->base, c->repository) >=
+            sizeof url)
                 return hutch_error_set(err, -ENAMETOOLONG, "upload URL too long");
         int r = url_append_param(url, sizeof url, "mount", digest);
         if (r == 0)
