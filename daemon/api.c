@@ -213,18 +213,19 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                 json_decref(body);
                 return gate;
         }
-        /* from a snapshot: it is unsealed off the loop first, then this
-         * runs again (snapshots.c) */
+        /* an image template or a snapshot this node lacks: pulled from
+         * template-registry off the loop first, then this runs again
+         * (tplshare.c) */
         enum MHD_Result restore_mr;
-        if (snapshot_restore_begin(srv, req, body, &restore_mr) > 0) {
-                json_decref(body);
-                return restore_mr; /* it waits, or its answer is queued */
-        }
-        /* an image template this node lacks: pulled from template-registry
-         * off the loop first, then this runs again (tplshare.c) */
         if (tplshare_begin(srv, req, body, &restore_mr) > 0) {
                 json_decref(body);
                 return restore_mr;
+        }
+        /* from a snapshot: it is unsealed off the loop first, then this
+         * runs again (snapshots.c) */
+        if (snapshot_restore_begin(srv, req, body, &restore_mr) > 0) {
+                json_decref(body);
+                return restore_mr; /* it waits, or its answer is queued */
         }
         sbx *sb = NULL;
         unsigned status = 500;

@@ -606,6 +606,9 @@ int snapshot_unseal(server *srv, int64_t team, const char *id, store_snapshot *r
  * sbx_create lets the stream go. */
 int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr);
 void snapshot_restore_end(server *srv, request *req);
+/* A snapshot's sealed file, and the context it is sealed under. */
+void snapshot_file(server *srv, const char *id, char *buf, size_t n);
+void snapshot_seal_context(int64_t team, const char *id, char *buf, size_t n);
 
 /* ------------------------------------------------------------- tplshare.c */
 
@@ -618,6 +621,10 @@ bool tplshare_on(const server *srv);
  * on. tplshare_end after sbx_create. */
 int tplshare_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr);
 void tplshare_end(server *srv, request *req);
+/* A snapshot just sealed (ctx: its seal's context): pushed to
+ * template-registry as REGISTRY/PATH/snapshots:<id>, off the loop, when
+ * the setting is on; a create from it on another node pulls it there. */
+void tplshare_snapshot_push(server *srv, const store_snapshot *sn, const char *ctx);
 enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb);
 enum MHD_Result snapshots_list(server *srv, request *req);
 enum MHD_Result snapshot_delete(server *srv, request *req, const char *id);

@@ -115,6 +115,14 @@ static void snap_context(int64_t team, const char *id, char *buf, size_t n) {
         snprintf(buf, n, "hutch snapshot team:%lld id:%s", (long long) team, id);
 }
 
+void snapshot_file(server *srv, const char *id, char *buf, size_t n) {
+        snap_path(srv, id, buf, n);
+}
+
+void snapshot_seal_context(int64_t team, const char *id, char *buf, size_t n) {
+        snap_context(team, id, buf, n);
+}
+
 bool data_disk_has_room(server *srv, const char *dir, uint64_t bytes) {
         struct statvfs vfs;
         return statvfs(dir, &vfs) != 0 ||
@@ -255,6 +263,8 @@ static void take_done(server *srv, snapjob *j, const snapjob_msg *m) {
         char detail[128];
         snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", t->sn.id);
         (void) store_event_add(srv->store, t->sn.team_id, t->sn.sandbox_id, "sandbox.snapshot", detail, &err);
+        /* other nodes restore it from the registry (tplshare.c) */
+        tplshare_snapshot_push(srv, &t->sn, t->ctx);
 }
 
 static json_t *snapshot_json(const store_snapshot *sn);

@@ -577,3 +577,207 @@ out:
         image_candidates_free(cands, n_cands);
         return r;
 }
+
+/* ------------------------------------------------- artifacts (snapshots) */
+
+/* The registry and repository a reference names: its own registry, or a
+ * short name's first search registry; never a mirror. */
+static int artifact_client(const char *data_dir, const char *ref, const image_push_opts *opts,
+                           bool push, registry_client **ret, char **ret_tag, hutch_error *err) {
+        static const image_push_opts no_opts = { 0 };
+        if (!opts)
+                opts = &no_opts;
+        _cleanup_(image_reference_clear) image_reference rf = { 0 };
+        int r = image_reference_parse(ref, &rf, err);
+        if (r < 0)
+                return r;
+        if (rf.digest)
+                return hutch_error_set(err, -EINVAL, "%s names a digest, not a tag", ref);
+        char conf_path[4096];
+        const char *cp = opts->conf_path ? opts->conf_path : getenv("HUTCH_REGISTRIES_CONF");
+        if (cp && *cp)
+                snprintf(conf_path, sizeof conf_path, "%s", cp);
+        else
+                snprintf(conf_path, sizeof conf_path, "%s/registries.conf", data_dir);
+        _cleanup_(registries_conf_clear) registries_conf conf = { 0 };
+        if ((r = registries_conf_load(conf_path, &conf, err)) < 0)
+                return r;
+        image_candidate *cands = NULL;
+        size_t n_cands = 0;
+        if ((r = image_reference_candidates(&rf, &conf, &cands, &n_cands, err)) < 0)
+                return r;
+        const image_candidate *dest = NULL;
+        for (size_t i = 0; i < n_cands && !dest; i++)
+                if (!cands[i].mirror)
+                        dest = &cands[i];
+        char blob_dir[PATH_MAX], auth_path[4096];
+        snprintf(blob_dir, sizeof blob_dir, "%s/images/blobs/sha256", data_dir);
+        registry_auth_path(data_dir, auth_path, sizeof auth_path);
+        registry_client_opts co = {
+                .conf = &conf,
+                .auth_path = auth_path,
+                .ca_file = opts->ca_file,
+                .blob_dir = blob_dir,
+                .push = push,
+        };
+        if (!dest)
+                r = hutch_error_set(err, -EINVAL, "%s: no registry", ref);
+        else
+                r = registry_client_new(dest->host, dest->repository, &co, ret, err);
+        image_candidates_free(cands, n_cands);
+        if (r >= 0 && !(*ret_tag = strdup(rf.tag))) {
+                *ret = registry_client_free(*ret);
+                r = hutch_error_set(err, -ENOMEM, "out of memory");
+        }
+        return r;
+}
+
+static int sha256_fd(int fd, char out[72], uint64_t *ret_size) {
+        EVP_MD_CTX *h = EVP_MD_CTX_new();
+        if (!h || !EVP_DigestInit_ex(h, EVP_sha256(), NULL)) {
+                EVP_MD_CTX_free(h);
+                return -ENOMEM;
+        }
+        static unsigned char buf[1 << 16];
+        uint64_t off = 0;
+        int r = 0;
+        for (;;) {
+                ssize_t k = pread(fd, buf, sizeof buf, (off_t) off);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0) {
+                        r = -errno;
+                        break;
+                }
+                if (k == 0)
+                        break;
+                EVP_DigestUpdate(h, buf, (size_t) k);
+                off += (uint64_t) k;
+        }
+        unsigned char md[32];
+        unsigned ml = 0;
+        if (r == 0) {
+                EVP_DigestFinal_ex(h, md, &ml);
+                hex_of(md, out);
+                *ret_size = off;
+        }
+        EVP_MD_CTX_free(h);
+        return r;
+}
+
+int image_push_artifact(const char *data_dir, const char *ref, const image_push_opts *opts,
+                        const char *config_type, const char *config, const char *layer_type, int fd,
+                        char ret_digest[72], hutch_error *err) {
+        _cleanup_(client_freep) registry_client *c = NULL;
+        _cleanup_free_ char *tag = NULL;
+        int r = artifact_client(data_dir, ref, opts, true, &c, &tag, err);
+        if (r < 0)
+                return r;
+        char ldigest[72], cdigest[72];
+        uint64_t lsize = 0;
+        if ((r = sha256_fd(fd, ldigest, &lsize)) < 0)
+                return hutch_error_set(err, r, "reading the artifact: %s", strerror(-r));
+        size_t clen = strlen(config);
+        {
+                unsigned char md[32];
+                unsigned ml = 0;
+                EVP_Digest(config, clen, md, &ml, EVP_sha256(), NULL);
+                hex_of(md, cdigest);
+        }
+        int k = registry_blob_exists(c, ldigest, err);
+        if (k == 0)
+                k = registry_blob_upload(c, fd, NULL, lsize, ldigest, err);
+        if (k >= 0)
+                k = registry_blob_exists(c, cdigest, err);
+        if (k == 0)
+                k = registry_blob_upload(c, -1, (const uint8_t *) config, clen, cdigest, err);
+        if (k < 0)
+                return k;
+        json_t *man = json_pack("{s:i, s:s, s:s, s:{s:s, s:s, s:I}, s:[{s:s, s:s, s:I}]}",
+                                "schemaVersion", 2, "mediaType", IMAGE_MEDIA_OCI_MANIFEST,
+                                "artifactType", config_type, "config", "mediaType", config_type,
+                                "digest", cdigest, "size", (json_int_t) clen, "layers", "mediaType",
+                                layer_type, "digest", ldigest, "size", (json_int_t) lsize);
+        _cleanup_free_ char *txt = man ? json_dumps(man, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(man);
+        if (!txt)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        return registry_put_manifest(c, tag, (const uint8_t *) txt, strlen(txt),
+                                     IMAGE_MEDIA_OCI_MANIFEST, ret_digest, err);
+}
+
+int image_pull_artifact(const char *data_dir, const char *ref, const image_push_opts *opts,
+                        const char *config_type, const char *layer_type, uint64_t max_layer,
+                        char **ret_config, int out_fd, hutch_error *err) {
+        _cleanup_(client_freep) registry_client *c = NULL;
+        _cleanup_free_ char *tag = NULL;
+        int r = artifact_client(data_dir, ref, opts, false, &c, &tag, err);
+        if (r < 0)
+                return r;
+        _cleanup_free_ uint8_t *mbuf = NULL;
+        _cleanup_free_ char *mtype = NULL;
+        size_t mlen = 0;
+        char mdigest[72];
+        if ((r = registry_get_manifest(c, tag, &mbuf, &mlen, &mtype, mdigest, err)) < 0)
+                return r;
+        image_descriptor cd = { 0 }, ld = { 0 };
+        if ((r = image_artifact_parse(mbuf, mlen, config_type, layer_type, &cd, &ld, err)) < 0)
+                return r;
+        char blob_dir[PATH_MAX];
+        snprintf(blob_dir, sizeof blob_dir, "%s/images/blobs/sha256", data_dir);
+        int cfd = -1, lfd = -1;
+        char cpath[PATH_MAX] = "", lpath[PATH_MAX] = "";
+        if (cd.size > IMAGE_MAX_MANIFEST || (uint64_t) ld.size > max_layer) {
+                r = hutch_error_set(err, -EFBIG, "%s is larger than this node takes", ref);
+                goto out;
+        }
+        registry_blob want[2] = { { cd.digest, cd.size }, { ld.digest, ld.size } };
+        if ((r = registry_fetch_blobs(c, want, 2, NULL, NULL, NULL, NULL, err)) < 0)
+                goto out;
+        /* verified (digest and size) into the cache: taken out of it now */
+        if (registry_cache_path(blob_dir, cd.digest, cpath, sizeof cpath) < 0 || !cpath[0] ||
+            registry_cache_path(blob_dir, ld.digest, lpath, sizeof lpath) < 0 || !lpath[0] ||
+            (cfd = open(cpath, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0 ||
+            (lfd = open(lpath, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) {
+                r = hutch_error_set(err, -EIO, "the artifact's blobs vanished from the cache");
+                goto out;
+        }
+        char *cfg = calloc(1, (size_t) cd.size + 1);
+        if (!cfg) {
+                r = hutch_error_set(err, -ENOMEM, "out of memory");
+                goto out;
+        }
+        if (pread(cfd, cfg, (size_t) cd.size, 0) != (ssize_t) cd.size ||
+            strlen(cfg) != (size_t) cd.size) {
+                free(cfg);
+                r = hutch_error_set(err, -EBADMSG, "the artifact's config is not text");
+                goto out;
+        }
+        static unsigned char buf[1 << 16];
+        for (uint64_t off = 0;;) {
+                ssize_t k = pread(lfd, buf, sizeof buf, (off_t) off);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0 || (k > 0 && fd_write_all(out_fd, buf, (size_t) k) < 0)) {
+                        free(cfg);
+                        r = hutch_error_set(err, -EIO, "copying the artifact: %m");
+                        goto out;
+                }
+                if (k == 0)
+                        break;
+                off += (uint64_t) k;
+        }
+        *ret_config = cfg;
+out:
+        safe_close(cfd);
+        safe_close(lfd);
+        if (cpath[0])
+                (void) unlink(cpath);
+        if (lpath[0])
+                (void) unlink(lpath);
+        free(cd.media_type);
+        free(cd.digest);
+        free(ld.media_type);
+        free(ld.digest);
+        return r;
+}

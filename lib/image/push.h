@@ -62,3 +62,21 @@ void image_push_result_clear(image_push_result *r);
  * finds them), never a manifest naming a blob it lacks. */
 int image_push(const char *data_dir, const char *name, const char *ref, const image_push_opts *opts,
                const image_progress *p, image_push_result *ret, hutch_error *err);
+
+/* ---- artifacts: a file and a JSON config under a tag (snapshots shared
+ * through a registry, daemon/tplshare.c) */
+
+/* Push the file at fd (from offset 0) as the one layer of layer_type,
+ * with config (JSON text) as the config of config_type, in an OCI manifest
+ * (artifactType config_type) under REF's tag; ret_digest: the manifest's.
+ * Blobs the registry has are not uploaded. */
+int image_push_artifact(const char *data_dir, const char *ref, const image_push_opts *opts,
+                        const char *config_type, const char *config, const char *layer_type, int fd,
+                        char ret_digest[72], hutch_error *err);
+/* The artifact REF names: its config (malloc'ed text, at most
+ * IMAGE_MAX_MANIFEST bytes) and its layer (at most max_layer bytes, its
+ * digest and size verified) written to out_fd. -ENOENT no such tag,
+ * -EBADMSG not an artifact of those types, network errors as a pull's. */
+int image_pull_artifact(const char *data_dir, const char *ref, const image_push_opts *opts,
+                        const char *config_type, const char *layer_type, uint64_t max_layer,
+                        char **ret_config, int out_fd, hutch_error *err);

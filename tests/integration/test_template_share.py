@@ -288,10 +288,11 @@ def test_a_template_no_registry_has_is_a_404_and_leaves_nothing(world):
     assert body["code"] == 404 and "never-pushed" in body["message"], body
     assert "not found" in body["message"], body
     assert not list((d.data_dir / "templates").glob("never-pushed*"))
-    # names that are never pulled: a snapshot id, the reserved ones
+    # a snapshot the registry does not have either: the same 404
     r = d.request("POST", "/v2/sandboxes", {"templateID": "snap_0000abcdefghijklmnop"}, timeout=60)
     assert r.status == 404, r
-    assert "pulling" not in d.log_tail(20000).split("never-pushed")[-1], d.log_tail()
+    assert r.json()["message"] == "template 'snap_0000abcdefghijklmnop' not found", r
+    assert not [p for p in (d.data_dir / "snapshots").iterdir() if p.name.startswith(".pull")]
 
 
 def test_a_registry_that_cannot_be_reached_is_a_clear_502(world):
@@ -342,8 +343,10 @@ def test_a_router_sends_a_create_of_a_template_no_node_has_to_a_node_that_pulls_
     keys = w.root / "keys"
     key = "e2b_" + os.urandom(20).hex()
     keys.write_text(f"default {key}\n")
-    nodes = [w.node(f"node-r{i}", extra=("--node-id", f"rt0{i}", "--keys-file", str(keys)))
-             for i in range(2)]
+    nodes = [w.node("node-r0", extra=("--node-id", "rt00", "--keys-file", str(keys)))]
+    (w.root / "node-r1").mkdir()
+    shutil.copy2(nodes[0].data_dir / "secrets.key", w.root / "node-r1" / "secrets.key")
+    nodes.append(w.node("node-r1", extra=("--node-id", "rt01", "--keys-file", str(keys))))
     port = free_port()
     router = subprocess.Popen([str(w.bin), "router", "--listen", f"127.0.0.1:{port}",
                                "--nodes", ",".join(n.url for n in nodes), "--key-file", str(keys),
@@ -376,6 +379,25 @@ def test_a_router_sends_a_create_of_a_template_no_node_has_to_a_node_that_pulls_
         sid2 = r.json()["sandboxID"]
         owner.created[sid2] = key
         assert sid2[:4] == sid[:4], (sid, sid2)
+
+        # a snapshot there, pushed; its node goes away: a create from it
+        # goes to the other node, which pulls it
+        r = front.request("POST", f"/sandboxes/{sid}/snapshots", {}, timeout=120)
+        assert r.status == 201, r
+        snap = r.json()["snapshotID"]
+        deadline = time.monotonic() + 60
+        while "pushed snapshot " + snap not in owner.log_tail(20000):
+            assert time.monotonic() < deadline, owner.log_tail()
+            time.sleep(0.2)
+        owner.stop()
+        other = next(n for n in nodes if n is not owner)
+        time.sleep(1)  # the router's polls find it down
+        r = front.request("POST", "/v2/sandboxes", {"templateID": snap}, timeout=120)
+        assert r.status == 201, r
+        sid3 = r.json()["sandboxID"]
+        other.created[sid3] = key
+        assert sid3[:4] == other.request("GET", "/node", key=key).json()["nodeID"], sid3
+        assert "pulled snapshot " + snap in other.log_tail(20000)
     finally:
         router.kill()
         router.wait(10)
@@ -415,3 +437,65 @@ def test_push_and_the_pull_on_a_miss_use_the_pulls_tls_and_credentials(world):
     finally:
         (w.a / "registries.conf").write_text(f"insecure {w.reg.host}\n")
         reg.stop()
+
+
+def test_a_snapshot_taken_on_one_node_is_restored_on_another(world):
+    """Nodes with template-registry push every snapshot they seal
+    (REGISTRY/PATH/snapshots:<id>); a node with no row for a snapshot pulls
+    it when a create names it, if the creating key's team (by name) is the
+    snapshot's and the node has the same secrets.key."""
+    w = world
+    push(w, "shared-tpl", f"{w.reg.host}/hutch/shared-tpl")
+    g = w.node("node-g", extra=("--node-id", "snpg"))
+    key = (g.data_dir / "secrets.key").read_bytes()
+    # H gets G's key (the operator's one key file for every node); I has its own
+    hd = w.root / "node-h"
+    hd.mkdir()
+    (hd / "secrets.key").write_bytes(key)
+    (hd / "secrets.key").chmod(0o600)
+    other_key = "e2b_" + os.urandom(20).hex()
+    (w.root / "keys-h").write_text(f"other {other_key}\n")
+    h = w.node("node-h", extra=("--node-id", "snph", "--keys-file", str(w.root / "keys-h")))
+    i = w.node("node-i", extra=("--node-id", "snpi"))
+
+    # a sandbox of the shared image template (pulled on G's miss), a file
+    # written in it, a snapshot: pushed in the background
+    sb = g.create(templateID="shared-tpl")
+    end, _, err, _ = g.run(sb, "echo from-g > /srv/app/written", user="root")
+    assert end.get("exitCode", 0) == 0, err
+    r = g.request("POST", f"/sandboxes/{sb['sandboxID']}/snapshots", {}, timeout=120)
+    assert r.status == 201, r
+    snap = r.json()["snapshotID"]
+    assert snap.startswith("snap_snpg"), snap
+    deadline = time.monotonic() + 60
+    while "pushed snapshot " + snap not in g.log_tail(20000):
+        assert time.monotonic() < deadline and "pushing snapshot" not in g.log_tail(20000), g.log_tail()
+        time.sleep(0.2)
+
+    # H restores it: the image template pulled too, the file there
+    sb2 = h.create(templateID=snap)
+    end, out, err, _ = h.run(sb2, "cat /srv/app/written /srv/app/marker.txt")
+    assert out.decode() == "from-g\n" + MARKER, (out, err)
+    assert (h.data_dir / "snapshots" / f"{snap}.seal").exists()
+    assert h.request("GET", "/snapshots").json()[0]["snapshotID"] == snap
+    # a second create finds it here
+    h.create(templateID=snap)
+    assert h.log_tail(20000).count("pulling " + f"{w.reg.host}/hutch/snapshots:{snap}") == 1
+
+    # I has another key: a clear 422, nothing of it left
+    r = i.request("POST", "/v2/sandboxes", {"templateID": snap}, timeout=60)
+    assert r.status == 422 and "secrets.key" in r.json()["message"], r
+    assert not (i.data_dir / "snapshots" / f"{snap}.seal").exists()
+    assert not [p for p in (i.data_dir / "snapshots").iterdir() if p.name.startswith(".pull")]
+
+    # another team (a key of a team named otherwise): not found, on H (which
+    # has the row, the default team's) as on a node that has to ask
+    r = h.request("POST", "/v2/sandboxes", {"templateID": snap}, key=other_key, timeout=60)
+    assert r.status == 404, r
+    j = w.node("node-j", extra=("--node-id", "snpj", "--keys-file", str(w.root / "keys-h")))
+    r = j.request("POST", "/v2/sandboxes", {"templateID": snap}, key=other_key, timeout=60)
+    assert r.status == 404 and r.json()["message"] == f"template '{snap}' not found", r
+    assert not list((j.data_dir / "snapshots").glob(snap + "*"))
+    # a snapshot the registry never had: not found
+    r = h.request("POST", "/v2/sandboxes", {"templateID": "snap_snpg" + "0" * 16}, timeout=60)
+    assert r.status == 404, r
