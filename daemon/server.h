@@ -625,6 +625,11 @@ void tplshare_end(server *srv, request *req);
  * template-registry as REGISTRY/PATH/snapshots:<id>, off the loop, when
  * the setting is on; a create from it on another node pulls it there. */
 void tplshare_snapshot_push(server *srv, const store_snapshot *sn, const char *ctx);
+/* A snapshot deleted here: its tag at template-registry is replaced by a
+ * tombstone (an artifact whose config says "deleted"), so that no node
+ * restores it any more; until that push succeeds, <id>.deleted keeps this
+ * node from pulling it back. */
+void tplshare_snapshot_deleted(server *srv, const char *id);
 enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb);
 enum MHD_Result snapshots_list(server *srv, request *req);
 enum MHD_Result snapshot_delete(server *srv, request *req, const char *id);

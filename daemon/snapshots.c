@@ -718,6 +718,7 @@ enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
         char detail[128];
         snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", id);
         (void) store_event_add(srv->store, req->team, NULL, "snapshot.delete", detail, &err);
+        tplshare_snapshot_deleted(srv, id); /* and at the registry (tplshare.c) */
         return http_reply_empty(req->conn, 204);
 }
 

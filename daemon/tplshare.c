@@ -185,12 +185,16 @@ static bool wanted(server *srv, int64_t team, const char *name) {
 
 typedef struct snap_push_job {
         char id[32], ref[1400];
+        char tombstone[PATH_MAX]; /* a delete's marker, removed once pushed ("" a snapshot) */
         const char *data_dir;
         image_push_opts opts;
         char *config;
 } snap_push_job;
 
 enum { SP_FD_SEALED };
+
+static void tombstone_path(server *srv, const char *id, char *buf, size_t n);
+static void tombstone_push(server *srv, const char *id);
 
 static int snap_push_work(snapjob *j, int msg_fd) {
         snap_push_job *sj = j->data;
@@ -204,12 +208,29 @@ static int snap_push_work(snapjob *j, int msg_fd) {
 
 static void snap_push_done(server *srv, snapjob *j, const snapjob_msg *m) {
         snap_push_job *sj = j->data;
+        if (sj->tombstone[0]) {
+                if (m->r < 0)
+                        log_error("template-registry: marking snapshot %s deleted at %s: %s (this "
+                                  "node keeps refusing it; other nodes may still restore it)",
+                                  sj->id, sj->ref, m->why);
+                else {
+                        log_info("template-registry: snapshot %s marked deleted at %s", sj->id,
+                                 sj->ref);
+                        (void) unlink(sj->tombstone);
+                }
+                return;
+        }
         if (m->r < 0)
                 log_error("template-registry: pushing snapshot %s to %s: %s (it is restored on "
                           "this node only)",
                           sj->id, sj->ref, m->why);
         else
                 log_info("template-registry: pushed snapshot %s as %s", sj->id, sj->ref);
+        /* deleted while it was pushed: the tombstone goes after it */
+        char tomb[PATH_MAX];
+        tombstone_path(srv, sj->id, tomb, sizeof tomb);
+        if (m->r >= 0 && access(tomb, F_OK) == 0)
+                tombstone_push(srv, sj->id);
 }
 
 static void snap_push_answer(server *srv, snapjob *j, request *req) {
@@ -277,6 +298,64 @@ void tplshare_snapshot_push(server *srv, const store_snapshot *sn, const char *c
                 log_error("template-registry: snapshot %s: %s: not pushed", sn->id, e.msg);
 }
 
+/* <id>.deleted beside the snapshots: a snapshot deleted here whose
+ * tombstone the registry does not hold yet, so it is never pulled back */
+static void tombstone_path(server *srv, const char *id, char *buf, size_t n) {
+        snprintf(buf, n, "%s/snapshots/%s.deleted", srv->cfg.data_dir, id);
+}
+
+void tplshare_snapshot_deleted(server *srv, const char *id) {
+        if (!tplshare_on(srv))
+                return;
+        char tomb[PATH_MAX], key[96];
+        tombstone_path(srv, id, tomb, sizeof tomb);
+        int fd = open(tomb, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd >= 0)
+                close(fd);
+        snprintf(key, sizeof key, "snappush %s", id);
+        snapjob *pj = snapjob_find(srv, key);
+        if (pj && pj->running)
+                return; /* its push is still on the way: the tombstone follows it */
+        tombstone_push(srv, id);
+}
+
+static void tombstone_push(server *srv, const char *id) {
+        snap_push_job *sj = calloc(1, sizeof *sj);
+        snapjob *j = sj ? snapjob_new(&snap_push_ops, 0, NULL) : NULL;
+        json_t *c = json_pack("{s:s, s:b}", "id", id, "deleted", 1);
+        if (sj)
+                sj->config = c ? json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(c);
+        if (!j || !sj->config) {
+                if (sj)
+                        free(sj->config);
+                free(sj);
+                free(j);
+                log_error("template-registry: snapshot %s: out of memory: not marked deleted", id);
+                return;
+        }
+        j->data = sj;
+        snprintf(sj->id, sizeof sj->id, "%s", id);
+        snprintf(sj->ref, sizeof sj->ref, "%s/snapshots:%s", srv->cfg.template_registry, id);
+        snprintf(j->key, sizeof j->key, "snapdel %s", id);
+        tombstone_path(srv, id, sj->tombstone, sizeof sj->tombstone);
+        sj->data_dir = srv->cfg.data_dir;
+        sj->opts.conf_path = streq(srv->cfg.registries_conf, "-") ? NULL : srv->cfg.registries_conf;
+        sj->opts.ca_file = streq(srv->cfg.registry_ca, "-") ? NULL : srv->cfg.registry_ca;
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
+        /* the layer: nothing */
+        j->fds[SP_FD_SEALED] = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        hutch_error e = { 0 };
+        if (j->fds[SP_FD_SEALED] < 0) {
+                log_error("template-registry: snapshot %s: %s: %m: not marked deleted", id, dir);
+                snapjob_discard(srv, j);
+                return;
+        }
+        if (snapjob_start(srv, j, NULL, &e) < 0)
+                log_error("template-registry: snapshot %s: %s: not marked deleted", id, e.msg);
+}
+
 typedef struct snap_pull_job {
         char id[32], ref[1400];
         const char *data_dir;
@@ -308,6 +387,10 @@ static int snap_pull_work(snapjob *j, int msg_fd) {
         const char *team = json_string_value(json_object_get(c, "team"));
         const char *octx = json_string_value(json_object_get(c, "context"));
         const char *id = json_string_value(json_object_get(c, "id"));
+        if (r >= 0 && json_is_true(json_object_get(c, "deleted"))) {
+                r = -ENOENT; /* deleted on its node */
+                snprintf(why, sizeof why, "%s was deleted", sj->ref);
+        }
         if (r >= 0 && (!team || !octx || !id || !streq(id, sj->id) || strlen(octx) >= 160)) {
                 r = -EBADMSG;
                 snprintf(why, sizeof why, "%s is not a hutch snapshot's artifact", sj->ref);
@@ -440,6 +523,10 @@ static int snapshot_begin(server *srv, request *req, const char *id, enum MHD_Re
         hutch_error e = { 0 };
         if (store_snapshot_find(srv->store, id, &have, &e) == 0)
                 return 0; /* here (the team's, or not: the create says 404) */
+        char tomb[PATH_MAX];
+        tombstone_path(srv, id, tomb, sizeof tomb);
+        if (access(tomb, F_OK) == 0)
+                return 0; /* deleted here: never pulled back (the create says 404) */
         char key[96];
         snprintf(key, sizeof key, "snappull %lld %s", (long long) req->team, id);
         snapjob *j = snapjob_find(srv, key);

@@ -499,3 +499,24 @@ def test_a_snapshot_taken_on_one_node_is_restored_on_another(world):
     # a snapshot the registry never had: not found
     r = h.request("POST", "/v2/sandboxes", {"templateID": "snap_snpg" + "0" * 16}, timeout=60)
     assert r.status == 404, r
+
+    # deleted on its node: a tombstone replaces it in the registry, so no
+    # node restores it any more, its own node included
+    r = g.request("DELETE", f"/templates/{snap}")
+    assert r.status == 204, r
+    r = g.request("POST", "/v2/sandboxes", {"templateID": snap}, timeout=60)
+    assert r.status == 404, r
+    deadline = time.monotonic() + 60
+    while f"snapshot {snap} marked deleted" not in g.log_tail(20000):
+        assert time.monotonic() < deadline, g.log_tail()
+        time.sleep(0.2)
+    assert not (g.data_dir / "snapshots" / f"{snap}.deleted").exists()
+    r = g.request("POST", "/v2/sandboxes", {"templateID": snap}, timeout=60)
+    assert r.status == 404, r
+    kd = w.root / "node-k"
+    kd.mkdir()
+    (kd / "secrets.key").write_bytes(key)
+    (kd / "secrets.key").chmod(0o600)
+    k = w.node("node-k", extra=("--node-id", "snpk"))
+    r = k.request("POST", "/v2/sandboxes", {"templateID": snap}, timeout=60)
+    assert r.status == 404, r
