@@ -24,6 +24,9 @@
  * registry lacks costs the node that many manifest requests, not that many
  * workers at once.
  *
+ * Snapshots travel the same way (below, "snapshots"): pushed when sealed,
+ * pulled by a create from one this node has no row for.
+ *
  * Only names that could be an image template are pulled: not host, base
  * or the code interpreter's names, not a snapshot id, not a template the
  * team built (those live in this node's database), and only when the
