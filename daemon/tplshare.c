@@ -487,6 +487,9 @@ static void snap_pull_done(server *srv, snapjob *j, const snapjob_msg *m) {
         }
         log_info("template-registry: pulled snapshot %s from %s", sj->id, sj->ref);
         usage_storage_changed(srv);
+        char detail[1600];
+        snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\",\"by\":\"template-registry\"}", sj->id);
+        (void) store_event_add(srv->store, sj->team, NULL, "snapshot.pull", detail, &e);
 }
 
 static void snap_pull_answer(server *srv, snapjob *j, request *req) {

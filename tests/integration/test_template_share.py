@@ -478,6 +478,8 @@ def test_a_snapshot_taken_on_one_node_is_restored_on_another(world):
     assert out.decode() == "from-g\n" + MARKER, (out, err)
     assert (h.data_dir / "snapshots" / f"{snap}.seal").exists()
     assert h.request("GET", "/snapshots").json()[0]["snapshotID"] == snap
+    pulls = h.request("GET", "/events?kind=snapshot.pull").json()
+    assert [p["detail"]["snapshot"] for p in pulls] == [snap], pulls
     # a second create finds it here
     h.create(templateID=snap)
     assert h.log_tail(20000).count("pulling " + f"{w.reg.host}/hutch/snapshots:{snap}") == 1
