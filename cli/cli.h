@@ -33,11 +33,12 @@ int verb_template_interpreter(int argc, char **argv); /* template-base.c: `templ
 const char *cli_template_data_dir(void); /* template.c: HUTCH_DATA_DIR, else /var/lib/hutch */
 int verb_template(int argc, char **argv);
 
-/* `hutch template pull|login ...` (cli/template-pull.c, owner: registry):
- * argv[0] is the sub-verb ("pull" or "login"). Weak here so that the CLI
+/* `hutch template pull|push|login ...` (cli/template-pull.c, owner: registry):
+ * argv[0] is the sub-verb ("pull", "push" or "login"). Weak here so that the CLI
  * links without that file; `hutch template` says so when it is absent. */
 int template_pull_main(int argc, char **argv) __attribute__((weak));
 int template_login_main(int argc, char **argv) __attribute__((weak));
+int template_push_main(int argc, char **argv) __attribute__((weak));
 
 /* tty.c: our terminal in raw mode for a -t session (restored by
  * cli_tty_restore and at exit), its window size (24x80 when it has none),

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* `hutch template pull` and `hutch template login` (lib/image/pull.h). */
+/* `hutch template pull`, `push` and `login` (lib/image/pull.h, lib/image/push.h). */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "image/pull.h"
+#include "image/push.h"
 #include "image/reference.h"
 #include "image/registry.h"
 #include "util/fsutil.h"
@@ -39,6 +40,27 @@ static const char pull_usage[] =
         "\n"
         "Prints the template's name on stdout. Exit status: 0 pulled, 2 usage or an\n"
         "invalid reference, 125 the pull failed (the message says why).\n";
+
+static const char push_usage[] =
+        "usage: hutch template push [OPTIONS] NAME REF\n"
+        "\n"
+        "Push template NAME to an OCI distribution registry as the image REF\n"
+        "(REGISTRY/REPOSITORY[:TAG], default tag latest): its layers (each the\n"
+        "canonical tar of its directory in the layer store, gzip), a config with\n"
+        "its Env, WorkingDir, User, Cmd and its start and ready commands (labels\n"
+        "dev.hutch.start-cmd, dev.hutch.ready-cmd), a manifest. `hutch template\n"
+        "pull REF` on another host, or a node with template-registry, makes the\n"
+        "same template of it. Blobs the registry has are not uploaded again.\n"
+        "Credentials: `hutch template login REGISTRY`; TLS and plain HTTP as for\n"
+        "pulls (registries.conf). Refused: the host template (the host's own\n"
+        "/usr: nothing to push), a template one team owns.\n"
+        "\n"
+        "  --json                   one JSON object a line on stdout (progress, then the result)\n"
+        "  --registries-conf FILE   instead of $HUTCH_REGISTRIES_CONF or DATA_DIR/registries.conf\n"
+        "  --ca-file FILE           trust FILE's CAs too, for every registry\n"
+        "\n"
+        "Prints REGISTRY/REPOSITORY:TAG@DIGEST on stdout. Exit status: 0 pushed,\n"
+        "2 usage or an invalid reference, 125 the push failed (the message says why).\n";
 
 static const char login_usage[] =
         "usage: hutch template login [--username USER] [--remove] REGISTRY\n"
@@ -293,6 +315,134 @@ int template_pull_main(int argc, char **argv) {
                 printf("%s\n", res.name);
         }
         image_pull_result_clear(&res);
+        return 0;
+}
+
+static void on_push_progress(void *arg, const image_progress_event *ev) {
+        pull_view *v = arg;
+        if (v->json) {
+                json_t *j = json_pack("{s:s, s:I, s:i, s:i}", "phase", ev->phase, "size",
+                                      (json_int_t) ev->total, "layer", (int) ev->layer, "n_layers",
+                                      (int) ev->n_layers);
+                if (ev->digest)
+                        json_object_set_new(j, "digest", json_string(ev->digest));
+                char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+                if (s)
+                        printf("%s\n", s);
+                fflush(stdout);
+                free(s);
+                json_decref(j);
+                return;
+        }
+        char b[32];
+        human(ev->total, b, sizeof b);
+        if (streq(ev->phase, "layer"))
+                fprintf(stderr, "layer %u/%u %.19s: tar and gzip\n", ev->layer, ev->n_layers,
+                        ev->digest ? ev->digest : "");
+        else if (streq(ev->phase, "exists"))
+                fprintf(stderr, "layer %u/%u %.19s (%s) already in the registry\n", ev->layer,
+                        ev->n_layers, ev->digest ? ev->digest : "", b);
+        else if (streq(ev->phase, "mounted"))
+                fprintf(stderr, "layer %u/%u %.19s (%s) mounted from another repository\n",
+                        ev->layer, ev->n_layers, ev->digest ? ev->digest : "", b);
+        else if (streq(ev->phase, "upload"))
+                fprintf(stderr, "layer %u/%u %.19s uploading %s\n", ev->layer, ev->n_layers,
+                        ev->digest ? ev->digest : "", b);
+}
+
+int template_push_main(int argc, char **argv) {
+        const char *name = NULL, *ref = NULL;
+        image_push_opts opts = { 0 };
+        bool json = false;
+        static const struct option longopts[] = {
+                { "json", no_argument, NULL, 'j' },
+                { "registries-conf", required_argument, NULL, 'r' },
+                { "ca-file", required_argument, NULL, 'c' },
+                { "help", no_argument, NULL, 'h' },
+                {},
+        };
+        int c;
+        opterr = 0;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+                switch (c) {
+                case 'j':
+                        json = true;
+                        break;
+                case 'r':
+                        opts.conf_path = optarg;
+                        break;
+                case 'c':
+                        opts.ca_file = optarg;
+                        break;
+                case 'h':
+                        fputs(push_usage, stdout);
+                        return 0;
+                default:
+                        (void) cli_getopt_error("template push", c, argv);
+                        fputs(push_usage, stderr);
+                        return EXIT_USAGE;
+                }
+        }
+        if (argc - optind != 2) {
+                if (argc - optind > 2)
+                        log_error("a template and a reference, nothing more ('%s')", argv[optind + 2]);
+                fputs(push_usage, stderr);
+                return EXIT_USAGE;
+        }
+        name = argv[optind];
+        ref = argv[optind + 1];
+        image_reference parsed = { 0 };
+        hutch_error err = { 0 };
+        if (image_reference_parse(ref, &parsed, &err) < 0) {
+                log_error("push %s: %s", ref, err.msg);
+                return EXIT_USAGE;
+        }
+        image_reference_clear(&parsed);
+        pull_view v = { .json = json, .ref = ref, .start_ms = now_ms() };
+        image_progress p = { .fn = on_push_progress, .arg = &v };
+        image_push_result res = { 0 };
+        int r = image_push(data_dir(), name, ref, &opts, &p, &res, &err);
+        if (r < 0) {
+                if (json) {
+                        json_t *j = json_pack("{s:s, s:s, s:s}", "phase", "error", "error",
+                                              errno_name(r), "message", err.msg);
+                        char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+                        if (s)
+                                printf("%s\n", s);
+                        free(s);
+                        json_decref(j);
+                }
+                log_error("push %s: %s", name, err.msg);
+                return r == -EINVAL ? EXIT_USAGE : EXIT_HUTCH;
+        }
+        double secs = (double) (now_ms() - v.start_ms) / 1000.0;
+        cli_audit_note(data_dir(), "template.push",
+                       json_pack("{s:s, s:s, s:s?, s:I, s:s}", "template", name, "ref", ref, "target",
+                                 res.target, "bytes_uploaded", (json_int_t) res.bytes_uploaded, "by", "cli"));
+        if (json) {
+                json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:I, s:i}", "phase",
+                                      "pushed", "name", name, "target", res.target, "layers",
+                                      (int) res.layers, "blobs_uploaded", (int) res.blobs_uploaded,
+                                      "blobs_present", (int) res.blobs_present, "blobs_mounted",
+                                      (int) res.blobs_mounted, "bytes_uploaded",
+                                      (json_int_t) res.bytes_uploaded, "ms", (int) (secs * 1000));
+                char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+                if (s)
+                        printf("%s\n", s);
+                free(s);
+                json_decref(j);
+        } else {
+                char b[32];
+                human(res.bytes_uploaded, b, sizeof b);
+                fprintf(stderr,
+                        "pushed template %s as %s: %u layers, %u blobs uploaded (%s), %u mounted "
+                        "from another repository, %u already there, in %.1f s\n",
+                        name, res.target, res.layers, res.blobs_uploaded, b, res.blobs_mounted,
+                        res.blobs_present, secs);
+                printf("%s\n", res.target);
+        }
+        image_push_result_clear(&res);
         return 0;
 }
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* hutch template import|ls|rm|prune (and pull|login, from cli/template-pull.c). */
+/* hutch template import|ls|rm|prune (and pull|push|login, from cli/template-pull.c). */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -24,6 +24,8 @@ static void usage(FILE *f) {
               "  import FILE [--name NAME] [--json]   a `docker save` archive or an OCI image layout\n"
               "                                       (a directory or a tar of one) becomes template NAME\n"
               "  pull REF [--name NAME]               from a registry (when built with it)\n"
+              "  push NAME REF                        template NAME to a registry as image REF (another\n"
+              "                                       node pulls it: docs/scale-out.md)\n"
               "  login REGISTRY                       registry credentials (when built with it)\n"
               "  ls [--json]                          the templates: name, kind, layers, size, created\n"
               "  rm [--force] NAME...                 remove templates (a live sandbox keeps its version\n"
@@ -327,8 +329,10 @@ int verb_template(int argc, char **argv) {
                 return do_rm(argc - 1, argv + 1);
         if (streq(v, "prune"))
                 return do_prune(argc - 1, argv + 1);
-        if (streq(v, "pull") || streq(v, "login")) {
-                int (*fn)(int, char **) = streq(v, "pull") ? template_pull_main : template_login_main;
+        if (streq(v, "pull") || streq(v, "push") || streq(v, "login")) {
+                int (*fn)(int, char **) = streq(v, "pull")   ? template_pull_main
+                                        : streq(v, "push") ? template_push_main
+                                                           : template_login_main;
                 if (!fn)
                         return log_error("`hutch template %s` is not part of this build", v),
                                EXIT_USAGE;

@@ -213,9 +213,16 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
                 json_decref(body);
                 return gate;
         }
+        /* an image template or a snapshot this node lacks: pulled from
+         * template-registry off the loop first, then this runs again
+         * (tplshare.c) */
+        enum MHD_Result restore_mr;
+        if (tplshare_begin(srv, req, body, &restore_mr) > 0) {
+                json_decref(body);
+                return restore_mr;
+        }
         /* from a snapshot: it is unsealed off the loop first, then this
          * runs again (snapshots.c) */
-        enum MHD_Result restore_mr;
         if (snapshot_restore_begin(srv, req, body, &restore_mr) > 0) {
                 json_decref(body);
                 return restore_mr; /* it waits, or its answer is queued */
@@ -225,6 +232,7 @@ static enum MHD_Result sandboxes_create(server *srv, request *req) {
         hutch_error err = { 0 };
         int r = sbx_create(srv, req->team, body, &sb, &status, &err);
         snapshot_restore_end(srv, req);
+        tplshare_end(srv, req);
         json_decref(body);
         if (r < 0) {
                 if (status == 429)

@@ -32,6 +32,7 @@
 #include "daemon/templates.h"
 #include "daemon/serve.h"
 #include "image/pull.h"
+#include "image/reference.h"
 #include "daemon/audit.h"
 #include "daemon/server.h"
 #include "daemon/metrics.h"
@@ -114,6 +115,7 @@ static const struct cfg_entry {
         { "egress-records", CFG_U64, U(egress_records), 1, 100000, "50", "egress decisions recorded per sandbox per second (the rest are counted)" },
         { "registries-conf", CFG_STR, S(registries_conf), 0, 0, "-", "registries.conf of image pulls (search, mirror, insecure and ca lines; '-': DATA_DIR/registries.conf, as `hutch template pull`)" },
         { "registry-ca", CFG_STR, S(registry_ca), 0, 0, "-", "PEM file of CAs trusted for every registry, besides the system's ('-': none)" },
+        { "template-registry", CFG_STR, S(template_registry), 0, 0, "-", "REGISTRY/PATH where the nodes of a cluster share templates: a create naming an image template this node lacks pulls REGISTRY/PATH/<name>:latest first, off the loop, one pull for every create that waits for it (404 when the registry has no such image); `hutch template push NAME REGISTRY/PATH/NAME` puts one there. Snapshots too: each one sealed here is pushed as REGISTRY/PATH/snapshots:<id>, and a create from one this node lacks pulls it (every node needs the same DATA_DIR/secrets.key). TLS, plain HTTP and credentials as for every pull: registries-conf, registry-ca, `hutch template login` ('-': none; docs/scale-out.md)" },
         { "interp-pool-size", CFG_U64, U(interp_pool_size), 0, 1000, "0", "code-interpreter sandboxes kept started, their kernels up, so that such a create only claims one (0: none; each holds its python and javascript kernels, about 150 MB)" },
         { "interp-checkpoint", CFG_BOOL, U(interp_checkpoint), 0, 1, "on", "gvisor (the default backend): once a code interpreter is wanted, keep a checkpoint of a started one in DATA_DIR/interp-checkpoints, and restore it for code-interpreter creates that the warm pool cannot serve, instead of starting Python's kernel again (docs/interpreter.md): on or off" },
         { "ready-timeout", CFG_SECONDS, U(ready_timeout_s), 1, 3600, "60", "a template's ready command (code-interpreter's: its kernel is up) must succeed within this, or the create fails" },
@@ -151,6 +153,22 @@ int server_config_set(server_config *c, const char *key, const char *value, hutc
                                 else
                                         snprintf(c->node_id, sizeof c->node_id, "%s", value);
                                 return 0;
+                        }
+                        if (streq(key, "template-registry") && !streq(value, "-")) {
+                                /* what a pull will name: REGISTRY/PATH/<name>:latest */
+                                char probe[300];
+                                image_reference ir = { 0 };
+                                hutch_error e2 = { 0 };
+                                snprintf(probe, sizeof probe, "%s/t:latest", value);
+                                const char *last = strrchr(value, '/');
+                                if (!last || strchr(last, ':') || strchr(value, '@') ||
+                                    image_reference_parse(probe, &ir, &e2) < 0 || !ir.registry) {
+                                        image_reference_clear(&ir);
+                                        return hutch_error_set(err, -EINVAL,
+                                                               "template-registry: REGISTRY/PATH (e.g. registry.example:5000/hutch), not '%s'%s%s",
+                                                               value, e2.msg[0] ? ": " : "", e2.msg);
+                                }
+                                image_reference_clear(&ir);
                         }
                         if (streq(key, "listen") || (streq(key, "metrics-listen") && !streq(value, "-"))) {
                                 struct sockaddr_storage ss;

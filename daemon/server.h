@@ -89,6 +89,7 @@ typedef struct server_config {
         /* image pulls (lib/image/pull.h): the same files `hutch template pull` reads */
         char registries_conf[1024];  /* "-": DATA_DIR/registries.conf */
         char registry_ca[1024];      /* "-": the system's CAs only */
+        char template_registry[256]; /* REGISTRY/PATH templates are pulled from on a miss (daemon/tplshare.c); "-": none */
         uint64_t ready_timeout_s;    /* a template's ready command must succeed within this (daemon/startcmd.c) */
         uint64_t interp_pool_size;   /* code-interpreter sandboxes kept started and ready */
         uint64_t interp_checkpoint;  /* gvisor: code-interpreter creates restore a checkpoint of a started one (sandboxes.c) */
@@ -605,6 +606,30 @@ int snapshot_unseal(server *srv, int64_t team, const char *id, store_snapshot *r
  * sbx_create lets the stream go. */
 int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr);
 void snapshot_restore_end(server *srv, request *req);
+/* A snapshot's sealed file, and the context it is sealed under. */
+void snapshot_file(server *srv, const char *id, char *buf, size_t n);
+void snapshot_seal_context(int64_t team, const char *id, char *buf, size_t n);
+
+/* ------------------------------------------------------------- tplshare.c */
+
+/* template-registry is set. */
+bool tplshare_on(const server *srv);
+/* A create naming an image template this node lacks, with template-registry
+ * set: 1 when the request waits for the template's pull off the loop (the
+ * create is dispatched again then) or its answer is queued (*ret_mr: 404
+ * when the registry has no such image, 502 when it cannot be asked); 0: go
+ * on. tplshare_end after sbx_create. */
+int tplshare_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr);
+void tplshare_end(server *srv, request *req);
+/* A snapshot just sealed (ctx: its seal's context): pushed to
+ * template-registry as REGISTRY/PATH/snapshots:<id>, off the loop, when
+ * the setting is on; a create from it on another node pulls it there. */
+void tplshare_snapshot_push(server *srv, const store_snapshot *sn, const char *ctx);
+/* A snapshot deleted here: its tag at template-registry is replaced by a
+ * tombstone (an artifact whose config says "deleted"), so that no node
+ * restores it any more; until that push succeeds, <id>.deleted keeps this
+ * node from pulling it back. */
+void tplshare_snapshot_deleted(server *srv, const char *id);
 enum MHD_Result snapshot_create(server *srv, request *req, sbx *sb);
 enum MHD_Result snapshots_list(server *srv, request *req);
 enum MHD_Result snapshot_delete(server *srv, request *req, const char *id);

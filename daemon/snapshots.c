@@ -115,6 +115,14 @@ static void snap_context(int64_t team, const char *id, char *buf, size_t n) {
         snprintf(buf, n, "hutch snapshot team:%lld id:%s", (long long) team, id);
 }
 
+void snapshot_file(server *srv, const char *id, char *buf, size_t n) {
+        snap_path(srv, id, buf, n);
+}
+
+void snapshot_seal_context(int64_t team, const char *id, char *buf, size_t n) {
+        snap_context(team, id, buf, n);
+}
+
 bool data_disk_has_room(server *srv, const char *dir, uint64_t bytes) {
         struct statvfs vfs;
         return statvfs(dir, &vfs) != 0 ||
@@ -255,6 +263,8 @@ static void take_done(server *srv, snapjob *j, const snapjob_msg *m) {
         char detail[128];
         snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", t->sn.id);
         (void) store_event_add(srv->store, t->sn.team_id, t->sn.sandbox_id, "sandbox.snapshot", detail, &err);
+        /* other nodes restore it from the registry (tplshare.c) */
+        tplshare_snapshot_push(srv, &t->sn, t->ctx);
 }
 
 static json_t *snapshot_json(const store_snapshot *sn);
@@ -499,7 +509,8 @@ static void restore_use(server *srv, snapjob *j) {
 int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Result *ret_mr) {
         snapjob *held = snapjob_held(req);
         if (held) {
-                restore_use(srv, held);
+                if (held->ops == &restore_ops) /* else a template's pull (tplshare.c) */
+                        restore_use(srv, held);
                 return 0;
         }
         const char *id = json_string_value(json_object_get(body, "templateID"));
@@ -576,7 +587,7 @@ int snapshot_restore_begin(server *srv, request *req, json_t *body, enum MHD_Res
 
 void snapshot_restore_end(server *srv, request *req) {
         snapjob *j = snapjob_held(req);
-        if (!j)
+        if (!j || j->ops != &restore_ops)
                 return;
         restore_job *rj = j->data;
         if (rj->image[0] && !srv->fork_image[0])
@@ -707,6 +718,7 @@ enum MHD_Result snapshot_delete(server *srv, request *req, const char *id) {
         char detail[128];
         snprintf(detail, sizeof detail, "{\"snapshot\":\"%s\"}", id);
         (void) store_event_add(srv->store, req->team, NULL, "snapshot.delete", detail, &err);
+        tplshare_snapshot_deleted(srv, id); /* and at the registry (tplshare.c) */
         return http_reply_empty(req->conn, 204);
 }
 

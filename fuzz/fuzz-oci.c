@@ -3,7 +3,8 @@
  * The image manifest, index and config parsers (lib/image/oci.c): bytes
  * from a registry or an archive. Byte 0 picks the media type the caller
  * claims (none, OCI/Docker manifest or index); the rest is parsed as a
- * manifest and as a config. A parse that succeeds must be consistent.
+ * manifest, as a config and as a snapshot's artifact manifest. A parse
+ * that succeeds must be consistent.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -52,5 +53,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         abort();
                 image_config_clear(&c);
         }
+        /* as a snapshot's artifact (lib/image/push.h) */
+        image_descriptor cd, ld;
+        if (image_artifact_parse(data, size, "application/vnd.hutch.snapshot.config.v1+json",
+                                 "application/vnd.hutch.snapshot.sealed.v1", &cd, &ld, &err) == 0) {
+                if (!layer_digest_valid(cd.digest) || !layer_digest_valid(ld.digest) ||
+                    cd.size < 0 || ld.size < 0)
+                        abort();
+                free(cd.media_type);
+                free(cd.digest);
+                free(ld.media_type);
+                free(ld.digest);
+        } else if (cd.digest || ld.digest)
+                abort(); /* nothing is left on a refusal */
         return 0;
 }

@@ -1692,14 +1692,11 @@ static int create_forward(client *c, const proxyreq *rq) {
         /* candidates: K sampled up, non-draining nodes, best first, then the rest */
         node *cand[NODES_MAX];
         unsigned nc = 0;
-        if (pinned[0]) {
-                node *n = node_by_id(pinned);
-                if (!n) {
-                        buf_free(&body);
-                        return send_error(c, 404, "snapshot %s: its node %s is not reachable",
-                                          tmpl_name, pinned);
-                }
-                cand[nc++] = n;
+        /* a snapshot whose node is gone goes where a create would: a node
+         * with template-registry restores it from there (docs/scale-out.md) */
+        node *pinned_node = pinned[0] ? node_by_id(pinned) : NULL;
+        if (pinned_node) {
+                cand[nc++] = pinned_node;
         } else {
                 node *up[NODES_MAX];
                 unsigned k = nodes_up(up, NODES_MAX);

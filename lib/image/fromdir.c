@@ -264,18 +264,7 @@ static int walk_dir(walk *w, int dfd, const char *prefix, unsigned depth) {
         return r;
 }
 
-int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift,
-                   char ret_digest[LAYER_DIGEST_MAX], hutch_error *err) {
-        /* the tar in an unnamed file of the store (a layer can be far larger than memory) */
-        _cleanup_close_ int busy = layer_store_hold(data_dir, err);
-        if (busy < 0)
-                return busy;
-        char sdir[PATH_MAX];
-        snprintf(sdir, sizeof sdir, "%s/layers/sha256", data_dir);
-        int tfd = open(sdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-        if (tfd < 0)
-                return hutch_error_set(err, -errno, "creating a temporary file in %s: %m", sdir);
-        _cleanup_close_ int out = tfd;
+int layer_tar_dir(int dirfd, uid_t uid_shift, int out, hutch_error *err) {
         walk w = { .shift = uid_shift, .err = err };
         w.a = archive_write_new();
         if (!w.a || archive_write_set_format_pax_restricted(w.a) != ARCHIVE_OK ||
@@ -292,6 +281,22 @@ int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift,
         for (size_t i = 0; i < w.n_links; i++)
                 free(w.links[i].path);
         free(w.links);
+        return r;
+}
+
+int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift,
+                   char ret_digest[LAYER_DIGEST_MAX], hutch_error *err) {
+        /* the tar in an unnamed file of the store (a layer can be far larger than memory) */
+        _cleanup_close_ int busy = layer_store_hold(data_dir, err);
+        if (busy < 0)
+                return busy;
+        char sdir[PATH_MAX];
+        snprintf(sdir, sizeof sdir, "%s/layers/sha256", data_dir);
+        int tfd = open(sdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (tfd < 0)
+                return hutch_error_set(err, -errno, "creating a temporary file in %s: %m", sdir);
+        _cleanup_close_ int out = tfd;
+        int r = layer_tar_dir(dirfd, uid_shift, out, err);
         if (r < 0)
                 return r;
         char hex[65];

@@ -96,6 +96,9 @@ typedef struct image_config {
         char *user;
         char **cmd; /* Entrypoint + Cmd, NULL-terminated, or NULL */
         char *os, *architecture, *variant;
+        /* Labels dev.hutch.start-cmd and dev.hutch.ready-cmd: a pushed
+         * template's start and ready commands (lib/image/push.h) */
+        char *start_cmd, *ready_cmd;
 } image_config;
 
 /* The host's platform: "amd64", "arm64" (and the arm variant) as OCI names them. */
@@ -106,4 +109,11 @@ int image_manifest_parse(const uint8_t *buf, size_t len, const char *media_type,
                          image_manifest *ret, hutch_error *err);
 void image_manifest_clear(image_manifest *m);
 int image_config_parse(const uint8_t *buf, size_t len, image_config *ret, hutch_error *err);
+
+/* An OCI image manifest used as an artifact of hutch's (a snapshot, lib/
+ * image/push.h): its config of config_type and exactly one layer of
+ * layer_type, each digest valid and size >= 0. Fuzzed (fuzz/fuzz-oci.c). */
+int image_artifact_parse(const uint8_t *buf, size_t len, const char *config_type,
+                         const char *layer_type, image_descriptor *ret_config,
+                         image_descriptor *ret_layer, hutch_error *err);
 void image_config_clear(image_config *c);

@@ -158,6 +158,8 @@ static int install_layers(const char *data_dir, const char *name, int64_t team, 
                 .workdir = cfg->workdir,
                 .user = cfg->user,
                 .cmd = cfg->cmd,
+                .start_cmd = cfg->start_cmd && *cfg->start_cmd ? cfg->start_cmd : NULL,
+                .ready_cmd = cfg->ready_cmd && *cfg->ready_cmd ? cfg->ready_cmd : NULL,
         };
         int r = template_write(data_dir, &meta, err);
         if (r < 0)

@@ -271,8 +271,10 @@ int layer_gc(const char *data_dir, char *const *keep, size_t n_keep, hutch_error
                 bool tmp = startswith(nm, ".tmp-") || startswith(nm, ".trash-");
                 size_t l = strlen(nm);
                 if (!tmp) {
-                        if (l == 64 + 6 && streq(nm + 64, ".teams")) {
-                                /* its layer's list: goes when the layer is gone */
+                        if ((l == 64 + 6 && streq(nm + 64, ".teams")) ||
+                            (l == 64 + 7 && streq(nm + 64, ".pushed"))) {
+                                /* its layer's list, or what a push made of it
+                                 * (lib/image/push.h): goes when the layer is gone */
                                 char dir[65];
                                 struct stat st;
                                 memcpy(dir, nm, 64);

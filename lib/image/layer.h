@@ -75,6 +75,12 @@ int layer_private_grant(const char *data_dir, const char *diff_id, int64_t team)
 int layer_from_dir(const char *data_dir, int dirfd, uid_t uid_shift,
                    char ret_digest[LAYER_DIGEST_MAX], hutch_error *err);
 
+/* The canonical tar of the tree at dirfd (as layer_from_dir writes it:
+ * names sorted, ids shifted back by uid_shift, overlay whiteouts and
+ * opaque directories in OCI form) written to out. A push's layer
+ * (lib/image/push.c): a store layer with uid_shift 0. */
+int layer_tar_dir(int dirfd, uid_t uid_shift, int out, hutch_error *err);
+
 /* The store's busy lock, taken shared (creating the store, 0700): while
  * any holder has it, layer_gc leaves the store alone. Returns the fd. */
 int layer_store_hold(const char *data_dir, hutch_error *err);

@@ -84,6 +84,8 @@ void image_config_clear(image_config *c) {
         free(c->os);
         free(c->architecture);
         free(c->variant);
+        free(c->start_cmd);
+        free(c->ready_cmd);
         *c = (image_config) { 0 };
 }
 
@@ -418,6 +420,16 @@ int image_config_parse(const uint8_t *buf, size_t len, image_config *c, hutch_er
                 }
                 free(ep);
                 free(cmd);
+                json_t *labels = json_object_get(cfg, "Labels");
+                if (labels && !json_is_null(labels) && !json_is_object(labels)) {
+                        r = hutch_error_set(err, -EBADMSG,
+                                            "the image config's Labels is not an object");
+                        goto out;
+                }
+                if (labels &&
+                    ((r = str_field(labels, "dev.hutch.start-cmd", &c->start_cmd, err)) < 0 ||
+                     (r = str_field(labels, "dev.hutch.ready-cmd", &c->ready_cmd, err)) < 0))
+                        goto out;
                 if (c->workdir && c->workdir[0] && c->workdir[0] != '/') {
                         r = hutch_error_set(err, -EBADMSG,
                                             "the config's WorkingDir '%.100s' is not absolute",
@@ -429,5 +441,40 @@ out:
         json_decref(j);
         if (r < 0)
                 image_config_clear(c);
+        return r;
+}
+
+int image_artifact_parse(const uint8_t *buf, size_t len, const char *config_type,
+                         const char *layer_type, image_descriptor *ret_config,
+                         image_descriptor *ret_layer, hutch_error *err) {
+        *ret_config = *ret_layer = (image_descriptor) { 0 };
+        json_t *j = load(buf, len, "the artifact's manifest", err);
+        if (!j)
+                return err ? err->code : -EBADMSG;
+        int r = 0;
+        json_t *sv = json_object_get(j, "schemaVersion");
+        const char *mt = json_string_value(json_object_get(j, "mediaType"));
+        json_t *cfg = json_object_get(j, "config"), *layers = json_object_get(j, "layers");
+        if (!json_is_integer(sv) || json_integer_value(sv) != 2 || !mt ||
+            !streq(mt, IMAGE_MEDIA_OCI_MANIFEST) || !json_is_object(cfg) ||
+            !json_is_array(layers) || json_array_size(layers) != 1) {
+                r = hutch_error_set(err, -EBADMSG,
+                                    "the artifact's manifest is not an OCI manifest of one layer");
+                goto out;
+        }
+        if ((r = desc_parse(cfg, "the artifact's config", ret_config, err)) < 0 ||
+            (r = desc_parse(json_array_get(layers, 0), "the artifact's layer", ret_layer, err)) < 0)
+                goto out;
+        if (!ret_config->media_type || !streq(ret_config->media_type, config_type) ||
+            !ret_layer->media_type || !streq(ret_layer->media_type, layer_type))
+                r = hutch_error_set(err, -EBADMSG, "the artifact is not a %s (its config is %.80s)",
+                                    config_type,
+                                    ret_config->media_type ? ret_config->media_type : "untyped");
+out:
+        json_decref(j);
+        if (r < 0) {
+                desc_clear(ret_config);
+                desc_clear(ret_layer);
+        }
         return r;
 }

@@ -304,6 +304,7 @@ struct registry_client {
         unsigned parallel;
         char *user, *pass; /* credentials for host, or NULL */
         bool given;        /* they are a build's own, not `hutch template login`'s */
+        bool push;         /* a push: tokens are asked for pull,push */
         char *authz;       /* "Authorization: ..." once a challenge was answered */
         bool sent_creds;   /* the current authz came from the credentials */
         char *last_challenge;
@@ -359,6 +360,7 @@ int registry_client_new(const char *host, const char *repository, const registry
                 ca = o->ca_file;
         if (ca && !(c->ca_file = strdup(ca)))
                 return hutch_error_set(err, -ENOMEM, "out of memory");
+        c->push = o->push;
         c->parallel = o->parallel ? MIN(o->parallel, REGISTRY_MAX_PARALLEL)
                                   : REGISTRY_DEFAULT_PARALLEL;
         snprintf(c->base, sizeof c->base, "%s://%s", c->insecure ? "http" : "https", host);
@@ -388,11 +390,13 @@ typedef struct http_resp {
         char content_type[256];
         char docker_digest[80];
         char *www_auth;
+        char *location; /* a push's upload URL */
 } http_resp;
 
 static void http_resp_clear(http_resp *r) {
         free(r->body);
         free(r->www_auth);
+        free(r->location);
         *r = (http_resp) { 0 };
 }
 
@@ -446,6 +450,10 @@ static size_t resp_header(char *p, size_t sz, size_t nm, void *arg) {
                 r->content_type[0] = r->docker_digest[0] = '\0';
                 free(r->www_auth);
                 r->www_auth = NULL;
+                free(r->location);
+                r->location = NULL;
+        } else if (header_value(p, n, "Location", &v, &vn) && !r->location && vn <= MAX_HEADER_VALUE) {
+                r->location = strndup(v, vn);
         } else if (header_value(p, n, "Content-Type", &v, &vn)) {
                 const char *semi = memchr(v, ';', vn);
                 copy_value(r->content_type, sizeof r->content_type, v,
@@ -624,7 +632,8 @@ static int authenticate(registry_client *c, const char *www_auth, hutch_error *e
         _cleanup_free_ char *scope = NULL;
         if (ch.scope)
                 scope = strdup(ch.scope);
-        else if (asprintf(&scope, "repository:%s:pull", c->repository) < 0)
+        else if (asprintf(&scope, "repository:%s:%s", c->repository,
+                          c->push ? "pull,push" : "pull") < 0)
                 scope = NULL;
         int r = scope ? 0 : -ENOMEM;
         if (r == 0 && (size_t) snprintf(url, sizeof url, "%s", ch.realm) >= sizeof url)
@@ -792,6 +801,270 @@ int registry_get_manifest(registry_client *c, const char *ref, uint8_t **ret_buf
         *ret_media_type = mtd;
         strcpy(ret_digest, digest);
         http_resp_clear(&resp);
+        return 0;
+}
+
+/* ------------------------------------------------------------ pushes */
+
+int registry_error_summary(const uint8_t *buf, size_t len, char *out, size_t n) {
+        if (n == 0)
+                return -EINVAL;
+        out[0] = '\0';
+        if (!buf || len == 0 || len > MAX_ERROR_BODY)
+                return -ENOENT;
+        json_error_t je;
+        json_t *j = json_loadb((const char *) buf, len, JSON_REJECT_DUPLICATES, &je);
+        json_t *e0 = json_array_get(json_object_get(j, "errors"), 0);
+        const char *code = json_string_value(json_object_get(e0, "code"));
+        const char *msg = json_string_value(json_object_get(e0, "message"));
+        if (!code && !msg) {
+                json_decref(j);
+                return -ENOENT;
+        }
+        snprintf(out, n, "%.40s%s%.200s", code ? code : "", code && msg ? ": " : "", msg ? msg : "");
+        json_decref(j);
+        /* the registry's words reach a terminal and a log: printable ASCII only */
+        for (char *p = out; *p; p++)
+                if ((unsigned char) *p < 0x20 || (unsigned char) *p >= 0x7f)
+                        *p = '?';
+        return 0;
+}
+
+typedef struct send_body {
+        int fd; /* -1: buf */
+        const uint8_t *buf;
+        uint64_t size, off;
+} send_body;
+
+static size_t body_read(char *p, size_t sz, size_t nm, void *arg) {
+        send_body *b = arg;
+        size_t want = sz * nm;
+        uint64_t left = b->size - b->off;
+        if (want > left)
+                want = (size_t) left;
+        if (want == 0)
+                return 0;
+        if (b->fd < 0) {
+                memcpy(p, b->buf + b->off, want);
+                b->off += want;
+                return want;
+        }
+        ssize_t k = pread(b->fd, p, want, (off_t) b->off);
+        if (k <= 0)
+                return CURL_READFUNC_ABORT;
+        b->off += (uint64_t) k;
+        return (size_t) k;
+}
+
+/* One request of a push: HEAD, POST (no body) or PUT (body). The
+ * registry's Authorization goes to its own base URL only (an upload URL
+ * elsewhere, a storage service's, gets none). */
+static int http_send(registry_client *c, const char *method, const char *url, const char *ctype,
+                     send_body *body, http_resp *resp, hutch_error *err) {
+        CURL *e = curl_easy_init();
+        if (!e)
+                return hutch_error_set(err, -ENOMEM, "out of memory");
+        struct curl_slist *h = NULL, *nh;
+        size_t bl = strlen(c->base);
+        bool own = strncmp(url, c->base, bl) == 0 && url[bl] == '/';
+        if (own && c->authz && (nh = curl_slist_append(h, c->authz)))
+                h = nh;
+        char ct[300];
+        if (ctype) {
+                snprintf(ct, sizeof ct, "Content-Type: %s", ctype);
+                if ((nh = curl_slist_append(h, ct)))
+                        h = nh;
+        }
+        if ((nh = curl_slist_append(h, "Expect:"))) /* no 100-continue round trip */
+                h = nh;
+        char errbuf[CURL_ERROR_SIZE] = "";
+        resp->max = MAX_ERROR_BODY;
+        easy_common(c, e, url, c->insecure);
+        /* a redirect of an upload is not followed: its body would not be sent again */
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, streq(method, "HEAD") ? 1L : 0L);
+        if (streq(method, "HEAD")) {
+                curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+        } else if (streq(method, "POST")) {
+                curl_easy_setopt(e, CURLOPT_POST, 1L);
+                curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
+                curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, 0L);
+        } else {
+                curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+                curl_easy_setopt(e, CURLOPT_READFUNCTION, body_read);
+                curl_easy_setopt(e, CURLOPT_READDATA, body);
+                curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t) body->size);
+        }
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, resp_write);
+        curl_easy_setopt(e, CURLOPT_WRITEDATA, resp);
+        curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, resp_header);
+        curl_easy_setopt(e, CURLOPT_HEADERDATA, resp);
+        curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+        if (!body)
+                curl_easy_setopt(e, CURLOPT_TIMEOUT, 300L);
+        CURLcode res = curl_easy_perform(e);
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &resp->code);
+        curl_easy_cleanup(e);
+        curl_slist_free_all(h);
+        if (res == CURLE_WRITE_ERROR && resp->too_big)
+                res = CURLE_OK; /* an error page cut short: its code says enough */
+        if (res != CURLE_OK)
+                return curl_fail(c, res, method, errbuf, err);
+        return 0;
+}
+
+/* http_send, answering the registry's challenges (a push's token has
+ * push scope: a token for pull alone is asked again). */
+static int push_request(registry_client *c, const char *method, const char *url, const char *ctype,
+                        send_body *body, http_resp *resp, hutch_error *err) {
+        for (unsigned attempt = 0;; attempt++) {
+                http_resp_clear(resp);
+                if (body)
+                        body->off = 0;
+                int r = http_send(c, method, url, ctype, body, resp, err);
+                if (r < 0)
+                        return r;
+                if (resp->code == 401 && attempt < 2) {
+                        if ((r = authenticate(c, resp->www_auth, err)) < 0)
+                                return r;
+                        continue;
+                }
+                return 0;
+        }
+}
+
+static int push_refused(registry_client *c, http_resp *resp, const char *what, hutch_error *err) {
+        long code = resp->code;
+        char why[260] = "";
+        (void) registry_error_summary(resp->body, resp->len, why, sizeof why);
+        if (code == 401 || code == 403)
+                return access_denied(c, code, what, err);
+        if (code == 404)
+                return hutch_error_set(err, -ENOENT, "%s has no repository %s for %s (HTTP 404)%s%s",
+                                       c->host, c->repository, what, why[0] ? ": " : "", why);
+        if (code == 429)
+                return hutch_error_set(err, -EBUSY, "%s rate-limits %s (HTTP 429); try again later",
+                                       c->host, what);
+        return hutch_error_set(err, -EIO, "%s answered HTTP %ld for %s%s%s", c->host, code, what,
+                               why[0] ? ": " : "", why);
+}
+
+int registry_blob_exists(registry_client *c, const char *digest, hutch_error *err) {
+        char url[2048];
+        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/%s", c->base, c->repository,
+                              digest) >= sizeof url)
+                return hutch_error_set(err, -ENAMETOOLONG, "blob URL too long");
+        http_resp resp = { 0 };
+        int r = push_request(c, "HEAD", url, NULL, NULL, &resp, err);
+        if (r >= 0) {
+                if (resp.code == 200)
+                        r = 1;
+                else if (resp.code == 404)
+                        r = 0;
+                else
+                        r = push_refused(c, &resp, "a blob's check", err);
+        }
+        http_resp_clear(&resp);
+        return r;
+}
+
+int registry_blob_upload(registry_client *c, int fd, const uint8_t *buf, uint64_t size,
+                         const char *digest, hutch_error *err) {
+        char url[4096];
+        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/uploads/", c->base, c->repository) >=
+            sizeof url)
+                return hutch_error_set(err, -ENAMETOOLONG, "upload URL too long");
+        http_resp resp = { 0 };
+        int r = push_request(c, "POST", url, NULL, NULL, &resp, err);
+        if (r >= 0 && resp.code != 202)
+                r = push_refused(c, &resp, "a blob upload", err);
+        if (r >= 0 && !resp.location)
+                r = hutch_error_set(err, -EPROTO, "%s answered an upload without a Location",
+                                    c->host);
+        if (r >= 0) {
+                const char *loc = resp.location;
+                int k;
+                if (loc[0] == '/' && loc[1] != '/')
+                        k = snprintf(url, sizeof url, "%s%s", c->base, loc);
+                else if (startswith(loc, "https://") || (c->insecure && startswith(loc, "http://")))
+                        k = snprintf(url, sizeof url, "%s", loc);
+                else
+                        k = -1;
+                if (k < 0)
+                        r = hutch_error_set(err, -EPROTO,
+                                            "%s named an upload location that is "
+                                            "neither a path nor an %s URL",
+                                            c->host, c->insecure ? "http(s)" : "https");
+                else if ((size_t) k >= sizeof url)
+                        r = hutch_error_set(err, -ENAMETOOLONG, "upload URL too long");
+                for (const char *p = url; r >= 0 && *p; p++)
+                        if ((unsigned char) *p <= 0x20 || (unsigned char) *p >= 0x7f)
+                                r = hutch_error_set(err, -EPROTO,
+                                                    "%s named an upload location with a byte "
+                                                    "outside printable ASCII",
+                                                    c->host);
+        }
+        if (r >= 0 && (r = url_append_param(url, sizeof url, "digest", digest)) < 0)
+                r = hutch_error_set(err, r, "upload URL: %s", strerror(-r));
+        http_resp_clear(&resp);
+        if (r < 0)
+                return r;
+        send_body b = { .fd = fd, .buf = buf, .size = size };
+        r = push_request(c, "PUT", url, "application/octet-stream", &b, &resp, err);
+        if (r >= 0 && resp.code != 201)
+                r = push_refused(c, &resp, "a blob upload", err);
+        http_resp_clear(&resp);
+        if (r >= 0)
+                c->done_bytes += size;
+        return r < 0 ? r : 0;
+}
+
+int registry_blob_mount(registry_client *c, const char *digest, const char *from, hutch_error *err) {
+        char url[4096];
+        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/blobs/uploads/", c->base, c->repository) >=
+            sizeof url)
+                return hutch_error_set(err, -ENAMETOOLONG, "upload URL too long");
+        int r = url_append_param(url, sizeof url, "mount", digest);
+        if (r == 0)
+                r = url_append_param(url, sizeof url, "from", from);
+        if (r < 0)
+                return hutch_error_set(err, r, "mount URL: %s", strerror(-r));
+        http_resp resp = { 0 };
+        r = push_request(c, "POST", url, NULL, NULL, &resp, err);
+        if (r >= 0) {
+                if (resp.code == 201)
+                        r = 1;
+                else if (resp.code == 202)
+                        r = 0; /* an upload session instead: left to expire */
+                else
+                        r = push_refused(c, &resp, "a blob mount", err);
+        }
+        http_resp_clear(&resp);
+        return r;
+}
+
+int registry_put_manifest(registry_client *c, const char *tag, const uint8_t *buf, size_t len,
+                          const char *media_type, char ret_digest[72], hutch_error *err) {
+        char url[2048];
+        if ((size_t) snprintf(url, sizeof url, "%s/v2/%s/manifests/%s", c->base, c->repository,
+                              tag) >= sizeof url)
+                return hutch_error_set(err, -ENAMETOOLONG, "manifest URL too long");
+        char digest[72];
+        sha256_hex(buf, len, digest);
+        http_resp resp = { 0 };
+        send_body b = { .fd = -1, .buf = buf, .size = len };
+        int r = push_request(c, "PUT", url, media_type, &b, &resp, err);
+        if (r >= 0 && resp.code != 201 && resp.code != 200)
+                r = push_refused(c, &resp, "the manifest", err);
+        if (r >= 0 && resp.docker_digest[0] && !streq(resp.docker_digest, digest))
+                r = hutch_error_set(err, -EBADMSG,
+                                    "digest mismatch: %s says the manifest it stored is %.80s, "
+                                    "the one sent is %s",
+                                    c->host, resp.docker_digest, digest);
+        http_resp_clear(&resp);
+        if (r < 0)
+                return r;
+        strcpy(ret_digest, digest);
         return 0;
 }
 

@@ -87,6 +87,7 @@ typedef struct registry_client_opts {
         const char *ca_file;         /* an extra CA bundle for every host, or NULL */
         const char *blob_dir;        /* the cache, DATA_DIR/images/blobs/sha256 */
         unsigned parallel;           /* concurrent blob downloads (0: default) */
+        bool push;                   /* tokens are asked for pull,push (a push) */
 } registry_client_opts;
 
 int registry_client_new(const char *host, const char *repository, const registry_client_opts *o,
@@ -114,6 +115,30 @@ typedef void (*registry_progress_fn)(void *arg, uint64_t done, uint64_t total, u
 int registry_fetch_blobs(registry_client *c, const registry_blob *blobs, size_t n,
                          registry_progress_fn fn, void *arg, uint64_t *ret_bytes,
                          unsigned *ret_blobs, hutch_error *err);
+
+/* ---- pushes (lib/image/push.c): every answer's code is checked, the
+ * registry's own error ({"errors":[{"code","message"}]}) quoted. */
+
+/* HEAD /v2/REPO/blobs/DIGEST: 1 the registry has the blob, 0 it has not. */
+int registry_blob_exists(registry_client *c, const char *digest, hutch_error *err);
+/* A monolithic upload: POST /v2/REPO/blobs/uploads/, then PUT the size
+ * bytes of fd (from offset 0), or of buf when fd < 0, to the Location it
+ * answered with ?digest=DIGEST (the registry checks the digest). */
+int registry_blob_upload(registry_client *c, int fd, const uint8_t *buf, uint64_t size,
+                         const char *digest, hutch_error *err);
+/* POST /v2/REPO/blobs/uploads/?mount=DIGEST&from=FROM: 1 the registry
+ * mounted the blob from repository FROM, 0 it would not (it answered an
+ * upload session, left to expire). */
+int registry_blob_mount(registry_client *c, const char *digest, const char *from,
+                        hutch_error *err);
+/* PUT /v2/REPO/manifests/TAG; ret_digest: the sha256 of buf (checked
+ * against the registry's Docker-Content-Digest when it sends one). */
+int registry_put_manifest(registry_client *c, const char *tag, const uint8_t *buf, size_t len,
+                          const char *media_type, char ret_digest[72], hutch_error *err);
+/* The first error of a registry's error body as "CODE: message"
+ * (printable ASCII, bounded) into out; -ENOENT when it holds none.
+ * Fuzzed (fuzz/fuzz-registry-error.c). */
+int registry_error_summary(const uint8_t *buf, size_t len, char *out, size_t n);
 
 /* The cache file of a digest into buf ("" when the cache lacks it). */
 int registry_cache_path(const char *blob_dir, const char *digest, char *buf, size_t n);

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "image/image.h"
 #include "image/reference.h"
 #include "image/registry.h"
 #include "tap.h"
@@ -258,5 +259,38 @@ int main(void) {
         for (size_t i = 0; i < sizeof not_ecr / sizeof not_ecr[0]; i++)
                 ok(!registry_ecr_host_valid(not_ecr[i][0], not_ecr[i][1]), "not ECR: %s for '%s'",
                    not_ecr[i][0], not_ecr[i][1]);
+        /* a registry's error body, as a push quotes it */
+        {
+                char sum[260];
+                static const char body[] = "{\"errors\":[{\"code\":\"DENIED\",\"message\":"
+                                           "\"requested access\\u001b[31m denied\"}]}";
+                k = registry_error_summary((const uint8_t *) body, strlen(body), sum, sizeof sum);
+                ok(k == 0 && strcmp(sum, "DENIED: requested access?[31m denied") == 0,
+                   "error summary, control bytes replaced: %d '%s'", k, sum);
+                static const char html[] = "<html>502</html>";
+                k = registry_error_summary((const uint8_t *) html, strlen(html), sum, sizeof sum);
+                ok(k == -ENOENT && sum[0] == 0, "no summary of an HTML page: %d '%s'", k, sum);
+                char big[8192];
+                memset(big, ' ', sizeof big);
+                memcpy(big, body, strlen(body));
+                k = registry_error_summary((const uint8_t *) big, sizeof big, sum, sizeof sum);
+                ok(k == -ENOENT, "no summary of a body over 4 KiB: %d", k);
+        }
+        /* a pushed template's start and ready commands, read back from its config */
+        {
+                static const char cfg[] =
+                        "{\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[]},\"config\":{\"Labels\":"
+                        "{\"dev.hutch.start-cmd\":\"echo s\",\"dev.hutch.ready-cmd\":\"true\",\"x\":\"y\"}}}";
+                image_config ic = { 0 };
+                hutch_error ierr = { 0 };
+                k = image_config_parse((const uint8_t *) cfg, strlen(cfg), &ic, &ierr);
+                ok(k == 0 && eq(ic.start_cmd, "echo s") && eq(ic.ready_cmd, "true"),
+                   "labels: start and ready commands (%d %s)", k, ierr.msg);
+                image_config_clear(&ic);
+                static const char badcfg[] = "{\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[]},"
+                                             "\"config\":{\"Labels\":{\"dev.hutch.start-cmd\":7}}}";
+                k = image_config_parse((const uint8_t *) badcfg, strlen(badcfg), &ic, &ierr);
+                ok(k == -EBADMSG, "a start command that is not a string is refused: %s", ierr.msg);
+        }
         return tap_done();
 }
