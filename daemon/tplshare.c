@@ -255,6 +255,36 @@ static const snapjob_ops snap_push_ops = {
         .release = snap_push_release,
 };
 
+/* A job that pushes layer_fd (taken) with config c (taken) as
+ * PATH/snapshots:<id>; what says what for the log. NULL (logged, layer_fd
+ * closed) when it cannot be made. */
+static snapjob *snap_push_job_new(server *srv, const char *id, json_t *c, int layer_fd,
+                                  const char *key_verb, const char *what) {
+        snap_push_job *sj = calloc(1, sizeof *sj);
+        snapjob *j = sj ? snapjob_new(&snap_push_ops, 0, NULL) : NULL;
+        if (sj)
+                sj->config = c ? json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(c);
+        if (!j || !sj->config) {
+                if (sj)
+                        free(sj->config);
+                free(sj);
+                free(j);
+                safe_close(layer_fd);
+                log_error("template-registry: snapshot %s: out of memory: %s", id, what);
+                return NULL;
+        }
+        j->data = sj;
+        snprintf(sj->id, sizeof sj->id, "%s", id);
+        snprintf(sj->ref, sizeof sj->ref, "%s/snapshots:%s", srv->cfg.template_registry, id);
+        snprintf(j->key, sizeof j->key, "%s %s", key_verb, id);
+        sj->data_dir = srv->cfg.data_dir;
+        sj->opts.conf_path = streq(srv->cfg.registries_conf, "-") ? NULL : srv->cfg.registries_conf;
+        sj->opts.ca_file = streq(srv->cfg.registry_ca, "-") ? NULL : srv->cfg.registry_ca;
+        j->fds[SP_FD_SEALED] = layer_fd;
+        return j;
+}
+
 void tplshare_snapshot_push(server *srv, const store_snapshot *sn, const char *ctx) {
         if (!tplshare_on(srv))
                 return;
@@ -264,40 +294,20 @@ void tplshare_snapshot_push(server *srv, const store_snapshot *sn, const char *c
                 log_error("template-registry: snapshot %s: %s: not pushed", sn->id, e.msg);
                 return;
         }
-        snap_push_job *sj = calloc(1, sizeof *sj);
-        snapjob *j = sj ? snapjob_new(&snap_push_ops, 0, NULL) : NULL;
+        char path[PATH_MAX];
+        snapshot_file(srv, sn->id, path, sizeof path);
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) {
+                log_error("template-registry: snapshot %s: %s: %m: not pushed", sn->id, path);
+                return;
+        }
         json_t *c = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:s}", "id", sn->id,
                               "team", team, "context", ctx, "template", sn->template_id, "sandbox",
                               sn->sandbox_id, "name", sn->name, "diskMB", (json_int_t) sn->disk_mb,
                               "bytes", (json_int_t) sn->bytes, "createdMs",
                               (json_int_t) sn->created_ms, "node", srv->cfg.node_id);
-        if (sj)
-                sj->config = c ? json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-        json_decref(c);
-        if (!j || !sj->config) {
-                if (sj)
-                        free(sj->config);
-                free(sj);
-                free(j);
-                log_error("template-registry: snapshot %s: out of memory: not pushed", sn->id);
-                return;
-        }
-        j->data = sj;
-        snprintf(sj->id, sizeof sj->id, "%s", sn->id);
-        snprintf(sj->ref, sizeof sj->ref, "%s/snapshots:%s", srv->cfg.template_registry, sn->id);
-        snprintf(j->key, sizeof j->key, "snappush %s", sn->id);
-        sj->data_dir = srv->cfg.data_dir;
-        sj->opts.conf_path = streq(srv->cfg.registries_conf, "-") ? NULL : srv->cfg.registries_conf;
-        sj->opts.ca_file = streq(srv->cfg.registry_ca, "-") ? NULL : srv->cfg.registry_ca;
-        char path[PATH_MAX];
-        snapshot_file(srv, sn->id, path, sizeof path);
-        j->fds[SP_FD_SEALED] = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        if (j->fds[SP_FD_SEALED] < 0) {
-                log_error("template-registry: snapshot %s: %s: %m: not pushed", sn->id, path);
-                snapjob_discard(srv, j);
-                return;
-        }
-        if (snapjob_start(srv, j, NULL, &e) < 0)
+        snapjob *j = snap_push_job_new(srv, sn->id, c, fd, "snappush", "not pushed");
+        if (j && snapjob_start(srv, j, NULL, &e) < 0)
                 log_error("template-registry: snapshot %s: %s: not pushed", sn->id, e.msg);
 }
 
@@ -323,38 +333,21 @@ void tplshare_snapshot_deleted(server *srv, const char *id) {
 }
 
 static void tombstone_push(server *srv, const char *id) {
-        snap_push_job *sj = calloc(1, sizeof *sj);
-        snapjob *j = sj ? snapjob_new(&snap_push_ops, 0, NULL) : NULL;
-        json_t *c = json_pack("{s:s, s:b}", "id", id, "deleted", 1);
-        if (sj)
-                sj->config = c ? json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-        json_decref(c);
-        if (!j || !sj->config) {
-                if (sj)
-                        free(sj->config);
-                free(sj);
-                free(j);
-                log_error("template-registry: snapshot %s: out of memory: not marked deleted", id);
-                return;
-        }
-        j->data = sj;
-        snprintf(sj->id, sizeof sj->id, "%s", id);
-        snprintf(sj->ref, sizeof sj->ref, "%s/snapshots:%s", srv->cfg.template_registry, id);
-        snprintf(j->key, sizeof j->key, "snapdel %s", id);
-        tombstone_path(srv, id, sj->tombstone, sizeof sj->tombstone);
-        sj->data_dir = srv->cfg.data_dir;
-        sj->opts.conf_path = streq(srv->cfg.registries_conf, "-") ? NULL : srv->cfg.registries_conf;
-        sj->opts.ca_file = streq(srv->cfg.registry_ca, "-") ? NULL : srv->cfg.registry_ca;
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/snapshots", srv->cfg.data_dir);
         /* the layer: nothing */
-        j->fds[SP_FD_SEALED] = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-        hutch_error e = { 0 };
-        if (j->fds[SP_FD_SEALED] < 0) {
+        int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd < 0) {
                 log_error("template-registry: snapshot %s: %s: %m: not marked deleted", id, dir);
-                snapjob_discard(srv, j);
                 return;
         }
+        snapjob *j = snap_push_job_new(srv, id, json_pack("{s:s, s:b}", "id", id, "deleted", 1), fd,
+                                       "snapdel", "not marked deleted");
+        if (!j)
+                return;
+        snap_push_job *sj = j->data;
+        tombstone_path(srv, id, sj->tombstone, sizeof sj->tombstone);
+        hutch_error e = { 0 };
         if (snapjob_start(srv, j, NULL, &e) < 0)
                 log_error("template-registry: snapshot %s: %s: not marked deleted", id, e.msg);
 }

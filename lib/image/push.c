@@ -315,6 +315,30 @@ static int push_one(registry_client *c, push_blob *b, const image_progress *p, u
         return 1;
 }
 
+/* The registries' configuration, and where a push of rf goes: its own
+ * registry, or a short name's first search registry; never a mirror (they
+ * serve, they are not written). *ret_dest NULL when there is none. */
+static int push_dest(const char *data_dir, const image_push_opts *opts, const image_reference *rf,
+                     registries_conf *conf, image_candidate **ret_cands, size_t *ret_n,
+                     const image_candidate **ret_dest, hutch_error *err) {
+        char conf_path[4096];
+        const char *cp = opts->conf_path ? opts->conf_path : getenv("HUTCH_REGISTRIES_CONF");
+        if (cp && *cp)
+                snprintf(conf_path, sizeof conf_path, "%s", cp);
+        else
+                snprintf(conf_path, sizeof conf_path, "%s/registries.conf", data_dir);
+        int r = registries_conf_load(conf_path, conf, err);
+        if (r < 0)
+                return r;
+        if ((r = image_reference_candidates(rf, conf, ret_cands, ret_n, err)) < 0)
+                return r;
+        *ret_dest = NULL;
+        for (size_t i = 0; i < *ret_n && !*ret_dest; i++)
+                if (!(*ret_cands)[i].mirror)
+                        *ret_dest = &(*ret_cands)[i];
+        return 0;
+}
+
 int image_push(const char *data_dir, const char *name, const char *ref, const image_push_opts *opts,
                const image_progress *p, image_push_result *ret, hutch_error *err) {
         static const image_push_opts no_opts = { 0 };
@@ -337,23 +361,12 @@ int image_push(const char *data_dir, const char *name, const char *ref, const im
                         "starts): it is no image and cannot be pushed; build `base` from Debian "
                         "packages (`hutch template base`) and push that",
                         name);
-        char conf_path[4096];
-        const char *cp = opts->conf_path ? opts->conf_path : getenv("HUTCH_REGISTRIES_CONF");
-        if (cp && *cp)
-                snprintf(conf_path, sizeof conf_path, "%s", cp);
-        else
-                snprintf(conf_path, sizeof conf_path, "%s/registries.conf", data_dir);
         _cleanup_(registries_conf_clear) registries_conf conf = { 0 };
-        if ((r = registries_conf_load(conf_path, &conf, err)) < 0)
-                return r;
         image_candidate *cands = NULL;
         size_t n_cands = 0;
-        if ((r = image_reference_candidates(&rf, &conf, &cands, &n_cands, err)) < 0)
-                return r;
         const image_candidate *dest = NULL;
-        for (size_t i = 0; i < n_cands && !dest; i++)
-                if (!cands[i].mirror)
-                        dest = &cands[i]; /* never a mirror: they serve, they are not written */
+        if ((r = push_dest(data_dir, opts, &rf, &conf, &cands, &n_cands, &dest, err)) < 0)
+                return r;
         if (!dest) {
                 image_candidates_free(cands, n_cands);
                 return hutch_error_set(err, -EINVAL, "%s: no registry to push to", ref);
@@ -593,23 +606,12 @@ static int artifact_client(const char *data_dir, const char *ref, const image_pu
                 return r;
         if (rf.digest)
                 return hutch_error_set(err, -EINVAL, "%s names a digest, not a tag", ref);
-        char conf_path[4096];
-        const char *cp = opts->conf_path ? opts->conf_path : getenv("HUTCH_REGISTRIES_CONF");
-        if (cp && *cp)
-                snprintf(conf_path, sizeof conf_path, "%s", cp);
-        else
-                snprintf(conf_path, sizeof conf_path, "%s/registries.conf", data_dir);
         _cleanup_(registries_conf_clear) registries_conf conf = { 0 };
-        if ((r = registries_conf_load(conf_path, &conf, err)) < 0)
-                return r;
         image_candidate *cands = NULL;
         size_t n_cands = 0;
-        if ((r = image_reference_candidates(&rf, &conf, &cands, &n_cands, err)) < 0)
-                return r;
         const image_candidate *dest = NULL;
-        for (size_t i = 0; i < n_cands && !dest; i++)
-                if (!cands[i].mirror)
-                        dest = &cands[i];
+        if ((r = push_dest(data_dir, opts, &rf, &conf, &cands, &n_cands, &dest, err)) < 0)
+                return r;
         char blob_dir[PATH_MAX], auth_path[4096];
         snprintf(blob_dir, sizeof blob_dir, "%s/images/blobs/sha256", data_dir);
         registry_auth_path(data_dir, auth_path, sizeof auth_path);
