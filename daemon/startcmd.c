@@ -373,6 +373,11 @@ static int start_begin(server *srv, sbx *sb, request *req, hutch_error *err) {
                         .gid = w->gid,
                         .stdin_mode = HUTCH_STDIN_NULL,
                         .tag = "start_cmd",
+                        /* the code interpreter's server runs as the sandbox's
+                         * user, whose `kill -9 -1` or `pkill` ends it: hutch-init
+                         * starts it again, as systemd does E2B's (a built
+                         * template's own start command runs once, as on E2B) */
+                        .keep = template_is_interp(sb->template_id),
                 };
                 hutch_process hp;
                 r = hutch_sandbox_spawn(sb->h, &sc, &hp, err);

@@ -486,6 +486,7 @@ static bool tag_is_u64(uint16_t tag) {
         case T_UID ... T_PTY_COLS:
         case T_SIGNAL ... T_PTY:
         case T_STAGED:
+        case T_KEEP:
         case T_DEPTH ... T_EVENT:
         case T_TYPE ... T_TARGET_TYPE:
         case T_MODE ... T_MTIME_NS:

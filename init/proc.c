@@ -8,6 +8,13 @@
  * a client that reconnects (after a daemon restart, say) can ATTACH and get
  * the process's pipes again; those copies are closed when its exit is
  * reported.
+ *
+ * A process spawned with T_KEEP is started again whenever it ends (a
+ * service manager's Restart=always: the code interpreter's server, which
+ * runs as the sandbox's user and so dies with its `kill -9 -1`): its exit
+ * is reported as any other's, then it waits in `kept` for a timerfd and is
+ * spawned anew with the same command line, user, directory and tag, its
+ * stdio /dev/null.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,7 +29,9 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -42,6 +51,9 @@ typedef struct proc {
         gid_t gid;
         bool pty;
         char request_id[REQUEST_ID_MAX + 1]; /* the spawn's, or "" */
+        bool keep;                           /* T_KEEP: started again when it ends */
+        uint32_t keep_wait_ms;               /* the last wait before a restart */
+        uint64_t started_ms, due_ms;         /* CLOCK_MONOTONIC */
         /* init's own copies; -1 when absent or closed */
         int stdin_fd, stdout_fd, stderr_fd, master_fd;
         /* who gets the EV_EXIT besides ALL_EXITS subscribers: the spawner
@@ -58,6 +70,7 @@ typedef struct exit_record {
 
 static proc *procs, **procs_tail = &procs;
 static unsigned n_procs;
+static proc *kept; /* T_KEEP processes that ended, waiting to start again */
 static uint64_t next_serial = 1;
 
 /* The last exits, for an ATTACH that comes after the exit was reported (or
@@ -207,6 +220,9 @@ static uint64_t timeval_us(struct timeval tv) {
         return (uint64_t) tv.tv_sec * 1000000u + (uint64_t) tv.tv_usec;
 }
 
+static void keep_schedule(proc *p);
+static uint64_t now_ms(void);
+
 /* ru: wait4()'s account of the process, which includes the descendants it
  * waited for itself (orphans that init reaped are nobody's). */
 static void proc_exited(proc *p, int status, const struct rusage *ru) {
@@ -233,7 +249,10 @@ static void proc_exited(proc *p, int status, const struct rusage *ru) {
          * connection dropped right after may still ask. */
         exit_record_add(p, code, sig, core);
         proc_unlink(p);
-        proc_free(p);
+        if (p->keep)
+                keep_schedule(p);
+        else
+                proc_free(p);
 }
 
 void proc_reap(void) {
@@ -763,6 +782,7 @@ static void proc_spawn(conn *c, const req *r) {
                 goto enomem;
         if (request_id_valid(rid))
                 strcpy(p->request_id, rid);
+        p->keep = req_u64(r, T_KEEP, 0) == 1;
 
         k = p->pty ? open_pty(&io, uid, (unsigned) rows, (unsigned) (cols ? cols : 80))
                    : open_pipes(&io, stdin_mode == 1);
@@ -841,6 +861,7 @@ static void proc_spawn(conn *c, const req *r) {
 
         p->pid = pid;
         p->serial = next_serial++;
+        p->started_ms = now_ms();
         p->stdin_fd = TAKE_FD(io.parent[0]);
         p->stdout_fd = TAKE_FD(io.parent[1]);
         p->stderr_fd = TAKE_FD(io.parent[2]);
@@ -862,6 +883,159 @@ einval_argv:
         return;
 enomem:
         reply_error(c, r->id, ENOMEM, "spawn");
+}
+
+/* ------------------------------------------------ T_KEEP: started again */
+
+#define KEEP_WAIT_MIN_MS 200
+#define KEEP_WAIT_MAX_MS 10000
+#define KEEP_RAN_LONG_MS 10000
+
+static uint64_t now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+static void keep_timer_dispatch(source *s, uint32_t events);
+static void keep_timer_release(source *s) {
+}
+static source keep_timer = { .fd = -1, .dispatch = keep_timer_dispatch, .release = keep_timer_release };
+
+/* The timer at the earliest due restart, or off. */
+static void keep_arm(void) {
+        uint64_t due = 0;
+        for (proc *p = kept; p; p = p->next)
+                if (!due || p->due_ms < due)
+                        due = p->due_ms;
+        if (keep_timer.fd < 0) {
+                if (!due)
+                        return;
+                keep_timer.fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+                if (keep_timer.fd < 0 || source_add(&keep_timer, EPOLLIN) < 0) {
+                        log_debug("T_KEEP: no timer: %s", strerror(errno));
+                        keep_timer.fd = safe_close(keep_timer.fd);
+                        return;
+                }
+        }
+        struct itimerspec its = { 0 };
+        if (due) {
+                uint64_t now = now_ms(), in = due > now ? due - now : 1;
+                its.it_value.tv_sec = (time_t) (in / 1000);
+                its.it_value.tv_nsec = (long) (in % 1000) * 1000000L;
+        }
+        (void) timerfd_settime(keep_timer.fd, 0, &its, NULL);
+}
+
+/* p ended (or could not start again): it waits in `kept`, its descriptors
+ * closed, for 0.2 s after a long run, else twice its last wait (at most
+ * 10 s), so that a program that dies at once costs a start every 10 s. */
+static void keep_schedule(proc *p) {
+        uint64_t now = now_ms();
+        p->stdin_fd = safe_close(p->stdin_fd);
+        p->stdout_fd = safe_close(p->stdout_fd);
+        p->stderr_fd = safe_close(p->stderr_fd);
+        p->master_fd = safe_close(p->master_fd);
+        memset(p->listeners, 0, sizeof p->listeners);
+        p->request_id[0] = 0;
+        p->pid = 0;
+        if (p->started_ms && now - p->started_ms >= KEEP_RAN_LONG_MS)
+                p->keep_wait_ms = KEEP_WAIT_MIN_MS;
+        else
+                p->keep_wait_ms = p->keep_wait_ms ? p->keep_wait_ms * 2 : KEEP_WAIT_MIN_MS;
+        if (p->keep_wait_ms > KEEP_WAIT_MAX_MS)
+                p->keep_wait_ms = KEEP_WAIT_MAX_MS;
+        p->started_ms = 0;
+        p->due_ms = now + p->keep_wait_ms;
+        p->next = kept;
+        kept = p;
+        keep_arm();
+}
+
+/* Spawn p again as it was spawned, stdio on /dev/null; 0 or -errno. */
+static int keep_respawn(proc *p) {
+        if (n_procs >= INIT_MAX_PROCS)
+                return -EAGAIN;
+        _cleanup_close_ int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+        _cleanup_close_pair_ int errpipe[2] = { -1, -1 };
+        if (nul < 0 || pipe2(errpipe, O_CLOEXEC) < 0)
+                return negative_errno();
+        spawn_plan plan = {
+                .argv = (const char *const *) p->argv,
+                .envp = (const char *const *) p->envv,
+                .cwd = p->cwd,
+                .uid = p->uid,
+                .gid = p->gid,
+                .in_fd = nul,
+                .out_fd = nul,
+                .err_fd = nul,
+                .pty_slave = -1,
+        };
+        pid_t pid = fork();
+        if (pid < 0)
+                return negative_errno();
+        if (pid == 0) {
+                errpipe[0] = safe_close(errpipe[0]);
+                spawn_child(&plan, errpipe[1]);
+        }
+        errpipe[1] = safe_close(errpipe[1]);
+        spawn_failure f;
+        ssize_t n;
+        struct pollfd pe = { .fd = errpipe[0], .events = POLLIN };
+        int pk;
+        do
+                pk = poll(&pe, 1, 10000);
+        while (pk < 0 && errno == EINTR);
+        if (pk == 0) {
+                (void) kill(pid, SIGKILL);
+                n = -1;
+                f = (spawn_failure) { .stage = STAGE_EXEC, .err = ETIMEDOUT };
+        } else
+                do
+                        n = read(errpipe[0], &f, sizeof f);
+                while (n < 0 && errno == EINTR);
+        if (n != 0) {
+                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                        ;
+                if (n != sizeof f && pk != 0)
+                        f = (spawn_failure) { .stage = STAGE_EXEC, .err = EIO };
+                log_debug("T_KEEP: %s %s: %s", stage_name(f.stage), p->argv[0], strerror(f.err));
+                return -f.err;
+        }
+        p->pid = pid;
+        p->serial = next_serial++;
+        p->started_ms = now_ms();
+        p->next = NULL;
+        exit_record_forget(pid);
+        *procs_tail = p;
+        procs_tail = &p->next;
+        n_procs++;
+        log_debug("T_KEEP: started %s again as pid %d", p->argv[0], (int) pid);
+        return 0;
+}
+
+static void keep_timer_dispatch(source *s, uint32_t events) {
+        uint64_t ticks;
+        while (read(s->fd, &ticks, sizeof ticks) > 0)
+                ;
+        uint64_t now = now_ms();
+        proc *due = NULL;
+        for (proc **pp = &kept; *pp;) {
+                proc *p = *pp;
+                if (p->due_ms <= now) {
+                        *pp = p->next;
+                        p->next = due;
+                        due = p;
+                } else
+                        pp = &p->next;
+        }
+        while (due) {
+                proc *p = due;
+                due = p->next;
+                if (keep_respawn(p) < 0)
+                        keep_schedule(p);
+        }
+        keep_arm();
 }
 
 /* ---------------------------------------------------- other requests */

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -485,6 +486,10 @@ static int kernel_spawn(kctx *c) {
                 return -errno;
         if (pid == 0) {
                 setsid();
+                /* a kernel ends with its server: one started again (hutch-init
+                 * restarts a server that was killed) starts its own */
+                if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() == 1)
+                        _exit(126);
                 sigset_t s;
                 sigemptyset(&s);
                 sigprocmask(SIG_SETMASK, &s, NULL);

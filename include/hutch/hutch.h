@@ -350,6 +350,11 @@ typedef struct hutch_spawn_config {
          * [A-Za-z0-9._-]; anything else is not sent). hutch-init keeps it
          * with the process, and LIST_PROCS gives it back after a restart. */
         const char *request_id;
+        /* hutch-init starts the process again whenever it ends, as a service
+         * manager's Restart=always: after 0.2 s when it ran for 10 s or more,
+         * else after twice the last wait, up to 10 s (the restarts' stdio is
+         * /dev/null; the tag stays, the pid changes) */
+        bool keep;
 } hutch_spawn_config;
 
 typedef struct hutch_process {

@@ -167,6 +167,8 @@ enum {
         T_CPU_US = 29,    /* EV_EXIT: user + system CPU µs (wait4's rusage) */
         T_REQUEST_ID = 30, /* SPAWN: the API request that asked for it; kept with the
                               process and given back in LIST_PROCS (1-64 of [A-Za-z0-9._-]) */
+        T_KEEP = 31,      /* SPAWN: u64 1, init starts it again whenever it ends (its stdio
+                             then /dev/null), sooner after a long run than after a short one */
 
         T_PATH = 40,
         T_PATH2 = 41,

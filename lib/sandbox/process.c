@@ -188,6 +188,8 @@ int hutch_sandbox_spawn(hutch_sandbox *sb, const hutch_spawn_config *cfg, hutch_
         initproto_put_str(w, T_TAG, cfg->tag);
         if (request_id_valid(cfg->request_id))
                 initproto_put_str(w, T_REQUEST_ID, cfg->request_id);
+        if (cfg->keep)
+                initproto_put_u64(w, T_KEEP, 1);
         if (w->overflow)
                 return hutch_error_set(err, -E2BIG, "command line and environment are too large");
 

@@ -88,6 +88,43 @@ plt.show()`)
 
 })
 
+describe('code interpreter: its server comes back, as systemd brings back E2B\'s', () => {
+  test('after the sandbox\'s user kills every process of theirs, and after root kills the server', async () => {
+    const sbx = await Sandbox.create()
+    try {
+      const health = async () => (await sbx.commands.run(
+        'curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:49999/health || true')).stdout.trim()
+      const back = async () => {
+        for (let i = 0; i < 120; i++) {
+          if (await health() === '200')
+            return true
+          await new Promise((r) => setTimeout(r, 250))
+        }
+        return false
+      }
+      assert.equal((await sbx.runCode('x = 41\nx + 1')).text, '42')
+      // the server and its kernels run as the sandbox's user: this ends
+      // them all (and the command itself)
+      await sbx.commands.run('kill -9 -1', { user: 'user' }).catch(() => {})
+      assert.ok(await back(), 'the server answers /health again')
+      const r = await sbx.runCode('1 + 1')
+      assert.equal(r.error, undefined, JSON.stringify(r.error))
+      assert.equal(r.text, '2')
+      // a new kernel: the state went with the old one
+      assert.equal((await sbx.runCode('x')).error?.name, 'NameError')
+      // root kills the server alone: its kernels go with it, and it comes back
+      await sbx.commands.run('pkill -9 -x hutch-interp', { user: 'root' })
+      assert.ok(await back(), 'the server answers /health again after pkill')
+      assert.equal((await sbx.runCode('2 + 2')).text, '4')
+      const ps = (await sbx.commands.run('ps -eo ppid=,args= | grep "[h]utch_kernels.py" || true')).stdout
+      // every kernel left is the new server's (none was orphaned to init)
+      assert.doesNotMatch(ps, /^\s*1\s/m, ps)
+    } finally {
+      await sbx.kill()
+    }
+  })
+})
+
 describe('code interpreter: a create\'s envs in java', () => {
   test('are system properties, whether the create claimed a warm interpreter or started one', async () => {
     // two creates back to back: whatever the warm pool holds, at least one
