@@ -431,6 +431,35 @@ static _noreturn_ void spawn_child(const spawn_plan *p, int errfd) {
         spawn_fail(errfd, STAGE_EXEC, -r);
 }
 
+/* The parent's half of a spawn: 0 once the child exec'd (EOF on its error
+ * pipe), else -1 with why in *ret, the child killed if it hung and reaped,
+ * so that no EV_EXIT reports a process that, for the client, never started.
+ * The child runs as the target user between fork and exec, so the sandbox
+ * could SIGSTOP it there: the wait is bounded. */
+static int spawn_wait_exec(pid_t pid, int errfd, spawn_failure *ret) {
+        struct pollfd pe = { .fd = errfd, .events = POLLIN };
+        ssize_t n;
+        int pk;
+        do
+                pk = poll(&pe, 1, 10000);
+        while (pk < 0 && errno == EINTR);
+        if (pk == 0) {
+                (void) kill(pid, SIGKILL);
+                n = -1;
+                *ret = (spawn_failure) { .stage = STAGE_EXEC, .err = ETIMEDOUT };
+        } else
+                do
+                        n = read(errfd, ret, sizeof *ret);
+                while (n < 0 && errno == EINTR);
+        if (n == 0)
+                return 0;
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        if (n != sizeof *ret && pk != 0)
+                *ret = (spawn_failure) { .stage = STAGE_EXEC, .err = EIO };
+        return -1;
+}
+
 static void close_fdv(int *fds, size_t n) {
         for (size_t i = 0; i < n; i++)
                 fds[i] = safe_close(fds[i]);
@@ -828,30 +857,8 @@ static void proc_spawn(conn *c, const req *r) {
         io.slave = safe_close(io.slave);
 
         spawn_failure f;
-        ssize_t n;
-        /* The child runs as the target user between fork and exec, so the
-         * sandbox could SIGSTOP it there: never wait for it unbounded. */
-        struct pollfd pe = { .fd = errpipe[0], .events = POLLIN };
-        int pk;
-        do
-                pk = poll(&pe, 1, 10000);
-        while (pk < 0 && errno == EINTR);
-        if (pk == 0) {
-                (void) kill(pid, SIGKILL);
-                n = -1;
-                f = (spawn_failure) { .stage = STAGE_EXEC, .err = ETIMEDOUT };
-        } else
-                do
-                        n = read(errpipe[0], &f, sizeof f);
-                while (n < 0 && errno == EINTR);
-        if (n != 0) {
-                /* Reaped here so that no EV_EXIT reports a process that,
-                 * for the client, never started. */
-                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-                        ;
+        if (spawn_wait_exec(pid, errpipe[0], &f) < 0) {
                 spawn_io_done(&io);
-                if (n != sizeof f && pk != 0)
-                        f = (spawn_failure) { .stage = STAGE_EXEC, .err = EIO };
                 if (f.stage == STAGE_CHDIR)
                         reply_error(c, r->id, f.err, "chdir %s", p->cwd);
                 else
@@ -980,25 +987,7 @@ static int keep_respawn(proc *p) {
         }
         errpipe[1] = safe_close(errpipe[1]);
         spawn_failure f;
-        ssize_t n;
-        struct pollfd pe = { .fd = errpipe[0], .events = POLLIN };
-        int pk;
-        do
-                pk = poll(&pe, 1, 10000);
-        while (pk < 0 && errno == EINTR);
-        if (pk == 0) {
-                (void) kill(pid, SIGKILL);
-                n = -1;
-                f = (spawn_failure) { .stage = STAGE_EXEC, .err = ETIMEDOUT };
-        } else
-                do
-                        n = read(errpipe[0], &f, sizeof f);
-                while (n < 0 && errno == EINTR);
-        if (n != 0) {
-                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-                        ;
-                if (n != sizeof f && pk != 0)
-                        f = (spawn_failure) { .stage = STAGE_EXEC, .err = EIO };
+        if (spawn_wait_exec(pid, errpipe[0], &f) < 0) {
                 log_debug("T_KEEP: %s %s: %s", stage_name(f.stage), p->argv[0], strerror(f.err));
                 return -f.err;
         }
