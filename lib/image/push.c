@@ -315,6 +315,24 @@ static int push_one(registry_client *c, push_blob *b, const image_progress *p, u
         return 1;
 }
 
+/* A client of dest's registry and repository, with the pulls' credentials,
+ * TLS settings and blob store (push: one that may upload). */
+static int push_client(const char *data_dir, const image_push_opts *opts, const registries_conf *conf,
+                       const image_candidate *dest, bool push, registry_client **ret,
+                       hutch_error *err) {
+        char blob_dir[PATH_MAX], auth_path[4096];
+        snprintf(blob_dir, sizeof blob_dir, "%s/images/blobs/sha256", data_dir);
+        registry_auth_path(data_dir, auth_path, sizeof auth_path);
+        registry_client_opts co = {
+                .conf = conf,
+                .auth_path = auth_path,
+                .ca_file = opts->ca_file,
+                .blob_dir = blob_dir,
+                .push = push,
+        };
+        return registry_client_new(dest->host, dest->repository, &co, ret, err);
+}
+
 /* The registries' configuration, and where a push of rf goes: its own
  * registry, or a short name's first search registry; never a mirror (they
  * serve, they are not written). *ret_dest NULL when there is none. */
@@ -322,11 +340,7 @@ static int push_dest(const char *data_dir, const image_push_opts *opts, const im
                      registries_conf *conf, image_candidate **ret_cands, size_t *ret_n,
                      const image_candidate **ret_dest, hutch_error *err) {
         char conf_path[4096];
-        const char *cp = opts->conf_path ? opts->conf_path : getenv("HUTCH_REGISTRIES_CONF");
-        if (cp && *cp)
-                snprintf(conf_path, sizeof conf_path, "%s", cp);
-        else
-                snprintf(conf_path, sizeof conf_path, "%s/registries.conf", data_dir);
+        registries_conf_path(data_dir, opts->conf_path, conf_path, sizeof conf_path);
         int r = registries_conf_load(conf_path, conf, err);
         if (r < 0)
                 return r;
@@ -414,17 +428,7 @@ int image_push(const char *data_dir, const char *name, const char *ref, const im
                 goto out;
         }
 
-        char blob_dir[PATH_MAX], auth_path[4096];
-        snprintf(blob_dir, sizeof blob_dir, "%s/images/blobs/sha256", data_dir);
-        registry_auth_path(data_dir, auth_path, sizeof auth_path);
-        registry_client_opts co = {
-                .conf = &conf,
-                .auth_path = auth_path,
-                .ca_file = opts->ca_file,
-                .blob_dir = blob_dir,
-                .push = true,
-        };
-        if ((r = registry_client_new(dest->host, dest->repository, &co, &client, err)) < 0)
+        if ((r = push_client(data_dir, opts, &conf, dest, true, &client, err)) < 0)
                 goto out;
 
         /* the layers, bottom first: each made into a blob unless a push
@@ -612,20 +616,10 @@ static int artifact_client(const char *data_dir, const char *ref, const image_pu
         const image_candidate *dest = NULL;
         if ((r = push_dest(data_dir, opts, &rf, &conf, &cands, &n_cands, &dest, err)) < 0)
                 return r;
-        char blob_dir[PATH_MAX], auth_path[4096];
-        snprintf(blob_dir, sizeof blob_dir, "%s/images/blobs/sha256", data_dir);
-        registry_auth_path(data_dir, auth_path, sizeof auth_path);
-        registry_client_opts co = {
-                .conf = &conf,
-                .auth_path = auth_path,
-                .ca_file = opts->ca_file,
-                .blob_dir = blob_dir,
-                .push = push,
-        };
         if (!dest)
                 r = hutch_error_set(err, -EINVAL, "%s: no registry", ref);
         else
-                r = registry_client_new(dest->host, dest->repository, &co, ret, err);
+                r = push_client(data_dir, opts, &conf, dest, push, ret, err);
         image_candidates_free(cands, n_cands);
         if (r >= 0 && !(*ret_tag = strdup(rf.tag))) {
                 *ret = registry_client_free(*ret);
