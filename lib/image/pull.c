@@ -550,11 +550,7 @@ int image_pull(const char *data_dir, const char *ref, const char *name, const im
                 return r;
 
         char conf_path[4096];
-        const char *cp = opts->conf_path ? opts->conf_path : getenv("HUTCH_REGISTRIES_CONF");
-        if (cp && *cp)
-                snprintf(conf_path, sizeof conf_path, "%s", cp);
-        else
-                snprintf(conf_path, sizeof conf_path, "%s/registries.conf", data_dir);
+        registries_conf_path(data_dir, opts->conf_path, conf_path, sizeof conf_path);
         _cleanup_(registries_conf_clear) registries_conf confv = { 0 };
         registries_conf *conf = &confv;
         if ((r = registries_conf_load(conf_path, conf, err)) < 0)

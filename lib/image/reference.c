@@ -533,6 +533,14 @@ int registries_conf_load(const char *path, registries_conf *ret, hutch_error *er
         return 0;
 }
 
+void registries_conf_path(const char *data_dir, const char *path, char *buf, size_t n) {
+        const char *cp = path ? path : getenv("HUTCH_REGISTRIES_CONF");
+        if (cp && *cp)
+                snprintf(buf, n, "%s", cp);
+        else
+                snprintf(buf, n, "%s/registries.conf", data_dir);
+}
+
 bool registries_conf_names(const registries_conf *c, const char *host) {
         bool hub = is_hub(host);
         for (size_t i = 0; c && i < c->n_search; i++)

@@ -87,6 +87,9 @@ typedef struct registries_conf {
 int registries_conf_parse(const char *text, size_t len, registries_conf *ret, hutch_error *err);
 /* Read path; a missing file is the defaults (search docker.io). */
 int registries_conf_load(const char *path, registries_conf *ret, hutch_error *err);
+/* The registries.conf that pulls and pushes read: path when given, else
+ * $HUTCH_REGISTRIES_CONF, else DATA_DIR/registries.conf. */
+void registries_conf_path(const char *data_dir, const char *path, char *buf, size_t n);
 void registries_conf_clear(registries_conf *c);
 bool registries_conf_insecure(const registries_conf *c, const char *host);
 /* Whether the file names host (a search entry, a mirror, an allow entry;
