@@ -149,6 +149,16 @@ function statementParts(sf, st) {
   return [text, [], text];
 }
 
+// The value of a cell whose last statement is this: an expression, not an
+// assignment.
+function isValue(st) {
+  if (!ts.isExpressionStatement(st))
+    return false;
+  const e = st.expression;
+  return !(ts.isBinaryExpression(e) && e.operatorToken.kind >= ts.SyntaxKind.FirstAssignment &&
+           e.operatorToken.kind <= ts.SyntaxKind.LastAssignment);
+}
+
 function cellScript(code) {
   if (!/\b(import|export|await)\b/.test(code) || !loadTs())
     return code;
@@ -172,22 +182,10 @@ function cellScript(code) {
       return;
     }
     hoisted.push(...names);
-    body.push(gap + inner);
+    body.push(gap + (i === sts.length - 1 && isValue(st) ? `return (${st.expression.getText(sf)});` : inner));
   });
   if (first < 0)
     return out + code.slice(pos);
-  // the value of the cell: its last statement, when that is an expression
-  const last = sts[sts.length - 1];
-  if (ts.isExpressionStatement(last)) {
-    const e = last.expression;
-    const assign = ts.isBinaryExpression(e) && e.operatorToken.kind >= ts.SyntaxKind.FirstAssignment &&
-      e.operatorToken.kind <= ts.SyntaxKind.LastAssignment;
-    if (!assign)
-      body[body.length - 1] = body[body.length - 1].replace(/[^]*$/, (t) => {
-        const at = t.lastIndexOf(last.getText(sf));
-        return t.slice(0, at) + `return (${e.getText(sf)});`;
-      });
-  }
   const names = [...new Set(hoisted)];
   return out + (names.length ? `\nvar ${names.join(', ')};\n` : '\n') +
     `(async () => {${body.join('')}\n})()` + code.slice(pos);
