@@ -807,3 +807,21 @@ if __name__ == "__main__":
         sys.exit(0)
     print(f"usage: {sys.argv[0]} count-output SPEC_JSON", file=sys.stderr)
     sys.exit(errno.EINVAL)
+
+
+def make_test_ca(d: Path) -> None:
+    """A test CA (d/ca.pem, ca.key) and a leaf for 127.0.0.1 and localhost
+    (d/leaf.pem, leaf.key) that it signed, with openssl."""
+    def run(argv):
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if cp.returncode != 0:
+            raise AssertionError(f"{argv} failed ({cp.returncode}): {cp.stderr[-2000:]}")
+    run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+         "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"), "-days", "2", "-subj", "/CN=hutch test CA"])
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                               "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+         "-keyout", str(d / "leaf.key"), "-out", str(d / "leaf.csr"), "-subj", "/CN=127.0.0.1"])
+    run(["openssl", "x509", "-req", "-in", str(d / "leaf.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
+         str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"), "-days", "2",
+         "-extfile", str(d / "ext.cnf")])

@@ -67,19 +67,6 @@ def wait_port(ns, host, port, deadline=15):
     raise AssertionError(f"{host}:{port} never listened")
 
 
-def make_ca(d: Path):
-    """A test CA and a leaf for 127.0.0.1 / localhost, with openssl."""
-    sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"), "-days", "2", "-subj", "/CN=hutch test CA"])
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                               "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    sh(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", str(d / "leaf.key"), "-out", str(d / "leaf.csr"), "-subj", "/CN=127.0.0.1"])
-    sh(["openssl", "x509", "-req", "-in", str(d / "leaf.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
-        str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"), "-days", "2",
-        "-extfile", str(d / "ext.cnf")])
-
-
 class World:
     def __init__(self, root: Path):
         self.root = root
@@ -91,7 +78,7 @@ class World:
         sh(["ip", "netns", "add", self.name])
         sh(["ip", "-n", self.name, "link", "set", "lo", "up"])
         r = self.root
-        make_ca(r)
+        hutchtest.make_test_ca(r)
         cp = sh(["htpasswd", "-Bbn", USER, PASSWORD])
         (r / "htpasswd").write_text(cp.stdout)
         store = r / "store"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+import hutchtest
 from serveclient import ServeDaemon, free_port
 
 TOOLS = ("docker-registry", "umoci", "openssl", "htpasswd")
@@ -84,19 +85,6 @@ def sh_rootfs(dst: Path):
     (dst / "srv" / "app" / "marker.txt").write_text(MARKER)
 
 
-def make_ca(d: Path):
-    """A test CA and a leaf for 127.0.0.1, with openssl."""
-    sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"), "-days", "2", "-subj", "/CN=hutch test CA"])
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                               "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    sh(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", str(d / "leaf.key"), "-out", str(d / "leaf.csr"), "-subj", "/CN=127.0.0.1"])
-    sh(["openssl", "x509", "-req", "-in", str(d / "leaf.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
-        str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"), "-days", "2",
-        "-extfile", str(d / "ext.cnf")])
-
-
 class Registry:
     """docker-registry on a free port: plain HTTP, or (tls) HTTPS with a test
     CA and htpasswd basic auth."""
@@ -109,7 +97,7 @@ class Registry:
         self.log = root / f"{name}.log"
         extra = ""
         if tls:
-            make_ca(root)
+            hutchtest.make_test_ca(root)
             cp = sh(["htpasswd", "-Bbn", "alice", "pw-alice"])
             (root / "htpasswd").write_text(cp.stdout)
             extra = (f"  tls:\n    certificate: {root / 'leaf.pem'}\n    key: {root / 'leaf.key'}\n"
